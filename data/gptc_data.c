@@ -1,0 +1,256 @@
+/* gptc-data: turns text files into a token file (DESIGN section 4) with a byte-level
+ * tokenizer, each byte one token, files concatenated in the order given ("-" is stdin).
+ *
+ *   gptc-data [--vocab N] --out tokens.h5 FILE [FILE ...]
+ *
+ * Any other tokenizer can write the same file with h5py (ids: a list or numpy array):
+ *   import h5py, numpy as np
+ *   with h5py.File("tokens.h5", "w") as f:
+ *       f.create_dataset("tokens", data=np.asarray(ids, np.uint16)); f.attrs["vocab_size"] = np.int64(50257)
+ * (use np.uint32 when the vocab is larger than 65536).
+ *
+ * Input is streamed in chunk-sized blocks, so files larger than memory convert, and the
+ * dataset is chunked so the loader's window reads touch one or two chunks. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <hdf5.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 1M tokens per chunk: large enough that per-chunk overhead vanishes, small enough that
+ * a window read never drags in much more than it needs. */
+enum { CHUNK_TOKENS = 1 << 20 };
+
+static const char USAGE[] =
+    "usage: gptc-data [--vocab N] --out tokens.h5 FILE [FILE ...]\n"
+    "  Byte-level tokenizer: every byte of the inputs is one token; files are\n"
+    "  concatenated in the order given, '-' reads stdin.\n"
+    "  --vocab N   vocab_size attribute to store (default 256; every byte must be < N).\n"
+    "              Tokens are stored as uint16 when N <= 65536, else uint32.\n"
+    "  --out PATH  output HDF5 file (written to PATH.tmp, then renamed).\n"
+    "  --help      this text.\n";
+
+typedef struct {
+    long long vocab;
+    const char *out;
+    char **inputs;
+    int n_inputs;
+} options;
+
+typedef struct {
+    hid_t file, dset;   /* dset < 0 until the first block is flushed */
+    hid_t file_type;    /* H5T_STD_U16LE or H5T_STD_U32LE */
+    uint32_t *block;    /* [CHUNK_TOKENS] tokens not yet written */
+    long fill;          /* tokens in block */
+    long written;       /* tokens in the dataset */
+} writer;
+
+/* Returns 0 to go on, 1 when --help was printed, -1 on a usage error (message printed). */
+static int parse_args(int argc, char **argv, options *o) {
+    o->vocab = 256;
+    o->out = NULL;
+    o->inputs = calloc((size_t)argc, sizeof *o->inputs);
+    o->n_inputs = 0;
+    if (!o->inputs) {
+        fprintf(stderr, "gptc-data: out of memory\n");
+        return -1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(USAGE, stdout);
+            return 1;
+        } else if (strcmp(a, "--out") == 0 || strcmp(a, "--vocab") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "gptc-data: %s needs a value (see --help)\n", a);
+                return -1;
+            }
+            const char *v = argv[++i];
+            if (strcmp(a, "--out") == 0) {
+                o->out = v;
+                continue;
+            }
+            char *end = NULL;
+            errno = 0;
+            o->vocab = strtoll(v, &end, 10);
+            if (errno || end == v || *end || o->vocab < 1 || o->vocab > 2147483648LL) {
+                fprintf(stderr, "gptc-data: --vocab %s is not an integer in [1, 2147483648]\n", v);
+                return -1;
+            }
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "gptc-data: unknown option %s (see --help)\n", a);
+            return -1;
+        } else {
+            o->inputs[o->n_inputs++] = argv[i];
+        }
+    }
+    if (!o->out) {
+        fprintf(stderr, "gptc-data: --out is required (see --help)\n");
+        return -1;
+    }
+    if (o->n_inputs == 0) {
+        fprintf(stderr, "gptc-data: no input files (see --help)\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Creates the dataset on the first flush, when the chunk size is known: a whole block,
+ * or all the tokens there are when the input is smaller than one block. */
+static int create_dataset(writer *w, long chunk) {
+    hsize_t zero = 0, unlimited = H5S_UNLIMITED, ch = (hsize_t)chunk;
+    hid_t space = H5Screate_simple(1, &zero, &unlimited);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    if (space >= 0 && dcpl >= 0 && H5Pset_chunk(dcpl, 1, &ch) >= 0)
+        w->dset = H5Dcreate2(w->file, "tokens", w->file_type, space, H5P_DEFAULT, dcpl,
+                             H5P_DEFAULT);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (space >= 0) H5Sclose(space);
+    return w->dset >= 0 ? 0 : -1;
+}
+
+/* Appends block[fill] to the dataset. */
+static int flush_block(writer *w) {
+    if (w->fill == 0) return 0;
+    if (w->dset < 0 && create_dataset(w, w->fill)) return -1;
+    hsize_t start = (hsize_t)w->written, count = (hsize_t)w->fill;
+    hsize_t total = start + count;
+    if (H5Dset_extent(w->dset, &total) < 0) return -1;
+    hid_t fspace = H5Dget_space(w->dset);
+    hid_t mspace = H5Screate_simple(1, &count, NULL);
+    int ok = fspace >= 0 && mspace >= 0 &&
+             H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, NULL, &count, NULL) >= 0 &&
+             H5Dwrite(w->dset, H5T_NATIVE_UINT32, mspace, fspace, H5P_DEFAULT, w->block) >= 0;
+    if (mspace >= 0) H5Sclose(mspace);
+    if (fspace >= 0) H5Sclose(fspace);
+    if (!ok) return -1;
+    w->written += w->fill;
+    w->fill = 0;
+    return 0;
+}
+
+/* Tokenizes one input into the writer. Prints its own one-line error. */
+static int add_input(writer *w, const char *name, long long vocab, const char *tmp) {
+    int is_stdin = strcmp(name, "-") == 0;
+    FILE *in = is_stdin ? stdin : fopen(name, "rb");
+    if (!in) {
+        fprintf(stderr, "gptc-data: %s: %s\n", name, strerror(errno));
+        return -1;
+    }
+    unsigned char buf[1 << 16]; /* [64 KiB] bytes read but not yet tokenized */
+    long long offset = 0;
+    int rc = 0;
+    size_t got;
+    while (rc == 0 && (got = fread(buf, 1, sizeof buf, in)) > 0) {
+        for (size_t i = 0; i < got; i++) {
+            if (buf[i] >= vocab) {
+                fprintf(stderr, "gptc-data: %s: byte %d at offset %lld is >= --vocab %lld\n",
+                        name, buf[i], offset + (long long)i, vocab);
+                rc = -1;
+                break;
+            }
+            w->block[w->fill++] = buf[i];
+            if (w->fill == CHUNK_TOKENS && flush_block(w)) {
+                fprintf(stderr, "gptc-data: %s: HDF5 write failed\n", tmp);
+                rc = -1;
+                break;
+            }
+        }
+        offset += (long long)got;
+    }
+    if (rc == 0 && ferror(in)) {
+        fprintf(stderr, "gptc-data: %s: read error: %s\n", name, strerror(errno));
+        rc = -1;
+    }
+    if (!is_stdin) fclose(in);
+    return rc;
+}
+
+static int write_vocab_attr(hid_t file, long long vocab) {
+    int64_t v = vocab;
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t attr = space >= 0 ? H5Acreate2(file, "vocab_size", H5T_STD_I64LE, space,
+                                         H5P_DEFAULT, H5P_DEFAULT)
+                            : -1;
+    int ok = attr >= 0 && H5Awrite(attr, H5T_NATIVE_INT64, &v) >= 0;
+    if (attr >= 0) H5Aclose(attr);
+    if (space >= 0) H5Sclose(space);
+    return ok ? 0 : -1;
+}
+
+/* Writes every input into tmp. Returns the token count, or -1 (message printed). */
+static long write_tokens(const options *o, const char *tmp) {
+    /* fopen first so an unwritable location gets the system's reason. */
+    FILE *probe = fopen(tmp, "wb");
+    if (!probe) {
+        fprintf(stderr, "gptc-data: cannot create %s: %s\n", tmp, strerror(errno));
+        return -1;
+    }
+    fclose(probe);
+    writer w = {.file = -1, .dset = -1, .fill = 0, .written = 0};
+    w.file_type = o->vocab <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
+    w.block = malloc(CHUNK_TOKENS * sizeof *w.block);
+    w.file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    long rc = 0;
+    if (!w.block || w.file < 0) {
+        fprintf(stderr, "gptc-data: cannot create %s%s\n", tmp, w.block ? "" : ": out of memory");
+        rc = -1;
+    }
+    for (int i = 0; rc == 0 && i < o->n_inputs; i++)
+        if (add_input(&w, o->inputs[i], o->vocab, tmp)) rc = -1;
+    if (rc == 0 && flush_block(&w)) {
+        fprintf(stderr, "gptc-data: %s: HDF5 write failed\n", tmp);
+        rc = -1;
+    }
+    if (rc == 0 && w.written == 0) {
+        fprintf(stderr, "gptc-data: the inputs hold no bytes, nothing to write\n");
+        rc = -1;
+    }
+    if (rc == 0 && write_vocab_attr(w.file, o->vocab)) {
+        fprintf(stderr, "gptc-data: %s: cannot write the vocab_size attribute\n", tmp);
+        rc = -1;
+    }
+    if (w.dset >= 0) H5Dclose(w.dset);
+    if (w.file >= 0 && H5Fclose(w.file) < 0 && rc == 0) {
+        fprintf(stderr, "gptc-data: %s: closing the file failed\n", tmp);
+        rc = -1;
+    }
+    free(w.block);
+    return rc == 0 ? w.written : -1;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    int p = parse_args(argc, argv, &o);
+    if (p != 0) {
+        free(o.inputs);
+        return p > 0 ? 0 : 2;
+    }
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    size_t len = strlen(o.out);
+    char *tmp = malloc(len + 5);
+    if (!tmp) {
+        fprintf(stderr, "gptc-data: out of memory\n");
+        return 1;
+    }
+    memcpy(tmp, o.out, len);
+    memcpy(tmp + len, ".tmp", 5);
+    long n = write_tokens(&o, tmp);
+    int rc = 0;
+    if (n < 0) {
+        remove(tmp);
+        rc = 1;
+    } else if (rename(tmp, o.out) != 0) {
+        fprintf(stderr, "gptc-data: cannot rename %s to %s: %s\n", tmp, o.out, strerror(errno));
+        remove(tmp);
+        rc = 1;
+    } else {
+        printf("gptc-data: wrote %ld tokens (vocab_size %lld, %s) to %s\n", n, o.vocab,
+               o.vocab <= 65536 ? "uint16" : "uint32", o.out);
+    }
+    free(tmp);
+    free(o.inputs);
+    return rc;
+}

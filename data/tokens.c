@@ -1,0 +1,479 @@
+/* Token files and the batch loader (DESIGN sections 3 and 4).
+ *
+ * Every HDF5 call of this file runs under one process-wide mutex: a build of HDF5
+ * without its thread-safe option must never be entered by two threads at once, and the
+ * loader reads the next step on a background thread while the trainer goes on. Other
+ * modules that call HDF5 while a loader may be prefetching take the same mutex through
+ * tokens_hdf5_lock(). */
+#define _POSIX_C_SOURCE 200809L
+#include "data/tokens.h"
+
+#include <errno.h>
+#include <hdf5.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The largest vocab whose tokens still fit the int32 the model consumes. */
+static const long long MAX_VOCAB = 2147483648LL;
+
+static pthread_mutex_t hdf5_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+void tokens_hdf5_lock(void) { pthread_mutex_lock(&hdf5_mutex); }
+void tokens_hdf5_unlock(void) { pthread_mutex_unlock(&hdf5_mutex); }
+
+/* Automatic error printing is per thread in thread-safe HDF5 builds, so it is switched
+ * off on every entry rather than once: the prefetch thread must stay quiet too. */
+static void hdf5_enter(void) {
+    pthread_mutex_lock(&hdf5_mutex);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
+
+static void hdf5_leave(void) { pthread_mutex_unlock(&hdf5_mutex); }
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || errlen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+struct token_file {
+    char *path;
+    hid_t file, dset;
+    long n;       /* number of tokens */
+    long vocab;   /* the file's vocab_size; every token must be below it */
+};
+
+static void close_ids(token_file *f) {
+    if (f->dset >= 0) H5Dclose(f->dset);
+    if (f->file >= 0) H5Fclose(f->file);
+    f->dset = f->file = -1;
+}
+
+/* Names an HDF5 type in words for the "wrong element type" message. */
+static void describe_type(hid_t type, char *buf, size_t len) {
+    H5T_class_t cls = H5Tget_class(type);
+    size_t bits = H5Tget_size(type) * 8;
+    if (cls == H5T_INTEGER)
+        snprintf(buf, len, "%s %zu-bit integers",
+                 H5Tget_sign(type) == H5T_SGN_NONE ? "unsigned" : "signed", bits);
+    else if (cls == H5T_FLOAT)
+        snprintf(buf, len, "%zu-bit floats", bits);
+    else
+        snprintf(buf, len, "a non-numeric type");
+}
+
+static int check_element_type(token_file *f, char *err, size_t errlen) {
+    hid_t type = H5Dget_type(f->dset);
+    if (type < 0) {
+        set_err(err, errlen, "data.path %s: cannot read the type of /tokens", f->path);
+        return -1;
+    }
+    size_t size = H5Tget_size(type);
+    int ok = H5Tget_class(type) == H5T_INTEGER && H5Tget_sign(type) == H5T_SGN_NONE &&
+             (size == 1 || size == 2 || size == 4);
+    if (!ok) {
+        char what[64];
+        describe_type(type, what, sizeof what);
+        set_err(err, errlen,
+                "data.path %s: /tokens holds %s, expected unsigned 8-, 16- or 32-bit integers",
+                f->path, what);
+    }
+    H5Tclose(type);
+    return ok ? 0 : -1;
+}
+
+static int read_length(token_file *f, char *err, size_t errlen) {
+    hid_t space = H5Dget_space(f->dset);
+    int ndim = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
+    hsize_t dim = 0;
+    if (ndim == 1) H5Sget_simple_extent_dims(space, &dim, NULL);
+    if (space >= 0) H5Sclose(space);
+    if (ndim != 1) {
+        set_err(err, errlen, "data.path %s: /tokens has %d dimensions, expected 1", f->path,
+                ndim);
+        return -1;
+    }
+    f->n = (long)dim;
+    return 0;
+}
+
+/* vocab_size may sit on the dataset or on the file root; the dataset's wins. */
+static int read_vocab(token_file *f, long model_vocab, char *err, size_t errlen) {
+    hid_t owner = -1;
+    if (H5Aexists(f->dset, "vocab_size") > 0) owner = f->dset;
+    else if (H5Aexists(f->file, "vocab_size") > 0) owner = f->file;
+    if (owner < 0) {
+        set_err(err, errlen, "data.path %s: no vocab_size attribute on /tokens or on the file root",
+                f->path);
+        return -1;
+    }
+    hid_t attr = H5Aopen(owner, "vocab_size", H5P_DEFAULT);
+    hid_t type = attr >= 0 ? H5Aget_type(attr) : -1;
+    hid_t space = attr >= 0 ? H5Aget_space(attr) : -1;
+    long long v = 0;
+    int ok = type >= 0 && space >= 0 && H5Tget_class(type) == H5T_INTEGER &&
+             H5Sget_simple_extent_npoints(space) == 1 &&
+             H5Aread(attr, H5T_NATIVE_LLONG, &v) >= 0;
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    if (attr >= 0) H5Aclose(attr);
+    if (!ok) {
+        set_err(err, errlen, "data.path %s: vocab_size attribute is not a single integer",
+                f->path);
+        return -1;
+    }
+    if (v < 1 || v > MAX_VOCAB) {
+        set_err(err, errlen, "data.path %s: vocab_size %lld is outside [1, %lld]", f->path, v,
+                MAX_VOCAB);
+        return -1;
+    }
+    if (model_vocab > 0 && v > model_vocab) {
+        set_err(err, errlen, "data.path %s: vocab_size %lld is larger than the model's vocab_size %ld",
+                f->path, v, model_vocab);
+        return -1;
+    }
+    f->vocab = (long)v;
+    return 0;
+}
+
+/* Runs with the HDF5 mutex held; leaves f's ids closed on failure. */
+static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen) {
+    /* fopen first so a missing or unreadable file gets the system's reason. */
+    FILE *probe = fopen(f->path, "rb");
+    if (!probe) {
+        set_err(err, errlen, "data.path %s: cannot open: %s", f->path, strerror(errno));
+        return -1;
+    }
+    fclose(probe);
+    if (H5Fis_hdf5(f->path) <= 0) {
+        set_err(err, errlen, "data.path %s: not an HDF5 file", f->path);
+        return -1;
+    }
+    f->file = H5Fopen(f->path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f->file < 0) {
+        set_err(err, errlen, "data.path %s: HDF5 cannot open the file", f->path);
+        return -1;
+    }
+    if (H5Lexists(f->file, "tokens", H5P_DEFAULT) <= 0) {
+        set_err(err, errlen, "data.path %s: no dataset /tokens", f->path);
+        return -1;
+    }
+    f->dset = H5Dopen2(f->file, "tokens", H5P_DEFAULT);
+    if (f->dset < 0) {
+        set_err(err, errlen, "data.path %s: /tokens is not a dataset", f->path);
+        return -1;
+    }
+    if (read_length(f, err, errlen) || check_element_type(f, err, errlen) ||
+        read_vocab(f, model_vocab, err, errlen))
+        return -1;
+    return 0;
+}
+
+token_file *tokens_open(const char *path, long model_vocab, char *err, size_t errlen) {
+    token_file *f = calloc(1, sizeof *f);
+    if (f) f->path = malloc(strlen(path) + 1);
+    if (!f || !f->path) {
+        set_err(err, errlen, "data.path %s: out of memory", path);
+        free(f);
+        return NULL;
+    }
+    strcpy(f->path, path);
+    f->file = f->dset = -1;
+    hdf5_enter();
+    int rc = open_locked(f, model_vocab, err, errlen);
+    if (rc) close_ids(f);
+    hdf5_leave();
+    if (rc) {
+        free(f->path);
+        free(f);
+        return NULL;
+    }
+    return f;
+}
+
+long tokens_count(const token_file *f) { return f->n; }
+long tokens_vocab(const token_file *f) { return f->vocab; }
+
+/* Reads [start, start+count) of /tokens into dst[count] as uint32 (HDF5 widens 8- and
+ * 16-bit files); dst is int32 storage, which C lets us access as its unsigned twin. */
+static int read_slab(token_file *f, long start, long count, uint32_t *dst) {
+    hsize_t off = (hsize_t)start, cnt = (hsize_t)count;
+    hid_t fspace = H5Dget_space(f->dset);
+    hid_t mspace = H5Screate_simple(1, &cnt, NULL);
+    int ok = fspace >= 0 && mspace >= 0 &&
+             H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &off, NULL, &cnt, NULL) >= 0 &&
+             H5Dread(f->dset, H5T_NATIVE_UINT32, mspace, fspace, H5P_DEFAULT, dst) >= 0;
+    if (mspace >= 0) H5Sclose(mspace);
+    if (fspace >= 0) H5Sclose(fspace);
+    return ok ? 0 : -1;
+}
+
+int tokens_read(token_file *f, long start, long count, int32_t *dst, char *err,
+                size_t errlen) {
+    if (start < 0 || count < 0 || start > f->n - count) {
+        set_err(err, errlen, "data.path %s: tokens [%ld, %ld) are outside the file's %ld tokens",
+                f->path, start, start + count, f->n);
+        return -1;
+    }
+    if (count == 0) return 0;
+    uint32_t *u = (uint32_t *)dst; /* [count] */
+    hdf5_enter();
+    int rc = read_slab(f, start, count, u);
+    hdf5_leave();
+    if (rc) {
+        set_err(err, errlen, "data.path %s: HDF5 read of tokens [%ld, %ld) failed", f->path,
+                start, start + count);
+        return -1;
+    }
+    for (long i = 0; i < count; i++) {
+        if (u[i] >= (uint64_t)f->vocab) {
+            set_err(err, errlen, "data.path %s: token %lu at position %ld is >= vocab_size %ld",
+                    f->path, (unsigned long)u[i], start + i, f->vocab);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void tokens_close(token_file *f) {
+    if (!f) return;
+    hdf5_enter();
+    close_ids(f);
+    hdf5_leave();
+    free(f->path);
+    free(f);
+}
+
+/* ---- window order ---- */
+
+static uint64_t mix64(uint64_t x) { /* splitmix64 finalizer: a cheap, well-mixed hash */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+/* A 4-round balanced Feistel network is a bijection on [0, 2^(2*half)) for any round
+ * function, so a keyed hash gives a seeded permutation with no table. */
+static uint64_t feistel(uint64_t x, int half, uint64_t key) {
+    uint64_t mask = (1ULL << half) - 1;
+    uint64_t left = x >> half, right = x & mask;
+    for (uint64_t r = 0; r < 4; r++) {
+        uint64_t f = mix64(right ^ mix64(key + r * 0x9e3779b97f4a7c15ULL)) & mask;
+        uint64_t next = left ^ f;
+        left = right;
+        right = next;
+    }
+    return (left << half) | right;
+}
+
+/* Cycle walking: applying the power-of-two permutation until the value lands below W
+ * restricts it to a permutation of [0, W); the domain is < 4W, so few walks are needed. */
+static uint64_t permute(uint64_t i, uint64_t w, int half, uint64_t seed, uint64_t epoch) {
+    uint64_t key = mix64(seed ^ mix64(epoch + 0x632be59bd9b4e019ULL));
+    uint64_t x = i;
+    do {
+        x = feistel(x, half, key);
+    } while (x >= w);
+    return x;
+}
+
+/* ---- the loader ---- */
+
+typedef enum { PF_IDLE, PF_RUNNING, PF_DONE } prefetch_state;
+
+struct batch_loader {
+    token_file *file;
+    int T, B, row_begin, rows;
+    int shuffle;
+    uint64_t seed;
+    long W;
+    int half;            /* Feistel half width: 2^(2*half) >= W */
+    int32_t *window;     /* [T+1] scratch for synchronous reads on the caller's thread */
+
+    /* The worker owns pf_* while state is PF_RUNNING; the caller touches them only
+     * after seeing another state under mu. */
+    pthread_t worker;
+    int worker_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    prefetch_state state;
+    int quit;
+    long pf_step;
+    int pf_rc;
+    char pf_err[512];
+    int32_t *pf_inputs;  /* [rows, T] */
+    int32_t *pf_targets; /* [rows, T] */
+    int32_t *pf_window;  /* [T+1] worker's scratch */
+};
+
+long loader_windows(const batch_loader *l) { return l->W; }
+
+long loader_window(const batch_loader *l, long step, int j) {
+    uint64_t g = (uint64_t)(step - 1) * (uint64_t)l->B + (uint64_t)j;
+    uint64_t w = (uint64_t)l->W;
+    if (!l->shuffle) return (long)(g % w);
+    return (long)permute(g % w, w, l->half, l->seed, g / w);
+}
+
+/* Reads step's rows: inputs[rows, T], targets[rows, T], via window[T+1]. */
+static int fill_step(batch_loader *l, long step, int32_t *inputs, int32_t *targets,
+                     int32_t *window, char *err, size_t errlen) {
+    int T = l->T;
+    for (int r = 0; r < l->rows; r++) {
+        long w = loader_window(l, step, l->row_begin + r);
+        if (tokens_read(l->file, w * (long)T, T + 1, window, err, errlen)) return -1;
+        memcpy(inputs + (size_t)r * T, window, (size_t)T * sizeof *window);
+        memcpy(targets + (size_t)r * T, window + 1, (size_t)T * sizeof *window);
+    }
+    return 0;
+}
+
+static void *prefetch_main(void *arg) {
+    batch_loader *l = arg;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (l->state != PF_RUNNING && !l->quit) pthread_cond_wait(&l->cv, &l->mu);
+        if (l->quit) break;
+        long step = l->pf_step;
+        pthread_mutex_unlock(&l->mu);
+        int rc = fill_step(l, step, l->pf_inputs, l->pf_targets, l->pf_window, l->pf_err,
+                           sizeof l->pf_err);
+        pthread_mutex_lock(&l->mu);
+        l->pf_rc = rc;
+        l->state = PF_DONE;
+        pthread_cond_broadcast(&l->cv);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+static int smallest_half(long W) {
+    int half = 0;
+    while (half < 32 && (1ULL << (2 * half)) < (uint64_t)W) half++;
+    return half;
+}
+
+batch_loader *loader_create(const char *path, int T, int B, int row_begin, int row_end,
+                            long model_vocab, int shuffle, uint64_t seed, char *err,
+                            size_t errlen) {
+    if (T < 1 || B < 1 || row_begin < 0 || row_end <= row_begin || row_end > B) {
+        set_err(err, errlen, "data.path %s: bad loader shape T=%d B=%d rows [%d, %d)", path, T,
+                B, row_begin, row_end);
+        return NULL;
+    }
+    token_file *f = tokens_open(path, model_vocab, err, errlen);
+    if (!f) return NULL;
+    if (f->n < (long)T + 1) {
+        set_err(err, errlen, "data.path %s: %ld tokens is fewer than one window of seq_len+1 = %ld tokens",
+                path, f->n, (long)T + 1);
+        tokens_close(f);
+        return NULL;
+    }
+    batch_loader *l = calloc(1, sizeof *l);
+    if (!l) {
+        set_err(err, errlen, "data.path %s: out of memory", path);
+        tokens_close(f);
+        return NULL;
+    }
+    l->file = f;
+    l->T = T;
+    l->B = B;
+    l->row_begin = row_begin;
+    l->rows = row_end - row_begin;
+    l->shuffle = shuffle != 0;
+    l->seed = seed;
+    l->W = (f->n - 1) / T;
+    l->half = smallest_half(l->W);
+    size_t slab = (size_t)l->rows * (size_t)T;
+    l->window = malloc(((size_t)T + 1) * sizeof(int32_t));
+    l->pf_window = malloc(((size_t)T + 1) * sizeof(int32_t));
+    l->pf_inputs = malloc(slab * sizeof(int32_t));
+    l->pf_targets = malloc(slab * sizeof(int32_t));
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    l->state = PF_IDLE;
+    if (!l->window || !l->pf_window || !l->pf_inputs || !l->pf_targets) {
+        set_err(err, errlen, "data.path %s: out of memory for %d rows of %d tokens", path,
+                l->rows, T);
+        loader_destroy(l);
+        return NULL;
+    }
+    if (pthread_create(&l->worker, NULL, prefetch_main, l) != 0) {
+        set_err(err, errlen, "data.path %s: cannot start the prefetch thread", path);
+        loader_destroy(l);
+        return NULL;
+    }
+    l->worker_started = 1;
+    return l;
+}
+
+/* Waits out any read in flight and takes its result if it is the step asked for.
+ * Returns 1 when inputs/targets were filled (rc in *rc), 0 when the caller must read. */
+static int take_prefetch(batch_loader *l, long step, int32_t *inputs, int32_t *targets,
+                         int *rc, char *err, size_t errlen) {
+    size_t slab = (size_t)l->rows * (size_t)l->T;
+    int hit = 0;
+    pthread_mutex_lock(&l->mu);
+    while (l->state == PF_RUNNING) pthread_cond_wait(&l->cv, &l->mu);
+    if (l->state == PF_DONE && l->pf_step == step) {
+        hit = 1;
+        *rc = l->pf_rc;
+        if (*rc == 0) {
+            memcpy(inputs, l->pf_inputs, slab * sizeof *inputs);
+            memcpy(targets, l->pf_targets, slab * sizeof *targets);
+        } else {
+            set_err(err, errlen, "%s", l->pf_err);
+        }
+    }
+    l->state = PF_IDLE;
+    pthread_mutex_unlock(&l->mu);
+    return hit;
+}
+
+static void start_prefetch(batch_loader *l, long step) {
+    pthread_mutex_lock(&l->mu);
+    l->pf_step = step;
+    l->state = PF_RUNNING;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+int loader_get(batch_loader *l, long step, int32_t *inputs, int32_t *targets, char *err,
+               size_t errlen) {
+    if (step < 1) {
+        set_err(err, errlen, "data.path %s: step %ld is not >= 1", l->file->path, step);
+        return -1;
+    }
+    int rc = 0;
+    if (!take_prefetch(l, step, inputs, targets, &rc, err, errlen))
+        rc = fill_step(l, step, inputs, targets, l->window, err, errlen);
+    if (rc == 0) start_prefetch(l, step + 1);
+    return rc;
+}
+
+void loader_destroy(batch_loader *l) {
+    if (!l) return;
+    if (l->worker_started) {
+        pthread_mutex_lock(&l->mu);
+        l->quit = 1;
+        pthread_cond_broadcast(&l->cv);
+        pthread_mutex_unlock(&l->mu);
+        pthread_join(l->worker, NULL);
+    }
+    pthread_cond_destroy(&l->cv);
+    pthread_mutex_destroy(&l->mu);
+    tokens_close(l->file);
+    free(l->window);
+    free(l->pf_window);
+    free(l->pf_inputs);
+    free(l->pf_targets);
+    free(l);
+}

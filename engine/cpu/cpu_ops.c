@@ -1,0 +1,318 @@
+/* CPU reference ops. Matrix products go to OpenBLAS; everything else is a loop over
+ * rows split across OpenMP threads with a static schedule, so results are bitwise
+ * reproducible for a fixed thread count (exact resume depends on that). */
+#include "engine/cpu/cpu_ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_THREADS = 256 };
+
+/* ------------------------------------------------------------------ embedding */
+
+void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte,
+                           const float *wpe, int N, int T, int C, gptc_stream *s) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *te = wte + (size_t)tokens[n] * C, *pe = wpe + (size_t)(n % T) * C;
+        float *o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
+    }
+}
+
+void cpu_embedding_backward(float *dwte, float *dwpe, const float *dout,
+                            const int32_t *tokens, int N, int T, int C, gptc_stream *s) {
+    /* Rows of dwte collide when a token repeats, so threads split the columns instead:
+     * each thread owns a column band of every row and walks the tokens in order. */
+    #pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * C;
+            float *te = dwte + (size_t)tokens[n] * C, *pe = dwpe + (size_t)(n % T) * C;
+            for (int c = c0; c < c1; c++) {
+                te[c] += d[c];
+                pe[c] += d[c];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ layernorm */
+
+void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                           const float *w, const float *b, int N, int C, gptc_stream *s) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float sum = 0.0f;
+        for (int c = 0; c < C; c++) sum += x[c];
+        float m = sum / C;
+        float var = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float d = x[c] - m;
+            var += d * d;
+        }
+        float r = 1.0f / sqrtf(var / C + 1e-5f);
+        float *o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * r * w[c] + b[c];
+        mean[n] = m;
+        rstd[n] = r;
+    }
+}
+
+void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                            const float *inp, const float *w, const float *mean,
+                            const float *rstd, int N, int C, gptc_stream *s) {
+    int nt_max = omp_get_max_threads();
+    /* partial[thread][2][C]: per-thread dw and db, summed in thread order below */
+    float *partial = calloc((size_t)nt_max * 2 * C, sizeof(float));
+    int nt_used = 1;
+    #pragma omp parallel
+    {
+        int id = omp_get_thread_num();
+        #pragma omp single
+        nt_used = omp_get_num_threads();
+        float *pdw = partial + (size_t)id * 2 * C, *pdb = pdw + C;
+        #pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+            float *dx = dinp + (size_t)n * C;
+            float m = mean[n], r = rstd[n];
+            float mean_dn = 0.0f, mean_dn_xhat = 0.0f;
+            for (int c = 0; c < C; c++) {
+                float xhat = (x[c] - m) * r, dn = w[c] * d[c];
+                mean_dn += dn;
+                mean_dn_xhat += dn * xhat;
+                pdw[c] += d[c] * xhat;
+                pdb[c] += d[c];
+            }
+            mean_dn /= C;
+            mean_dn_xhat /= C;
+            for (int c = 0; c < C; c++) {
+                float xhat = (x[c] - m) * r;
+                dx[c] += (w[c] * d[c] - mean_dn - xhat * mean_dn_xhat) * r;
+            }
+        }
+    }
+    for (int t = 0; t < nt_used; t++) {
+        const float *pdw = partial + (size_t)t * 2 * C, *pdb = pdw + C;
+        for (int c = 0; c < C; c++) {
+            dw[c] += pdw[c];
+            db[c] += pdb[c];
+        }
+    }
+    free(partial);
+}
+
+/* ------------------------------------------------------------------ matmul */
+
+void cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                        int N, int IC, int OC, int w_rows_out, gptc_stream *s) {
+    float beta = 0.0f;
+    if (bias) {
+        #pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(float) * OC);
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, w_rows_out ? CblasTrans : CblasNoTrans,
+                N, OC, IC, 1.0f, inp, IC, w, w_rows_out ? IC : OC, beta, out, OC);
+}
+
+void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                         const float *inp, const float *w, int N, int IC, int OC,
+                         int w_rows_out, gptc_stream *s) {
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, w_rows_out ? CblasNoTrans : CblasTrans,
+                    N, IC, OC, 1.0f, dout, OC, w, w_rows_out ? IC : OC, 0.0f, dinp, IC);
+    if (w_rows_out) /* dw[OC,IC] += dout^T @ inp */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC,
+                    inp, IC, 1.0f, dw, IC);
+    else /* dw[IC,OC] += inp^T @ dout */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, inp, IC,
+                    dout, OC, 1.0f, dw, OC);
+    if (dbias) {
+        /* each thread sums its own band of columns over all rows */
+        #pragma omp parallel
+        {
+            int nt = omp_get_num_threads(), id = omp_get_thread_num();
+            int c0 = (int)((long)OC * id / nt), c1 = (int)((long)OC * (id + 1) / nt);
+            for (int n = 0; n < N; n++) {
+                const float *d = dout + (size_t)n * OC;
+                for (int c = c0; c < c1; c++) dbias[c] += d[c];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ attention */
+
+/* Per (batch, head) the products are small GEMMs on strided views of qkv: head h of
+ * row t has q at qkv[t*3C + h*hs], k at +C, v at +2C, so no packing copy is needed. */
+
+void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                           int NH, gptc_stream *s) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+            const float *k = q + C, *v = q + 2 * C;
+            float *a = att + ((size_t)b * NH + h) * T * T; /* [T,T] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, 3 * C,
+                        k, 3 * C, 0.0f, a, T);
+            #pragma omp parallel for schedule(static)
+            for (int t = 0; t < T; t++) {
+                float *row = a + (size_t)t * T;
+                float mx = row[0];
+                for (int u = 1; u <= t; u++) mx = row[u] > mx ? row[u] : mx;
+                float sum = 0.0f;
+                for (int u = 0; u <= t; u++) {
+                    row[u] = expf(row[u] - mx);
+                    sum += row[u];
+                }
+                float inv = 1.0f / sum;
+                for (int u = 0; u <= t; u++) row[u] *= inv;
+                for (int u = t + 1; u < T; u++) row[u] = 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v,
+                        3 * C, 0.0f, out + (size_t)b * T * C + (size_t)h * hs, C);
+        }
+}
+
+void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                            const float *att, int B, int T, int C, int NH, gptc_stream *s) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            size_t off = (size_t)b * T * 3 * C + (size_t)h * hs;
+            const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+            const float *a = att + ((size_t)b * NH + h) * T * T;   /* [T,T] */
+            float *da = datt + ((size_t)b * NH + h) * T * T;       /* [T,T] */
+            const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
+            /* dv = att^T @ dy ; datt = dy @ v^T */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, C,
+                        0.0f, dv, 3 * C);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, v,
+                        3 * C, 0.0f, da, T);
+            /* softmax backward in place: dpre = att * (datt - sum(att * datt)) */
+            #pragma omp parallel for schedule(static)
+            for (int t = 0; t < T; t++) {
+                const float *ar = a + (size_t)t * T;
+                float *dr = da + (size_t)t * T;
+                float dot = 0.0f;
+                for (int u = 0; u <= t; u++) dot += ar[u] * dr[u];
+                for (int u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - dot);
+                for (int u = t + 1; u < T; u++) dr[u] = 0.0f;
+            }
+            /* dq = scale * dpre @ k ; dk = scale * dpre^T @ q */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, da, T, k,
+                        3 * C, 0.0f, dq, 3 * C);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, da, T, q,
+                        3 * C, 0.0f, dk, 3 * C);
+        }
+}
+
+/* ------------------------------------------------------------------ elementwise */
+
+static const float GELU_K = 0.7978845608028654f; /* sqrt(2/pi) */
+
+void cpu_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+    }
+}
+
+void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
+                       gptc_stream *s) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float sech2 = 1.0f - th * th;
+        float local = 0.5f * (1.0f + th) +
+                      0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = local * dout[i];
+    }
+}
+
+void cpu_add(float *out, const float *a, const float *b, size_t n, gptc_stream *s) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void cpu_accumulate(float *acc, const float *x, size_t n, gptc_stream *s) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) acc[i] += x[i];
+}
+
+void cpu_scale(float *x, float a, size_t n, gptc_stream *s) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] *= a;
+}
+
+/* ------------------------------------------------------------------ loss */
+
+void cpu_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets,
+                                       int N, int V, int Vp, float dloss, gptc_stream *s) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *row = logits + (size_t)n * Vp;
+        float mx = row[0];
+        for (int i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+        double sum = 0.0; /* V can be 50k terms: keep the normaliser accurate */
+        for (int i = 0; i < V; i++) sum += expf(row[i] - mx);
+        float logsum = (float)log(sum);
+        int y = targets[n];
+        losses[n] = logsum - (row[y] - mx);
+        float inv = (float)(1.0 / sum);
+        for (int i = 0; i < V; i++) row[i] = expf(row[i] - mx) * inv * dloss;
+        row[y] -= dloss;
+        for (int i = V; i < Vp; i++) row[i] = 0.0f;
+    }
+}
+
+/* ------------------------------------------------------------------ optimizer */
+
+double cpu_sum_squares(const float *x, size_t n, gptc_stream *s) {
+    double partial[MAX_THREADS] = {0};
+    int nt_used = 1;
+    #pragma omp parallel
+    {
+        int id = omp_get_thread_num();
+        #pragma omp single
+        nt_used = omp_get_num_threads();
+        double acc = 0.0;
+        #pragma omp for schedule(static)
+        for (size_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
+        if (id < MAX_THREADS) partial[id] = acc;
+    }
+    double total = 0.0;
+    for (int t = 0; t < nt_used && t < MAX_THREADS; t++) total += partial[t];
+    return total;
+}
+
+void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
+               float beta1, float beta2, float eps, float decay, float bc1, float bc2,
+               gptc_stream *s) {
+    /* PyTorch's order: decay the weight, update moments, then step by
+     * (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps). */
+    float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), shrink = 1.0f - lr * decay;
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * shrink - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    }
+}

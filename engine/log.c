@@ -1,0 +1,29 @@
+#include "engine/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static int g_rank = 0;
+
+void log_set_rank(int rank) { g_rank = rank; }
+int log_rank(void) { return g_rank; }
+
+void log_info(const char *fmt, ...) {
+    if (g_rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+}
+
+void log_error(const char *fmt, ...) {
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    /* one write, so lines from several ranks do not interleave mid-line */
+    fprintf(stderr, "gptc: error: %s\n", line);
+    fflush(stderr);
+}

@@ -1,0 +1,324 @@
+/* GPT-2 forward and backward over explicit buffers, one backend op per line. */
+#include "layers/gpt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/rng.h"
+
+int gpt_check_shape(const gpt_shape *s, char *err, size_t errlen) {
+    const char *bad = NULL;
+    if (s->n_layer < 1) bad = "model.n_layer must be >= 1";
+    else if (s->n_head < 1) bad = "model.n_head must be >= 1";
+    else if (s->d_model < 1) bad = "model.d_model must be >= 1";
+    else if (s->d_model % s->n_head != 0) bad = "model.d_model must be a multiple of model.n_head";
+    else if (s->n_ctx < 1) bad = "model.n_ctx must be >= 1";
+    else if (s->vocab_size < 1) bad = "model.vocab_size must be >= 1";
+    if (bad) {
+        snprintf(err, errlen, "config: %s (n_layer %d, n_head %d, d_model %d, n_ctx %d, vocab_size %d)",
+                 bad, s->n_layer, s->n_head, s->d_model, s->n_ctx, s->vocab_size);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ parameter table */
+
+typedef struct {
+    gpt_model *m;
+    size_t offset;
+} table_builder;
+
+static void add_tensor(table_builder *tb, const char *name, long d0, long d1, init_kind init) {
+    param_tensor *t = &tb->m->tensors[tb->m->n_tensors++];
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->ndim = d1 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->numel = (size_t)d0 * (size_t)(d1 ? d1 : 1);
+    t->decay = t->ndim >= 2;
+    t->init = init;
+    t->offset = tb->offset;
+    tb->offset += t->numel;
+}
+
+static void add_layer_tensor(table_builder *tb, int l, const char *what, long d0, long d1,
+                             init_kind init) {
+    char name[48];
+    snprintf(name, sizeof(name), "h.%d.%s", l, what);
+    add_tensor(tb, name, d0, d1, init);
+}
+
+/* Buffer order = order in which backward completes the gradients. */
+static void build_table(gpt_model *m) {
+    const gpt_shape *s = &m->shape;
+    long C = s->d_model;
+    table_builder tb = {m, 0};
+    m->n_tensors = 0;
+    add_tensor(&tb, "ln_f.weight", C, 0, INIT_ONE);
+    add_tensor(&tb, "ln_f.bias", C, 0, INIT_ZERO);
+    for (int l = s->n_layer - 1; l >= 0; l--) {
+        add_layer_tensor(&tb, l, "mlp.c_proj.weight", 4 * C, C, INIT_RESIDUAL);
+        add_layer_tensor(&tb, l, "mlp.c_proj.bias", C, 0, INIT_ZERO);
+        add_layer_tensor(&tb, l, "mlp.c_fc.weight", C, 4 * C, INIT_NORMAL);
+        add_layer_tensor(&tb, l, "mlp.c_fc.bias", 4 * C, 0, INIT_ZERO);
+        add_layer_tensor(&tb, l, "ln_2.weight", C, 0, INIT_ONE);
+        add_layer_tensor(&tb, l, "ln_2.bias", C, 0, INIT_ZERO);
+        add_layer_tensor(&tb, l, "attn.c_proj.weight", C, C, INIT_RESIDUAL);
+        add_layer_tensor(&tb, l, "attn.c_proj.bias", C, 0, INIT_ZERO);
+        add_layer_tensor(&tb, l, "attn.c_attn.weight", C, 3 * C, INIT_NORMAL);
+        add_layer_tensor(&tb, l, "attn.c_attn.bias", 3 * C, 0, INIT_ZERO);
+        add_layer_tensor(&tb, l, "ln_1.weight", C, 0, INIT_ONE);
+        add_layer_tensor(&tb, l, "ln_1.bias", C, 0, INIT_ZERO);
+    }
+    add_tensor(&tb, "wpe", s->n_ctx, C, INIT_NORMAL);
+    add_tensor(&tb, "wte", s->vocab_size, C, INIT_NORMAL);
+    /* the LM head reads whole padded rows: store Vp rows, the padded ones stay zero */
+    m->tensors[m->n_tensors - 1].numel = (size_t)s->vocab_padded * C;
+    tb.offset += (size_t)(s->vocab_padded - s->vocab_size) * C;
+    m->n_params = tb.offset;
+}
+
+const param_tensor *gpt_find_tensor(const gpt_model *m, const char *name) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+    return NULL;
+}
+
+static float *view(const gpt_model *m, float *base, const char *name) {
+    return base + gpt_find_tensor(m, name)->offset;
+}
+
+static void fill_views(const gpt_model *m, float *base, param_views *v) {
+    char name[64];
+    v->wte = view(m, base, "wte");
+    v->wpe = view(m, base, "wpe");
+    v->lnfw = view(m, base, "ln_f.weight");
+    v->lnfb = view(m, base, "ln_f.bias");
+    for (int l = 0; l < m->shape.n_layer; l++) {
+        block_views *b = &v->h[l];
+        struct { float **dst; const char *what; } items[] = {
+            {&b->ln1w, "ln_1.weight"}, {&b->ln1b, "ln_1.bias"},
+            {&b->qkvw, "attn.c_attn.weight"}, {&b->qkvb, "attn.c_attn.bias"},
+            {&b->attprojw, "attn.c_proj.weight"}, {&b->attprojb, "attn.c_proj.bias"},
+            {&b->ln2w, "ln_2.weight"}, {&b->ln2b, "ln_2.bias"},
+            {&b->fcw, "mlp.c_fc.weight"}, {&b->fcb, "mlp.c_fc.bias"},
+            {&b->fcprojw, "mlp.c_proj.weight"}, {&b->fcprojb, "mlp.c_proj.bias"},
+        };
+        for (size_t i = 0; i < sizeof(items) / sizeof(items[0]); i++) {
+            snprintf(name, sizeof(name), "h.%d.%s", l, items[i].what);
+            *items[i].dst = view(m, base, name);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ activations */
+
+/* Hands out consecutive slices of the single activation allocation; run once with
+ * base == NULL to count. */
+typedef struct {
+    char *base;
+    size_t used; /* bytes */
+} arena;
+
+static void *take(arena *a, size_t bytes) {
+    void *p = a->base ? a->base + a->used : NULL;
+    a->used += (bytes + 63) & ~(size_t)63;
+    return p;
+}
+
+static void layout_acts(gpt_model *m, arena *ar) {
+    const gpt_shape *s = &m->shape;
+    size_t B = m->B, T = m->T, N = B * T, C = s->d_model, NH = s->n_head;
+    size_t f = sizeof(float);
+    act_views *a = &m->a;
+    a->encoded = take(ar, N * C * f);
+    for (int l = 0; l < s->n_layer; l++) {
+        layer_acts *la = &a->layer[l];
+        la->ln1 = take(ar, N * C * f);
+        la->ln1_mean = take(ar, N * f);
+        la->ln1_rstd = take(ar, N * f);
+        la->qkv = take(ar, N * 3 * C * f);
+        la->att = take(ar, B * NH * T * T * f);
+        la->atty = take(ar, N * C * f);
+        la->res2 = take(ar, N * C * f);
+        la->ln2 = take(ar, N * C * f);
+        la->ln2_mean = take(ar, N * f);
+        la->ln2_rstd = take(ar, N * f);
+        la->fch = take(ar, N * 4 * C * f);
+        la->fch_gelu = take(ar, N * 4 * C * f);
+        la->res3 = take(ar, N * C * f);
+    }
+    a->lnf = take(ar, N * C * f);
+    a->lnf_mean = take(ar, N * f);
+    a->lnf_rstd = take(ar, N * f);
+    a->logits = take(ar, N * (size_t)s->vocab_padded * f);
+    a->losses = take(ar, N * f);
+    a->dres = take(ar, N * C * f);
+    a->dbtc = take(ar, N * C * f);
+    a->dqkv = take(ar, N * 3 * C * f);
+    a->datt = take(ar, B * NH * T * T * f);
+    a->dfch = take(ar, N * 4 * C * f);
+    a->tokens = take(ar, N * sizeof(int32_t));
+    a->targets = take(ar, N * sizeof(int32_t));
+}
+
+int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_backend *be,
+               char *err, size_t errlen) {
+    memset(m, 0, sizeof(*m));
+    m->shape = *shape;
+    m->shape.vocab_padded = (shape->vocab_size + 127) / 128 * 128;
+    m->be = be;
+    m->B = B;
+    m->T = T;
+    if (gpt_check_shape(&m->shape, err, errlen) != 0) return -1;
+
+    m->tensors = calloc((size_t)12 * shape->n_layer + 4, sizeof(param_tensor));
+    m->p.h = calloc((size_t)shape->n_layer, sizeof(block_views));
+    m->g.h = calloc((size_t)shape->n_layer, sizeof(block_views));
+    m->a.layer = calloc((size_t)shape->n_layer, sizeof(layer_acts));
+    if (!m->tensors || !m->p.h || !m->g.h || !m->a.layer) goto oom;
+    build_table(m);
+
+    size_t bytes = m->n_params * sizeof(float);
+    m->params = be->alloc(bytes);
+    m->grads = be->alloc(bytes);
+    m->opt_m = be->alloc(2 * bytes);
+    if (!m->params || !m->grads || !m->opt_m) goto oom;
+    m->opt_v = m->opt_m + m->n_params;
+    fill_views(m, m->params, &m->p);
+    fill_views(m, m->grads, &m->g);
+
+    arena count = {NULL, 0};
+    layout_acts(m, &count);
+    m->act_memory = be->alloc(count.used);
+    if (!m->act_memory) goto oom;
+    m->act_floats = count.used / sizeof(float);
+    arena real = {(char *)m->act_memory, 0};
+    layout_acts(m, &real);
+    return 0;
+oom:
+    snprintf(err, errlen, "out of memory allocating a model of %zu parameters (%s backend)",
+             m->n_params, be->name);
+    gpt_destroy(m);
+    return -1;
+}
+
+void gpt_destroy(gpt_model *m) {
+    if (m->be) {
+        if (m->params) m->be->release(m->params);
+        if (m->grads) m->be->release(m->grads);
+        if (m->opt_m) m->be->release(m->opt_m);
+        if (m->act_memory) m->be->release(m->act_memory);
+    }
+    free(m->tensors);
+    free(m->p.h);
+    free(m->g.h);
+    free(m->a.layer);
+    memset(m, 0, sizeof(*m));
+}
+
+void gpt_init_random(gpt_model *m, uint64_t seed) {
+    float resid_std = 0.02f / sqrtf(2.0f * (float)m->shape.n_layer);
+    size_t bytes = m->n_params * sizeof(float);
+    float *host = malloc(bytes); /* [n_params] staged on the host, then copied once */
+    for (int i = 0; i < m->n_tensors; i++) {
+        const param_tensor *t = &m->tensors[i];
+        float *dst = host + t->offset;
+        size_t real = (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
+        uint64_t key = rng_key(seed, t->name);
+        float std = t->init == INIT_RESIDUAL ? resid_std : 0.02f;
+        #pragma omp parallel for schedule(static)
+        for (size_t j = 0; j < t->numel; j++) {
+            float v = 0.0f;
+            if (j >= real) v = 0.0f; /* padded vocab rows */
+            else if (t->init == INIT_ONE) v = 1.0f;
+            else if (t->init != INIT_ZERO) v = std * rng_normal(key, j);
+            dst[j] = v;
+        }
+    }
+    m->be->copy_from_host(m->params, host, bytes, m->stream);
+    free(host);
+}
+
+/* ------------------------------------------------------------------ forward / backward */
+
+double gpt_forward(gpt_model *m, const int32_t *tokens, const int32_t *targets, float dloss) {
+    const gptc_backend *be = m->be;
+    gptc_stream *s = m->stream;
+    const gpt_shape *sh = &m->shape;
+    int B = m->B, T = m->T, N = B * T, C = sh->d_model, NH = sh->n_head;
+    int V = sh->vocab_size, Vp = sh->vocab_padded;
+    act_views *a = &m->a;
+    param_views *p = &m->p;
+
+    be->copy_from_host(a->tokens, tokens, (size_t)N * sizeof(int32_t), s);
+    be->copy_from_host(a->targets, targets, (size_t)N * sizeof(int32_t), s);
+    be->embedding_forward(a->encoded, a->tokens, p->wte, p->wpe, N, T, C, s);
+    const float *x = a->encoded; /* [N,C] the residual stream entering layer l */
+    for (int l = 0; l < sh->n_layer; l++) {
+        layer_acts *la = &a->layer[l];
+        block_views *w = &p->h[l];
+        be->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, N, C, s);
+        be->matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, N, C, 3 * C, 0, s);
+        be->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH, s);
+        be->matmul_forward(a->dbtc, la->atty, w->attprojw, w->attprojb, N, C, C, 0, s);
+        be->add(la->res2, x, a->dbtc, (size_t)N * C, s);
+        be->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b,
+                              N, C, s);
+        be->matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, N, C, 4 * C, 0, s);
+        be->gelu_forward(la->fch_gelu, la->fch, (size_t)N * 4 * C, s);
+        be->matmul_forward(a->dbtc, la->fch_gelu, w->fcprojw, w->fcprojb, N, 4 * C, C, 0, s);
+        be->add(la->res3, la->res2, a->dbtc, (size_t)N * C, s);
+        x = la->res3;
+    }
+    be->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, p->lnfw, p->lnfb, N, C, s);
+    be->matmul_forward(a->logits, a->lnf, p->wte, NULL, N, C, Vp, 1, s);
+    be->crossentropy_forward_backward(a->losses, a->logits, a->targets, N, V, Vp, dloss, s);
+
+    float *losses = malloc((size_t)N * sizeof(float)); /* [N] host copy */
+    be->copy_to_host(losses, a->losses, (size_t)N * sizeof(float), s);
+    be->synchronize(s);
+    double sum = 0.0;
+    for (int n = 0; n < N; n++) sum += losses[n];
+    free(losses);
+    return sum;
+}
+
+void gpt_backward(gpt_model *m) {
+    const gptc_backend *be = m->be;
+    gptc_stream *s = m->stream;
+    const gpt_shape *sh = &m->shape;
+    int B = m->B, T = m->T, N = B * T, C = sh->d_model, NH = sh->n_head, Vp = sh->vocab_padded;
+    act_views *a = &m->a;
+    param_views *p = &m->p, *g = &m->g;
+    int L = sh->n_layer;
+
+    /* logits already hold dlogits (fused into the loss) */
+    be->matmul_backward(a->dbtc, g->wte, NULL, a->logits, a->lnf, p->wte, N, C, Vp, 1, s);
+    be->zero(a->dres, (size_t)N * C * sizeof(float), s);
+    be->layernorm_backward(a->dres, g->lnfw, g->lnfb, a->dbtc, a->layer[L - 1].res3, p->lnfw,
+                           a->lnf_mean, a->lnf_rstd, N, C, s);
+    /* dres is the gradient of the residual stream; each branch adds into it */
+    for (int l = L - 1; l >= 0; l--) {
+        layer_acts *la = &a->layer[l];
+        block_views *w = &p->h[l], *dw = &g->h[l];
+        const float *x = l == 0 ? a->encoded : a->layer[l - 1].res3;
+        be->matmul_backward(a->dfch, dw->fcprojw, dw->fcprojb, a->dres, la->fch_gelu,
+                            w->fcprojw, N, 4 * C, C, 0, s);
+        be->gelu_backward(a->dfch, la->fch, a->dfch, (size_t)N * 4 * C, s);
+        be->matmul_backward(a->dbtc, dw->fcw, dw->fcb, a->dfch, la->ln2, w->fcw, N, C, 4 * C, 0, s);
+        be->layernorm_backward(a->dres, dw->ln2w, dw->ln2b, a->dbtc, la->res2, w->ln2w,
+                               la->ln2_mean, la->ln2_rstd, N, C, s);
+        be->matmul_backward(a->dbtc, dw->attprojw, dw->attprojb, a->dres, la->atty,
+                            w->attprojw, N, C, C, 0, s);
+        be->attention_backward(a->dqkv, a->datt, a->dbtc, la->qkv, la->att, B, T, C, NH, s);
+        be->matmul_backward(a->dbtc, dw->qkvw, dw->qkvb, a->dqkv, la->ln1, w->qkvw, N, C,
+                            3 * C, 0, s);
+        be->layernorm_backward(a->dres, dw->ln1w, dw->ln1b, a->dbtc, x, w->ln1w, la->ln1_mean,
+                               la->ln1_rstd, N, C, s);
+    }
+    be->embedding_backward(g->wte, g->wpe, a->dres, a->tokens, N, T, C, s);
+}

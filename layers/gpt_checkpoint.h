@@ -1,0 +1,18 @@
+/* Moving a model's parameters and optimizer state to and from the checkpoint schema of
+ * DESIGN section 4 (engine/checkpoint.h does the HDF5 side). */
+#ifndef GPTC_GPT_CHECKPOINT_H
+#define GPTC_GPT_CHECKPOINT_H
+
+#include <stddef.h>
+
+#include "engine/checkpoint.h"
+#include "layers/gpt.h"
+
+/* Writes /model and, when with_optim, /optim (m, v, t) for a checkpoint of step. */
+int gpt_save(const gpt_model *m, const char *path, long step, int with_optim, long t,
+             char *err, size_t errlen);
+/* Reads every parameter (and the optimizer moments when load_optim) from an open
+ * checkpoint whose meta already matched the model shape. */
+int gpt_load(gpt_model *m, ckpt_file *f, int load_optim, char *err, size_t errlen);
+
+#endif

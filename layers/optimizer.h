@@ -1,0 +1,24 @@
+/* AdamW with PyTorch semantics, global-norm clipping and the learning-rate schedule
+ * (DESIGN section 3). */
+#ifndef GPTC_OPTIMIZER_H
+#define GPTC_OPTIMIZER_H
+
+#include "layers/gpt.h"
+
+typedef struct {
+    double lr, min_lr;
+    long warmup_steps, total_steps;
+    int cosine;               /* 0: constant after warm-up */
+    double beta1, beta2, eps, weight_decay, grad_clip;
+} optim_config;
+
+/* Learning rate of optimizer step s (1-based): linear warm-up to lr over warmup_steps,
+ * then constant, or cosine from lr down to min_lr at total_steps. */
+double lr_at_step(const optim_config *c, long step);
+/* Sum of squares of every gradient element, each parameter once. */
+double grad_sum_squares(gpt_model *m);
+/* Clips (coef = min(1, clip / (norm + 1e-6))) and applies AdamW step t (1-based) with
+ * learning rate lr. Returns the clip coefficient used. */
+double optim_step(gpt_model *m, const optim_config *c, double grad_norm, long t, double lr);
+
+#endif

@@ -1,0 +1,20 @@
+/* The process grid: world = tp x pp x dp in Megatron order, TP ranks consecutive:
+ * rank = tp_rank + tp * (dp_rank + dp * pp_rank). */
+#ifndef GPTC_GRID_H
+#define GPTC_GRID_H
+
+#include <stddef.h>
+
+typedef struct {
+    int world, rank;
+    int tp, pp, dp;
+    int tp_rank, pp_rank, dp_rank;
+} grid;
+
+/* Fills g for this rank; dp = 0 means world / (tp*pp). Refuses a world that is not
+ * tp*pp*dp with a one-line error naming the keys. */
+int grid_layout(grid *g, int world, int rank, int tp, int pp, int dp, char *err, size_t errlen);
+/* Rank of the given coordinates. */
+int grid_rank_of(const grid *g, int tp_rank, int pp_rank, int dp_rank);
+
+#endif

@@ -1,0 +1,42 @@
+"""Shared helpers for the end-to-end tests: run the built binaries, make small inputs."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+BUILD = os.environ.get("GPTC_BUILD", os.path.join(os.path.dirname(__file__), "..", "build"))
+TRAIN = os.path.join(BUILD, "gptc-train")
+MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
+
+
+def env():
+    e = dict(os.environ)
+    e.setdefault("OMP_NUM_THREADS", "2")
+    e["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+    e["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    return e
+
+
+def run_train(args, np_ranks=None, timeout=600):
+    """Runs gptc-train (under mpirun when np_ranks is given); returns CompletedProcess."""
+    cmd = ([*MPIRUN, "-np", str(np_ranks)] if np_ranks else []) + [TRAIN, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+
+
+def write_tokens(path, tokens, vocab_size):
+    import h5py
+    with h5py.File(path, "w") as f:
+        f.create_dataset("tokens", data=np.asarray(tokens, dtype=np.uint16))
+        f.attrs["vocab_size"] = np.int64(vocab_size)
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)

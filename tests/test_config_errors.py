@@ -1,0 +1,86 @@
+"""Bad input is refused before training with one line naming the key (or file), and a
+nonzero exit on every rank. Each case lists the arguments and words the message needs."""
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gptc_testlib import fail, run_train, write_tokens  # noqa: E402
+
+D = tempfile.mkdtemp(prefix="gptc_cfg_")
+MODEL = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=32", "--model.n_ctx=16",
+         "--model.vocab_size=50"]
+BASE = MODEL + [f"--data.path={D}/tok.h5", "--train.steps=2", "--train.global_batch=4",
+                "--train.seq_len=16"]
+
+CASES = [
+    # (name, extra args, words that must appear in the error line)
+    ("unknown key", ["--train.stpes=3"], ["train.stpes", "unknown key"]),
+    ("unknown section", ["--trian.steps=3"], ["[trian]", "unknown section"]),
+    ("not a number", ["--train.lr=fast"], ["train.lr", "not a number"]),
+    ("not an integer", ["--train.global_batch=2.5"], ["train.global_batch", "not an integer"]),
+    ("out of range", ["--train.beta2=1.5"], ["train.beta2", "out of range"]),
+    ("bad choice", ["--parallel.schedule=zigzag"], ["parallel.schedule", "zigzag"]),
+    ("bad boolean", ["--data.shuffle=maybe"], ["data.shuffle", "boolean"]),
+    ("malformed argument", ["train.steps=3"], ["train.steps=3", "--section.key=value"]),
+    ("seq_len > n_ctx", ["--train.seq_len=32"], ["train.seq_len", "model.n_ctx"]),
+    ("batch does not divide", ["--train.micro_batch=3"], ["train.global_batch", "train.micro_batch"]),
+    ("heads do not divide", ["--model.n_head=3"], ["model.d_model", "model.n_head"]),
+    ("missing model key", ["--model.n_layer=0"], ["model.n_layer", "required"]),
+    ("min_lr > lr", ["--train.lr=1e-4", "--train.min_lr=1e-3"], ["train.min_lr"]),
+    ("world size", ["--parallel.tp=2"], ["world size 1", "parallel.tp"]),
+    ("missing data file", [f"--data.path={D}/nope.h5"], ["data.path", "nope.h5"]),
+    ("data not hdf5", [f"--data.path={D}/garbage.h5"], ["data.path", "garbage.h5"]),
+    ("token >= vocab", [f"--data.path={D}/big.h5"], ["data.path", "big.h5"]),
+    ("missing checkpoint", [f"--train.init={D}/none.h5"], ["none.h5"]),
+    ("model contradicts checkpoint", [f"--train.init={D}/ck.h5", "--model.n_layer=3"],
+     ["model.n_layer", "ck.h5"]),
+    ("save dir missing", [f"--train.save={D}/no/such/dir/ck.h5"], ["train.save", "no/such/dir"]),
+    ("cuda on a cpu build", ["--train.device=cuda"], ["train.device"]),
+]
+
+
+def check(name, args, words, np_ranks=None):
+    r = run_train(args, np_ranks=np_ranks, timeout=120)
+    err_lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gptc: error:")]
+    if r.returncode == 0:
+        fail(f"{name}: exit code 0, expected an error")
+    if "step " in r.stdout and "/2 | loss" in r.stdout:
+        fail(f"{name}: training started before the error")
+    if len(err_lines) != (1 if not np_ranks else len(err_lines)) or not err_lines:
+        fail(f"{name}: expected one error line, got stderr:\n{r.stderr}")
+    for w in words:
+        if w not in err_lines[0]:
+            fail(f"{name}: error line lacks {w!r}: {err_lines[0]}")
+    print(f"ok   {name}: {err_lines[0]}")
+
+
+def main():
+    rng = np.random.default_rng(0)
+    write_tokens(f"{D}/tok.h5", rng.integers(0, 50, 500), 50)
+    tokens = rng.integers(0, 50, 500)
+    tokens[123] = 60
+    write_tokens(f"{D}/big.h5", tokens, 64)
+    with open(f"{D}/garbage.h5", "wb") as f:
+        f.write(b"not an hdf5 file" * 10)
+    r = run_train(BASE + ["--train.steps=0", f"--train.save={D}/ck.h5"])
+    if r.returncode:
+        fail("could not write the reference checkpoint: " + r.stderr)
+    with open(f"{D}/bad.ini", "w") as f:
+        f.write("[train]\nsteps = 3\nnot a key value line\n")
+
+    for name, extra, words in CASES:
+        check(name, BASE + extra, words)
+    check("missing config file", [f"{D}/missing.ini"], ["missing.ini"])
+    check("ini syntax error", [f"{D}/bad.ini"], ["bad.ini", "line 3"])
+    # every rank of a multi-rank job exits nonzero; rank 0 names the key
+    check("world size under mpirun", BASE + ["--parallel.dp=3"], ["world size 2", "parallel.dp"],
+          np_ranks=2)
+    check("unknown key under mpirun", BASE + ["--train.stpes=3"], ["train.stpes"], np_ranks=2)
+    print(f"PASS: {len(CASES) + 4} bad inputs refused")
+
+
+if __name__ == "__main__":
+    main()

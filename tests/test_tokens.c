@@ -1,0 +1,572 @@
+/* Token files and the batch loader: window order, row slices, the shuffle permutation,
+ * the prefetch path against synchronous reads, uint8/uint32 files and every refusal.
+ * With argv[1] = path to gptc-data it instead converts small text files with that
+ * binary and reads them back through the loader. Writes its files under a temp dir. */
+#define _POSIX_C_SOURCE 200809L
+#include "data/tokens.h"
+
+#include <hdf5.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int failures;
+static char tmpdir[256];
+static char made[64][320]; /* paths this run created, removed at the end */
+static int n_made;
+
+static void check(int ok, const char *fmt, ...) {
+    if (ok) return;
+    failures++;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "FAIL: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+static const char *tmp_path(const char *name) {
+    if (n_made == 64) {
+        fprintf(stderr, "test_tokens: too many temp files\n");
+        exit(2);
+    }
+    snprintf(made[n_made], sizeof made[0], "%s/%s", tmpdir, name);
+    return made[n_made++];
+}
+
+static void cleanup(void) {
+    for (int i = 0; i < n_made; i++) remove(made[i]);
+    rmdir(tmpdir);
+}
+
+enum { VOCAB_NONE, VOCAB_ROOT, VOCAB_DATASET, VOCAB_BOTH };
+
+typedef struct {
+    hid_t type;          /* file element type, e.g. H5T_STD_U16LE */
+    int two_d;           /* store as [n/2, 2] instead of [n] */
+    int vocab_where;     /* VOCAB_* */
+    long long vocab;     /* value of the attribute (root gets vocab/2 with VOCAB_BOTH) */
+    const char *dataset; /* name of the dataset, "tokens" normally */
+} file_spec;
+
+static void write_attr(hid_t loc, long long v) {
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t attr = H5Acreate2(loc, "vocab_size", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(attr, H5T_NATIVE_LLONG, &v);
+    H5Aclose(attr);
+    H5Sclose(space);
+}
+
+/* Writes vals[n] as dataset spec->dataset. Exits on failure: the test cannot go on. */
+static void write_file(const char *path, const file_spec *spec, const uint32_t *vals,
+                       hsize_t n) {
+    tokens_hdf5_lock();
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hsize_t dims[2] = {spec->two_d ? n / 2 : n, 2};
+    hid_t space = H5Screate_simple(spec->two_d ? 2 : 1, dims, NULL);
+    hid_t dset = H5Dcreate2(file, spec->dataset, spec->type, space, H5P_DEFAULT, H5P_DEFAULT,
+                            H5P_DEFAULT);
+    if (file < 0 || space < 0 || dset < 0 ||
+        H5Dwrite(dset, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, vals) < 0) {
+        fprintf(stderr, "test_tokens: cannot write %s\n", path);
+        exit(2);
+    }
+    if (spec->vocab_where == VOCAB_ROOT) write_attr(file, spec->vocab);
+    if (spec->vocab_where == VOCAB_DATASET) write_attr(dset, spec->vocab);
+    if (spec->vocab_where == VOCAB_BOTH) {
+        write_attr(file, spec->vocab / 2);
+        write_attr(dset, spec->vocab);
+    }
+    H5Dclose(dset);
+    H5Sclose(space);
+    H5Fclose(file);
+    tokens_hdf5_unlock();
+}
+
+/* Writes tokens[i] = i + base, i < n, as uint16 (or type) with vocab on the root. */
+static const char *write_ramp(const char *name, hid_t type, long n, uint32_t base,
+                              long long vocab) {
+    uint32_t *vals = malloc((size_t)n * sizeof *vals); /* [n] */
+    for (long i = 0; i < n; i++) vals[i] = base + (uint32_t)i;
+    file_spec spec = {type, 0, VOCAB_ROOT, vocab, "tokens"};
+    const char *path = tmp_path(name);
+    write_file(path, &spec, vals, (hsize_t)n);
+    free(vals);
+    return path;
+}
+
+/* Checks that row r of (inputs, targets)[rows, T] holds window w of a ramp file. */
+static int row_is_window(const int32_t *inputs, const int32_t *targets, int r, int T, long w,
+                         uint32_t base) {
+    for (int t = 0; t < T; t++) {
+        if (inputs[r * T + t] != (int32_t)(base + w * T + t)) return 0;
+        if (targets[r * T + t] != (int32_t)(base + w * T + t + 1)) return 0;
+    }
+    return 1;
+}
+
+static void test_order_no_shuffle(void) {
+    enum { T = 4, B = 3 };
+    const char *path = write_ramp("ramp.h5", H5T_STD_U16LE, 10 * T + 3, 0, 65536); /* W=10 */
+    char err[512] = "";
+    batch_loader *l = loader_create(path, T, B, 0, B, 0, 0, 1, err, sizeof err);
+    check(l != NULL, "order: loader_create failed: %s", err);
+    if (!l) return;
+    check(loader_windows(l) == 10, "order: W = %ld, expected 10", loader_windows(l));
+    int32_t in[B * T], tg[B * T]; /* [B, T] */
+    for (long s = 1; s <= 9; s++) { /* 27 rows: wraps past W twice */
+        int rc = loader_get(l, s, in, tg, err, sizeof err);
+        check(rc == 0, "order: step %ld failed: %s", s, err);
+        for (int j = 0; j < B; j++) {
+            long w = ((s - 1) * B + j) % 10;
+            check(loader_window(l, s, j) == w, "order: loader_window(%ld, %d) != %ld", s, j, w);
+            check(row_is_window(in, tg, j, T, w, 0), "order: step %ld row %d is not window %ld",
+                  s, j, w);
+        }
+    }
+    loader_destroy(l);
+}
+
+/* rows [begin, end) of a loader equal the same rows of the full-batch loader. */
+static void test_slices(int shuffle) {
+    enum { T = 5, B = 6 };
+    const char *path = write_ramp(shuffle ? "slices_s.h5" : "slices.h5", H5T_STD_U16LE,
+                                  23 * T + 2, 0, 65536);
+    char err[512] = "";
+    batch_loader *full = loader_create(path, T, B, 0, B, 65536, shuffle, 7, err, sizeof err);
+    check(full != NULL, "slices: full loader failed: %s", err);
+    const int ranges[3][2] = {{0, 2}, {2, 5}, {5, 6}};
+    for (int k = 0; full && k < 3; k++) {
+        int b = ranges[k][0], e = ranges[k][1];
+        batch_loader *part = loader_create(path, T, B, b, e, 65536, shuffle, 7, err, sizeof err);
+        check(part != NULL, "slices: loader rows [%d,%d) failed: %s", b, e, err);
+        if (!part) continue;
+        int32_t fin[B * T], ftg[B * T], pin[B * T], ptg[B * T]; /* [B, T], [e-b, T] used */
+        for (long s = 1; s <= 12; s++) {
+            int rc = loader_get(full, s, fin, ftg, err, sizeof err) |
+                     loader_get(part, s, pin, ptg, err, sizeof err);
+            size_t off = (size_t)b * T, len = (size_t)(e - b) * T * sizeof(int32_t);
+            check(rc == 0 && memcmp(pin, fin + off, len) == 0 && memcmp(ptg, ftg + off, len) == 0,
+                  "slices (shuffle %d): rows [%d,%d) of step %ld differ from the full batch",
+                  shuffle, b, e, s);
+        }
+        loader_destroy(part);
+    }
+    loader_destroy(full);
+}
+
+/* Windows of epoch e, in global-row order: out[W]. */
+static void epoch_windows(const batch_loader *l, int B, long e, long *out) {
+    long W = loader_windows(l);
+    for (long i = 0; i < W; i++) {
+        long g = e * W + i;
+        out[i] = loader_window(l, g / B + 1, (int)(g % B));
+    }
+}
+
+static int is_permutation(const long *v, long W) {
+    char *seen = calloc((size_t)W, 1); /* [W] */
+    int ok = 1;
+    for (long i = 0; i < W && ok; i++) {
+        if (v[i] < 0 || v[i] >= W || seen[v[i]]) ok = 0;
+        else seen[v[i]] = 1;
+    }
+    free(seen);
+    return ok;
+}
+
+static void test_shuffle(void) {
+    enum { T = 3, B = 5, W = 37 };
+    const char *path = write_ramp("shuffle.h5", H5T_STD_U16LE, W * T + 2, 0, 65536);
+    char err[512] = "";
+    batch_loader *a = loader_create(path, T, B, 0, B, 0, 1, 1234, err, sizeof err);
+    batch_loader *a2 = loader_create(path, T, B, 0, B, 0, 1, 1234, err, sizeof err);
+    batch_loader *c = loader_create(path, T, B, 0, B, 0, 1, 99, err, sizeof err);
+    check(a && a2 && c, "shuffle: loader_create failed: %s", err);
+    if (!a || !a2 || !c) return;
+    long e0[W], e1[W], again[W], other[W];
+    epoch_windows(a, B, 0, e0);
+    epoch_windows(a, B, 1, e1);
+    check(is_permutation(e0, W), "shuffle: epoch 0 is not a permutation of [0, W)");
+    check(is_permutation(e1, W), "shuffle: epoch 1 is not a permutation of [0, W)");
+    check(memcmp(e0, e1, sizeof e0) != 0, "shuffle: epochs 0 and 1 have the same order");
+    long fixed = 0;
+    for (long i = 0; i < W; i++) fixed += e0[i] == i;
+    check(fixed < W / 2, "shuffle: epoch 0 leaves %ld of %d windows in place", fixed, (int)W);
+    epoch_windows(a2, B, 1, again);
+    check(memcmp(e1, again, sizeof e1) == 0, "shuffle: same seed gave a different order");
+    epoch_windows(c, B, 1, other);
+    check(memcmp(e1, other, sizeof e1) != 0, "shuffle: seeds 1234 and 99 gave the same order");
+    int32_t in[B * T], tg[B * T]; /* [B, T] */
+    for (long s = 1; s <= 16; s++) { /* 80 rows: crosses into epoch 2 */
+        int rc = loader_get(a, s, in, tg, err, sizeof err);
+        check(rc == 0, "shuffle: step %ld failed: %s", s, err);
+        for (int j = 0; j < B; j++)
+            check(row_is_window(in, tg, j, T, loader_window(a, s, j), 0),
+                  "shuffle: step %ld row %d does not hold its window", s, j);
+    }
+    loader_destroy(a);
+    loader_destroy(a2);
+    loader_destroy(c);
+
+    /* Tiny W (1 and 2) still permutes. */
+    for (long w = 1; w <= 2; w++) {
+        const char *p = write_ramp(w == 1 ? "w1.h5" : "w2.h5", H5T_STD_U16LE, w * T + 1, 0, 256);
+        batch_loader *t = loader_create(p, T, 3, 0, 3, 0, 1, 5, err, sizeof err);
+        check(t && loader_windows(t) == w, "shuffle: W=%ld loader failed: %s", w, err);
+        if (!t) continue;
+        long v[2];
+        for (long e = 0; e < 4; e++) {
+            epoch_windows(t, 3, e, v);
+            check(is_permutation(v, w), "shuffle: W=%ld epoch %ld is not a permutation", w, e);
+        }
+        loader_destroy(t);
+    }
+}
+
+/* Sequential gets (the prefetch path) against the same steps in a scattered order. */
+static void test_prefetch(int shuffle) {
+    enum { T = 8, B = 4, STEPS = 20 };
+    const char *path = write_ramp(shuffle ? "prefetch_s.h5" : "prefetch.h5", H5T_STD_U32LE,
+                                  29 * T + 5, 1000, 1 << 20);
+    char err[512] = "";
+    batch_loader *seq = loader_create(path, T, B, 1, 4, 0, shuffle, 3, err, sizeof err);
+    batch_loader *rnd = loader_create(path, T, B, 1, 4, 0, shuffle, 3, err, sizeof err);
+    check(seq && rnd, "prefetch: loader_create failed: %s", err);
+    if (!seq || !rnd) return;
+    enum { ROWS = 3 };
+    static int32_t in[STEPS][ROWS * T], tg[STEPS][ROWS * T]; /* [steps, rows, T] */
+    for (int s = 1; s <= STEPS; s++) {
+        int rc = loader_get(seq, s, in[s - 1], tg[s - 1], err, sizeof err);
+        check(rc == 0, "prefetch: sequential step %d failed: %s", s, err);
+    }
+    const int order[STEPS] = {17, 3, 11, 20, 1, 8, 14, 5, 19, 2, 12, 7, 16, 10, 4, 18, 9, 13, 6, 15};
+    for (int k = 0; k < STEPS; k++) {
+        int s = order[k];
+        int32_t rin[ROWS * T], rtg[ROWS * T]; /* [rows, T] */
+        int rc = loader_get(rnd, s, rin, rtg, err, sizeof err);
+        check(rc == 0 && memcmp(rin, in[s - 1], sizeof rin) == 0 &&
+                  memcmp(rtg, tg[s - 1], sizeof rtg) == 0,
+              "prefetch (shuffle %d): step %d read sequentially differs from a direct read",
+              shuffle, s);
+        for (int r = 0; r < ROWS; r++)
+            check(row_is_window(in[s - 1], tg[s - 1], r, T, loader_window(seq, s, 1 + r), 1000),
+                  "prefetch (shuffle %d): step %d row %d is not its window", shuffle, s, r);
+    }
+    /* Asking for the step already prefetched twice, then jumping back, still works. */
+    int32_t rin[ROWS * T], rtg[ROWS * T]; /* [rows, T] */
+    int rc = loader_get(seq, STEPS, rin, rtg, err, sizeof err) |
+             loader_get(seq, 2, rin, rtg, err, sizeof err);
+    check(rc == 0 && memcmp(rin, in[1], sizeof rin) == 0, "prefetch: jump back to step 2 differs");
+    loader_destroy(seq);
+    loader_destroy(rnd);
+}
+
+/* uint32 tokens above 65535 and uint8 tokens come back as the int32 values written. */
+static void test_widths(void) {
+    char err[512] = "";
+    const char *p32 = write_ramp("u32.h5", H5T_STD_U32LE, 50, 100000, 200000);
+    token_file *f = tokens_open(p32, 0, err, sizeof err);
+    check(f != NULL, "uint32: open failed: %s", err);
+    if (f) {
+        int32_t buf[50]; /* [50] */
+        check(tokens_count(f) == 50 && tokens_vocab(f) == 200000, "uint32: count/vocab wrong");
+        check(tokens_read(f, 0, 50, buf, err, sizeof err) == 0, "uint32: read failed: %s", err);
+        for (int i = 0; i < 50; i++)
+            check(buf[i] == 100000 + i, "uint32: token %d is %d", i, (int)buf[i]);
+        tokens_close(f);
+    }
+    const char *p8 = write_ramp("u8.h5", H5T_STD_U8LE, 200, 10, 256);
+    batch_loader *l = loader_create(p8, 16, 2, 0, 2, 256, 0, 0, err, sizeof err);
+    check(l != NULL, "uint8: loader failed: %s", err);
+    if (l) {
+        int32_t in[2 * 16], tg[2 * 16]; /* [B, T] */
+        int rc = loader_get(l, 3, in, tg, err, sizeof err);
+        check(rc == 0 && row_is_window(in, tg, 0, 16, 4, 10) && row_is_window(in, tg, 1, 16, 5, 10),
+              "uint8: step 3 rows are not windows 4 and 5: %s", err);
+        loader_destroy(l);
+    }
+    /* vocab_size on the dataset wins over the one on the root. */
+    uint32_t vals[40]; /* [40] */
+    for (int i = 0; i < 40; i++) vals[i] = (uint32_t)i * 7;
+    file_spec both = {H5T_STD_U16LE, 0, VOCAB_BOTH, 600, "tokens"};
+    const char *pb = tmp_path("both.h5");
+    write_file(pb, &both, vals, 40);
+    f = tokens_open(pb, 0, err, sizeof err);
+    check(f && tokens_vocab(f) == 600, "vocab on dataset: expected 600: %s", err);
+    tokens_close(f);
+}
+
+/* loader_create(path) must fail with every key in err. */
+static void expect_create_error(const char *what, const char *path, int T, long model_vocab,
+                                const char *const *keys) {
+    char err[512] = "";
+    batch_loader *l = loader_create(path, T, 2, 0, 2, model_vocab, 0, 0, err, sizeof err);
+    check(l == NULL, "%s: loader_create succeeded", what);
+    loader_destroy(l);
+    for (int k = 0; keys[k]; k++)
+        check(strstr(err, keys[k]) != NULL, "%s: error \"%s\" lacks \"%s\"", what, err, keys[k]);
+    check(strchr(err, '\n') == NULL, "%s: error is not one line", what);
+}
+
+static void error_file(const char *name, const file_spec *spec, long n) {
+    uint32_t *vals = calloc((size_t)n, sizeof *vals); /* [n] */
+    write_file(tmp_path(name), spec, vals, (hsize_t)n);
+    free(vals);
+}
+
+static void test_open_errors(void) {
+    expect_create_error("missing file", tmp_path("missing.h5"), 4, 0,
+                        (const char *const[]){"data.path", "missing.h5", "No such file", NULL});
+
+    const char *txt = tmp_path("notes.txt");
+    FILE *fp = fopen(txt, "w");
+    fputs("this is not HDF5\n", fp);
+    fclose(fp);
+    expect_create_error("not HDF5", txt, 4, 0,
+                        (const char *const[]){"notes.txt", "not an HDF5 file", NULL});
+
+    file_spec other = {H5T_STD_U16LE, 0, VOCAB_ROOT, 256, "other"};
+    error_file("notokens.h5", &other, 100);
+    expect_create_error("no /tokens", made[n_made - 1], 4, 0,
+                        (const char *const[]){"notokens.h5", "no dataset /tokens", NULL});
+
+    file_spec two_d = {H5T_STD_U16LE, 1, VOCAB_ROOT, 256, "tokens"};
+    error_file("twod.h5", &two_d, 100);
+    expect_create_error("2-D", made[n_made - 1], 4, 0,
+                        (const char *const[]){"twod.h5", "2 dimensions", "expected 1", NULL});
+
+    const struct {
+        const char *file;
+        hid_t type;
+        const char *key;
+    } types[] = {{"float.h5", H5T_IEEE_F32LE, "32-bit floats"},
+                 {"signed.h5", H5T_STD_I16LE, "signed 16-bit"},
+                 {"u64.h5", H5T_STD_U64LE, "unsigned 64-bit"}};
+    for (int i = 0; i < 3; i++) {
+        file_spec s = {types[i].type, 0, VOCAB_ROOT, 256, "tokens"};
+        error_file(types[i].file, &s, 100);
+        expect_create_error(types[i].file, made[n_made - 1], 4, 0,
+                            (const char *const[]){types[i].file, types[i].key,
+                                                  "expected unsigned 8-, 16- or 32-bit", NULL});
+    }
+
+    file_spec novocab = {H5T_STD_U16LE, 0, VOCAB_NONE, 0, "tokens"};
+    error_file("novocab.h5", &novocab, 100);
+    expect_create_error("no vocab_size", made[n_made - 1], 4, 0,
+                        (const char *const[]){"novocab.h5", "no vocab_size attribute", NULL});
+
+    file_spec big = {H5T_STD_U16LE, 0, VOCAB_DATASET, 50257, "tokens"};
+    error_file("bigvocab.h5", &big, 100);
+    expect_create_error("vocab too large", made[n_made - 1], 4, 256,
+                        (const char *const[]){"bigvocab.h5", "vocab_size 50257",
+                                              "larger than the model's vocab_size 256", NULL});
+
+    file_spec zero = {H5T_STD_U16LE, 0, VOCAB_ROOT, 0, "tokens"};
+    error_file("zerovocab.h5", &zero, 100);
+    expect_create_error("vocab 0", made[n_made - 1], 4, 0,
+                        (const char *const[]){"zerovocab.h5", "vocab_size 0", NULL});
+
+    const char *shortp = write_ramp("short.h5", H5T_STD_U16LE, 8, 0, 256);
+    expect_create_error("short file", shortp, 8, 0,
+                        (const char *const[]){"short.h5", "8 tokens", "fewer than one window",
+                                              "9 tokens", NULL});
+    char err[512] = "";
+    batch_loader *ok = loader_create(shortp, 7, 2, 0, 2, 0, 0, 0, err, sizeof err);
+    check(ok && loader_windows(ok) == 1, "exactly one window (N = T+1) should load: %s", err);
+    loader_destroy(ok);
+}
+
+/* A token >= vocab_size at position 1234: direct read, synchronous get, prefetched get. */
+static void test_bad_token(void) {
+    enum { N = 2000, T = 10, B = 4 };
+    uint32_t vals[N]; /* [N] */
+    for (int i = 0; i < N; i++) vals[i] = (uint32_t)(i % 256);
+    vals[1234] = 300;
+    file_spec spec = {H5T_STD_U16LE, 0, VOCAB_ROOT, 256, "tokens"};
+    const char *path = tmp_path("badtoken.h5");
+    write_file(path, &spec, vals, N);
+    const char *key = "badtoken.h5: token 300 at position 1234 is >= vocab_size 256";
+    char err[512] = "";
+
+    token_file *f = tokens_open(path, 256, err, sizeof err);
+    check(f != NULL, "bad token: open should succeed: %s", err);
+    if (f) {
+        int32_t buf[N]; /* [N] */
+        check(tokens_read(f, 0, 1234, buf, err, sizeof err) == 0, "bad token: prefix read failed");
+        err[0] = 0;
+        check(tokens_read(f, 1000, 500, buf, err, sizeof err) != 0 && strstr(err, key),
+              "bad token: tokens_read error \"%s\" lacks \"%s\"", err, key);
+        err[0] = 0;
+        check(tokens_read(f, 1990, 20, buf, err, sizeof err) != 0 && strstr(err, "outside"),
+              "bad token: read past the end not refused: \"%s\"", err);
+        tokens_close(f);
+    }
+    /* Position 1234 lies in window 123 (tokens 1230..1240) and window 122 (its target
+     * 1230 is < 1234, so only 123 holds it): step 31 row 3 with B=4. */
+    batch_loader *l = loader_create(path, T, B, 0, B, 256, 0, 0, err, sizeof err);
+    check(l != NULL, "bad token: loader_create should succeed: %s", err);
+    if (!l) return;
+    int32_t in[B * T], tg[B * T]; /* [B, T] */
+    err[0] = 0;
+    check(loader_get(l, 31, in, tg, err, sizeof err) != 0 && strstr(err, key),
+          "bad token: synchronous get error \"%s\" lacks \"%s\"", err, key);
+    err[0] = 0;
+    check(loader_get(l, 30, in, tg, err, sizeof err) == 0, "bad token: step 30 failed: %s", err);
+    err[0] = 0;
+    check(loader_get(l, 31, in, tg, err, sizeof err) != 0 && strstr(err, key),
+          "bad token: prefetched get error \"%s\" lacks \"%s\"", err, key);
+    err[0] = 0;
+    check(loader_get(l, 32, in, tg, err, sizeof err) == 0, "bad token: step 32 after the error failed: %s",
+          err);
+    loader_destroy(l);
+}
+
+/* ---- gptc-data ---- */
+
+static int run(const char *cmd) {
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void write_text(const char *path, const char *text, size_t len) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp || fwrite(text, 1, len, fp) != len) {
+        fprintf(stderr, "test_tokens: cannot write %s\n", path);
+        exit(2);
+    }
+    fclose(fp);
+}
+
+/* The file's tokens equal bytes[n]; dtype_size and chunked describe /tokens. */
+static void check_converted(const char *what, const char *path, const unsigned char *bytes,
+                            long n, long vocab, size_t dtype_size) {
+    char err[512] = "";
+    token_file *f = tokens_open(path, 0, err, sizeof err);
+    check(f != NULL, "%s: output does not open: %s", what, err);
+    if (!f) return;
+    check(tokens_count(f) == n, "%s: %ld tokens, expected %ld", what, tokens_count(f), n);
+    check(tokens_vocab(f) == vocab, "%s: vocab %ld, expected %ld", what, tokens_vocab(f), vocab);
+    int32_t *buf = malloc((size_t)n * sizeof *buf); /* [n] */
+    if (tokens_count(f) == n && tokens_read(f, 0, n, buf, err, sizeof err) == 0) {
+        long bad = -1;
+        for (long i = 0; i < n && bad < 0; i++)
+            if (buf[i] != bytes[i]) bad = i;
+        check(bad < 0, "%s: token %ld differs from the input byte", what, bad);
+    } else {
+        check(0, "%s: read failed: %s", what, err);
+    }
+    free(buf);
+    tokens_close(f);
+
+    tokens_hdf5_lock();
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t dset = H5Dopen2(file, "tokens", H5P_DEFAULT);
+    hid_t type = H5Dget_type(dset), dcpl = H5Dget_create_plist(dset);
+    check(H5Tget_size(type) == dtype_size, "%s: element size %zu, expected %zu", what,
+          H5Tget_size(type), dtype_size);
+    check(H5Pget_layout(dcpl) == H5D_CHUNKED, "%s: /tokens is not chunked", what);
+    int has_root_vocab = H5Aexists(file, "vocab_size") > 0;
+    check(has_root_vocab, "%s: no vocab_size on the file root", what);
+    H5Pclose(dcpl);
+    H5Tclose(type);
+    H5Dclose(dset);
+    H5Fclose(file);
+    tokens_hdf5_unlock();
+}
+
+static void test_cli(const char *bin) {
+    static const char a[] = "Hello, world!\nThe quick brown fox.\n";
+    const unsigned char b[] = {0, 1, 200, 255, '\n', 'z'};
+    const char *pa = tmp_path("a.txt"), *pb = tmp_path("b.bin");
+    write_text(pa, a, sizeof a - 1);
+    write_text(pb, (const char *)b, sizeof b);
+    unsigned char want[64]; /* [len(a) + len(b)] */
+    memcpy(want, a, sizeof a - 1);
+    memcpy(want + sizeof a - 1, b, sizeof b);
+    long n = (long)(sizeof a - 1 + sizeof b);
+    char cmd[2048];
+
+    const char *out = tmp_path("text.h5");
+    tmp_path("text.h5.tmp");
+    snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' '%s' > /dev/null", bin, out, pa, pb);
+    check(run(cmd) == 0, "cli: %s failed", cmd);
+    check(access(made[n_made - 1], F_OK) != 0, "cli: the .tmp file was left behind");
+    check_converted("cli bytes", out, want, n, 256, 2);
+    char err[512] = "";
+    batch_loader *l = loader_create(out, 8, 2, 0, 2, 256, 0, 0, err, sizeof err);
+    check(l != NULL, "cli: loader on the output failed: %s", err);
+    if (l) {
+        int32_t in[2 * 8], tg[2 * 8]; /* [B, T] */
+        int rc = loader_get(l, 2, in, tg, err, sizeof err);
+        check(rc == 0 && in[0] == want[16] && tg[15] == want[32], "cli: step 2 rows wrong: %s", err);
+        loader_destroy(l);
+    }
+
+    const char *out2 = tmp_path("stdin.h5");
+    snprintf(cmd, sizeof cmd, "printf 'xyz' | '%s' --vocab 70000 --out '%s' - '%s' > /dev/null",
+             bin, out2, pa);
+    check(run(cmd) == 0, "cli: %s failed", cmd);
+    unsigned char want2[64]; /* ["xyz" + a] */
+    memcpy(want2, "xyz", 3);
+    memcpy(want2 + 3, a, sizeof a - 1);
+    check_converted("cli stdin + uint32", out2, want2, (long)(3 + sizeof a - 1), 70000, 4);
+
+    /* More than one 1M-token block, so the dataset is extended several times. */
+    long big_n = (2L << 20) + 12345;
+    unsigned char *big = malloc((size_t)big_n); /* [big_n] */
+    for (long i = 0; i < big_n; i++) big[i] = (unsigned char)((i * 2654435761u) >> 13);
+    const char *pbig = tmp_path("big.bin"), *out3 = tmp_path("big.h5");
+    write_text(pbig, (const char *)big, (size_t)big_n);
+    snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' > /dev/null", bin, out3, pbig);
+    check(run(cmd) == 0, "cli: %s failed", cmd);
+    check_converted("cli big", out3, big, big_n, 256, 2);
+    free(big);
+
+    const char *bad = tmp_path("bad.h5");
+    snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' 2> /dev/null", bin, bad, tmp_path("nope.txt"));
+    check(run(cmd) != 0, "cli: a missing input was accepted");
+    check(access(bad, F_OK) != 0, "cli: a failed run left %s", bad);
+    snprintf(cmd, sizeof cmd, "'%s' --vocab 100 --out '%s' '%s' 2> /dev/null", bin, bad, pa);
+    check(run(cmd) != 0, "cli: a byte >= --vocab was accepted");
+    snprintf(cmd, sizeof cmd, "'%s' --out '%s' 2> /dev/null", bin, bad);
+    check(run(cmd) != 0, "cli: no inputs was accepted");
+    snprintf(cmd, sizeof cmd, "'%s' --bogus 2> /dev/null", bin);
+    check(run(cmd) != 0, "cli: an unknown option was accepted");
+    snprintf(cmd, sizeof cmd, "'%s' --help > /dev/null", bin);
+    check(run(cmd) == 0, "cli: --help failed");
+    check(access(tmp_path("bad.h5.tmp"), F_OK) != 0, "cli: a failed run left bad.h5.tmp");
+}
+
+int main(int argc, char **argv) {
+    const char *base = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof tmpdir, "%s/test_tokens.XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(tmpdir)) {
+        perror("test_tokens: mkdtemp");
+        return 2;
+    }
+    if (argc > 1) {
+        test_cli(argv[1]);
+    } else {
+        test_order_no_shuffle();
+        test_slices(0);
+        test_slices(1);
+        test_shuffle();
+        test_prefetch(0);
+        test_prefetch(1);
+        test_widths();
+        test_open_errors();
+        test_bad_token();
+    }
+    cleanup();
+    if (failures) {
+        fprintf(stderr, "test_tokens: %d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("test_tokens: %s passed\n", argc > 1 ? "gptc-data checks" : "all loader checks");
+    return 0;
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian/Ubuntu), builds, then either trains the default model
+# (demo) or runs the whole test suite (test).   usage: bash tools/setup.sh demo|test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-demo}
+case "$mode" in demo|test) ;; *) echo "usage: bash tools/setup.sh demo|test" >&2; exit 2 ;; esac
+
+build_pkgs=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev
+            libopenblas-dev libopenblas0-pthread libinih-dev)
+# the test suite compares with PyTorch and reads HDF5 from Python (Debian's interpreter)
+test_pkgs=(python3 python3-numpy python3-h5py python3-torch)
+want=("${build_pkgs[@]}")
+[ "$mode" = test ] && want+=("${test_pkgs[@]}")
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$(nproc)"
+
+if [ "$mode" = demo ]; then
+  # the built-in default data: license texts that every Debian/Ubuntu system ships
+  build/gptc-data --out build/demo_tokens.h5 /usr/share/common-licenses/*
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} build/gptc-train configs/tiny.ini
+else
+  ctest --test-dir build --output-on-failure
+fi
