@@ -12,7 +12,10 @@
 set -euo pipefail
 
 # OpenBLAS tuning overrides left in the environment would make the two sides use
-# different kernels than a plain run does.
+# different kernels than a plain run does. gptc picks OpenBLAS's kernel for the CPU
+# itself (engine/cpu/cpu_blas.c); OpenBLAS 0.3.21 alone falls back to its SSE3 kernels on
+# CPUs newer than it knows. For a fair picture PyTorch runs twice: as installed, and with
+# OPENBLAS_CORETYPE set to the kernel gptc chose.
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 export OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
 
@@ -101,6 +104,7 @@ run_gptc() {  # name L H C n_ctx seq batch vocab steps
 # Prints "ms tokens_per_s peak_rss_mb" for the PyTorch baseline.
 run_torch() {  # name L H C n_ctx seq batch vocab steps
     local name=$1 L=$2 H=$3 C=$4 NCTX=$5 T=$6 B=$7 V=$8 N=$9
+    env ${TORCH_CORETYPE:+OPENBLAS_CORETYPE=$TORCH_CORETYPE} \
     $PY "$ROOT/benchmarks/torch_baseline.py" --n_layer "$L" --n_head "$H" --d_model "$C" \
         --n_ctx "$NCTX" --seq "$T" --batch "$B" --vocab "$V" --steps "$N" --threads 2 \
         2> "$WORK/$name-torch.err" > "$WORK/$name-torch.json"
@@ -120,12 +124,19 @@ for s in "${SHAPES[@]}"; do
     set -- $s
     read -r g_ms g_tps g_rss <<< "$(run_gptc "$@")"
     read -r t_ms t_tps t_rss <<< "$(run_torch "$@")"
-    ratio=$($PY -c "
-try: print(f'{float(\"$g_tps\") / float(\"$t_tps\"):.2f}')
-except ValueError: print('n/a')")
+    core=$(sed -n 's/.*OpenBLAS kernels \([A-Za-z0-9]*\).*/\1/p' "$WORK/$1-gptc.out" 2>/dev/null | head -1)
+    if [ -n "$core" ]; then
+        read -r k_ms k_tps k_rss <<< "$(TORCH_CORETYPE=$core run_torch "$@")"
+    else
+        k_ms=n/a k_tps=n/a k_rss=n/a
+    fi
+    ratio() { $PY -c "
+try: print(f'{float(\"$1\") / float(\"$2\"):.2f}')
+except ValueError: print('n/a')"; }
     TABLE+="
-| $1 | gptc | $g_ms | $g_tps | $g_rss | $ratio |
-| $1 | pytorch-eager | $t_ms | $t_tps | $t_rss | |"
+| $1 | gptc (OpenBLAS ${core:-?}) | $g_ms | $g_tps | $g_rss | |
+| $1 | pytorch-eager (as installed) | $t_ms | $t_tps | $t_rss | $(ratio "$g_tps" "$t_tps") |
+| $1 | pytorch-eager (OPENBLAS_CORETYPE=${core:-?}) | $k_ms | $k_tps | $k_rss | $(ratio "$g_tps" "$k_tps") |"
 done
 echo "$TABLE"
 echo

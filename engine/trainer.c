@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <libgen.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "data/tokens.h"
 #include "engine/backend.h"
 #include "engine/checkpoint.h"
+#include "engine/cpu/cpu_blas.h"
 #include "engine/log.h"
 #include "engine/timing.h"
 #include "layers/gpt.h"
@@ -126,9 +128,10 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
              (double)(m->n_params - (size_t)(s->vocab_padded - s->vocab_size) * s->d_model) / 1e6);
     log_info("batch: %d rows x %d tokens, %d micro-batch(es) of %d; steps %ld..%ld\n", bp->B, bp->T,
              bp->n_micro, bp->mb, first, last);
-    log_info("memory: parameters+gradients+adam %.1f MiB, activations %.1f MiB (%s backend)\n",
-             4.0 * m->n_params * sizeof(float) / 1048576.0, m->act_floats * sizeof(float) / 1048576.0,
-             m->be->name);
+    log_info("memory: parameters+gradients+adam %.1f MiB, activations %.1f MiB\n",
+             4.0 * m->n_params * sizeof(float) / 1048576.0, m->act_floats * sizeof(float) / 1048576.0);
+    log_info("backend: %s, %d OpenMP thread(s), OpenBLAS kernels %s\n", m->be->name,
+             omp_get_max_threads(), cpu_blas_corename());
 }
 
 static int save_checkpoint(const gpt_model *m, const char *path, long step, long t, char *err,
@@ -193,7 +196,12 @@ int train_run(const gptc_config *c, const grid *g) {
                              c->seed, err, sizeof(err));
     if (!r.loader) goto fail;
 
-    if (gpt_create(&r.model, &shape, bp.mb, bp.T, cpu_backend(), err, sizeof(err)) != 0) goto fail;
+    const gptc_backend *be = cpu_backend();
+    if (!be) {
+        snprintf(err, sizeof(err), "train.device = cpu: the CPU backend could not start (see above)");
+        goto fail;
+    }
+    if (gpt_create(&r.model, &shape, bp.mb, bp.T, be, err, sizeof(err)) != 0) goto fail;
     gpt_model *m = &r.model;
     if (init) {
         /* a step-0 checkpoint without /optim is a plain initialisation */

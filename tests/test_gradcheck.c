@@ -230,6 +230,7 @@ static void test_model(void) {
 
 int main(void) {
     be = cpu_backend();
+    if (!be) return 1;
     test_embedding();
     test_layernorm();
     test_matmul(0);

@@ -41,6 +41,9 @@ import torch_gpt2 as tg  # noqa: E402
 # lr: the LR is exact math in double, but the log prints it with 9 significant digits
 # (%.9g), which alone can be 5e-9 relative off; 1e-9 on top of that. A float32 LR or a
 # schedule off by a step is >= 6e-8 off.
+# m, v: measured against gptc-train (CPU, 2 threads): worst m 3.3e-5, v 1.7e-5; the
+# float64-vs-float32 PyTorch gap is about the same, so 2e-4 leaves ~6x headroom.
+# param: measured worst 3.5e-6.
 TOL = {"loss": 1e-5, "grad_norm": 1e-5, "lr": 6e-9, "param": 1e-4, "m": 2e-4, "v": 2e-4}
 # A wrong variant must exceed some tolerance by this factor; a harmless one must stay
 # under tolerance / NOISE_HEADROOM on every metric.
@@ -339,12 +342,12 @@ def run_case(case, exe, tmp):
         for h in ref["history"]:
             print(f"    step {h['step']}: loss {h['loss']:.9g} grad_norm {h['grad_norm']:.9g} "
                   f"lr {h['lr']:.9g}")
-        return failures
-    print("  gptc-train vs PyTorch:")
-    try:
-        failures += check_parity(gptc_run(exe, tmp, tc, init, tokens), ref)
-    except Failure as e:
-        failures.append(str(e))
+    else:
+        print("  gptc-train vs PyTorch:")
+        try:
+            failures += check_parity(gptc_run(exe, tmp, tc, init, tokens), ref)
+        except Failure as e:
+            failures.append(str(e))
     return [f"{case.name}: {f}" for f in failures]
 
 

@@ -2,6 +2,7 @@
  * caller, which is the serialized order any stream schedule must reproduce. */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/backend.h"
+#include "engine/cpu/cpu_blas.h"
 #include "engine/cpu/cpu_ops.h"
 
 #include <stdlib.h>
@@ -47,4 +48,6 @@ static const gptc_backend CPU = {
     .adamw = cpu_adamw,
 };
 
-const gptc_backend *cpu_backend(void) { return &CPU; }
+const gptc_backend *cpu_backend(void) {
+    return cpu_blas_init() == 0 ? &CPU : NULL;
+}

@@ -2,8 +2,9 @@
  * rows split across OpenMP threads with a static schedule, so results are bitwise
  * reproducible for a fixed thread count (exact resume depends on that). */
 #include "engine/cpu/cpu_ops.h"
+#include "engine/cpu/cpu_blas.h"
+#include "engine/cpu/cpu_math.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -119,7 +120,7 @@ void cpu_matmul_forward(float *out, const float *inp, const float *w, const floa
         for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(float) * OC);
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, w_rows_out ? CblasTrans : CblasNoTrans,
+    cpu_sgemm(CblasNoTrans, w_rows_out ? CblasTrans : CblasNoTrans,
                 N, OC, IC, 1.0f, inp, IC, w, w_rows_out ? IC : OC, beta, out, OC);
 }
 
@@ -127,13 +128,13 @@ void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout
                          const float *inp, const float *w, int N, int IC, int OC,
                          int w_rows_out, gptc_stream *s) {
     if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, w_rows_out ? CblasNoTrans : CblasTrans,
+        cpu_sgemm(CblasNoTrans, w_rows_out ? CblasNoTrans : CblasTrans,
                     N, IC, OC, 1.0f, dout, OC, w, w_rows_out ? IC : OC, 0.0f, dinp, IC);
     if (w_rows_out) /* dw[OC,IC] += dout^T @ inp */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC,
+        cpu_sgemm(CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC,
                     inp, IC, 1.0f, dw, IC);
     else /* dw[IC,OC] += inp^T @ dout */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, inp, IC,
+        cpu_sgemm(CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, inp, IC,
                     dout, OC, 1.0f, dw, OC);
     if (dbias) {
         /* each thread sums its own band of columns over all rows */
@@ -149,6 +150,27 @@ void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout
     }
 }
 
+/* ------------------------------------------------------------------ row helpers */
+
+/* x[i] = exp(x[i] - shift) for i < n; returns the sum in double */
+static double exp_shift_sum(float *x, int n, float shift) {
+    double sum = 0.0;
+    #pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < n; i++) {
+        float e = cpu_expf(x[i] - shift);
+        x[i] = e;
+        sum += e;
+    }
+    return sum;
+}
+
+static float row_max(const float *x, int n) {
+    float mx = x[0];
+    #pragma omp simd reduction(max : mx)
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
 /* ------------------------------------------------------------------ attention */
 
 /* Per (batch, head) the products are small GEMMs on strided views of qkv: head h of
@@ -158,65 +180,60 @@ void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int 
                            int NH, gptc_stream *s) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-            const float *k = q + C, *v = q + 2 * C;
-            float *a = att + ((size_t)b * NH + h) * T * T; /* [T,T] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, 3 * C,
-                        k, 3 * C, 0.0f, a, T);
-            #pragma omp parallel for schedule(static)
-            for (int t = 0; t < T; t++) {
-                float *row = a + (size_t)t * T;
-                float mx = row[0];
-                for (int u = 1; u <= t; u++) mx = row[u] > mx ? row[u] : mx;
-                float sum = 0.0f;
-                for (int u = 0; u <= t; u++) {
-                    row[u] = expf(row[u] - mx);
-                    sum += row[u];
-                }
-                float inv = 1.0f / sum;
-                for (int u = 0; u <= t; u++) row[u] *= inv;
-                for (int u = t + 1; u < T; u++) row[u] = 0.0f;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v,
-                        3 * C, 0.0f, out + (size_t)b * T * C + (size_t)h * hs, C);
+    /* one (batch, head) per thread: inside a parallel region the OpenMP OpenBLAS runs
+     * each small GEMM on the calling thread, so there is no fork/join per product */
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+        const float *k = q + C, *v = q + 2 * C;
+        float *a = att + (size_t)bh * T * T; /* [T,T] */
+        cpu_sgemm(CblasNoTrans, CblasTrans, T, T, hs, scale, q, 3 * C, k,
+                    3 * C, 0.0f, a, T);
+        for (int t = 0; t < T; t++) {
+            float *row = a + (size_t)t * T;
+            float inv = (float)(1.0 / exp_shift_sum(row, t + 1, row_max(row, t + 1)));
+            for (int u = 0; u <= t; u++) row[u] *= inv;
+            for (int u = t + 1; u < T; u++) row[u] = 0.0f;
         }
+        cpu_sgemm(CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, 3 * C,
+                    0.0f, out + (size_t)b * T * C + (size_t)h * hs, C);
+    }
 }
 
 void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                             const float *att, int B, int T, int C, int NH, gptc_stream *s) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            size_t off = (size_t)b * T * 3 * C + (size_t)h * hs;
-            const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
-            const float *a = att + ((size_t)b * NH + h) * T * T;   /* [T,T] */
-            float *da = datt + ((size_t)b * NH + h) * T * T;       /* [T,T] */
-            const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
-            /* dv = att^T @ dy ; datt = dy @ v^T */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, C,
-                        0.0f, dv, 3 * C);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, v,
-                        3 * C, 0.0f, da, T);
-            /* softmax backward in place: dpre = att * (datt - sum(att * datt)) */
-            #pragma omp parallel for schedule(static)
-            for (int t = 0; t < T; t++) {
-                const float *ar = a + (size_t)t * T;
-                float *dr = da + (size_t)t * T;
-                float dot = 0.0f;
-                for (int u = 0; u <= t; u++) dot += ar[u] * dr[u];
-                for (int u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - dot);
-                for (int u = t + 1; u < T; u++) dr[u] = 0.0f;
-            }
-            /* dq = scale * dpre @ k ; dk = scale * dpre^T @ q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, da, T, k,
-                        3 * C, 0.0f, dq, 3 * C);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, da, T, q,
-                        3 * C, 0.0f, dk, 3 * C);
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        size_t off = (size_t)b * T * 3 * C + (size_t)h * hs;
+        const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
+        float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+        const float *a = att + (size_t)bh * T * T; /* [T,T] */
+        float *da = datt + (size_t)bh * T * T;     /* [T,T] */
+        const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
+        /* dv = att^T @ dy ; datt = dy @ v^T */
+        cpu_sgemm(CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, C, 0.0f,
+                    dv, 3 * C);
+        cpu_sgemm(CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, v, 3 * C,
+                    0.0f, da, T);
+        /* softmax backward in place: dpre = att * (datt - sum(att * datt)) */
+        for (int t = 0; t < T; t++) {
+            const float *ar = a + (size_t)t * T;
+            float *dr = da + (size_t)t * T;
+            float dot = 0.0f;
+            for (int u = 0; u <= t; u++) dot += ar[u] * dr[u];
+            for (int u = 0; u <= t; u++) dr[u] = ar[u] * (dr[u] - dot);
+            for (int u = t + 1; u < T; u++) dr[u] = 0.0f;
         }
+        /* dq = scale * dpre @ k ; dk = scale * dpre^T @ q */
+        cpu_sgemm(CblasNoTrans, CblasNoTrans, T, hs, T, scale, da, T, k, 3 * C,
+                    0.0f, dq, 3 * C);
+        cpu_sgemm(CblasTrans, CblasNoTrans, T, hs, T, scale, da, T, q, 3 * C,
+                    0.0f, dk, 3 * C);
+    }
 }
 
 /* ------------------------------------------------------------------ elementwise */
@@ -224,19 +241,19 @@ void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const f
 static const float GELU_K = 0.7978845608028654f; /* sqrt(2/pi) */
 
 void cpu_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+        out[i] = 0.5f * x * (1.0f + cpu_tanhf(GELU_K * (x + 0.044715f * x * x * x)));
     }
 }
 
 void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
                        gptc_stream *s) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
-        float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float th = cpu_tanhf(GELU_K * (x + 0.044715f * x * x * x));
         float sech2 = 1.0f - th * th;
         float local = 0.5f * (1.0f + th) +
                       0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
@@ -266,15 +283,15 @@ void cpu_crossentropy_forward_backward(float *losses, float *logits, const int32
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *row = logits + (size_t)n * Vp;
-        float mx = row[0];
-        for (int i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
-        double sum = 0.0; /* V can be 50k terms: keep the normaliser accurate */
-        for (int i = 0; i < V; i++) sum += expf(row[i] - mx);
-        float logsum = (float)log(sum);
         int y = targets[n];
-        losses[n] = logsum - (row[y] - mx);
-        float inv = (float)(1.0 / sum);
-        for (int i = 0; i < V; i++) row[i] = expf(row[i] - mx) * inv * dloss;
+        float mx = row_max(row, V);
+        float shifted_y = row[y] - mx;
+        /* the row becomes exp(logit - max); its sum is kept in double because V can be
+         * 50k terms */
+        double sum = exp_shift_sum(row, V, mx);
+        losses[n] = (float)log(sum) - shifted_y;
+        float scale = (float)(1.0 / sum) * dloss;
+        for (int i = 0; i < V; i++) row[i] *= scale;
         row[y] -= dloss;
         for (int i = V; i < Vp; i++) row[i] = 0.0f;
     }
