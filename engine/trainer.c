@@ -134,14 +134,42 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
              omp_get_max_threads(), cpu_blas_corename());
 }
 
-static int save_checkpoint(const gpt_model *m, const char *path, long step, long t, char *err,
-                           size_t n) {
+/* The name under which the checkpoint of one step is kept: ckpt.h5 -> ckpt.step42.h5 */
+static void versioned_name(const char *path, long step, char *out, size_t n) {
+    size_t len = strlen(path);
+    if (len > 3 && strcmp(path + len - 3, ".h5") == 0)
+        snprintf(out, n, "%.*s.step%ld.h5", (int)(len - 3), path, step);
+    else
+        snprintf(out, n, "%s.step%ld", path, step);
+}
+
+/* train.keep = k > 1 keeps the last k checkpoints as hard links to what path held, so
+ * path is always the newest and every kept file is complete. Older links are removed. */
+static void keep_versions(const char *path, long step, int keep, long *kept, int *n_kept) {
+    char name[CFG_STR_MAX + 32];
+    versioned_name(path, step, name, sizeof(name));
+    unlink(name);
+    if (link(path, name) != 0) {
+        log_info("warning: could not keep %s: %s\n", name, strerror(errno));
+        return;
+    }
+    kept[(*n_kept)++] = step;
+    while (*n_kept > keep) {
+        versioned_name(path, kept[0], name, sizeof(name));
+        unlink(name);
+        memmove(kept, kept + 1, sizeof(long) * (size_t)--(*n_kept));
+    }
+}
+
+static int save_checkpoint(const gpt_model *m, const gptc_config *c, long step, long t,
+                           long *kept, int *n_kept, char *err, size_t n) {
     char why[ERR_LEN - 16];
-    if (gpt_save(m, path, step, t > 0, t, why, sizeof(why)) != 0) {
+    if (gpt_save(m, c->save, step, t > 0, t, why, sizeof(why)) != 0) {
         snprintf(err, n, "train.save %s", why);
         return -1;
     }
-    log_info("saved %s (step %ld%s)\n", path, step, t > 0 ? "" : ", no optimizer state");
+    if (c->keep > 1) keep_versions(c->save, step, c->keep, kept, n_kept);
+    log_info("saved %s (step %ld%s)\n", c->save, step, t > 0 ? "" : ", no optimizer state");
     return 0;
 }
 
@@ -150,6 +178,8 @@ typedef struct {
     batch_loader *loader;
     FILE *log;
     int32_t *inputs, *targets; /* [B,T] each, this rank's rows of the step */
+    long *kept;                /* [keep + 1] steps whose checkpoints are kept, oldest first */
+    int n_kept;
 } run_state;
 
 static void run_free(run_state *r) {
@@ -158,6 +188,7 @@ static void run_free(run_state *r) {
     if (r->log) fclose(r->log);
     free(r->inputs);
     free(r->targets);
+    free(r->kept);
 }
 
 int train_run(const gptc_config *c, const grid *g) {
@@ -224,9 +255,10 @@ int train_run(const gptc_config *c, const grid *g) {
             goto fail;
         }
     }
+    r.kept = calloc((size_t)c->keep + 1, sizeof(long));
     r.inputs = malloc((size_t)bp.B * bp.T * sizeof(int32_t));
     r.targets = malloc((size_t)bp.B * bp.T * sizeof(int32_t));
-    if (!r.inputs || !r.targets) {
+    if (!r.inputs || !r.targets || !r.kept) {
         snprintf(err, sizeof(err), "out of host memory for the batch");
         goto fail;
     }
@@ -280,11 +312,13 @@ int train_run(const gptc_config *c, const grid *g) {
             fflush(r.log);
         }
         int due = c->save[0] && ((c->save_every > 0 && step % c->save_every == 0) || step == c->steps);
-        if (due && save_checkpoint(m, c->save, step, t, err, sizeof(err)) != 0) goto fail;
+        if (due && save_checkpoint(m, c, step, t, r.kept, &r.n_kept, err, sizeof(err)) != 0)
+            goto fail;
     }
     /* a run with no steps left still writes what it holds: with train.steps = 0 that is
      * the initialisation itself, a step-0 checkpoint without /optim */
-    if (c->save[0] && first > c->steps && save_checkpoint(m, c->save, first - 1, t, err, sizeof(err)) != 0)
+    if (c->save[0] && first > c->steps &&
+        save_checkpoint(m, c, first - 1, t, r.kept, &r.n_kept, err, sizeof(err)) != 0)
         goto fail;
     if (timed_steps > 0)
         log_info("done: %ld steps, final loss %.6f, mean %.1f ms/step, %.0f tok/s (steps after the first)\n",
