@@ -5,7 +5,20 @@
  * weights in Conv1D layout (y = x @ W + b, W is [in, out]) unless said otherwise.
  * "+=" in a comment means the op accumulates into that buffer (gradients accumulate over
  * micro-batches and over the two uses of the tied wte); everything else is overwritten.
- * Every op takes the stream it is issued on; the CPU backend runs ops inline. */
+ * Every op takes the stream it is issued on; the CPU backend runs ops inline.
+ *
+ * Streams and events (CUDA: cudaStream_t / cudaEvent_t). The NULL stream is the default
+ * compute stream. On the CPU it is the calling thread itself: ops run inline, so an event
+ * recorded on NULL is complete at once, stream_wait_event(NULL, e) blocks the caller until
+ * e completes, and launch_host_func(NULL, f, a) calls f(a) now. A stream from
+ * stream_create is a worker thread running its queue (host functions, event records,
+ * event waits) in FIFO order. The CPU compute and memory ops below ignore their stream
+ * and always run inline on the caller: issue them on NULL, and put work that must run in
+ * a comm stream's order into that stream with launch_host_func.
+ * An event is re-recordable: a wait (stream_wait_event, event_synchronize) refers to the
+ * most recent event_record made before the wait call; waiting on a never-recorded event
+ * returns at once. Records of one event should stay on one stream at a time: if a record
+ * on another stream completes first, waits on the older record are released with it. */
 #ifndef GPTC_BACKEND_H
 #define GPTC_BACKEND_H
 
@@ -13,6 +26,7 @@
 #include <stdint.h>
 
 typedef struct gptc_stream gptc_stream;
+typedef struct gptc_event gptc_event;
 
 typedef struct gptc_backend {
     const char *name;
@@ -23,14 +37,39 @@ typedef struct gptc_backend {
     void (*zero)(void *p, size_t bytes, gptc_stream *s);
     void (*copy_from_host)(void *dst, const void *src, size_t bytes, gptc_stream *s);
     void (*copy_to_host)(void *dst, const void *src, size_t bytes, gptc_stream *s);
+    /* older name of stream_synchronize, kept for existing callers; the CPU table still
+     * points it at a no-op, which is right only for the NULL stream */
     void (*synchronize)(gptc_stream *s);
 
-    /* out[N,C] = wte[tokens[n]] + wpe[n % T] */
+    /* streams and events (semantics at the top of this file) */
+    /* A new stream. high_priority asks the OS to favour its thread (CPU: nice -5 on
+     * Linux when permitted, e.g. as root); not getting it is not an error. NULL on failure. */
+    gptc_stream *(*stream_create)(int high_priority);
+    /* Finishes the work queued on s, then frees it. */
+    void (*stream_destroy)(gptc_stream *s);
+    gptc_event *(*event_create)(void);
+    /* May be called with records or waits on it still queued; freed when they are done. */
+    void (*event_destroy)(gptc_event *e);
+    /* Marks the point in s's queue reached so far. */
+    void (*event_record)(gptc_event *e, gptc_stream *s);
+    /* Work enqueued on s after this call runs only after e's point completed. */
+    void (*stream_wait_event)(gptc_stream *s, gptc_event *e);
+    /* The host blocks until e's point completed. */
+    void (*event_synchronize)(gptc_event *e);
+    /* The host blocks until the work enqueued on s before this call has finished. */
+    void (*stream_synchronize)(gptc_stream *s);
+    /* Runs fn(arg) in s's order (CPU: on the stream's thread; CUDA: cudaLaunchHostFunc). */
+    void (*launch_host_func)(gptc_stream *s, void (*fn)(void *), void *arg);
+
+    /* out[N,C] = wte[tokens[n] - v_start] (0 unless v_start <= token < v_start + v_local:
+     * the rows this rank holds of a vocab-parallel wte) + wpe[n % T] (skipped if NULL) */
     void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte,
-                              const float *wpe, int N, int T, int C, gptc_stream *s);
-    /* dwte[V,C] += , dwpe[T,C] += from dout[N,C] */
+                              const float *wpe, int N, int T, int C, int v_start, int v_local,
+                              gptc_stream *s);
+    /* dwte[v_local,C] += , dwpe[T,C] += (skipped if NULL) from dout[N,C] */
     void (*embedding_backward)(float *dwte, float *dwpe, const float *dout,
-                               const int32_t *tokens, int N, int T, int C, gptc_stream *s);
+                               const int32_t *tokens, int N, int T, int C, int v_start,
+                               int v_local, gptc_stream *s);
 
     /* out[N,C] = (inp - mean) * rstd * w + b; saves mean[N], rstd[N] */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
@@ -67,11 +106,21 @@ typedef struct gptc_backend {
     /* acc[n] += x */
     void (*accumulate)(float *acc, const float *x, size_t n, gptc_stream *s);
 
-    /* Softmax cross-entropy over the first V of Vp logits per row (padded columns never
-     * enter the softmax). losses[N] = -log p[target]; logits[N,Vp] is overwritten by its
-     * gradient, dloss * (p - onehot), with zeros in the padded columns. */
-    void (*crossentropy_forward_backward)(float *losses, float *logits, const int32_t *targets,
-                                          int N, int V, int Vp, float dloss, gptc_stream *s);
+    /* Softmax cross-entropy over a vocabulary split across ranks, in three steps around
+     * two all-reduces (max, then sum): this rank holds Vl columns of the padded vocab
+     * starting at global column v_start, of which the first v_valid are real (padded
+     * columns never enter the softmax).
+     * vocab_max: mx[N] = max over the valid columns of logits[N,Vl] (-inf if none). */
+    void (*vocab_max)(float *mx, const float *logits, int N, int Vl, int v_valid, gptc_stream *s);
+    /* logits := exp(logits - mx) on valid columns; stats[2,N] = row sums | target logit
+     * minus mx where this rank holds the target, else 0 */
+    void (*vocab_expsum)(float *stats, float *logits, const float *mx, const int32_t *targets,
+                         int N, int Vl, int v_valid, int v_start, gptc_stream *s);
+    /* with stats summed over ranks: losses[N] = log(sum) - target; logits[N,Vl] becomes
+     * dloss * (p - onehot), zero in padded columns */
+    void (*vocab_ce_finish)(float *losses, float *logits, const float *stats,
+                            const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                            float dloss, gptc_stream *s);
 
     /* Sum of squares of x[n], accumulated in double, returned to the host. */
     double (*sum_squares)(const float *x, size_t n, gptc_stream *s);
@@ -85,5 +134,16 @@ typedef struct gptc_backend {
 } gptc_backend;
 
 const gptc_backend *cpu_backend(void);
+
+/* engine/cpu/cpu_stream.c: the CPU backend's streams and events */
+gptc_stream *cpu_stream_create(int high_priority);
+void cpu_stream_destroy(gptc_stream *s);
+gptc_event *cpu_event_create(void);
+void cpu_event_destroy(gptc_event *e);
+void cpu_event_record(gptc_event *e, gptc_stream *s);
+void cpu_stream_wait_event(gptc_stream *s, gptc_event *e);
+void cpu_event_synchronize(gptc_event *e);
+void cpu_stream_synchronize(gptc_stream *s);
+void cpu_launch_host_func(gptc_stream *s, void (*fn)(void *), void *arg);
 
 #endif

@@ -22,6 +22,9 @@
 #include "layers/gpt.h"
 #include "layers/gpt_checkpoint.h"
 #include "layers/optimizer.h"
+#include "parallel/comm.h"
+#include "parallel/data_parallel.h"
+#include "parallel/tensor.h"
 
 enum { ERR_LEN = 1024 };
 
@@ -32,9 +35,12 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
         snprintf(err, n, "train.device = cuda: this build has no CUDA backend yet (use cpu)");
     else if (strcmp(c->precision, "fp32") != 0)
         snprintf(err, n, "train.precision = %s: the cpu backend trains in fp32 only", c->precision);
-    else if (g->tp > 1 || g->pp > 1 || g->dp > 1)
-        snprintf(err, n, "parallel: tp=%d pp=%d dp=%d: multi-rank layouts are not implemented yet (run one rank)",
-                 g->tp, g->pp, g->dp);
+    else if (g->pp > 1)
+        snprintf(err, n, "parallel.pp = %d: pipeline parallelism is not implemented yet", g->pp);
+    else if (c->sequence_parallel)
+        snprintf(err, n, "parallel.sequence_parallel = true is not implemented yet");
+    else if (strcmp(c->dp_shard, "none") != 0)
+        snprintf(err, n, "overlap.dp_shard = %s is not implemented yet", c->dp_shard);
     else if (strcmp(c->timing, "kernel") == 0)
         snprintf(err, n, "profile.timing = kernel is not implemented yet (use step or off)");
     else if (c->trace[0] || c->report[0])
@@ -77,7 +83,7 @@ static int resolve_shape(const gptc_config *c, const ckpt_meta *meta, gpt_shape 
         }
         *k[i].dst = (int)v;
     }
-    return gpt_check_shape(s, err, n);
+    return 0;
 }
 
 typedef struct {
@@ -161,140 +167,198 @@ static void keep_versions(const char *path, long step, int keep, long *kept, int
     }
 }
 
-static int save_checkpoint(const gpt_model *m, const gptc_config *c, long step, long t,
-                           long *kept, int *n_kept, char *err, size_t n) {
-    char why[ERR_LEN - 16];
-    if (gpt_save(m, c->save, step, t > 0, t, why, sizeof(why)) != 0) {
-        snprintf(err, n, "train.save %s", why);
-        return -1;
-    }
-    if (c->keep > 1) keep_versions(c->save, step, c->keep, kept, n_kept);
-    log_info("saved %s (step %ld%s)\n", c->save, step, t > 0 ? "" : ", no optimizer state");
-    return 0;
-}
-
 typedef struct {
+    const gptc_config *c;
+    const grid *g;
+    comm_group world, tp, pp, dp;
+    int have_groups;
+    tp_context tpc;
+    dp_context dpc;
     gpt_model model;
     batch_loader *loader;
     FILE *log;
-    int32_t *inputs, *targets; /* [B,T] each, this rank's rows of the step */
+    int32_t *inputs, *targets; /* [B/dp, T] each, this rank's rows of the step */
     long *kept;                /* [keep + 1] steps whose checkpoints are kept, oldest first */
     int n_kept;
 } run_state;
 
 static void run_free(run_state *r) {
     gpt_destroy(&r->model);
+    dp_free(&r->dpc);
     if (r->loader) loader_destroy(r->loader);
     if (r->log) fclose(r->log);
     free(r->inputs);
     free(r->targets);
     free(r->kept);
+    if (r->have_groups) {
+        comm_group_free(&r->tp);
+        comm_group_free(&r->pp);
+        comm_group_free(&r->dp);
+        comm_group_free(&r->world);
+    }
+}
+
+/* Ranks that failed alone (a file one rank could not read) make every rank stop here:
+ * returns nonzero on every rank if rc was nonzero on any. */
+static int agree(run_state *r, int rc) {
+    if (!r->have_groups || r->g->world == 1) return rc;
+    return comm_max_int(&r->world, rc != 0);
+}
+
+static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n) {
+    const gptc_config *c = r->c;
+    char why[ERR_LEN - 16];
+    int writer = r->g->dp_rank == 0;
+    if (gpt_save(&r->model, &r->world, writer, c->save, step, t > 0, t, why, sizeof(why)) != 0) {
+        snprintf(err, n, "train.save %s", why);
+        return -1;
+    }
+    if (c->keep > 1 && r->g->rank == 0) keep_versions(c->save, step, c->keep, r->kept, &r->n_kept);
+    log_info("saved %s (step %ld%s)\n", c->save, step, t > 0 ? "" : ", no optimizer state");
+    return 0;
+}
+
+/* One optimizer step: micro-batches forward and backward, gradient reduction over DP,
+ * global norm, clipping and AdamW. Returns the step's mean loss and sets *norm. */
+static double train_step(run_state *r, const batch_plan *bp, long step, long *t, double lr,
+                         const optim_config *oc, double *norm, int *skipped) {
+    gpt_model *m = &r->model;
+    double tokens = (double)bp->B * bp->T;
+    m->be->zero(m->grads, m->n_params * sizeof(float), m->stream);
+    double loss_sum = 0;
+    for (int k = 0; k < bp->n_micro; k++) {
+        size_t off = (size_t)k * bp->mb * bp->T;
+        loss_sum += gpt_forward(m, r->inputs + off, r->targets + off, (float)(1.0 / tokens));
+        gpt_backward(m);
+    }
+    dp_reduce_gradients(&r->dpc, m->grads, m->stream);
+    m->be->synchronize(m->stream);
+    /* every TP rank holds the same losses; DP ranks hold different rows */
+    double loss = (r->g->dp > 1 ? comm_sum_double(&r->dp, loss_sum) : loss_sum) / tokens;
+    double sq = gpt_grad_sum_squares(m);
+    if (r->g->tp > 1) sq = comm_sum_double(&r->tp, sq);
+    *norm = sqrt(sq);
+    *skipped = !isfinite(loss) || !isfinite(*norm);
+    if (!*skipped) optim_step(m, oc, *norm, ++*t, lr);
+    (void)step;
+    return loss;
 }
 
 int train_run(const gptc_config *c, const grid *g) {
-    char err[ERR_LEN];
+    char err[ERR_LEN] = "";
     run_state r;
     memset(&r, 0, sizeof(r));
+    r.c = c;
+    r.g = g;
     ckpt_file *init = NULL;
     ckpt_meta meta;
-    int has_optim = 0;
+    int has_optim = 0, rc = 0, silent = 0;
     long optim_t = 0;
     gpt_shape shape;
     batch_plan bp;
 
+    /* checks every rank makes identically: rank 0 reports */
     if (config_validate(c, err, sizeof(err)) != 0 || check_supported(c, g, err, sizeof(err)) != 0)
-        goto fail;
+        goto fail_config;
     if (c->init[0]) {
         char why[ERR_LEN - 16];
         init = ckpt_open(c->init, &meta, &has_optim, &optim_t, why, sizeof(why));
         if (!init) {
             snprintf(err, sizeof(err), "train.init %s", why);
-            goto fail;
+            goto fail_config;
         }
     }
     if (resolve_shape(c, init ? &meta : NULL, &shape, err, sizeof(err)) != 0 ||
+        gpt_check_shape(&shape, g->tp, err, sizeof(err)) != 0 ||
         plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0)
-        goto fail;
-    if (c->save[0] && check_save_path(c->save, err, sizeof(err)) != 0) goto fail;
-
+        goto fail_config;
+    if (c->save[0] && check_save_path(c->save, err, sizeof(err)) != 0) goto fail_config;
     long first = init ? meta.step + 1 : 1;
     if (first > c->steps + 1) {
         snprintf(err, sizeof(err), "train.steps = %ld is before the checkpoint's step %ld (train.init %s)",
                  c->steps, meta.step, c->init);
-        goto fail;
+        goto fail_config;
     }
-    r.loader = loader_create(c->data_path, bp.T, bp.B, 0, bp.B, shape.vocab_size, c->shuffle,
-                             c->seed, err, sizeof(err));
-    if (!r.loader) goto fail;
-
     const gptc_backend *be = cpu_backend();
     if (!be) {
         snprintf(err, sizeof(err), "train.device = cpu: the CPU backend could not start (see above)");
+        goto fail_config;
+    }
+
+    /* from here on a rank may fail alone: it reports, and every rank agrees to stop */
+    if (comm_world(&r.world, be) != 0 ||
+        comm_grid_groups(g, be, &r.tp, &r.pp, &r.dp, err, sizeof(err)) != 0) {
+        if (!err[0]) snprintf(err, sizeof(err), "%s", comm_error(&r.world));
         goto fail;
     }
-    if (gpt_create(&r.model, &shape, bp.mb, bp.T, be, err, sizeof(err)) != 0) goto fail;
+    r.have_groups = 1;
+    r.tpc = (tp_context){g->tp, g->tp_rank, g->tp > 1 ? &r.tp : NULL};
+
+    int rows = bp.B / g->dp, row0 = g->dp_rank * rows;
+    r.loader = loader_create(c->data_path, bp.T, bp.B, row0, row0 + rows, shape.vocab_size,
+                             c->shuffle, c->seed, err, sizeof(err));
+    rc = r.loader ? 0 : -1;
+    if (rc == 0) rc = gpt_create(&r.model, &shape, bp.mb, bp.T, be, &r.tpc, err, sizeof(err));
+    if (agree(&r, rc)) goto fail;
     gpt_model *m = &r.model;
     if (init) {
         /* a step-0 checkpoint without /optim is a plain initialisation */
         char why[ERR_LEN - 16];
-        if (gpt_load(m, init, has_optim, why, sizeof(why)) != 0) {
-            snprintf(err, sizeof(err), "train.init %s", why);
-            goto fail;
-        }
+        rc = gpt_load(m, init, has_optim, why, sizeof(why));
+        if (rc != 0) snprintf(err, sizeof(err), "train.init %s", why);
         ckpt_close(init);
         init = NULL;
+        if (agree(&r, rc)) goto fail;
     } else {
         gpt_init_random(m, c->seed);
     }
     long t = has_optim ? optim_t : 0;
-
-    if (c->log_file[0]) {
+    if (dp_plan(&r.dpc, m, c->dp_bucket_mb, g->dp, g->dp_rank, &r.dp) != 0) {
+        snprintf(err, sizeof(err), "out of host memory planning DP buckets");
+        rc = -1;
+    }
+    if (rc == 0 && c->log_file[0] && g->rank == 0) {
         r.log = fopen(c->log_file, first > 1 ? "a" : "w");
         if (!r.log) {
             snprintf(err, sizeof(err), "train.log_file %s: %s", c->log_file, strerror(errno));
-            goto fail;
+            rc = -1;
         }
     }
     r.kept = calloc((size_t)c->keep + 1, sizeof(long));
-    r.inputs = malloc((size_t)bp.B * bp.T * sizeof(int32_t));
-    r.targets = malloc((size_t)bp.B * bp.T * sizeof(int32_t));
-    if (!r.inputs || !r.targets || !r.kept) {
+    r.inputs = malloc((size_t)rows * bp.T * sizeof(int32_t));
+    r.targets = malloc((size_t)rows * bp.T * sizeof(int32_t));
+    if (rc == 0 && (!r.inputs || !r.targets || !r.kept)) {
         snprintf(err, sizeof(err), "out of host memory for the batch");
-        goto fail;
+        rc = -1;
     }
+    if (agree(&r, rc)) goto fail;
 
     print_model(m, &bp, first, c->steps);
+    if (g->dp > 1) log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)\n",
+                            r.dpc.n_buckets, g->dp, c->dp_bucket_mb);
     optim_config oc = {c->lr, c->min_lr, c->warmup_steps, c->steps,
                        strcmp(c->lr_schedule, "cosine") == 0, c->beta1, c->beta2, c->eps,
                        c->weight_decay, c->grad_clip};
     int skip_bad = strcmp(c->nan_policy, "skip") == 0;
-    double tokens_per_step = (double)bp.B * bp.T, dloss = 1.0 / tokens_per_step;
+    double tokens_per_step = (double)bp.B * bp.T;
     double total_ms = 0, last_loss = NAN;
     long timed_steps = 0;
     for (long step = first; step <= c->steps; step++) {
         double t0 = timing_now_ms();
-        if (loader_get(r.loader, step, r.inputs, r.targets, err, sizeof(err)) != 0) goto fail;
-        m->be->zero(m->grads, m->n_params * sizeof(float), m->stream);
-        double loss_sum = 0;
-        for (int k = 0; k < bp.n_micro; k++) {
-            size_t off = (size_t)k * bp.mb * bp.T;
-            loss_sum += gpt_forward(m, r.inputs + off, r.targets + off, (float)dloss);
-            gpt_backward(m);
+        rc = loader_get(r.loader, step, r.inputs, r.targets, err, sizeof(err));
+        if (agree(&r, rc)) goto fail;
+        double lr = lr_at_step(&oc, step), norm;
+        int skipped;
+        double loss = train_step(&r, &bp, step, &t, lr, &oc, &norm, &skipped);
+        if (skipped && !skip_bad) {
+            snprintf(err, sizeof(err), "step %ld: loss %g, grad norm %g is not finite (train.nan_policy = stop)",
+                     step, loss, norm);
+            silent = g->rank != 0;
+            goto fail;
         }
-        double loss = loss_sum / tokens_per_step;
-        double norm = sqrt(grad_sum_squares(m));
-        double lr = lr_at_step(&oc, step);
-        if (!isfinite(loss) || !isfinite(norm)) {
-            if (!skip_bad) {
-                snprintf(err, sizeof(err), "step %ld: loss %g, grad norm %g is not finite (train.nan_policy = stop)",
-                         step, loss, norm);
-                goto fail;
-            }
+        if (skipped)
             log_info("step %ld: loss %g, grad norm %g is not finite: update skipped (train.nan_policy = skip)\n",
                      step, loss, norm);
-        } else {
-            optim_step(m, &oc, norm, ++t, lr);
-        }
         m->be->synchronize(m->stream);
         double ms = timing_now_ms() - t0;
         if (step > first) { /* the first step pays for page faults and warm-up */
@@ -312,13 +376,11 @@ int train_run(const gptc_config *c, const grid *g) {
             fflush(r.log);
         }
         int due = c->save[0] && ((c->save_every > 0 && step % c->save_every == 0) || step == c->steps);
-        if (due && save_checkpoint(m, c, step, t, r.kept, &r.n_kept, err, sizeof(err)) != 0)
-            goto fail;
+        if (due && save_checkpoint(&r, step, t, err, sizeof(err)) != 0) goto fail;
     }
     /* a run with no steps left still writes what it holds: with train.steps = 0 that is
      * the initialisation itself, a step-0 checkpoint without /optim */
-    if (c->save[0] && first > c->steps &&
-        save_checkpoint(m, c, first - 1, t, r.kept, &r.n_kept, err, sizeof(err)) != 0)
+    if (c->save[0] && first > c->steps && save_checkpoint(&r, first - 1, t, err, sizeof(err)) != 0)
         goto fail;
     if (timed_steps > 0)
         log_info("done: %ld steps, final loss %.6f, mean %.1f ms/step, %.0f tok/s (steps after the first)\n",
@@ -329,8 +391,18 @@ int train_run(const gptc_config *c, const grid *g) {
     run_free(&r);
     return 0;
 
+fail_config:
+    /* every rank found the same: rank 0 says it once */
+    if (g->rank == 0) log_error("%s", err);
+    if (init) ckpt_close(init);
+    run_free(&r);
+    return 1;
 fail:
-    log_error("%s", err);
+    /* a rank with nothing of its own to say stays quiet: the failing rank has spoken */
+    if (!silent && err[0]) {
+        if (g->world > 1) log_error("rank %d: %s", g->rank, err);
+        else log_error("%s", err);
+    }
     if (init) ckpt_close(init);
     run_free(&r);
     return 1;

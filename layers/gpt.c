@@ -8,7 +8,7 @@
 
 #include "engine/rng.h"
 
-int gpt_check_shape(const gpt_shape *s, char *err, size_t errlen) {
+int gpt_check_shape(const gpt_shape *s, int tp, char *err, size_t errlen) {
     const char *bad = NULL;
     if (s->n_layer < 1) bad = "model.n_layer must be >= 1";
     else if (s->n_head < 1) bad = "model.n_head must be >= 1";
@@ -16,9 +16,10 @@ int gpt_check_shape(const gpt_shape *s, char *err, size_t errlen) {
     else if (s->d_model % s->n_head != 0) bad = "model.d_model must be a multiple of model.n_head";
     else if (s->n_ctx < 1) bad = "model.n_ctx must be >= 1";
     else if (s->vocab_size < 1) bad = "model.vocab_size must be >= 1";
+    else if (s->n_head % tp != 0) bad = "model.n_head must be a multiple of parallel.tp";
     if (bad) {
-        snprintf(err, errlen, "config: %s (n_layer %d, n_head %d, d_model %d, n_ctx %d, vocab_size %d)",
-                 bad, s->n_layer, s->n_head, s->d_model, s->n_ctx, s->vocab_size);
+        snprintf(err, errlen, "config: %s (n_layer %d, n_head %d, d_model %d, n_ctx %d, vocab_size %d, tp %d)",
+                 bad, s->n_layer, s->n_head, s->d_model, s->n_ctx, s->vocab_size, tp);
         return -1;
     }
     return 0;
@@ -31,24 +32,32 @@ typedef struct {
     size_t offset;
 } table_builder;
 
-static void add_tensor(table_builder *tb, const char *name, long d0, long d1, init_kind init) {
-    param_tensor *t = &tb->m->tensors[tb->m->n_tensors++];
+static void add_tensor(table_builder *tb, const char *name, long d0, long d1, init_kind init,
+                       shard_kind shard) {
+    gpt_model *m = tb->m;
+    param_tensor *t = &m->tensors[m->n_tensors++];
     snprintf(t->name, sizeof(t->name), "%s", name);
     t->ndim = d1 ? 2 : 1;
     t->shape[0] = d0;
     t->shape[1] = d1;
-    t->numel = (size_t)d0 * (size_t)(d1 ? d1 : 1);
+    t->rows = d1 ? d0 : 1;
+    t->cols = d1 ? d1 : d0;
+    t->padded_rows = t->rows;
+    t->shard = shard;
     t->decay = t->ndim >= 2;
+    t->replicated = shard == SHARD_NONE;
     t->init = init;
+    tp_shard_shape(shard, t->rows, t->cols, t->padded_rows, m->tp.size, &t->local_rows, &t->local_cols);
+    t->numel = (size_t)t->local_rows * (size_t)t->local_cols;
     t->offset = tb->offset;
     tb->offset += t->numel;
 }
 
 static void add_layer_tensor(table_builder *tb, int l, const char *what, long d0, long d1,
-                             init_kind init) {
+                             init_kind init, shard_kind shard) {
     char name[48];
     snprintf(name, sizeof(name), "h.%d.%s", l, what);
-    add_tensor(tb, name, d0, d1, init);
+    add_tensor(tb, name, d0, d1, init, shard);
 }
 
 /* Buffer order = order in which backward completes the gradients. */
@@ -57,27 +66,33 @@ static void build_table(gpt_model *m) {
     long C = s->d_model;
     table_builder tb = {m, 0};
     m->n_tensors = 0;
-    add_tensor(&tb, "ln_f.weight", C, 0, INIT_ONE);
-    add_tensor(&tb, "ln_f.bias", C, 0, INIT_ZERO);
+    add_tensor(&tb, "ln_f.weight", C, 0, INIT_ONE, SHARD_NONE);
+    add_tensor(&tb, "ln_f.bias", C, 0, INIT_ZERO, SHARD_NONE);
     for (int l = s->n_layer - 1; l >= 0; l--) {
-        add_layer_tensor(&tb, l, "mlp.c_proj.weight", 4 * C, C, INIT_RESIDUAL);
-        add_layer_tensor(&tb, l, "mlp.c_proj.bias", C, 0, INIT_ZERO);
-        add_layer_tensor(&tb, l, "mlp.c_fc.weight", C, 4 * C, INIT_NORMAL);
-        add_layer_tensor(&tb, l, "mlp.c_fc.bias", 4 * C, 0, INIT_ZERO);
-        add_layer_tensor(&tb, l, "ln_2.weight", C, 0, INIT_ONE);
-        add_layer_tensor(&tb, l, "ln_2.bias", C, 0, INIT_ZERO);
-        add_layer_tensor(&tb, l, "attn.c_proj.weight", C, C, INIT_RESIDUAL);
-        add_layer_tensor(&tb, l, "attn.c_proj.bias", C, 0, INIT_ZERO);
-        add_layer_tensor(&tb, l, "attn.c_attn.weight", C, 3 * C, INIT_NORMAL);
-        add_layer_tensor(&tb, l, "attn.c_attn.bias", 3 * C, 0, INIT_ZERO);
-        add_layer_tensor(&tb, l, "ln_1.weight", C, 0, INIT_ONE);
-        add_layer_tensor(&tb, l, "ln_1.bias", C, 0, INIT_ZERO);
+        add_layer_tensor(&tb, l, "mlp.c_proj.weight", 4 * C, C, INIT_RESIDUAL, SHARD_ROWS);
+        add_layer_tensor(&tb, l, "mlp.c_proj.bias", C, 0, INIT_ZERO, SHARD_NONE);
+        add_layer_tensor(&tb, l, "mlp.c_fc.weight", C, 4 * C, INIT_NORMAL, SHARD_COLS);
+        add_layer_tensor(&tb, l, "mlp.c_fc.bias", 4 * C, 0, INIT_ZERO, SHARD_COLS);
+        add_layer_tensor(&tb, l, "ln_2.weight", C, 0, INIT_ONE, SHARD_NONE);
+        add_layer_tensor(&tb, l, "ln_2.bias", C, 0, INIT_ZERO, SHARD_NONE);
+        add_layer_tensor(&tb, l, "attn.c_proj.weight", C, C, INIT_RESIDUAL, SHARD_ROWS);
+        add_layer_tensor(&tb, l, "attn.c_proj.bias", C, 0, INIT_ZERO, SHARD_NONE);
+        add_layer_tensor(&tb, l, "attn.c_attn.weight", C, 3 * C, INIT_NORMAL, SHARD_QKV_COLS);
+        add_layer_tensor(&tb, l, "attn.c_attn.bias", 3 * C, 0, INIT_ZERO, SHARD_QKV_COLS);
+        add_layer_tensor(&tb, l, "ln_1.weight", C, 0, INIT_ONE, SHARD_NONE);
+        add_layer_tensor(&tb, l, "ln_1.bias", C, 0, INIT_ZERO, SHARD_NONE);
     }
-    add_tensor(&tb, "wpe", s->n_ctx, C, INIT_NORMAL);
-    add_tensor(&tb, "wte", s->vocab_size, C, INIT_NORMAL);
-    /* the LM head reads whole padded rows: store Vp rows, the padded ones stay zero */
-    m->tensors[m->n_tensors - 1].numel = (size_t)s->vocab_padded * C;
-    tb.offset += (size_t)(s->vocab_padded - s->vocab_size) * C;
+    add_tensor(&tb, "wpe", s->n_ctx, C, INIT_NORMAL, SHARD_NONE);
+    /* wte is split over the padded vocabulary: the LM head reads whole padded rows, and
+     * the padded ones stay zero */
+    param_tensor *wte = &m->tensors[m->n_tensors];
+    add_tensor(&tb, "wte", s->vocab_size, C, INIT_NORMAL, SHARD_ROWS);
+    tb.offset -= wte->numel;
+    wte->padded_rows = s->vocab_padded;
+    tp_shard_shape(SHARD_ROWS, wte->rows, wte->cols, wte->padded_rows, m->tp.size,
+                   &wte->local_rows, &wte->local_cols);
+    wte->numel = (size_t)wte->local_rows * wte->local_cols;
+    tb.offset += wte->numel;
     m->n_params = tb.offset;
 }
 
@@ -131,7 +146,8 @@ static void *take(arena *a, size_t bytes) {
 
 static void layout_acts(gpt_model *m, arena *ar) {
     const gpt_shape *s = &m->shape;
-    size_t B = m->B, T = m->T, N = B * T, C = s->d_model, NH = s->n_head;
+    size_t tp = (size_t)m->tp.size;
+    size_t B = m->B, T = m->T, N = B * T, C = s->d_model, Cl = C / tp, NH = s->n_head / tp;
     size_t f = sizeof(float);
     act_views *a = &m->a;
     a->encoded = take(ar, N * C * f);
@@ -140,46 +156,51 @@ static void layout_acts(gpt_model *m, arena *ar) {
         la->ln1 = take(ar, N * C * f);
         la->ln1_mean = take(ar, N * f);
         la->ln1_rstd = take(ar, N * f);
-        la->qkv = take(ar, N * 3 * C * f);
+        la->qkv = take(ar, N * 3 * Cl * f);
         la->att = take(ar, B * NH * T * T * f);
-        la->atty = take(ar, N * C * f);
+        la->atty = take(ar, N * Cl * f);
         la->res2 = take(ar, N * C * f);
         la->ln2 = take(ar, N * C * f);
         la->ln2_mean = take(ar, N * f);
         la->ln2_rstd = take(ar, N * f);
-        la->fch = take(ar, N * 4 * C * f);
-        la->fch_gelu = take(ar, N * 4 * C * f);
+        la->fch = take(ar, N * 4 * Cl * f);
+        la->fch_gelu = take(ar, N * 4 * Cl * f);
         la->res3 = take(ar, N * C * f);
     }
     a->lnf = take(ar, N * C * f);
     a->lnf_mean = take(ar, N * f);
     a->lnf_rstd = take(ar, N * f);
-    a->logits = take(ar, N * (size_t)s->vocab_padded * f);
+    a->logits = take(ar, N * (size_t)s->vocab_padded / tp * f);
+    a->loss_max = take(ar, N * f);
+    a->loss_stats = take(ar, 2 * N * f);
     a->losses = take(ar, N * f);
     a->dres = take(ar, N * C * f);
     a->dbtc = take(ar, N * C * f);
-    a->dqkv = take(ar, N * 3 * C * f);
+    a->dqkv = take(ar, N * 3 * Cl * f);
     a->datt = take(ar, B * NH * T * T * f);
-    a->dfch = take(ar, N * 4 * C * f);
+    a->dfch = take(ar, N * 4 * Cl * f);
     a->tokens = take(ar, N * sizeof(int32_t));
     a->targets = take(ar, N * sizeof(int32_t));
 }
 
 int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_backend *be,
-               char *err, size_t errlen) {
+               const tp_context *tp, char *err, size_t errlen) {
     memset(m, 0, sizeof(*m));
+    m->tp = *tp;
     m->shape = *shape;
-    m->shape.vocab_padded = (shape->vocab_size + 127) / 128 * 128;
+    int pad = 128 * tp->size; /* any vocab works with any tp: pad to a multiple of both */
+    m->shape.vocab_padded = (shape->vocab_size + pad - 1) / pad * pad;
     m->be = be;
     m->B = B;
     m->T = T;
-    if (gpt_check_shape(&m->shape, err, errlen) != 0) return -1;
+    if (gpt_check_shape(&m->shape, tp->size, err, errlen) != 0) return -1;
 
     m->tensors = calloc((size_t)12 * shape->n_layer + 4, sizeof(param_tensor));
     m->p.h = calloc((size_t)shape->n_layer, sizeof(block_views));
     m->g.h = calloc((size_t)shape->n_layer, sizeof(block_views));
     m->a.layer = calloc((size_t)shape->n_layer, sizeof(layer_acts));
-    if (!m->tensors || !m->p.h || !m->g.h || !m->a.layer) goto oom;
+    m->host_losses = calloc((size_t)B * T, sizeof(float));
+    if (!m->tensors || !m->p.h || !m->g.h || !m->a.layer || !m->host_losses) goto oom;
     build_table(m);
 
     size_t bytes = m->n_params * sizeof(float);
@@ -217,6 +238,7 @@ void gpt_destroy(gpt_model *m) {
     free(m->p.h);
     free(m->g.h);
     free(m->a.layer);
+    free(m->host_losses);
     memset(m, 0, sizeof(*m));
 }
 
@@ -227,17 +249,18 @@ void gpt_init_random(gpt_model *m, uint64_t seed) {
     for (int i = 0; i < m->n_tensors; i++) {
         const param_tensor *t = &m->tensors[i];
         float *dst = host + t->offset;
-        size_t real = (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
         uint64_t key = rng_key(seed, t->name);
         float std = t->init == INIT_RESIDUAL ? resid_std : 0.02f;
         #pragma omp parallel for schedule(static)
-        for (size_t j = 0; j < t->numel; j++) {
-            float v = 0.0f;
-            if (j >= real) v = 0.0f; /* padded vocab rows */
-            else if (t->init == INIT_ONE) v = 1.0f;
-            else if (t->init != INIT_ZERO) v = std * rng_normal(key, j);
-            dst[j] = v;
-        }
+        for (long li = 0; li < t->local_rows; li++)
+            for (long lj = 0; lj < t->local_cols; lj++) {
+                long g = tp_global_index(t->shard, t->rows, t->cols, t->local_rows,
+                                         t->local_cols, m->tp.rank, li, lj);
+                float v = 0.0f; /* padded vocab rows */
+                if (g >= 0 && t->init == INIT_ONE) v = 1.0f;
+                else if (g >= 0 && t->init != INIT_ZERO) v = std * rng_normal(key, (uint64_t)g);
+                dst[li * t->local_cols + lj] = v;
+            }
     }
     m->be->copy_from_host(m->params, host, bytes, m->stream);
     free(host);
@@ -245,80 +268,135 @@ void gpt_init_random(gpt_model *m, uint64_t seed) {
 
 /* ------------------------------------------------------------------ forward / backward */
 
+/* Local widths under tensor parallelism: this rank's heads and hidden columns. */
+typedef struct {
+    int B, T, N, C, Cl, NHl, Fl, Vl, v_start, v_valid;
+} dims;
+
+static dims model_dims(const gpt_model *m) {
+    const gpt_shape *sh = &m->shape;
+    int tp = m->tp.size;
+    dims d = {m->B, m->T, m->B * m->T, sh->d_model, sh->d_model / tp, sh->n_head / tp,
+              4 * sh->d_model / tp, sh->vocab_padded / tp, 0, 0};
+    d.v_start = m->tp.rank * d.Vl;
+    d.v_valid = sh->vocab_size - d.v_start;
+    d.v_valid = d.v_valid < 0 ? 0 : d.v_valid > d.Vl ? d.Vl : d.v_valid;
+    return d;
+}
+
+static void block_forward(gpt_model *m, int l, const float *x, const dims *d) {
+    const gptc_backend *be = m->be;
+    gptc_stream *s = m->stream;
+    layer_acts *la = &m->a.layer[l];
+    block_views *w = &m->p.h[l];
+    float *tmp = m->a.dbtc; /* [N,C] partial sums of the row-parallel projections */
+    int first = m->tp.rank == 0; /* adds the replicated bias of a row-parallel layer once */
+    int N = d->N, C = d->C;
+    be->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, N, C, s);
+    be->matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, N, C, 3 * d->Cl, 0, s);
+    be->attention_forward(la->atty, la->att, la->qkv, d->B, d->T, d->Cl, d->NHl, s);
+    be->matmul_forward(tmp, la->atty, w->attprojw, first ? w->attprojb : NULL, N, d->Cl, C, 0, s);
+    tp_allreduce_sum(&m->tp, tmp, (size_t)N * C, s);
+    be->add(la->res2, x, tmp, (size_t)N * C, s);
+    be->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b, N, C, s);
+    be->matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, N, C, d->Fl, 0, s);
+    be->gelu_forward(la->fch_gelu, la->fch, (size_t)N * d->Fl, s);
+    be->matmul_forward(tmp, la->fch_gelu, w->fcprojw, first ? w->fcprojb : NULL, N, d->Fl, C, 0, s);
+    tp_allreduce_sum(&m->tp, tmp, (size_t)N * C, s);
+    be->add(la->res3, la->res2, tmp, (size_t)N * C, s);
+}
+
+/* dres holds the gradient of the layer's output; on return, of its input x. */
+static void block_backward(gpt_model *m, int l, const float *x, const dims *d) {
+    const gptc_backend *be = m->be;
+    gptc_stream *s = m->stream;
+    act_views *a = &m->a;
+    layer_acts *la = &a->layer[l];
+    block_views *w = &m->p.h[l], *dw = &m->g.h[l];
+    int N = d->N, C = d->C;
+    /* MLP branch; the c_fc input gradient is partial per TP rank until all-reduced */
+    be->matmul_backward(a->dfch, dw->fcprojw, dw->fcprojb, a->dres, la->fch_gelu, w->fcprojw,
+                        N, d->Fl, C, 0, s);
+    be->gelu_backward(a->dfch, la->fch, a->dfch, (size_t)N * d->Fl, s);
+    be->matmul_backward(a->dbtc, dw->fcw, dw->fcb, a->dfch, la->ln2, w->fcw, N, C, d->Fl, 0, s);
+    tp_allreduce_sum(&m->tp, a->dbtc, (size_t)N * C, s);
+    be->layernorm_backward(a->dres, dw->ln2w, dw->ln2b, a->dbtc, la->res2, w->ln2w, la->ln2_mean,
+                           la->ln2_rstd, N, C, s);
+    /* attention branch: dbtc first holds d(atty) [N,Cl], then d(ln1) [N,C] */
+    be->matmul_backward(a->dbtc, dw->attprojw, dw->attprojb, a->dres, la->atty, w->attprojw,
+                        N, d->Cl, C, 0, s);
+    be->attention_backward(a->dqkv, a->datt, a->dbtc, la->qkv, la->att, d->B, d->T, d->Cl,
+                           d->NHl, s);
+    be->matmul_backward(a->dbtc, dw->qkvw, dw->qkvb, a->dqkv, la->ln1, w->qkvw, N, C,
+                        3 * d->Cl, 0, s);
+    tp_allreduce_sum(&m->tp, a->dbtc, (size_t)N * C, s);
+    be->layernorm_backward(a->dres, dw->ln1w, dw->ln1b, a->dbtc, x, w->ln1w, la->ln1_mean,
+                           la->ln1_rstd, N, C, s);
+}
+
 double gpt_forward(gpt_model *m, const int32_t *tokens, const int32_t *targets, float dloss) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
-    const gpt_shape *sh = &m->shape;
-    int B = m->B, T = m->T, N = B * T, C = sh->d_model, NH = sh->n_head;
-    int V = sh->vocab_size, Vp = sh->vocab_padded;
+    dims d = model_dims(m);
     act_views *a = &m->a;
     param_views *p = &m->p;
+    int N = d.N, C = d.C;
 
     be->copy_from_host(a->tokens, tokens, (size_t)N * sizeof(int32_t), s);
     be->copy_from_host(a->targets, targets, (size_t)N * sizeof(int32_t), s);
-    be->embedding_forward(a->encoded, a->tokens, p->wte, p->wpe, N, T, C, s);
+    /* vocab-parallel embedding: each rank adds the rows it holds (wpe once), then sum */
+    be->embedding_forward(a->encoded, a->tokens, p->wte, m->tp.rank == 0 ? p->wpe : NULL, N,
+                          d.T, C, d.v_start, d.Vl, s);
+    tp_allreduce_sum(&m->tp, a->encoded, (size_t)N * C, s);
     const float *x = a->encoded; /* [N,C] the residual stream entering layer l */
-    for (int l = 0; l < sh->n_layer; l++) {
-        layer_acts *la = &a->layer[l];
-        block_views *w = &p->h[l];
-        be->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, N, C, s);
-        be->matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, N, C, 3 * C, 0, s);
-        be->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH, s);
-        be->matmul_forward(a->dbtc, la->atty, w->attprojw, w->attprojb, N, C, C, 0, s);
-        be->add(la->res2, x, a->dbtc, (size_t)N * C, s);
-        be->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b,
-                              N, C, s);
-        be->matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, N, C, 4 * C, 0, s);
-        be->gelu_forward(la->fch_gelu, la->fch, (size_t)N * 4 * C, s);
-        be->matmul_forward(a->dbtc, la->fch_gelu, w->fcprojw, w->fcprojb, N, 4 * C, C, 0, s);
-        be->add(la->res3, la->res2, a->dbtc, (size_t)N * C, s);
-        x = la->res3;
+    for (int l = 0; l < m->shape.n_layer; l++) {
+        block_forward(m, l, x, &d);
+        x = a->layer[l].res3;
     }
     be->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, p->lnfw, p->lnfb, N, C, s);
-    be->matmul_forward(a->logits, a->lnf, p->wte, NULL, N, C, Vp, 1, s);
-    be->crossentropy_forward_backward(a->losses, a->logits, a->targets, N, V, Vp, dloss, s);
+    /* vocab-parallel cross-entropy: no rank ever holds the full logits */
+    be->matmul_forward(a->logits, a->lnf, p->wte, NULL, N, C, d.Vl, 1, s);
+    be->vocab_max(a->loss_max, a->logits, N, d.Vl, d.v_valid, s);
+    tp_allreduce_max(&m->tp, a->loss_max, (size_t)N, s);
+    be->vocab_expsum(a->loss_stats, a->logits, a->loss_max, a->targets, N, d.Vl, d.v_valid,
+                     d.v_start, s);
+    tp_allreduce_sum(&m->tp, a->loss_stats, 2 * (size_t)N, s);
+    be->vocab_ce_finish(a->losses, a->logits, a->loss_stats, a->targets, N, d.Vl, d.v_valid,
+                        d.v_start, dloss, s);
 
-    float *losses = malloc((size_t)N * sizeof(float)); /* [N] host copy */
-    be->copy_to_host(losses, a->losses, (size_t)N * sizeof(float), s);
+    be->copy_to_host(m->host_losses, a->losses, (size_t)N * sizeof(float), s);
     be->synchronize(s);
     double sum = 0.0;
-    for (int n = 0; n < N; n++) sum += losses[n];
-    free(losses);
+    for (int n = 0; n < N; n++) sum += m->host_losses[n];
     return sum;
 }
 
 void gpt_backward(gpt_model *m) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
-    const gpt_shape *sh = &m->shape;
-    int B = m->B, T = m->T, N = B * T, C = sh->d_model, NH = sh->n_head, Vp = sh->vocab_padded;
+    dims d = model_dims(m);
     act_views *a = &m->a;
     param_views *p = &m->p, *g = &m->g;
-    int L = sh->n_layer;
+    int N = d.N, C = d.C, L = m->shape.n_layer;
 
     /* logits already hold dlogits (fused into the loss) */
-    be->matmul_backward(a->dbtc, g->wte, NULL, a->logits, a->lnf, p->wte, N, C, Vp, 1, s);
+    be->matmul_backward(a->dbtc, g->wte, NULL, a->logits, a->lnf, p->wte, N, C, d.Vl, 1, s);
+    tp_allreduce_sum(&m->tp, a->dbtc, (size_t)N * C, s);
     be->zero(a->dres, (size_t)N * C * sizeof(float), s);
     be->layernorm_backward(a->dres, g->lnfw, g->lnfb, a->dbtc, a->layer[L - 1].res3, p->lnfw,
                            a->lnf_mean, a->lnf_rstd, N, C, s);
     /* dres is the gradient of the residual stream; each branch adds into it */
-    for (int l = L - 1; l >= 0; l--) {
-        layer_acts *la = &a->layer[l];
-        block_views *w = &p->h[l], *dw = &g->h[l];
-        const float *x = l == 0 ? a->encoded : a->layer[l - 1].res3;
-        be->matmul_backward(a->dfch, dw->fcprojw, dw->fcprojb, a->dres, la->fch_gelu,
-                            w->fcprojw, N, 4 * C, C, 0, s);
-        be->gelu_backward(a->dfch, la->fch, a->dfch, (size_t)N * 4 * C, s);
-        be->matmul_backward(a->dbtc, dw->fcw, dw->fcb, a->dfch, la->ln2, w->fcw, N, C, 4 * C, 0, s);
-        be->layernorm_backward(a->dres, dw->ln2w, dw->ln2b, a->dbtc, la->res2, w->ln2w,
-                               la->ln2_mean, la->ln2_rstd, N, C, s);
-        be->matmul_backward(a->dbtc, dw->attprojw, dw->attprojb, a->dres, la->atty,
-                            w->attprojw, N, C, C, 0, s);
-        be->attention_backward(a->dqkv, a->datt, a->dbtc, la->qkv, la->att, B, T, C, NH, s);
-        be->matmul_backward(a->dbtc, dw->qkvw, dw->qkvb, a->dqkv, la->ln1, w->qkvw, N, C,
-                            3 * C, 0, s);
-        be->layernorm_backward(a->dres, dw->ln1w, dw->ln1b, a->dbtc, x, w->ln1w, la->ln1_mean,
-                               la->ln1_rstd, N, C, s);
+    for (int l = L - 1; l >= 0; l--)
+        block_backward(m, l, l == 0 ? a->encoded : a->layer[l - 1].res3, &d);
+    be->embedding_backward(g->wte, g->wpe, a->dres, a->tokens, N, d.T, C, d.v_start, d.Vl, s);
+}
+
+double gpt_grad_sum_squares(gpt_model *m) {
+    double sum = 0.0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const param_tensor *t = &m->tensors[i];
+        if (t->replicated && m->tp.rank != 0) continue;
+        sum += m->be->sum_squares(m->grads + t->offset, t->numel, m->stream);
     }
-    be->embedding_backward(g->wte, g->wpe, a->dres, a->tokens, N, T, C, s);
+    return sum;
 }

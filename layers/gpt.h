@@ -13,53 +13,61 @@
 #include <stdint.h>
 
 #include "engine/backend.h"
+#include "parallel/tensor.h"
 
 typedef struct {
     int n_layer, n_head, d_model, n_ctx, vocab_size;
-    int vocab_padded; /* vocab rounded up to a multiple of 128 */
+    int vocab_padded; /* vocab rounded up to a multiple of 128 * tp */
 } gpt_shape;
 
 typedef enum { INIT_NORMAL, INIT_RESIDUAL, INIT_ZERO, INIT_ONE } init_kind;
 
-/* One parameter tensor: its checkpoint name and unsharded shape, and where it lives. */
+/* One parameter tensor: its checkpoint name and unsharded shape, this rank's shard of
+ * it, and where that shard lives. */
 typedef struct {
     char name[48];
     int ndim;
     long shape[2];     /* as in the checkpoint; wte is [vocab_size, C] */
+    long rows, cols;   /* the unsharded tensor as a matrix (1-D: rows = 1) */
+    long padded_rows;  /* rows including vocabulary padding (wte), else rows */
+    shard_kind shard;
+    long local_rows, local_cols; /* this rank's shard */
     size_t offset;     /* in floats, into params / grads / m / v */
-    size_t numel;      /* stored elements (wte holds vocab_padded rows) */
+    size_t numel;      /* local_rows * local_cols */
     int decay;         /* weight decay applies (tensors of 2 or more dims) */
+    int replicated;    /* the same values on every TP rank: counted once in the norm */
     init_kind init;
 } param_tensor;
 
+/* Shapes are this rank's shards; tp = 1 gives the full GPT-2 shapes. */
 typedef struct {
     float *ln1w, *ln1b;         /* [C], [C] */
-    float *qkvw, *qkvb;         /* [C,3C], [3C] */
-    float *attprojw, *attprojb; /* [C,C], [C] */
+    float *qkvw, *qkvb;         /* [C,3C/tp], [3C/tp]: this rank's heads of q | k | v */
+    float *attprojw, *attprojb; /* [C/tp,C], [C] */
     float *ln2w, *ln2b;         /* [C], [C] */
-    float *fcw, *fcb;           /* [C,4C], [4C] */
-    float *fcprojw, *fcprojb;   /* [4C,C], [C] */
+    float *fcw, *fcb;           /* [C,4C/tp], [4C/tp] */
+    float *fcprojw, *fcprojb;   /* [4C/tp,C], [C] */
 } block_views;
 
 typedef struct {
-    float *wte;                 /* [Vp,C], rows >= vocab_size stay zero */
+    float *wte;                 /* [Vp/tp,C] this rank's vocab rows; rows >= vocab_size stay 0 */
     float *wpe;                 /* [n_ctx,C] */
     float *lnfw, *lnfb;         /* [C], [C] */
     block_views *h;             /* [n_layer] */
 } param_views;
 
-/* Activations of one layer for one micro-batch of N = B*T rows. */
+/* Activations of one layer for one micro-batch of N = B*T rows (Cl = C/tp, NHl = NH/tp). */
 typedef struct {
     float *ln1;               /* [N,C] */
     float *ln1_mean, *ln1_rstd; /* [N], [N] */
-    float *qkv;               /* [N,3C] */
-    float *att;               /* [B,NH,T,T] softmax probabilities */
-    float *atty;              /* [N,C] attention output before c_proj */
+    float *qkv;               /* [N,3Cl] */
+    float *att;               /* [B,NHl,T,T] softmax probabilities */
+    float *atty;              /* [N,Cl] attention output before c_proj */
     float *res2;              /* [N,C] residual after attention */
     float *ln2;               /* [N,C] */
     float *ln2_mean, *ln2_rstd; /* [N], [N] */
-    float *fch;               /* [N,4C] c_fc output, pre-GELU */
-    float *fch_gelu;          /* [N,4C] */
+    float *fch;               /* [N,4Cl] c_fc output, pre-GELU */
+    float *fch_gelu;          /* [N,4Cl] */
     float *res3;              /* [N,C] residual after the MLP: the layer's output */
 } layer_acts;
 
@@ -68,14 +76,16 @@ typedef struct {
     layer_acts *layer;          /* [n_layer] */
     float *lnf;                 /* [N,C] */
     float *lnf_mean, *lnf_rstd; /* [N], [N] */
-    float *logits;              /* [N,Vp], overwritten by dlogits in the loss */
+    float *logits;              /* [N,Vp/tp], overwritten by dlogits in the loss */
+    float *loss_max;            /* [N] row max of the logits over the whole vocab */
+    float *loss_stats;          /* [2,N] sum of exp(logit - max) | target logit - max */
     float *losses;              /* [N] per-position loss */
     /* backward scratch, reused by every layer */
     float *dres;                /* [N,C] gradient of the residual stream */
     float *dbtc;                /* [N,C] */
-    float *dqkv;                /* [N,3C] */
-    float *datt;                /* [B,NH,T,T] */
-    float *dfch;                /* [N,4C] */
+    float *dqkv;                /* [N,3Cl] */
+    float *datt;                /* [B,NHl,T,T] */
+    float *dfch;                /* [N,4Cl] */
     int32_t *tokens, *targets;  /* [N], [N] on the device */
 } act_views;
 
@@ -83,6 +93,7 @@ typedef struct {
     gpt_shape shape;
     const gptc_backend *be;
     gptc_stream *stream;
+    tp_context tp;
 
     int n_tensors;
     param_tensor *tensors;      /* [n_tensors] in buffer order */
@@ -95,24 +106,31 @@ typedef struct {
     float *act_memory;
     size_t act_floats;
     act_views a;
+    float *host_losses;         /* [B*T] host copy of the losses */
 } gpt_model;
 
-/* Checks a model shape; returns 0 or -1 with a one-line error naming the model key. */
-int gpt_check_shape(const gpt_shape *s, char *err, size_t errlen);
-/* Allocates parameters, gradients, optimizer state and activations for micro-batches
- * of B rows of T tokens. Parameters start at zero; call gpt_init_random or load them. */
+/* Checks a model shape for tp ranks; returns 0 or -1 with a one-line error naming the key. */
+int gpt_check_shape(const gpt_shape *s, int tp, char *err, size_t errlen);
+/* Allocates this rank's parameters, gradients, optimizer state and activations for
+ * micro-batches of B rows of T tokens. Parameters start at zero; call gpt_init_random or
+ * load them. */
 int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_backend *be,
-               char *err, size_t errlen);
+               const tp_context *tp, char *err, size_t errlen);
 void gpt_destroy(gpt_model *m);
-/* GPT-2 init (DESIGN section 3), a pure function of (seed, name, element index). */
+/* GPT-2 init (DESIGN section 3), a pure function of (seed, name, element index in the
+ * unsharded tensor), so every layout draws the same model. */
 void gpt_init_random(gpt_model *m, uint64_t seed);
 const param_tensor *gpt_find_tensor(const gpt_model *m, const char *name);
 
 /* Forward of one micro-batch: tokens and targets are host arrays [B*T]. Computes the
  * per-position losses and, in the same pass, dlogits scaled by dloss (the weight of one
- * position in the global mean). Returns the sum of the micro-batch's losses. */
+ * position in the global mean). Returns the sum of the micro-batch's losses (the same on
+ * every TP rank). */
 double gpt_forward(gpt_model *m, const int32_t *tokens, const int32_t *targets, float dloss);
 /* Backward of the micro-batch last run forward; gradients accumulate (+=). */
 void gpt_backward(gpt_model *m);
+/* This rank's share of the squared global gradient norm: its shards, plus replicated
+ * tensors on TP rank 0 only, so a sum over the TP group counts each parameter once. */
+double gpt_grad_sum_squares(gpt_model *m);
 
 #endif

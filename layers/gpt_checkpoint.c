@@ -1,8 +1,13 @@
+/* Checkpoints hold unsharded tensors; a rank reads and writes only the hyperslabs of its
+ * shards (parallel/tensor.h), so any layout loads what any other layout wrote. */
 #include "layers/gpt_checkpoint.h"
 
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "parallel/comm.h"
 
 static const char *GROUPS[3] = {"model", "optim/m", "optim/v"};
 
@@ -10,38 +15,174 @@ static float *device_buffer(const gpt_model *m, int which) {
     return which == 0 ? m->params : which == 1 ? m->opt_m : m->opt_v;
 }
 
-int gpt_save(const gpt_model *m, const char *path, long step, int with_optim, long t,
-             char *err, size_t errlen) {
+/* Copies a packed block [rows, w] to or from its columns [col, col+w) of a shard with
+ * local_cols columns. */
+static void copy_block(float *shard, long local_cols, float *packed, long rows, long w,
+                       long col, int to_shard) {
+    for (long i = 0; i < rows; i++) {
+        float *a = shard + i * local_cols + col, *b = packed + i * w;
+        memcpy(to_shard ? a : b, to_shard ? b : a, (size_t)w * sizeof(float));
+    }
+}
+
+/* Hyperslab arguments of a block in the checkpoint's own rank (1-D tensors use dim 1). */
+static void slab_args(const param_tensor *t, const shard_block *b, long start[2], long count[2]) {
+    if (t->ndim == 2) {
+        start[0] = b->start[0]; start[1] = b->start[1];
+        count[0] = b->count[0]; count[1] = b->count[1];
+    } else {
+        start[0] = b->start[1];
+        count[0] = b->count[1];
+    }
+}
+
+/* Reads (to_shard) or writes this rank's shard of tensor t of one group. */
+static int move_tensor(const gpt_model *m, const param_tensor *t, ckpt_file *f, const char *group,
+                       float *local, int reading, char *err, size_t errlen) {
+    shard_block blocks[3];
+    int nb = tp_shard_blocks(t->shard, t->rows, t->cols, t->padded_rows, m->tp.size, m->tp.rank, blocks);
+    int rc = 0;
+    for (int i = 0; i < nb && rc == 0; i++) {
+        long start[2], count[2];
+        slab_args(t, &blocks[i], start, count);
+        long rows = blocks[i].count[0], w = blocks[i].count[1];
+        float *packed = malloc((size_t)(rows * w) * sizeof(float)); /* [rows, w] */
+        if (!packed) {
+            snprintf(err, errlen, "out of host memory for %s", t->name);
+            return -1;
+        }
+        if (reading) {
+            rc = ckpt_read(f, group, t->name, t->ndim, t->shape, start, count, packed, err, errlen);
+            if (rc == 0) copy_block(local, t->local_cols, packed, rows, w, blocks[i].local_col, 1);
+        } else {
+            copy_block(local, t->local_cols, packed, rows, w, blocks[i].local_col, 0);
+            rc = ckpt_write_slab(f, group, t->name, t->ndim, t->shape, start, count, packed, err,
+                                 errlen);
+        }
+        free(packed);
+    }
+    return rc;
+}
+
+/* One rank's contribution to one tensor, as sent to the writer: a header of nb blocks
+ * (start and count of each, in the checkpoint's dims) followed by their packed floats. */
+typedef struct {
+    int nb, ndim;
+    long start[3][2], count[3][2];
+} slab_header;
+
+static size_t pack_tensor(const gpt_model *m, const param_tensor *t, const float *local,
+                          int writer, char **out) {
+    slab_header h;
+    memset(&h, 0, sizeof(h));
+    shard_block blocks[3];
+    h.ndim = t->ndim;
+    writer = writer && (!t->replicated || m->tp.rank == 0); /* one copy of replicated tensors */
+    h.nb = writer ? tp_shard_blocks(t->shard, t->rows, t->cols, t->padded_rows, m->tp.size,
+                                    m->tp.rank, blocks) : 0;
+    size_t floats = 0;
+    for (int i = 0; i < h.nb; i++) {
+        slab_args(t, &blocks[i], h.start[i], h.count[i]);
+        floats += (size_t)(blocks[i].count[0] * blocks[i].count[1]);
+    }
+    size_t bytes = sizeof(h) + floats * sizeof(float);
+    char *buf = malloc(bytes); /* header, then the packed blocks */
+    memcpy(buf, &h, sizeof(h));
+    float *data = (float *)(buf + sizeof(h));
+    for (int i = 0; i < h.nb; i++) {
+        long rows = blocks[i].count[0], w = blocks[i].count[1];
+        copy_block((float *)local, t->local_cols, data, rows, w, blocks[i].local_col, 0);
+        data += rows * w;
+    }
+    *out = buf;
+    return bytes;
+}
+
+static int write_packed(ckpt_file *f, const char *group, const param_tensor *t, const char *buf,
+                        char *err, size_t errlen) {
+    slab_header h;
+    memcpy(&h, buf, sizeof(h));
+    const float *data = (const float *)(buf + sizeof(h));
+    for (int i = 0; i < h.nb; i++) {
+        if (ckpt_write_slab(f, group, t->name, t->ndim, t->shape, h.start[i], h.count[i], data,
+                            err, errlen) != 0)
+            return -1;
+        data += h.count[i][0] * (h.ndim == 2 ? h.count[i][1] : 1);
+    }
+    return 0;
+}
+
+/* Gathers every writer's slabs of one tensor on rank 0 of world, which writes them. */
+static int gather_and_write(const gpt_model *m, comm_group *world, ckpt_file *f,
+                            const char *group, const param_tensor *t, const float *local,
+                            int writer, char *err, size_t errlen) {
+    char *mine;
+    int bytes = (int)pack_tensor(m, t, local, writer, &mine);
+    int size = world ? world->size : 1, rank = world ? world->rank : 0, rc = 0;
+    if (size == 1) {
+        rc = write_packed(f, group, t, mine, err, errlen);
+        free(mine);
+        return rc;
+    }
+    int *counts = NULL, *displs = NULL;
+    char *all = NULL;
+    if (rank == 0) {
+        counts = malloc(sizeof(int) * size);
+        displs = malloc(sizeof(int) * size);
+    }
+    MPI_Gather(&bytes, 1, MPI_INT, counts, 1, MPI_INT, 0, world->comm);
+    if (rank == 0) {
+        long total = 0;
+        for (int r = 0; r < size; r++) {
+            displs[r] = (int)total;
+            total += counts[r];
+        }
+        all = malloc((size_t)total);
+    }
+    MPI_Gatherv(mine, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, world->comm);
+    if (rank == 0)
+        for (int r = 0; r < size && rc == 0; r++)
+            rc = write_packed(f, group, t, all + displs[r], err, errlen);
+    free(mine);
+    free(all);
+    free(counts);
+    free(displs);
+    return rc;
+}
+
+int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path, long step,
+             int with_optim, long t, char *err, size_t errlen) {
     const gpt_shape *s = &m->shape;
     ckpt_meta meta = {step, s->n_layer, s->n_head, s->d_model, s->n_ctx, s->vocab_size};
+    int rank = world ? world->rank : 0;
     float *host = malloc(m->n_params * sizeof(float)); /* [n_params] staging copy */
-    if (!host) {
-        snprintf(err, errlen, "train.save %s: out of host memory", path);
-        return -1;
+    ckpt_file *f = NULL;
+    int rc = host ? 0 : -1;
+    if (!host) snprintf(err, errlen, "%s: out of host memory", path);
+    if (rc == 0 && rank == 0) {
+        f = ckpt_create(path, &meta, err, errlen);
+        rc = f ? 0 : -1;
     }
-    ckpt_file *f = ckpt_create(path, &meta, err, errlen);
-    if (!f) {
-        free(host);
-        return -1;
-    }
-    int rc = 0;
+    /* every rank walks the same tensors; the writer (rank 0) stops at its first error */
+    if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
     for (int which = 0; which < (with_optim ? 3 : 1) && rc == 0; which++) {
         m->be->copy_to_host(host, device_buffer(m, which), m->n_params * sizeof(float), m->stream);
         m->be->synchronize(m->stream);
         for (int i = 0; i < m->n_tensors && rc == 0; i++) {
-            const param_tensor *p = &m->tensors[i];
-            /* wte's padded rows are not part of the model: shape[] stops at vocab_size */
-            rc = ckpt_write(f, GROUPS[which], p->name, p->ndim, p->shape, host + p->offset,
-                            err, errlen);
+            rc = gather_and_write(m, world, f, GROUPS[which], &m->tensors[i],
+                                  host + m->tensors[i].offset, writer, err, errlen);
+            if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
         }
     }
-    if (rc == 0 && with_optim) rc = ckpt_set_optim_t(f, t, err, errlen);
-    free(host);
-    if (rc != 0) {
-        ckpt_abort(f);
-        return -1;
+    if (rc == 0 && rank == 0 && with_optim) rc = ckpt_set_optim_t(f, t, err, errlen);
+    if (rank == 0 && f) {
+        if (rc == 0) rc = ckpt_commit(f, err, errlen);
+        else ckpt_abort(f);
     }
-    return ckpt_commit(f, err, errlen);
+    if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
+    if (rc != 0 && rank != 0) snprintf(err, errlen, "%s: the writer (rank 0) failed", path);
+    free(host);
+    return rc;
 }
 
 int gpt_load(gpt_model *m, ckpt_file *f, int load_optim, char *err, size_t errlen) {
@@ -52,11 +193,9 @@ int gpt_load(gpt_model *m, ckpt_file *f, int load_optim, char *err, size_t errle
     }
     int rc = 0;
     for (int which = 0; which < (load_optim ? 3 : 1) && rc == 0; which++) {
-        for (int i = 0; i < m->n_tensors && rc == 0; i++) {
-            const param_tensor *p = &m->tensors[i];
-            rc = ckpt_read(f, GROUPS[which], p->name, p->ndim, p->shape, NULL, NULL,
-                           host + p->offset, err, errlen);
-        }
+        for (int i = 0; i < m->n_tensors && rc == 0; i++)
+            rc = move_tensor(m, &m->tensors[i], f, GROUPS[which], host + m->tensors[i].offset, 1,
+                             err, errlen);
         if (rc == 0)
             m->be->copy_from_host(device_buffer(m, which), host, m->n_params * sizeof(float),
                                   m->stream);

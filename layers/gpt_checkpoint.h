@@ -8,9 +8,13 @@
 #include "engine/checkpoint.h"
 #include "layers/gpt.h"
 
-/* Writes /model and, when with_optim, /optim (m, v, t) for a checkpoint of step. */
-int gpt_save(const gpt_model *m, const char *path, long step, int with_optim, long t,
-             char *err, size_t errlen);
+typedef struct comm_group comm_group;
+
+/* Writes /model and, when with_optim, /optim (m, v, t) for a checkpoint of step.
+ * Collective over world (NULL for one rank): each rank with writer set sends its shards
+ * (replicated tensors only from TP rank 0), and world rank 0 writes the file. */
+int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path, long step,
+             int with_optim, long t, char *err, size_t errlen);
 /* Reads every parameter (and the optimizer moments when load_optim) from an open
  * checkpoint whose meta already matched the model shape. */
 int gpt_load(gpt_model *m, ckpt_file *f, int load_optim, char *err, size_t errlen);

@@ -14,10 +14,6 @@ double lr_at_step(const optim_config *c, long step) {
     return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(PI * progress));
 }
 
-double grad_sum_squares(gpt_model *m) {
-    return m->be->sum_squares(m->grads, m->n_params, m->stream);
-}
-
 double optim_step(gpt_model *m, const optim_config *c, double grad_norm, long t, double lr) {
     double coef = 1.0;
     if (c->grad_clip > 0) {

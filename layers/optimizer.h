@@ -15,8 +15,6 @@ typedef struct {
 /* Learning rate of optimizer step s (1-based): linear warm-up to lr over warmup_steps,
  * then constant, or cosine from lr down to min_lr at total_steps. */
 double lr_at_step(const optim_config *c, long step);
-/* Sum of squares of every gradient element, each parameter once. */
-double grad_sum_squares(gpt_model *m);
 /* Clips (coef = min(1, clip / (norm + 1e-6))) and applies AdamW step t (1-based) with
  * learning rate lr. Returns the clip coefficient used. */
 double optim_step(gpt_model *m, const optim_config *c, double grad_norm, long t, double lr);

@@ -11,9 +11,11 @@ TRAIN = os.path.join(BUILD, "gptc-train")
 MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
 
 
-def env():
+def env(ranks=1):
     e = dict(os.environ)
-    e.setdefault("OMP_NUM_THREADS", "2")
+    # 2 cores: one thread per rank when several ranks share them, else busy-waiting
+    # OpenMP threads of one rank steal the cores the other ranks need
+    e["OMP_NUM_THREADS"] = "1" if ranks > 1 else e.get("OMP_NUM_THREADS", "2")
     e["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
     e["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     return e
@@ -22,7 +24,8 @@ def env():
 def run_train(args, np_ranks=None, timeout=600):
     """Runs gptc-train (under mpirun when np_ranks is given); returns CompletedProcess."""
     cmd = ([*MPIRUN, "-np", str(np_ranks)] if np_ranks else []) + [TRAIN, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=env(np_ranks or 1))
 
 
 def write_tokens(path, tokens, vocab_size):

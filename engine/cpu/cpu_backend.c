@@ -1,5 +1,6 @@
-/* The CPU backend's op table. Streams are not yet threads: every op runs inline on the
- * caller, which is the serialized order any stream schedule must reproduce. */
+/* The CPU backend's op table. Compute ops run inline on the caller (the NULL stream);
+ * other streams are worker threads (cpu_stream.c) that run communication and host
+ * functions in their queue's order. */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/backend.h"
 #include "engine/cpu/cpu_blas.h"
@@ -20,7 +21,6 @@ static void cpu_zero(void *p, size_t bytes, gptc_stream *s) { memset(p, 0, bytes
 static void cpu_copy(void *dst, const void *src, size_t bytes, gptc_stream *s) {
     memcpy(dst, src, bytes);
 }
-static void cpu_synchronize(gptc_stream *s) {}
 
 static const gptc_backend CPU = {
     .name = "cpu",
@@ -29,7 +29,16 @@ static const gptc_backend CPU = {
     .zero = cpu_zero,
     .copy_from_host = cpu_copy,
     .copy_to_host = cpu_copy,
-    .synchronize = cpu_synchronize,
+    .synchronize = cpu_stream_synchronize,
+    .stream_create = cpu_stream_create,
+    .stream_destroy = cpu_stream_destroy,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait_event = cpu_stream_wait_event,
+    .event_synchronize = cpu_event_synchronize,
+    .stream_synchronize = cpu_stream_synchronize,
+    .launch_host_func = cpu_launch_host_func,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .layernorm_forward = cpu_layernorm_forward,
@@ -42,7 +51,9 @@ static const gptc_backend CPU = {
     .gelu_backward = cpu_gelu_backward,
     .add = cpu_add,
     .accumulate = cpu_accumulate,
-    .crossentropy_forward_backward = cpu_crossentropy_forward_backward,
+    .vocab_max = cpu_vocab_max,
+    .vocab_expsum = cpu_vocab_expsum,
+    .vocab_ce_finish = cpu_vocab_ce_finish,
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
     .adamw = cpu_adamw,

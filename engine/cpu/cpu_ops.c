@@ -15,17 +15,21 @@ enum { MAX_THREADS = 256 };
 /* ------------------------------------------------------------------ embedding */
 
 void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                           const float *wpe, int N, int T, int C, gptc_stream *s) {
+                           const float *wpe, int N, int T, int C, int v_start, int v_local,
+                           gptc_stream *s) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *te = wte + (size_t)tokens[n] * C, *pe = wpe + (size_t)(n % T) * C;
+        int row = tokens[n] - v_start; /* this rank's row of wte, if it holds the token */
+        const float *te = row >= 0 && row < v_local ? wte + (size_t)row * C : NULL;
+        const float *pe = wpe ? wpe + (size_t)(n % T) * C : NULL;
         float *o = out + (size_t)n * C;
-        for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
+        for (int c = 0; c < C; c++) o[c] = (te ? te[c] : 0.0f) + (pe ? pe[c] : 0.0f);
     }
 }
 
 void cpu_embedding_backward(float *dwte, float *dwpe, const float *dout,
-                            const int32_t *tokens, int N, int T, int C, gptc_stream *s) {
+                            const int32_t *tokens, int N, int T, int C, int v_start,
+                            int v_local, gptc_stream *s) {
     /* Rows of dwte collide when a token repeats, so threads split the columns instead:
      * each thread owns a column band of every row and walks the tokens in order. */
     #pragma omp parallel
@@ -34,10 +38,14 @@ void cpu_embedding_backward(float *dwte, float *dwpe, const float *dout,
         int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
         for (int n = 0; n < N; n++) {
             const float *d = dout + (size_t)n * C;
-            float *te = dwte + (size_t)tokens[n] * C, *pe = dwpe + (size_t)(n % T) * C;
-            for (int c = c0; c < c1; c++) {
-                te[c] += d[c];
-                pe[c] += d[c];
+            int row = tokens[n] - v_start;
+            if (row >= 0 && row < v_local) {
+                float *te = dwte + (size_t)row * C;
+                for (int c = c0; c < c1; c++) te[c] += d[c];
+            }
+            if (dwpe) {
+                float *pe = dwpe + (size_t)(n % T) * C;
+                for (int c = c0; c < c1; c++) pe[c] += d[c];
             }
         }
     }
@@ -285,22 +293,40 @@ void cpu_scale(float *x, float a, size_t n, gptc_stream *s) {
 
 /* ------------------------------------------------------------------ loss */
 
-void cpu_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets,
-                                       int N, int V, int Vp, float dloss, gptc_stream *s) {
+/* Vocab-parallel softmax cross-entropy, in three passes around two all-reduces over the
+ * tensor-parallel group (max, then sum-exp and target logit); with one rank the
+ * all-reduces vanish and this is the plain fused loss. A rank holds Vl columns of the
+ * padded vocab starting at global column v_start; only the first v_valid are real. */
+
+void cpu_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid, gptc_stream *s) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        mx[n] = v_valid > 0 ? row_max(logits + (size_t)n * Vl, v_valid) : -INFINITY;
+}
+
+void cpu_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
+                      int N, int Vl, int v_valid, int v_start, gptc_stream *s) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        float *row = logits + (size_t)n * Vp;
-        int y = targets[n];
-        float mx = row_max(row, V);
-        float shifted_y = row[y] - mx;
-        /* the row becomes exp(logit - max); its sum is kept in double because V can be
-         * 50k terms */
-        double sum = exp_shift_sum(row, V, mx);
-        losses[n] = (float)log(sum) - shifted_y;
-        float scale = (float)(1.0 / sum) * dloss;
-        for (int i = 0; i < V; i++) row[i] *= scale;
-        row[y] -= dloss;
-        for (int i = V; i < Vp; i++) row[i] = 0.0f;
+        float *row = logits + (size_t)n * Vl;
+        int y = targets[n] - v_start;
+        stats[N + n] = y >= 0 && y < v_valid ? row[y] - mx[n] : 0.0f;
+        stats[n] = (float)exp_shift_sum(row, v_valid, mx[n]);
+    }
+}
+
+void cpu_vocab_ce_finish(float *losses, float *logits, const float *stats,
+                         const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                         float dloss, gptc_stream *s) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *row = logits + (size_t)n * Vl;
+        losses[n] = logf(stats[n]) - stats[N + n];
+        float scale = dloss / stats[n];
+        for (int i = 0; i < v_valid; i++) row[i] *= scale;
+        int y = targets[n] - v_start;
+        if (y >= 0 && y < v_valid) row[y] -= dloss;
+        for (int i = v_valid < 0 ? 0 : v_valid; i < Vl; i++) row[i] = 0.0f;
     }
 }
 

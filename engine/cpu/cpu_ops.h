@@ -7,9 +7,11 @@
 #include "engine/backend.h"
 
 void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                           const float *wpe, int N, int T, int C, gptc_stream *s);
+                           const float *wpe, int N, int T, int C, int v_start, int v_local,
+                           gptc_stream *s);
 void cpu_embedding_backward(float *dwte, float *dwpe, const float *dout,
-                            const int32_t *tokens, int N, int T, int C, gptc_stream *s);
+                            const int32_t *tokens, int N, int T, int C, int v_start,
+                            int v_local, gptc_stream *s);
 void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                            const float *w, const float *b, int N, int C, gptc_stream *s);
 void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
@@ -29,8 +31,12 @@ void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t 
                        gptc_stream *s);
 void cpu_add(float *out, const float *a, const float *b, size_t n, gptc_stream *s);
 void cpu_accumulate(float *acc, const float *x, size_t n, gptc_stream *s);
-void cpu_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets,
-                                       int N, int V, int Vp, float dloss, gptc_stream *s);
+void cpu_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid, gptc_stream *s);
+void cpu_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
+                      int N, int Vl, int v_valid, int v_start, gptc_stream *s);
+void cpu_vocab_ce_finish(float *losses, float *logits, const float *stats,
+                         const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                         float dloss, gptc_stream *s);
 double cpu_sum_squares(const float *x, size_t n, gptc_stream *s);
 void cpu_scale(float *x, float a, size_t n, gptc_stream *s);
 void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,

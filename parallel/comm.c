@@ -1,0 +1,410 @@
+/* Communication over MPI. Each op is a plain blocking MPI call made either by the caller
+ * (NULL stream) or by a stream's worker thread, which is what lets it overlap with the
+ * compute on the calling thread. Rules for callers are in comm.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "parallel/comm.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* MPI counts are int; larger transfers are cut into pieces of at most this many elements.
+ * Atomic because stream threads read it while a test may have just set it. */
+static atomic_size_t max_count = INT_MAX;
+
+void comm_set_max_count_for_testing(size_t n) {
+    atomic_store(&max_count, n ? n : (size_t)INT_MAX);
+}
+
+/* ---- errors ---- */
+
+/* Keeps only the first error: later ones are usually consequences of it. The state flag
+ * lets stream threads and the caller race here without a lock. */
+static void record_message(comm_group *g, const char *call, const char *what) {
+    int none = 0;
+    if (!atomic_compare_exchange_strong(&g->err_state, &none, 1)) return;
+    int world_rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    snprintf(g->err, sizeof g->err, "rank %d: %s on %s: %s", world_rank, call, g->name, what);
+    atomic_store(&g->err_state, 2);
+}
+
+/* 1 when rc is MPI_SUCCESS; otherwise records rc and returns 0. */
+static int ok(comm_group *g, const char *call, int rc) {
+    if (rc == MPI_SUCCESS) return 1;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+        snprintf(msg, sizeof msg, "MPI error %d", rc);
+    record_message(g, call, msg);
+    return 0;
+}
+
+const char *comm_error(const comm_group *g) {
+    return atomic_load(&g->err_state) == 2 ? g->err : NULL;
+}
+
+/* ---- groups ---- */
+
+static void group_init(comm_group *g, const char *name, const gptc_backend *be) {
+    g->comm = MPI_COMM_NULL;
+    g->size = 0;
+    g->rank = -1;
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->be = be;
+    atomic_init(&g->err_state, 0);
+    g->err[0] = '\0';
+}
+
+/* Errors must come back as return codes: the trainer decides, on every rank, how to stop. */
+static int group_adopt(comm_group *g, MPI_Comm c) {
+    g->comm = c;
+    if (!ok(g, "MPI_Comm_set_errhandler", MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN)))
+        return -1;
+    if (!ok(g, "MPI_Comm_size", MPI_Comm_size(c, &g->size))) return -1;
+    if (!ok(g, "MPI_Comm_rank", MPI_Comm_rank(c, &g->rank))) return -1;
+    return 0;
+}
+
+/* Stream threads call MPI beside the main thread, which only this level allows. */
+static int mpi_ready(comm_group *g) {
+    int initialized = 0, provided = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+        record_message(g, "comm_world", "MPI is not initialised");
+        return 0;
+    }
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE) {
+        record_message(g, "comm_world", "MPI was not initialised with MPI_THREAD_MULTIPLE");
+        return 0;
+    }
+    return 1;
+}
+
+/* A duplicate rather than MPI_COMM_WORLD itself, so that our error handler and our
+ * messages stay apart from whatever else the program does on MPI_COMM_WORLD. */
+int comm_world(comm_group *g, const gptc_backend *be) {
+    group_init(g, "world", be);
+    if (!mpi_ready(g)) return -1;
+    MPI_Comm c;
+    if (!ok(g, "MPI_Comm_dup", MPI_Comm_dup(MPI_COMM_WORLD, &c))) return -1;
+    return group_adopt(g, c);
+}
+
+void comm_group_free(comm_group *g) {
+    if (g->comm != MPI_COMM_NULL) ok(g, "MPI_Comm_free", MPI_Comm_free(&g->comm));
+    g->comm = MPI_COMM_NULL;
+}
+
+/* Splits the group of ranks sharing `color`, ordered by `key`, and checks that it came
+ * out as the grid says. */
+static int split_group(comm_group *parent, comm_group *g, int color, int key, int expect_size,
+                       char *err, size_t errlen) {
+    MPI_Comm c;
+    if (!ok(g, "MPI_Comm_split", MPI_Comm_split(parent->comm, color, key, &c)) ||
+        group_adopt(g, c) != 0) {
+        snprintf(err, errlen, "comm: %s", comm_error(g));
+        return -1;
+    }
+    if (g->size != expect_size || g->rank != key) {
+        snprintf(err, errlen, "comm: %s group has size %d and rank %d, the grid says %d and %d",
+                 g->name, g->size, g->rank, expect_size, key);
+        return -1;
+    }
+    return 0;
+}
+
+int comm_grid_groups(const grid *gr, const gptc_backend *be, comm_group *tp, comm_group *pp,
+                     comm_group *dp, char *err, size_t errlen) {
+    group_init(tp, "tp", be);
+    group_init(pp, "pp", be);
+    group_init(dp, "dp", be);
+    /* The splits inherit the parent's MPI_ERRORS_RETURN, so a failing split reports too. */
+    comm_group world;
+    if (comm_world(&world, be) != 0) {
+        snprintf(err, errlen, "comm: %s", comm_error(&world));
+        comm_group_free(&world);
+        return -1;
+    }
+    if (world.size != gr->world || world.rank != gr->rank) {
+        snprintf(err, errlen, "comm: the grid is for rank %d of %d, but this is MPI rank %d of %d",
+                 gr->rank, gr->world, world.rank, world.size);
+        comm_group_free(&world);
+        return -1;
+    }
+    /* colors number the other two coordinates; keys order the group along its own */
+    int rc = split_group(&world, tp, gr->pp_rank * gr->dp + gr->dp_rank, gr->tp_rank, gr->tp,
+                         err, errlen);
+    if (rc == 0)
+        rc = split_group(&world, pp, gr->dp_rank * gr->tp + gr->tp_rank, gr->pp_rank, gr->pp,
+                         err, errlen);
+    if (rc == 0)
+        rc = split_group(&world, dp, gr->pp_rank * gr->tp + gr->tp_rank, gr->dp_rank, gr->dp,
+                         err, errlen);
+    comm_group_free(&world);
+    if (rc != 0) {
+        comm_group_free(tp);
+        comm_group_free(pp);
+        comm_group_free(dp);
+    }
+    return rc;
+}
+
+/* ---- the MPI calls, in pieces of at most max_count elements ---- */
+
+static size_t piece_size(void) { return atomic_load(&max_count); }
+
+/* At least one piece, so that an empty message is still sent and matched. */
+static size_t piece_count(size_t n, size_t piece) { return n == 0 ? 1 : (n + piece - 1) / piece; }
+
+/* Length of piece k of n; 0 past the end. */
+static int piece_len(size_t n, size_t piece, size_t k) {
+    size_t off = k * piece;
+    if (off >= n) return 0;
+    return (int)(n - off < piece ? n - off : piece);
+}
+
+static void do_allreduce(comm_group *g, float *buf, size_t n, MPI_Op op) {
+    size_t p = piece_size();
+    for (size_t k = 0; k * p < n; k++)
+        if (!ok(g, "MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf + k * p, piece_len(n, p, k),
+                                                  MPI_FLOAT, op, g->comm)))
+            return;
+}
+
+/* MPI forbids aliased buffers; in place it reduces the whole buffer and leaves the result
+ * at its start, from where it moves to this rank's block. */
+static void reduce_scatter_whole(comm_group *g, const float *send, float *recv, size_t n) {
+    if (recv != send + (size_t)g->rank * n) {
+        ok(g, "MPI_Reduce_scatter_block",
+           MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->comm));
+        return;
+    }
+    float *whole = recv - (size_t)g->rank * n;
+    if (ok(g, "MPI_Reduce_scatter_block",
+           MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, (int)n, MPI_FLOAT, MPI_SUM, g->comm)) &&
+        whole != recv)
+        memmove(recv, whole, n * sizeof(float));
+}
+
+/* Blocks above max_count: a piece of one block is not contiguous with the same piece of the
+ * next, so each piece is reduced to its owner separately. Slower, but only blocks of 8 GB
+ * and more come here. */
+static void reduce_scatter_pieces(comm_group *g, const float *send, float *recv, size_t n) {
+    int in_place = recv == send + (size_t)g->rank * n;
+    size_t p = piece_size();
+    for (size_t k = 0; k * p < n; k++) {
+        size_t off = k * p;
+        int len = piece_len(n, p, k);
+        for (int r = 0; r < g->size; r++) {
+            const float *piece = send + (size_t)r * n + off;
+            int rc = r != g->rank
+                ? MPI_Reduce(piece, NULL, len, MPI_FLOAT, MPI_SUM, r, g->comm)
+                : MPI_Reduce(in_place ? MPI_IN_PLACE : piece, recv + off, len, MPI_FLOAT,
+                             MPI_SUM, r, g->comm);
+            if (!ok(g, "MPI_Reduce", rc)) return;
+        }
+    }
+}
+
+static void do_reduce_scatter(comm_group *g, const float *send, float *recv, size_t n) {
+    if (n <= piece_size()) reduce_scatter_whole(g, send, recv, n);
+    else reduce_scatter_pieces(g, send, recv, n);
+}
+
+/* Above max_count each rank broadcasts its block piece by piece, for the same reason as
+ * reduce_scatter_pieces. */
+static void do_allgather(comm_group *g, const float *send, float *recv, size_t n) {
+    float *mine = recv + (size_t)g->rank * n;
+    int in_place = send == mine;
+    size_t p = piece_size();
+    if (n <= p) {
+        ok(g, "MPI_Allgather", MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)n, MPI_FLOAT,
+                                             recv, (int)n, MPI_FLOAT, g->comm));
+        return;
+    }
+    if (!in_place) memcpy(mine, send, n * sizeof(float));
+    for (int r = 0; r < g->size; r++)
+        for (size_t k = 0; k * p < n; k++)
+            if (!ok(g, "MPI_Bcast", MPI_Bcast(recv + (size_t)r * n + k * p, piece_len(n, p, k),
+                                              MPI_FLOAT, r, g->comm)))
+                return;
+}
+
+static void do_broadcast(comm_group *g, char *buf, size_t bytes, int root) {
+    size_t p = piece_size();
+    for (size_t k = 0; k * p < bytes; k++)
+        if (!ok(g, "MPI_Bcast", MPI_Bcast(buf + k * p, piece_len(bytes, p, k), MPI_BYTE, root,
+                                          g->comm)))
+            return;
+}
+
+static void do_send(comm_group *g, const char *buf, size_t bytes, int peer, int tag) {
+    size_t p = piece_size(), pieces = piece_count(bytes, p);
+    for (size_t k = 0; k < pieces; k++)
+        if (!ok(g, "MPI_Send", MPI_Send(buf + k * p, piece_len(bytes, p, k), MPI_BYTE, peer, tag,
+                                        g->comm)))
+            return;
+}
+
+/* A short message would otherwise pass silently and leave stale bytes in buf. */
+static int check_received(comm_group *g, const char *call, const MPI_Status *st, int expect) {
+    int got = 0;
+    if (!ok(g, "MPI_Get_count", MPI_Get_count(st, MPI_BYTE, &got))) return 0;
+    if (got == expect) return 1;
+    char what[96];
+    snprintf(what, sizeof what, "got %d bytes from rank %d, expected %d", got, st->MPI_SOURCE,
+             expect);
+    record_message(g, call, what);
+    return 0;
+}
+
+static void do_recv(comm_group *g, char *buf, size_t bytes, int peer, int tag) {
+    size_t p = piece_size(), pieces = piece_count(bytes, p);
+    for (size_t k = 0; k < pieces; k++) {
+        MPI_Status st;
+        int len = piece_len(bytes, p, k);
+        if (!ok(g, "MPI_Recv", MPI_Recv(buf + k * p, len, MPI_BYTE, peer, tag, g->comm, &st)) ||
+            !check_received(g, "MPI_Recv", &st, len))
+            return;
+    }
+}
+
+/* Piece k of the send and piece k of the receive travel together. When one side has fewer
+ * pieces, its extra steps use MPI_PROC_NULL (a no-op), and the partner's step k still
+ * matches ours: dst receives exactly as many pieces as we send, src sends as many as we
+ * receive. */
+static void do_sendrecv(comm_group *g, const char *sendbuf, size_t send_bytes, int dst,
+                        char *recvbuf, size_t recv_bytes, int src, int tag) {
+    size_t p = piece_size();
+    size_t sends = piece_count(send_bytes, p), recvs = piece_count(recv_bytes, p);
+    size_t steps = sends > recvs ? sends : recvs;
+    for (size_t k = 0; k < steps; k++) {
+        MPI_Status st;
+        int slen = piece_len(send_bytes, p, k), rlen = piece_len(recv_bytes, p, k);
+        /* past a side's last piece its pointer stays put: it is not read, and pointing
+         * beyond the buffer would be undefined */
+        const char *sp = k < sends ? sendbuf + k * p : sendbuf;
+        char *rp = k < recvs ? recvbuf + k * p : recvbuf;
+        int rc = MPI_Sendrecv(sp, slen, MPI_BYTE, k < sends ? dst : MPI_PROC_NULL, tag, rp, rlen,
+                              MPI_BYTE, k < recvs ? src : MPI_PROC_NULL, tag, g->comm, &st);
+        if (!ok(g, "MPI_Sendrecv", rc)) return;
+        if (k < recvs && !check_received(g, "MPI_Sendrecv", &st, rlen)) return;
+    }
+}
+
+/* ---- issuing on a stream ---- */
+
+typedef enum {
+    OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_SEND, OP_RECV, OP_SENDRECV
+} op_kind;
+
+/* Everything an op needs, copied when it is issued: the caller's stack is gone by the
+ * time a stream thread runs it. Counts are floats for the reductions and gathers, bytes
+ * otherwise. */
+typedef struct {
+    op_kind kind;
+    comm_group *g;
+    const void *send;
+    void *recv;
+    size_t send_n, recv_n;
+    MPI_Op op; /* of the all-reduce */
+    int peer;  /* root (broadcast), destination (send, sendrecv) or source (recv) */
+    int src;   /* source of sendrecv */
+    int tag;
+} comm_task;
+
+static void run_task(const comm_task *t) {
+    switch (t->kind) {
+    case OP_ALLREDUCE: do_allreduce(t->g, t->recv, t->recv_n, t->op); break;
+    case OP_REDUCE_SCATTER: do_reduce_scatter(t->g, t->send, t->recv, t->recv_n); break;
+    case OP_ALLGATHER: do_allgather(t->g, t->send, t->recv, t->send_n); break;
+    case OP_BROADCAST: do_broadcast(t->g, t->recv, t->recv_n, t->peer); break;
+    case OP_SEND: do_send(t->g, t->send, t->send_n, t->peer, t->tag); break;
+    case OP_RECV: do_recv(t->g, t->recv, t->recv_n, t->peer, t->tag); break;
+    case OP_SENDRECV:
+        do_sendrecv(t->g, t->send, t->send_n, t->peer, t->recv, t->recv_n, t->src, t->tag);
+        break;
+    }
+}
+
+static void run_and_free(void *arg) {
+    run_task(arg);
+    free(arg);
+}
+
+static void issue(comm_task t, gptc_stream *s) {
+    if (!s) {
+        run_task(&t);
+        return;
+    }
+    comm_task *copy = malloc(sizeof *copy);
+    if (!copy) {
+        /* Skipping the op would leave the other ranks waiting in it; doing it late, after
+         * the stream's earlier work, keeps the order every rank expects. */
+        t.g->be->stream_synchronize(s);
+        run_task(&t);
+        return;
+    }
+    *copy = t;
+    t.g->be->launch_host_func(s, run_and_free, copy);
+}
+
+void comm_allreduce_sum(comm_group *g, float *buf, size_t n, gptc_stream *s) {
+    issue((comm_task){.kind = OP_ALLREDUCE, .g = g, .recv = buf, .recv_n = n, .op = MPI_SUM}, s);
+}
+
+void comm_allreduce_max(comm_group *g, float *buf, size_t n, gptc_stream *s) {
+    issue((comm_task){.kind = OP_ALLREDUCE, .g = g, .recv = buf, .recv_n = n, .op = MPI_MAX}, s);
+}
+
+void comm_reduce_scatter_sum(comm_group *g, const float *send, float *recv, size_t n,
+                             gptc_stream *s) {
+    issue((comm_task){.kind = OP_REDUCE_SCATTER, .g = g, .send = send, .recv = recv, .recv_n = n},
+          s);
+}
+
+void comm_allgather(comm_group *g, const float *send, float *recv, size_t n, gptc_stream *s) {
+    issue((comm_task){.kind = OP_ALLGATHER, .g = g, .send = send, .recv = recv, .send_n = n}, s);
+}
+
+void comm_broadcast(comm_group *g, void *buf, size_t bytes, int root, gptc_stream *s) {
+    issue((comm_task){.kind = OP_BROADCAST, .g = g, .recv = buf, .recv_n = bytes, .peer = root},
+          s);
+}
+
+void comm_send(comm_group *g, const void *buf, size_t bytes, int peer, int tag, gptc_stream *s) {
+    issue((comm_task){.kind = OP_SEND, .g = g, .send = buf, .send_n = bytes, .peer = peer,
+                      .tag = tag},
+          s);
+}
+
+void comm_recv(comm_group *g, void *buf, size_t bytes, int peer, int tag, gptc_stream *s) {
+    issue((comm_task){.kind = OP_RECV, .g = g, .recv = buf, .recv_n = bytes, .peer = peer,
+                      .tag = tag},
+          s);
+}
+
+void comm_sendrecv(comm_group *g, const void *sendbuf, size_t send_bytes, int dst,
+                   void *recvbuf, size_t recv_bytes, int src, int tag, gptc_stream *s) {
+    issue((comm_task){.kind = OP_SENDRECV, .g = g, .send = sendbuf, .send_n = send_bytes,
+                      .peer = dst, .recv = recvbuf, .recv_n = recv_bytes, .src = src, .tag = tag},
+          s);
+}
+
+/* ---- host-side reductions ---- */
+
+double comm_sum_double(comm_group *g, double x) {
+    double sum = x;
+    if (!ok(g, "MPI_Allreduce", MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, g->comm)))
+        return x;
+    return sum;
+}
+
+int comm_max_int(comm_group *g, int x) {
+    int max = x;
+    if (!ok(g, "MPI_Allreduce", MPI_Allreduce(&x, &max, 1, MPI_INT, MPI_MAX, g->comm))) return x;
+    return max;
+}

@@ -1,0 +1,82 @@
+/* Communication on a group of ranks, issued on a backend stream so that it can overlap
+ * with compute. This is the MPI implementation (CPU buffers); NCCL comes later behind the
+ * same functions.
+ *
+ * Rules the callers rely on:
+ * - An op issued on stream s runs in s's order (CPU: on s's worker thread); on NULL it
+ *   runs now on the caller. Every argument is copied when the op is issued, but the
+ *   buffers and the group must stay valid until the op has run (record an event after it
+ *   and wait on that event before touching the buffers or freeing the group).
+ * - Collectives on one group must be issued in the same order on every rank of the group,
+ *   and never run concurrently on one group: keep all collectives of a group on one stream,
+ *   or order the streams with events. Different groups may run concurrently.
+ * - Point-to-point transfers running concurrently between the same two ranks need distinct
+ *   tags (messages with the same peer and tag are matched in issue order per thread only).
+ * - MPI must be initialised with MPI_THREAD_MULTIPLE when streams are used.
+ * - Errors do not abort: the first one is kept per group (comm_error). A failed collective
+ *   may leave other ranks waiting, so callers agree on errors (comm_max_int) at points
+ *   where every rank is known to arrive. */
+#ifndef GPTC_COMM_H
+#define GPTC_COMM_H
+
+#include <mpi.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "engine/backend.h"
+#include "parallel/grid.h"
+
+/* Tagged, so that other headers can forward-declare it as struct comm_group. */
+typedef struct comm_group {
+    MPI_Comm comm;
+    int size, rank;         /* within the group */
+    char name[8];           /* "world", "tp", "pp", "dp" */
+    const gptc_backend *be; /* whose streams the ops are issued on */
+    atomic_int err_state;   /* 0: no error, 1: being written, 2: err holds the first one */
+    char err[MPI_MAX_ERROR_STRING + 64];
+} comm_group;
+
+/* A private duplicate of MPI_COMM_WORLD. 0 on success; -1 with comm_error(g) set. */
+int comm_world(comm_group *g, const gptc_backend *be);
+/* The groups of the process grid (Megatron order): tp = ranks with the same
+ * (pp_rank, dp_rank); dp = same (pp_rank, tp_rank); pp = same (tp_rank, dp_rank). Group
+ * rank = the rank's coordinate along that dimension. Collective over MPI_COMM_WORLD;
+ * gr must describe this process in a world of the MPI world's size. */
+int comm_grid_groups(const grid *gr, const gptc_backend *be, comm_group *tp, comm_group *pp,
+                     comm_group *dp, char *err, size_t errlen);
+/* Collective over the group; the ops issued on it must have run. */
+void comm_group_free(comm_group *g);
+
+/* In place: buf[n] on every rank becomes the elementwise sum (max) over the group. */
+void comm_allreduce_sum(comm_group *g, float *buf, size_t n, gptc_stream *s);
+void comm_allreduce_max(comm_group *g, float *buf, size_t n, gptc_stream *s);
+/* send[size * n] -> recv[n] = this rank's block of the sum. In place when
+ * recv == send + rank * n; the other blocks of send then hold unspecified values. */
+void comm_reduce_scatter_sum(comm_group *g, const float *send, float *recv, size_t n,
+                             gptc_stream *s);
+/* send[n] -> recv[size * n], block r from group rank r. In place when
+ * send == recv + rank * n. */
+void comm_allgather(comm_group *g, const float *send, float *recv, size_t n, gptc_stream *s);
+void comm_broadcast(comm_group *g, void *buf, size_t bytes, int root, gptc_stream *s);
+/* peer is a group rank */
+void comm_send(comm_group *g, const void *buf, size_t bytes, int peer, int tag, gptc_stream *s);
+void comm_recv(comm_group *g, void *buf, size_t bytes, int peer, int tag, gptc_stream *s);
+/* Send to dst and receive from src at once, so that ranks exchanging in a ring or in pairs
+ * cannot deadlock. */
+void comm_sendrecv(comm_group *g, const void *sendbuf, size_t send_bytes, int dst,
+                   void *recvbuf, size_t recv_bytes, int src, int tag, gptc_stream *s);
+
+/* Host-side and synchronous (losses, norms, agreeing on errors). On error they return x. */
+double comm_sum_double(comm_group *g, double x);
+int comm_max_int(comm_group *g, int x);
+
+/* The first error any op on g met, e.g. "rank 3: MPI_Allreduce on dp: <MPI's message>";
+ * NULL when none. */
+const char *comm_error(const comm_group *g);
+
+/* Tests only: split every MPI call into pieces of at most max_count elements (0 restores
+ * INT_MAX), so the path for counts above INT_MAX runs on small buffers. Call it while no
+ * op is in flight. */
+void comm_set_max_count_for_testing(size_t max_count);
+
+#endif

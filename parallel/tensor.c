@@ -1,0 +1,55 @@
+#include "parallel/tensor.h"
+
+#include "parallel/comm.h"
+
+void tp_shard_shape(shard_kind k, long rows, long cols, long padded_rows, int tp,
+                    long *local_rows, long *local_cols) {
+    *local_rows = rows;
+    *local_cols = cols;
+    if (k == SHARD_ROWS) *local_rows = (padded_rows > rows ? padded_rows : rows) / tp;
+    else if (k == SHARD_COLS || k == SHARD_QKV_COLS) *local_cols = cols / tp;
+}
+
+int tp_shard_blocks(shard_kind k, long rows, long cols, long padded_rows, int tp, int rank,
+                    shard_block blocks[3]) {
+    long lr, lc;
+    tp_shard_shape(k, rows, cols, padded_rows, tp, &lr, &lc);
+    if (k == SHARD_QKV_COLS) {
+        long third = cols / 3, w = lc / 3;
+        for (int b = 0; b < 3; b++)
+            blocks[b] = (shard_block){{0, b * third + rank * w}, {rows, w}, b * w};
+        return 3;
+    }
+    shard_block b = {{0, 0}, {rows, cols}, 0};
+    if (k == SHARD_ROWS) {
+        long first = rank * lr, real = rows - first;
+        if (real <= 0) return 0;
+        b.start[0] = first;
+        b.count[0] = real < lr ? real : lr;
+    } else if (k == SHARD_COLS) {
+        b.start[1] = rank * lc;
+        b.count[1] = lc;
+    }
+    blocks[0] = b;
+    return 1;
+}
+
+long tp_global_index(shard_kind k, long rows, long cols, long local_rows, long local_cols,
+                     int rank, long i, long j) {
+    long gi = i, gj = j;
+    if (k == SHARD_ROWS) gi = rank * local_rows + i;
+    else if (k == SHARD_COLS) gj = rank * local_cols + j;
+    else if (k == SHARD_QKV_COLS) {
+        long w = local_cols / 3, block = j / w;
+        gj = block * (cols / 3) + rank * w + j % w;
+    }
+    return gi < rows ? gi * cols + gj : -1;
+}
+
+void tp_allreduce_sum(tp_context *tp, float *buf, size_t n, gptc_stream *s) {
+    if (tp->size > 1) comm_allreduce_sum(tp->group, buf, n, s);
+}
+
+void tp_allreduce_max(tp_context *tp, float *buf, size_t n, gptc_stream *s) {
+    if (tp->size > 1) comm_allreduce_max(tp->group, buf, n, s);
+}

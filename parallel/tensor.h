@@ -1,0 +1,59 @@
+/* Tensor parallelism (Megatron style): which slice of each weight a TP rank holds, and
+ * the collectives the layers call between their ops.
+ *
+ *   c_attn   column-parallel: this rank's heads, i.e. q, k and v column blocks
+ *   c_fc     column-parallel: a block of the 4C hidden columns
+ *   c_proj   row-parallel (attention and MLP): the matching rows; outputs are partial
+ *            sums, all-reduced over the TP group; the bias is added once (TP rank 0)
+ *   wte      vocab-parallel: a block of rows of the padded vocabulary, used by the
+ *            embedding (all-reduced) and the LM head (vocab-parallel cross-entropy)
+ *   others   replicated (LayerNorms, wpe, row-parallel biases)
+ * Every collective here is a no-op on a group of one, so the single-rank model runs
+ * the same code. */
+#ifndef GPTC_TENSOR_H
+#define GPTC_TENSOR_H
+
+#include <stddef.h>
+
+#include "engine/backend.h"
+
+typedef struct comm_group comm_group;
+
+typedef enum {
+    SHARD_NONE,     /* replicated on every TP rank */
+    SHARD_ROWS,     /* contiguous block of rows (dim 0) */
+    SHARD_COLS,     /* contiguous block of columns (the last dim) */
+    SHARD_QKV_COLS  /* the same block of columns in each of 3 equal column blocks */
+} shard_kind;
+
+typedef struct {
+    int size, rank;
+    comm_group *group; /* NULL when size == 1 */
+} tp_context;
+
+/* One contiguous hyperslab of the unsharded tensor that lands in this rank's shard:
+ * global [start, start+count) for each of the tensor's dims (a 1-D tensor uses index 1
+ * for its only dim, index 0 is then start 0 count 1), at column local_col of the shard. */
+typedef struct {
+    long start[2], count[2];
+    long local_col;
+} shard_block;
+
+/* Shard shape [rows, cols] of an unsharded [rows, cols] tensor (1-D: rows = 1).
+ * padded_rows > rows allows a row split of a padded tensor (wte over the padded vocab). */
+void tp_shard_shape(shard_kind k, long rows, long cols, long padded_rows, int tp,
+                    long *local_rows, long *local_cols);
+/* The hyperslabs of the unsharded tensor this rank holds; returns how many (1 or 3, or
+ * 0 when a row shard lies wholly in the padding). */
+int tp_shard_blocks(shard_kind k, long rows, long cols, long padded_rows, int tp, int rank,
+                    shard_block blocks[3]);
+/* Index in the unsharded tensor (row-major over [rows, cols]) of local element
+ * (i, j), or -1 for padding. */
+long tp_global_index(shard_kind k, long rows, long cols, long local_rows, long local_cols,
+                     int rank, long i, long j);
+
+/* Sum (or max) over the TP group, in place, on stream s. */
+void tp_allreduce_sum(tp_context *tp, float *buf, size_t n, gptc_stream *s);
+void tp_allreduce_max(tp_context *tp, float *buf, size_t n, gptc_stream *s);
+
+#endif
