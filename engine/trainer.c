@@ -24,6 +24,7 @@
 #include "layers/optimizer.h"
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
 #include "parallel/tensor.h"
 
 enum { ERR_LEN = 1024 };
@@ -35,8 +36,6 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
         snprintf(err, n, "train.device = cuda: this build has no CUDA backend yet (use cpu)");
     else if (strcmp(c->precision, "fp32") != 0)
         snprintf(err, n, "train.precision = %s: the cpu backend trains in fp32 only", c->precision);
-    else if (g->pp > 1)
-        snprintf(err, n, "parallel.pp = %d: pipeline parallelism is not implemented yet", g->pp);
     else if (c->sequence_parallel)
         snprintf(err, n, "parallel.sequence_parallel = true is not implemented yet");
     else if (strcmp(c->dp_shard, "none") != 0)
@@ -115,6 +114,18 @@ static int plan_batch(const gptc_config *c, const grid *g, const gpt_shape *s, b
     return 0;
 }
 
+/* The pipeline split: whole layers per chunk, and a schedule that exists for it. */
+static int plan_pipeline(const gptc_config *c, const grid *g, const gpt_shape *s,
+                         const batch_plan *bp, char *err, size_t n) {
+    int chunks = g->pp * c->virtual_stages;
+    if (s->n_layer % chunks != 0) {
+        snprintf(err, n, "config: model.n_layer = %d is not divisible by parallel.pp * parallel.virtual_stages = %d * %d",
+                 s->n_layer, g->pp, c->virtual_stages);
+        return -1;
+    }
+    return pp_schedule_validate(c->schedule, g->pp, c->virtual_stages, bp->n_micro, err, n);
+}
+
 /* Refuses a save path we could not write at the end of a long run. */
 static int check_save_path(const char *path, char *err, size_t n) {
     char copy[CFG_STR_MAX];
@@ -170,10 +181,11 @@ static void keep_versions(const char *path, long step, int keep, long *kept, int
 typedef struct {
     const gptc_config *c;
     const grid *g;
-    comm_group world, tp, pp, dp;
+    comm_group world, tp, pp, dp, embedding;
     int have_groups;
     tp_context tpc;
     dp_context dpc;
+    pp_context ppc;
     gpt_model model;
     batch_loader *loader;
     FILE *log;
@@ -185,6 +197,7 @@ typedef struct {
 static void run_free(run_state *r) {
     gpt_destroy(&r->model);
     dp_free(&r->dpc);
+    pp_free(&r->ppc);
     if (r->loader) loader_destroy(r->loader);
     if (r->log) fclose(r->log);
     free(r->inputs);
@@ -194,6 +207,7 @@ static void run_free(run_state *r) {
         comm_group_free(&r->tp);
         comm_group_free(&r->pp);
         comm_group_free(&r->dp);
+        comm_group_free(&r->embedding);
         comm_group_free(&r->world);
     }
 }
@@ -218,29 +232,31 @@ static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n)
     return 0;
 }
 
-/* One optimizer step: micro-batches forward and backward, gradient reduction over DP,
- * global norm, clipping and AdamW. Returns the step's mean loss and sets *norm. */
-static double train_step(run_state *r, const batch_plan *bp, long step, long *t, double lr,
+/* One optimizer step: the pipeline schedule's forward and backward passes over the
+ * micro-batches, the tied embedding and DP gradient reductions, global norm, clipping
+ * and AdamW. Returns the step's mean loss and sets *norm. */
+static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
                          const optim_config *oc, double *norm, int *skipped) {
     gpt_model *m = &r->model;
+    const grid *g = r->g;
     double tokens = (double)bp->B * bp->T;
     m->be->zero(m->grads, m->n_params * sizeof(float), m->stream);
-    double loss_sum = 0;
-    for (int k = 0; k < bp->n_micro; k++) {
-        size_t off = (size_t)k * bp->mb * bp->T;
-        loss_sum += gpt_forward(m, r->inputs + off, r->targets + off, (float)(1.0 / tokens));
-        gpt_backward(m);
-    }
+    double loss_sum = pp_run(&r->ppc, m, r->inputs, r->targets, bp->mb, bp->T,
+                             (float)(1.0 / tokens));
+    pp_reduce_tied(&r->ppc, m);
     dp_reduce_gradients(&r->dpc, m->grads, m->stream);
     m->be->synchronize(m->stream);
-    /* every TP rank holds the same losses; DP ranks hold different rows */
-    double loss = (r->g->dp > 1 ? comm_sum_double(&r->dp, loss_sum) : loss_sum) / tokens;
-    double sq = gpt_grad_sum_squares(m);
-    if (r->g->tp > 1) sq = comm_sum_double(&r->tp, sq);
+    /* each number counted once over the world: losses live on the last stage (the same on
+     * every TP rank), gradients are the same on every DP rank after the reduction */
+    double loss = loss_sum * (g->tp_rank == 0), sq = gpt_grad_sum_squares(m) * (g->dp_rank == 0);
+    if (g->world > 1) {
+        loss = comm_sum_double(&r->world, loss);
+        sq = comm_sum_double(&r->world, sq);
+    }
+    loss /= tokens;
     *norm = sqrt(sq);
     *skipped = !isfinite(loss) || !isfinite(*norm);
     if (!*skipped) optim_step(m, oc, *norm, ++*t, lr);
-    (void)step;
     return loss;
 }
 
@@ -270,7 +286,8 @@ int train_run(const gptc_config *c, const grid *g) {
     }
     if (resolve_shape(c, init ? &meta : NULL, &shape, err, sizeof(err)) != 0 ||
         gpt_check_shape(&shape, g->tp, err, sizeof(err)) != 0 ||
-        plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0)
+        plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0 ||
+        plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
         goto fail_config;
     if (c->save[0] && check_save_path(c->save, err, sizeof(err)) != 0) goto fail_config;
     long first = init ? meta.step + 1 : 1;
@@ -293,12 +310,24 @@ int train_run(const gptc_config *c, const grid *g) {
     }
     r.have_groups = 1;
     r.tpc = (tp_context){g->tp, g->tp_rank, g->tp > 1 ? &r.tp : NULL};
+    /* the tied wte: first and last stage of the same (tp, dp) position */
+    int ends = g->pp > 1 && (g->pp_rank == 0 || g->pp_rank == g->pp - 1);
+    if (comm_split(&r.world, &r.embedding, "embed", ends ? g->tp_rank + g->tp * g->dp_rank : -1,
+                   g->pp_rank) != 0) {
+        snprintf(err, sizeof(err), "%s", comm_error(&r.world));
+        goto fail;
+    }
+    if (pp_setup(&r.ppc, c->schedule, g->pp, c->virtual_stages, bp.n_micro, g->pp_rank, &r.pp,
+                 &r.embedding, err, sizeof(err)) != 0)
+        goto fail;
+    gpt_placement place = {g->pp, g->pp_rank, c->virtual_stages, r.ppc.slots};
 
     int rows = bp.B / g->dp, row0 = g->dp_rank * rows;
     r.loader = loader_create(c->data_path, bp.T, bp.B, row0, row0 + rows, shape.vocab_size,
                              c->shuffle, c->seed, err, sizeof(err));
     rc = r.loader ? 0 : -1;
-    if (rc == 0) rc = gpt_create(&r.model, &shape, bp.mb, bp.T, be, &r.tpc, err, sizeof(err));
+    if (rc == 0)
+        rc = gpt_create(&r.model, &shape, bp.mb, bp.T, be, &r.tpc, &place, err, sizeof(err));
     if (agree(&r, rc)) goto fail;
     gpt_model *m = &r.model;
     if (init) {
@@ -349,7 +378,7 @@ int train_run(const gptc_config *c, const grid *g) {
         if (agree(&r, rc)) goto fail;
         double lr = lr_at_step(&oc, step), norm;
         int skipped;
-        double loss = train_step(&r, &bp, step, &t, lr, &oc, &norm, &skipped);
+        double loss = train_step(&r, &bp, &t, lr, &oc, &norm, &skipped);
         if (skipped && !skip_bad) {
             snprintf(err, sizeof(err), "step %ld: loss %g, grad norm %g is not finite (train.nan_policy = stop)",
                      step, loss, norm);

@@ -60,15 +60,28 @@ static void add_layer_tensor(table_builder *tb, int l, const char *what, long d0
     add_tensor(tb, name, d0, d1, init, shard);
 }
 
+static int holds_layer(const gpt_model *m, int l) {
+    for (int c = 0; c < m->n_chunks; c++)
+        if (l >= m->chunks[c].first_layer && l < m->chunks[c].first_layer + m->chunks[c].n_layers)
+            return 1;
+    return 0;
+}
+
+static int has_embedding(const gpt_model *m) { return m->chunks[0].has_embedding; }
+static int has_head(const gpt_model *m) { return m->chunks[m->n_chunks - 1].has_head; }
+
 /* Buffer order = order in which backward completes the gradients. */
 static void build_table(gpt_model *m) {
     const gpt_shape *s = &m->shape;
     long C = s->d_model;
     table_builder tb = {m, 0};
     m->n_tensors = 0;
-    add_tensor(&tb, "ln_f.weight", C, 0, INIT_ONE, SHARD_NONE);
-    add_tensor(&tb, "ln_f.bias", C, 0, INIT_ZERO, SHARD_NONE);
+    if (has_head(m)) {
+        add_tensor(&tb, "ln_f.weight", C, 0, INIT_ONE, SHARD_NONE);
+        add_tensor(&tb, "ln_f.bias", C, 0, INIT_ZERO, SHARD_NONE);
+    }
     for (int l = s->n_layer - 1; l >= 0; l--) {
+        if (!holds_layer(m, l)) continue;
         add_layer_tensor(&tb, l, "mlp.c_proj.weight", 4 * C, C, INIT_RESIDUAL, SHARD_ROWS);
         add_layer_tensor(&tb, l, "mlp.c_proj.bias", C, 0, INIT_ZERO, SHARD_NONE);
         add_layer_tensor(&tb, l, "mlp.c_fc.weight", C, 4 * C, INIT_NORMAL, SHARD_COLS);
@@ -82,17 +95,19 @@ static void build_table(gpt_model *m) {
         add_layer_tensor(&tb, l, "ln_1.weight", C, 0, INIT_ONE, SHARD_NONE);
         add_layer_tensor(&tb, l, "ln_1.bias", C, 0, INIT_ZERO, SHARD_NONE);
     }
-    add_tensor(&tb, "wpe", s->n_ctx, C, INIT_NORMAL, SHARD_NONE);
-    /* wte is split over the padded vocabulary: the LM head reads whole padded rows, and
-     * the padded ones stay zero */
-    param_tensor *wte = &m->tensors[m->n_tensors];
-    add_tensor(&tb, "wte", s->vocab_size, C, INIT_NORMAL, SHARD_ROWS);
-    tb.offset -= wte->numel;
-    wte->padded_rows = s->vocab_padded;
-    tp_shard_shape(SHARD_ROWS, wte->rows, wte->cols, wte->padded_rows, m->tp.size,
-                   &wte->local_rows, &wte->local_cols);
-    wte->numel = (size_t)wte->local_rows * wte->local_cols;
-    tb.offset += wte->numel;
+    if (has_embedding(m)) add_tensor(&tb, "wpe", s->n_ctx, C, INIT_NORMAL, SHARD_NONE);
+    if (has_embedding(m) || has_head(m)) {
+        /* wte is split over the padded vocabulary: the LM head reads whole padded rows,
+         * and the padded ones stay zero. First and last stage each hold a copy (tied). */
+        param_tensor *wte = &m->tensors[m->n_tensors];
+        add_tensor(&tb, "wte", s->vocab_size, C, INIT_NORMAL, SHARD_ROWS);
+        tb.offset -= wte->numel;
+        wte->padded_rows = s->vocab_padded;
+        tp_shard_shape(SHARD_ROWS, wte->rows, wte->cols, wte->padded_rows, m->tp.size,
+                       &wte->local_rows, &wte->local_cols);
+        wte->numel = (size_t)wte->local_rows * wte->local_cols;
+        tb.offset += wte->numel;
+    }
     m->n_params = tb.offset;
 }
 
@@ -103,7 +118,8 @@ const param_tensor *gpt_find_tensor(const gpt_model *m, const char *name) {
 }
 
 static float *view(const gpt_model *m, float *base, const char *name) {
-    return base + gpt_find_tensor(m, name)->offset;
+    const param_tensor *t = gpt_find_tensor(m, name);
+    return t ? base + t->offset : NULL;
 }
 
 static void fill_views(const gpt_model *m, float *base, param_views *v) {
@@ -113,6 +129,7 @@ static void fill_views(const gpt_model *m, float *base, param_views *v) {
     v->lnfw = view(m, base, "ln_f.weight");
     v->lnfb = view(m, base, "ln_f.bias");
     for (int l = 0; l < m->shape.n_layer; l++) {
+        if (!holds_layer(m, l)) continue;
         block_views *b = &v->h[l];
         struct { float **dst; const char *what; } items[] = {
             {&b->ln1w, "ln_1.weight"}, {&b->ln1b, "ln_1.bias"},
@@ -144,49 +161,85 @@ static void *take(arena *a, size_t bytes) {
     return p;
 }
 
+static void layout_layer(layer_acts *la, arena *ar, size_t B, size_t T, size_t C, size_t Cl,
+                         size_t NH) {
+    size_t N = B * T, f = sizeof(float);
+    la->ln1 = take(ar, N * C * f);
+    la->ln1_mean = take(ar, N * f);
+    la->ln1_rstd = take(ar, N * f);
+    la->qkv = take(ar, N * 3 * Cl * f);
+    la->att = take(ar, B * NH * T * T * f);
+    la->atty = take(ar, N * Cl * f);
+    la->res2 = take(ar, N * C * f);
+    la->ln2 = take(ar, N * C * f);
+    la->ln2_mean = take(ar, N * f);
+    la->ln2_rstd = take(ar, N * f);
+    la->fch = take(ar, N * 4 * Cl * f);
+    la->fch_gelu = take(ar, N * 4 * Cl * f);
+    la->res3 = take(ar, N * C * f);
+}
+
 static void layout_acts(gpt_model *m, arena *ar) {
     const gpt_shape *s = &m->shape;
     size_t tp = (size_t)m->tp.size;
     size_t B = m->B, T = m->T, N = B * T, C = s->d_model, Cl = C / tp, NH = s->n_head / tp;
     size_t f = sizeof(float);
-    act_views *a = &m->a;
-    a->encoded = take(ar, N * C * f);
-    for (int l = 0; l < s->n_layer; l++) {
-        layer_acts *la = &a->layer[l];
-        la->ln1 = take(ar, N * C * f);
-        la->ln1_mean = take(ar, N * f);
-        la->ln1_rstd = take(ar, N * f);
-        la->qkv = take(ar, N * 3 * Cl * f);
-        la->att = take(ar, B * NH * T * T * f);
-        la->atty = take(ar, N * Cl * f);
-        la->res2 = take(ar, N * C * f);
-        la->ln2 = take(ar, N * C * f);
-        la->ln2_mean = take(ar, N * f);
-        la->ln2_rstd = take(ar, N * f);
-        la->fch = take(ar, N * 4 * Cl * f);
-        la->fch_gelu = take(ar, N * 4 * Cl * f);
-        la->res3 = take(ar, N * C * f);
+    for (int c = 0; c < m->n_chunks; c++) {
+        chunk_info *ch = &m->chunks[c];
+        for (int k = 0; k < ch->n_slots; k++) {
+            slot_acts *sa = &ch->slots[k];
+            sa->input = take(ar, N * C * f);
+            sa->grad = take(ar, N * C * f);
+            for (int l = 0; l < ch->n_layers; l++) layout_layer(&sa->layer[l], ar, B, T, C, Cl, NH);
+            sa->tokens = take(ar, N * sizeof(int32_t));
+            sa->targets = take(ar, N * sizeof(int32_t));
+            if (!ch->has_head) continue;
+            sa->lnf = take(ar, N * C * f);
+            sa->lnf_mean = take(ar, N * f);
+            sa->lnf_rstd = take(ar, N * f);
+            sa->logits = take(ar, N * (size_t)s->vocab_padded / tp * f);
+            sa->loss_max = take(ar, N * f);
+            sa->loss_stats = take(ar, 2 * N * f);
+            sa->losses = take(ar, N * f);
+        }
     }
-    a->lnf = take(ar, N * C * f);
-    a->lnf_mean = take(ar, N * f);
-    a->lnf_rstd = take(ar, N * f);
-    a->logits = take(ar, N * (size_t)s->vocab_padded / tp * f);
-    a->loss_max = take(ar, N * f);
-    a->loss_stats = take(ar, 2 * N * f);
-    a->losses = take(ar, N * f);
-    a->dres = take(ar, N * C * f);
-    a->dbtc = take(ar, N * C * f);
-    a->dqkv = take(ar, N * 3 * Cl * f);
-    a->datt = take(ar, B * NH * T * T * f);
-    a->dfch = take(ar, N * 4 * Cl * f);
-    a->tokens = take(ar, N * sizeof(int32_t));
-    a->targets = take(ar, N * sizeof(int32_t));
+    scratch_views *x = &m->scratch;
+    x->dbtc = take(ar, N * C * f);
+    x->dqkv = take(ar, N * 3 * Cl * f);
+    x->datt = take(ar, B * NH * T * T * f);
+    x->dfch = take(ar, N * 4 * Cl * f);
+}
+
+/* Chunk c of this rank is pipeline stage c*pp + pp_rank of pp*v equal runs of layers. */
+static int place_chunks(gpt_model *m, const gpt_placement *pl) {
+    int stages = pl->pp * pl->v, per = m->shape.n_layer / stages;
+    m->n_chunks = pl->v;
+    m->chunks = calloc((size_t)pl->v, sizeof(chunk_info));
+    if (!m->chunks) return -1;
+    for (int c = 0; c < pl->v; c++) {
+        chunk_info *ch = &m->chunks[c];
+        ch->stage = c * pl->pp + pl->pp_rank;
+        ch->first_layer = ch->stage * per;
+        ch->n_layers = per;
+        ch->has_embedding = ch->stage == 0;
+        ch->has_head = ch->stage == stages - 1;
+        ch->n_slots = pl->slots ? pl->slots[c] : 1;
+        ch->slots = calloc((size_t)ch->n_slots, sizeof(slot_acts));
+        if (!ch->slots) return -1;
+        for (int k = 0; k < ch->n_slots; k++) {
+            ch->slots[k].layer = calloc((size_t)per, sizeof(layer_acts));
+            if (!ch->slots[k].layer) return -1;
+        }
+    }
+    return 0;
 }
 
 int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_backend *be,
-               const tp_context *tp, char *err, size_t errlen) {
+               const tp_context *tp, const gpt_placement *place, char *err, size_t errlen) {
+    static const gpt_placement whole = {1, 0, 1, NULL};
     memset(m, 0, sizeof(*m));
     m->tp = *tp;
+    m->place = place ? *place : whole;
     m->shape = *shape;
     int pad = 128 * tp->size; /* any vocab works with any tp: pad to a multiple of both */
     m->shape.vocab_padded = (shape->vocab_size + pad - 1) / pad * pad;
@@ -194,14 +247,21 @@ int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_ba
     m->B = B;
     m->T = T;
     if (gpt_check_shape(&m->shape, tp->size, err, errlen) != 0) return -1;
+    if (shape->n_layer % (m->place.pp * m->place.v) != 0) {
+        snprintf(err, errlen, "config: model.n_layer = %d is not divisible by parallel.pp * parallel.virtual_stages = %d * %d",
+                 shape->n_layer, m->place.pp, m->place.v);
+        return -1;
+    }
 
-    m->tensors = calloc((size_t)12 * shape->n_layer + 4, sizeof(param_tensor));
+    m->tensors = calloc((size_t)12 * shape->n_layer + 5, sizeof(param_tensor));
     m->p.h = calloc((size_t)shape->n_layer, sizeof(block_views));
     m->g.h = calloc((size_t)shape->n_layer, sizeof(block_views));
-    m->a.layer = calloc((size_t)shape->n_layer, sizeof(layer_acts));
     m->host_losses = calloc((size_t)B * T, sizeof(float));
-    if (!m->tensors || !m->p.h || !m->g.h || !m->a.layer || !m->host_losses) goto oom;
+    if (!m->tensors || !m->p.h || !m->g.h || !m->host_losses || place_chunks(m, &m->place) != 0)
+        goto oom;
     build_table(m);
+    /* with several stages the last one holds a second wte, tied to the first stage's */
+    m->tied_copy = has_head(m) && !has_embedding(m);
 
     size_t bytes = m->n_params * sizeof(float);
     m->params = be->alloc(bytes);
@@ -237,7 +297,12 @@ void gpt_destroy(gpt_model *m) {
     free(m->tensors);
     free(m->p.h);
     free(m->g.h);
-    free(m->a.layer);
+    for (int c = 0; m->chunks && c < m->n_chunks; c++) {
+        for (int k = 0; m->chunks[c].slots && k < m->chunks[c].n_slots; k++)
+            free(m->chunks[c].slots[k].layer);
+        free(m->chunks[c].slots);
+    }
+    free(m->chunks);
     free(m->host_losses);
     memset(m, 0, sizeof(*m));
 }
@@ -284,12 +349,11 @@ static dims model_dims(const gpt_model *m) {
     return d;
 }
 
-static void block_forward(gpt_model *m, int l, const float *x, const dims *d) {
+static void block_forward(gpt_model *m, layer_acts *la, int l, const float *x, const dims *d) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
-    layer_acts *la = &m->a.layer[l];
     block_views *w = &m->p.h[l];
-    float *tmp = m->a.dbtc; /* [N,C] partial sums of the row-parallel projections */
+    float *tmp = m->scratch.dbtc; /* [N,C] partial sums of the row-parallel projections */
     int first = m->tp.rank == 0; /* adds the replicated bias of a row-parallel layer once */
     int N = d->N, C = d->C;
     be->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, N, C, s);
@@ -307,88 +371,129 @@ static void block_forward(gpt_model *m, int l, const float *x, const dims *d) {
 }
 
 /* dres holds the gradient of the layer's output; on return, of its input x. */
-static void block_backward(gpt_model *m, int l, const float *x, const dims *d) {
+static void block_backward(gpt_model *m, layer_acts *la, int l, float *dres, const float *x,
+                           const dims *d) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
-    act_views *a = &m->a;
-    layer_acts *la = &a->layer[l];
+    scratch_views *a = &m->scratch;
     block_views *w = &m->p.h[l], *dw = &m->g.h[l];
     int N = d->N, C = d->C;
     /* MLP branch; the c_fc input gradient is partial per TP rank until all-reduced */
-    be->matmul_backward(a->dfch, dw->fcprojw, dw->fcprojb, a->dres, la->fch_gelu, w->fcprojw,
+    be->matmul_backward(a->dfch, dw->fcprojw, dw->fcprojb, dres, la->fch_gelu, w->fcprojw,
                         N, d->Fl, C, 0, s);
     be->gelu_backward(a->dfch, la->fch, a->dfch, (size_t)N * d->Fl, s);
     be->matmul_backward(a->dbtc, dw->fcw, dw->fcb, a->dfch, la->ln2, w->fcw, N, C, d->Fl, 0, s);
     tp_allreduce_sum(&m->tp, a->dbtc, (size_t)N * C, s);
-    be->layernorm_backward(a->dres, dw->ln2w, dw->ln2b, a->dbtc, la->res2, w->ln2w, la->ln2_mean,
+    be->layernorm_backward(dres, dw->ln2w, dw->ln2b, a->dbtc, la->res2, w->ln2w, la->ln2_mean,
                            la->ln2_rstd, N, C, s);
     /* attention branch: dbtc first holds d(atty) [N,Cl], then d(ln1) [N,C] */
-    be->matmul_backward(a->dbtc, dw->attprojw, dw->attprojb, a->dres, la->atty, w->attprojw,
+    be->matmul_backward(a->dbtc, dw->attprojw, dw->attprojb, dres, la->atty, w->attprojw,
                         N, d->Cl, C, 0, s);
     be->attention_backward(a->dqkv, a->datt, a->dbtc, la->qkv, la->att, d->B, d->T, d->Cl,
                            d->NHl, s);
     be->matmul_backward(a->dbtc, dw->qkvw, dw->qkvb, a->dqkv, la->ln1, w->qkvw, N, C,
                         3 * d->Cl, 0, s);
     tp_allreduce_sum(&m->tp, a->dbtc, (size_t)N * C, s);
-    be->layernorm_backward(a->dres, dw->ln1w, dw->ln1b, a->dbtc, x, w->ln1w, la->ln1_mean,
+    be->layernorm_backward(dres, dw->ln1w, dw->ln1b, a->dbtc, x, w->ln1w, la->ln1_mean,
                            la->ln1_rstd, N, C, s);
 }
 
-double gpt_forward(gpt_model *m, const int32_t *tokens, const int32_t *targets, float dloss) {
+static slot_acts *slot_of(gpt_model *m, int c, int micro) {
+    chunk_info *ch = &m->chunks[c];
+    return &ch->slots[micro % ch->n_slots];
+}
+
+float *gpt_chunk_input(gpt_model *m, int c, int micro) { return slot_of(m, c, micro)->input; }
+float *gpt_chunk_grad(gpt_model *m, int c, int micro) { return slot_of(m, c, micro)->grad; }
+float *gpt_chunk_output(gpt_model *m, int c, int micro) {
+    slot_acts *sa = slot_of(m, c, micro);
+    return sa->layer[m->chunks[c].n_layers - 1].res3;
+}
+
+/* The last stage: ln_f, the tied LM head and the vocab-parallel cross-entropy, which
+ * never puts the full logits on any rank. */
+static double head_forward(gpt_model *m, slot_acts *sa, const float *x, const dims *d,
+                           float dloss) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
-    dims d = model_dims(m);
-    act_views *a = &m->a;
     param_views *p = &m->p;
-    int N = d.N, C = d.C;
-
-    be->copy_from_host(a->tokens, tokens, (size_t)N * sizeof(int32_t), s);
-    be->copy_from_host(a->targets, targets, (size_t)N * sizeof(int32_t), s);
-    /* vocab-parallel embedding: each rank adds the rows it holds (wpe once), then sum */
-    be->embedding_forward(a->encoded, a->tokens, p->wte, m->tp.rank == 0 ? p->wpe : NULL, N,
-                          d.T, C, d.v_start, d.Vl, s);
-    tp_allreduce_sum(&m->tp, a->encoded, (size_t)N * C, s);
-    const float *x = a->encoded; /* [N,C] the residual stream entering layer l */
-    for (int l = 0; l < m->shape.n_layer; l++) {
-        block_forward(m, l, x, &d);
-        x = a->layer[l].res3;
-    }
-    be->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, p->lnfw, p->lnfb, N, C, s);
-    /* vocab-parallel cross-entropy: no rank ever holds the full logits */
-    be->matmul_forward(a->logits, a->lnf, p->wte, NULL, N, C, d.Vl, 1, s);
-    be->vocab_max(a->loss_max, a->logits, N, d.Vl, d.v_valid, s);
-    tp_allreduce_max(&m->tp, a->loss_max, (size_t)N, s);
-    be->vocab_expsum(a->loss_stats, a->logits, a->loss_max, a->targets, N, d.Vl, d.v_valid,
-                     d.v_start, s);
-    tp_allreduce_sum(&m->tp, a->loss_stats, 2 * (size_t)N, s);
-    be->vocab_ce_finish(a->losses, a->logits, a->loss_stats, a->targets, N, d.Vl, d.v_valid,
-                        d.v_start, dloss, s);
-
-    be->copy_to_host(m->host_losses, a->losses, (size_t)N * sizeof(float), s);
+    int N = d->N, C = d->C;
+    be->layernorm_forward(sa->lnf, sa->lnf_mean, sa->lnf_rstd, x, p->lnfw, p->lnfb, N, C, s);
+    be->matmul_forward(sa->logits, sa->lnf, p->wte, NULL, N, C, d->Vl, 1, s);
+    be->vocab_max(sa->loss_max, sa->logits, N, d->Vl, d->v_valid, s);
+    tp_allreduce_max(&m->tp, sa->loss_max, (size_t)N, s);
+    be->vocab_expsum(sa->loss_stats, sa->logits, sa->loss_max, sa->targets, N, d->Vl, d->v_valid,
+                     d->v_start, s);
+    tp_allreduce_sum(&m->tp, sa->loss_stats, 2 * (size_t)N, s);
+    be->vocab_ce_finish(sa->losses, sa->logits, sa->loss_stats, sa->targets, N, d->Vl,
+                        d->v_valid, d->v_start, dloss, s);
+    be->copy_to_host(m->host_losses, sa->losses, (size_t)N * sizeof(float), s);
     be->synchronize(s);
     double sum = 0.0;
     for (int n = 0; n < N; n++) sum += m->host_losses[n];
     return sum;
 }
 
-void gpt_backward(gpt_model *m) {
+/* dres = gradient of the head's input x */
+static void head_backward(gpt_model *m, slot_acts *sa, float *dres, const float *x, const dims *d) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
-    dims d = model_dims(m);
-    act_views *a = &m->a;
     param_views *p = &m->p, *g = &m->g;
-    int N = d.N, C = d.C, L = m->shape.n_layer;
-
+    int N = d->N, C = d->C;
+    float *dlnf = m->scratch.dbtc;
     /* logits already hold dlogits (fused into the loss) */
-    be->matmul_backward(a->dbtc, g->wte, NULL, a->logits, a->lnf, p->wte, N, C, d.Vl, 1, s);
-    tp_allreduce_sum(&m->tp, a->dbtc, (size_t)N * C, s);
-    be->zero(a->dres, (size_t)N * C * sizeof(float), s);
-    be->layernorm_backward(a->dres, g->lnfw, g->lnfb, a->dbtc, a->layer[L - 1].res3, p->lnfw,
-                           a->lnf_mean, a->lnf_rstd, N, C, s);
-    /* dres is the gradient of the residual stream; each branch adds into it */
-    for (int l = L - 1; l >= 0; l--)
-        block_backward(m, l, l == 0 ? a->encoded : a->layer[l - 1].res3, &d);
-    be->embedding_backward(g->wte, g->wpe, a->dres, a->tokens, N, d.T, C, d.v_start, d.Vl, s);
+    be->matmul_backward(dlnf, g->wte, NULL, sa->logits, sa->lnf, p->wte, N, C, d->Vl, 1, s);
+    tp_allreduce_sum(&m->tp, dlnf, (size_t)N * C, s);
+    be->zero(dres, (size_t)N * C * sizeof(float), s);
+    be->layernorm_backward(dres, g->lnfw, g->lnfb, dlnf, x, p->lnfw, sa->lnf_mean, sa->lnf_rstd,
+                           N, C, s);
+}
+
+double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
+                         const int32_t *targets, float dloss) {
+    const gptc_backend *be = m->be;
+    gptc_stream *s = m->stream;
+    chunk_info *ch = &m->chunks[c];
+    slot_acts *sa = slot_of(m, c, micro);
+    dims d = model_dims(m);
+    size_t N = (size_t)d.N;
+    if (ch->has_embedding) {
+        /* vocab-parallel embedding: each rank adds the rows it holds (wpe once), then sum */
+        be->copy_from_host(sa->tokens, tokens, N * sizeof(int32_t), s);
+        be->embedding_forward(sa->input, sa->tokens, m->p.wte, m->tp.rank == 0 ? m->p.wpe : NULL,
+                              d.N, d.T, d.C, d.v_start, d.Vl, s);
+        tp_allreduce_sum(&m->tp, sa->input, N * d.C, s);
+    }
+    const float *x = sa->input; /* [N,C] the residual stream entering each layer */
+    for (int i = 0; i < ch->n_layers; i++) {
+        block_forward(m, &sa->layer[i], ch->first_layer + i, x, &d);
+        x = sa->layer[i].res3;
+    }
+    if (!ch->has_head) return 0.0;
+    be->copy_from_host(sa->targets, targets, N * sizeof(int32_t), s);
+    return head_forward(m, sa, x, &d, dloss);
+}
+
+void gpt_chunk_backward(gpt_model *m, int c, int micro) {
+    chunk_info *ch = &m->chunks[c];
+    slot_acts *sa = slot_of(m, c, micro);
+    dims d = model_dims(m);
+    float *dres = sa->grad; /* gradient of the residual stream; each branch adds into it */
+    int last = ch->n_layers - 1;
+    if (ch->has_head) head_backward(m, sa, dres, sa->layer[last].res3, &d);
+    for (int i = last; i >= 0; i--)
+        block_backward(m, &sa->layer[i], ch->first_layer + i, dres,
+                       i == 0 ? sa->input : sa->layer[i - 1].res3, &d);
+    if (ch->has_embedding)
+        m->be->embedding_backward(m->g.wte, m->g.wpe, dres, sa->tokens, d.N, d.T, d.C, d.v_start,
+                                  d.Vl, m->stream);
+}
+
+double gpt_forward_backward(gpt_model *m, const int32_t *tokens, const int32_t *targets,
+                            float dloss) {
+    double loss = gpt_chunk_forward(m, 0, 0, tokens, targets, dloss);
+    gpt_chunk_backward(m, 0, 0);
+    return loss;
 }
 
 double gpt_grad_sum_squares(gpt_model *m) {
@@ -396,7 +501,24 @@ double gpt_grad_sum_squares(gpt_model *m) {
     for (int i = 0; i < m->n_tensors; i++) {
         const param_tensor *t = &m->tensors[i];
         if (t->replicated && m->tp.rank != 0) continue;
+        if (m->tied_copy && strcmp(t->name, "wte") == 0) continue;
         sum += m->be->sum_squares(m->grads + t->offset, t->numel, m->stream);
     }
     return sum;
+}
+
+param_tensor *gpt_full_table(const gpt_shape *shape, int *n_out) {
+    gpt_model m;
+    char err[256];
+    memset(&m, 0, sizeof(m));
+    m.shape = *shape;
+    m.tp = (tp_context){1, 0, NULL};
+    m.tensors = calloc((size_t)12 * shape->n_layer + 5, sizeof(param_tensor));
+    chunk_info whole = {0, 0, shape->n_layer, 1, 1, 0, NULL};
+    m.chunks = &whole;
+    m.n_chunks = 1;
+    (void)err;
+    if (m.tensors) build_table(&m);
+    *n_out = m.n_tensors;
+    return m.tensors;
 }

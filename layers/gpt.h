@@ -71,66 +71,110 @@ typedef struct {
     float *res3;              /* [N,C] residual after the MLP: the layer's output */
 } layer_acts;
 
+/* Activations of one micro-batch in flight through one model chunk (a run of layers).
+ * A chunk holds several of these when the pipeline schedule keeps several micro-batches
+ * in flight. */
 typedef struct {
-    float *encoded;             /* [N,C] token + position embeddings */
-    layer_acts *layer;          /* [n_layer] */
+    float *input;               /* [N,C] the chunk's input: embeddings, or received */
+    float *grad;                /* [N,C] gradient of the chunk's output; backward turns it
+                                 * into the gradient of the input, in place */
+    layer_acts *layer;          /* [layers of the chunk] */
+    int32_t *tokens, *targets;  /* [N], [N] on the device (first / last stage) */
+    /* last stage only */
     float *lnf;                 /* [N,C] */
     float *lnf_mean, *lnf_rstd; /* [N], [N] */
     float *logits;              /* [N,Vp/tp], overwritten by dlogits in the loss */
     float *loss_max;            /* [N] row max of the logits over the whole vocab */
     float *loss_stats;          /* [2,N] sum of exp(logit - max) | target logit - max */
     float *losses;              /* [N] per-position loss */
-    /* backward scratch, reused by every layer */
-    float *dres;                /* [N,C] gradient of the residual stream */
-    float *dbtc;                /* [N,C] */
+} slot_acts;
+
+/* A chunk: layers [first_layer, first_layer + n_layers) of the model, pipeline stage
+ * `stage` of pp * virtual_stages. */
+typedef struct {
+    int stage, first_layer, n_layers;
+    int has_embedding, has_head; /* first and last stage */
+    int n_slots;                 /* micro-batches it can hold in flight */
+    slot_acts *slots;            /* [n_slots] */
+} chunk_info;
+
+/* Scratch shared by every backward (one runs at a time). */
+typedef struct {
+    float *dbtc;                /* [N,C]; also the forward's row-parallel partial sums */
     float *dqkv;                /* [N,3Cl] */
     float *datt;                /* [B,NHl,T,T] */
     float *dfch;                /* [N,4Cl] */
-    int32_t *tokens, *targets;  /* [N], [N] on the device */
-} act_views;
+} scratch_views;
+
+/* Which part of the model this rank holds. */
+typedef struct {
+    int pp, pp_rank, v;         /* pipeline stages, this rank's stage, chunks per rank */
+    const int *slots;           /* [v] micro-batches in flight per chunk; NULL: 1 each */
+} gpt_placement;
 
 typedef struct {
     gpt_shape shape;
     const gptc_backend *be;
     gptc_stream *stream;
     tp_context tp;
+    gpt_placement place;
 
     int n_tensors;
-    param_tensor *tensors;      /* [n_tensors] in buffer order */
+    param_tensor *tensors;      /* [n_tensors] this rank's tensors, in buffer order */
     size_t n_params;            /* floats in each of params, grads, m, v */
     float *params, *grads;      /* [n_params] each */
     float *opt_m, *opt_v;       /* [n_params] each, views of one allocation */
-    param_views p, g;           /* views into params and grads */
+    param_views p, g;           /* views into params and grads (NULL where not held) */
+    int tied_copy;              /* this rank's wte is the last stage's copy of the first's */
 
-    int B, T;                   /* micro-batch rows and sequence length of acts */
+    int B, T;                   /* micro-batch rows and sequence length */
+    int n_chunks;
+    chunk_info *chunks;         /* [n_chunks] in local chunk order */
+    scratch_views scratch;
     float *act_memory;
     size_t act_floats;
-    act_views a;
     float *host_losses;         /* [B*T] host copy of the losses */
 } gpt_model;
 
 /* Checks a model shape for tp ranks; returns 0 or -1 with a one-line error naming the key. */
 int gpt_check_shape(const gpt_shape *s, int tp, char *err, size_t errlen);
 /* Allocates this rank's parameters, gradients, optimizer state and activations for
- * micro-batches of B rows of T tokens. Parameters start at zero; call gpt_init_random or
- * load them. */
+ * micro-batches of B rows of T tokens; place says which chunks of layers it holds (NULL:
+ * the whole model). Parameters start at zero; call gpt_init_random or load them. */
 int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_backend *be,
-               const tp_context *tp, char *err, size_t errlen);
+               const tp_context *tp, const gpt_placement *place, char *err, size_t errlen);
+/* The whole model's tensors with unsharded shapes (for a checkpoint writer that must
+ * name tensors other ranks hold); n_out receives the count. Free with free(). */
+param_tensor *gpt_full_table(const gpt_shape *shape, int *n_out);
 void gpt_destroy(gpt_model *m);
 /* GPT-2 init (DESIGN section 3), a pure function of (seed, name, element index in the
  * unsharded tensor), so every layout draws the same model. */
 void gpt_init_random(gpt_model *m, uint64_t seed);
 const param_tensor *gpt_find_tensor(const gpt_model *m, const char *name);
 
-/* Forward of one micro-batch: tokens and targets are host arrays [B*T]. Computes the
- * per-position losses and, in the same pass, dlogits scaled by dloss (the weight of one
- * position in the global mean). Returns the sum of the micro-batch's losses (the same on
- * every TP rank). */
-double gpt_forward(gpt_model *m, const int32_t *tokens, const int32_t *targets, float dloss);
-/* Backward of the micro-batch last run forward; gradients accumulate (+=). */
-void gpt_backward(gpt_model *m);
+/* Forward of micro-batch `micro` through local chunk c, into activation slot
+ * micro % n_slots. The first stage embeds tokens (host [B*T]); other stages read the
+ * chunk's input buffer, filled by the pipeline. The last stage also computes the losses
+ * and, in the same pass, dlogits scaled by dloss (the weight of one position in the
+ * global mean), and returns the sum of the losses (the same on every TP rank); other
+ * stages return 0. */
+double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
+                         const int32_t *targets, float dloss);
+/* Backward of micro-batch `micro` through chunk c. The last stage starts from its loss;
+ * other stages from the chunk's grad buffer (received). Leaves the input gradient in the
+ * grad buffer; gradients accumulate (+=). */
+void gpt_chunk_backward(gpt_model *m, int c, int micro);
+/* The buffers a pipeline sends and receives for (chunk, micro): [N,C] each. */
+float *gpt_chunk_input(gpt_model *m, int c, int micro);
+float *gpt_chunk_output(gpt_model *m, int c, int micro);
+float *gpt_chunk_grad(gpt_model *m, int c, int micro);
+/* Forward and backward of one micro-batch through the whole model on one stage (the
+ * single-stage path and the tests). Returns the sum of the micro-batch's losses. */
+double gpt_forward_backward(gpt_model *m, const int32_t *tokens, const int32_t *targets,
+                            float dloss);
 /* This rank's share of the squared global gradient norm: its shards, plus replicated
- * tensors on TP rank 0 only, so a sum over the TP group counts each parameter once. */
+ * tensors on TP rank 0 only, and the tied wte on the first stage only, so a sum over
+ * the TP and PP groups counts each parameter once. */
 double gpt_grad_sum_squares(gpt_model *m);
 
 #endif

@@ -76,8 +76,10 @@ static size_t pack_tensor(const gpt_model *m, const param_tensor *t, const float
     slab_header h;
     memset(&h, 0, sizeof(h));
     shard_block blocks[3];
-    h.ndim = t->ndim;
-    writer = writer && (!t->replicated || m->tp.rank == 0); /* one copy of replicated tensors */
+    /* one copy of each element: replicated tensors from TP rank 0, wte from the first stage */
+    writer = writer && t && (!t->replicated || m->tp.rank == 0) &&
+             !(m->tied_copy && strcmp(t->name, "wte") == 0);
+    h.ndim = t ? t->ndim : 0;
     h.nb = writer ? tp_shard_blocks(t->shard, t->rows, t->cols, t->padded_rows, m->tp.size,
                                     m->tp.rank, blocks) : 0;
     size_t floats = 0;
@@ -112,15 +114,16 @@ static int write_packed(ckpt_file *f, const char *group, const param_tensor *t, 
     return 0;
 }
 
-/* Gathers every writer's slabs of one tensor on rank 0 of world, which writes them. */
+/* Gathers every writer's slabs of one tensor on rank 0 of world, which writes them.
+ * full names the tensor and its unsharded shape; t is this rank's copy, or NULL. */
 static int gather_and_write(const gpt_model *m, comm_group *world, ckpt_file *f,
-                            const char *group, const param_tensor *t, const float *local,
-                            int writer, char *err, size_t errlen) {
+                            const char *group, const param_tensor *full, const param_tensor *t,
+                            const float *local, int writer, char *err, size_t errlen) {
     char *mine;
     int bytes = (int)pack_tensor(m, t, local, writer, &mine);
     int size = world ? world->size : 1, rank = world ? world->rank : 0, rc = 0;
     if (size == 1) {
-        rc = write_packed(f, group, t, mine, err, errlen);
+        rc = write_packed(f, group, full, mine, err, errlen);
         free(mine);
         return rc;
     }
@@ -142,7 +145,7 @@ static int gather_and_write(const gpt_model *m, comm_group *world, ckpt_file *f,
     MPI_Gatherv(mine, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, world->comm);
     if (rank == 0)
         for (int r = 0; r < size && rc == 0; r++)
-            rc = write_packed(f, group, t, all + displs[r], err, errlen);
+            rc = write_packed(f, group, full, all + displs[r], err, errlen);
     free(mine);
     free(all);
     free(counts);
@@ -156,9 +159,11 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     ckpt_meta meta = {step, s->n_layer, s->n_head, s->d_model, s->n_ctx, s->vocab_size};
     int rank = world ? world->rank : 0;
     float *host = malloc(m->n_params * sizeof(float)); /* [n_params] staging copy */
+    int n_full = 0;
+    param_tensor *full = gpt_full_table(s, &n_full); /* every rank walks all tensors */
     ckpt_file *f = NULL;
-    int rc = host ? 0 : -1;
-    if (!host) snprintf(err, errlen, "%s: out of host memory", path);
+    int rc = host && full ? 0 : -1;
+    if (rc) snprintf(err, errlen, "%s: out of host memory", path);
     if (rc == 0 && rank == 0) {
         f = ckpt_create(path, &meta, err, errlen);
         rc = f ? 0 : -1;
@@ -168,9 +173,10 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     for (int which = 0; which < (with_optim ? 3 : 1) && rc == 0; which++) {
         m->be->copy_to_host(host, device_buffer(m, which), m->n_params * sizeof(float), m->stream);
         m->be->synchronize(m->stream);
-        for (int i = 0; i < m->n_tensors && rc == 0; i++) {
-            rc = gather_and_write(m, world, f, GROUPS[which], &m->tensors[i],
-                                  host + m->tensors[i].offset, writer, err, errlen);
+        for (int i = 0; i < n_full && rc == 0; i++) {
+            const param_tensor *t = gpt_find_tensor(m, full[i].name);
+            rc = gather_and_write(m, world, f, GROUPS[which], &full[i], t,
+                                  t ? host + t->offset : NULL, writer, err, errlen);
             if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
         }
     }
@@ -182,6 +188,7 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
     if (rc != 0 && rank != 0) snprintf(err, errlen, "%s: the writer (rank 0) failed", path);
     free(host);
+    free(full);
     return rc;
 }
 

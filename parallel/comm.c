@@ -94,8 +94,18 @@ int comm_world(comm_group *g, const gptc_backend *be) {
 }
 
 void comm_group_free(comm_group *g) {
-    if (g->comm != MPI_COMM_NULL) ok(g, "MPI_Comm_free", MPI_Comm_free(&g->comm));
+    if (g->comm != MPI_COMM_NULL && g->size > 0) ok(g, "MPI_Comm_free", MPI_Comm_free(&g->comm));
     g->comm = MPI_COMM_NULL;
+}
+
+int comm_split(comm_group *parent, comm_group *out, const char *name, int color, int key) {
+    group_init(out, name, parent->be);
+    MPI_Comm c;
+    if (!ok(parent, "MPI_Comm_split",
+            MPI_Comm_split(parent->comm, color < 0 ? MPI_UNDEFINED : color, key, &c)))
+        return -1;
+    if (c == MPI_COMM_NULL) return 0;
+    return group_adopt(out, c);
 }
 
 /* Splits the group of ranks sharing `color`, ordered by `key`, and checks that it came

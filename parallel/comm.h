@@ -44,6 +44,9 @@ int comm_world(comm_group *g, const gptc_backend *be);
  * gr must describe this process in a world of the MPI world's size. */
 int comm_grid_groups(const grid *gr, const gptc_backend *be, comm_group *tp, comm_group *pp,
                      comm_group *dp, char *err, size_t errlen);
+/* Collective over parent: the ranks passing the same color >= 0 form a group ordered by
+ * key; a rank passing color < 0 joins none (out->size is then 0). */
+int comm_split(comm_group *parent, comm_group *out, const char *name, int color, int key);
 /* Collective over the group; the ops issued on it must have run. */
 void comm_group_free(comm_group *g);
 

@@ -49,7 +49,8 @@ def check(name, args, words, np_ranks=None):
         fail(f"{name}: exit code 0, expected an error")
     if "step " in r.stdout and "/2 | loss" in r.stdout:
         fail(f"{name}: training started before the error")
-    if len(err_lines) != (1 if not np_ranks else len(err_lines)) or not err_lines:
+    # every rank finds the same problem, and rank 0 alone reports it
+    if len(err_lines) != 1:
         fail(f"{name}: expected one error line, got stderr:\n{r.stderr}")
     for w in words:
         if w not in err_lines[0]:
@@ -79,7 +80,16 @@ def main():
     check("world size under mpirun", BASE + ["--parallel.dp=3"], ["world size 2", "parallel.dp"],
           np_ranks=2)
     check("unknown key under mpirun", BASE + ["--train.stpes=3"], ["train.stpes"], np_ranks=2)
-    print(f"PASS: {len(CASES) + 4} bad inputs refused")
+    check("layers do not divide over stages", BASE + ["--model.n_layer=3", "--parallel.pp=2"],
+          ["model.n_layer", "parallel.pp"], np_ranks=2)
+    check("interleaved with micro-batches not a multiple of pp",
+          BASE + ["--model.n_layer=4", "--parallel.pp=2", "--parallel.schedule=interleaved",
+                  "--parallel.virtual_stages=2", "--train.global_batch=6", "--train.micro_batch=2"],
+          ["train.micro_batch", "parallel.pp"], np_ranks=2)
+    check("heads do not divide over tp", BASE + ["--model.n_head=2", "--model.d_model=32",
+                                                 "--parallel.tp=4"],
+          ["model.n_head", "parallel.tp"], np_ranks=4)
+    print(f"PASS: {len(CASES) + 7} bad inputs refused")
 
 
 if __name__ == "__main__":

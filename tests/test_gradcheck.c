@@ -197,7 +197,7 @@ static void test_crossentropy(void) {
 typedef struct { gpt_model *m; int32_t *tok, *tgt; } model_ctx;
 static double model_loss(void *p) {
     model_ctx *c = p;
-    return gpt_forward(c->m, c->tok, c->tgt, 0.0f) / (c->m->B * c->m->T);
+    return gpt_chunk_forward(c->m, 0, 0, c->tok, c->tgt, 0.0f) / (c->m->B * c->m->T);
 }
 static void test_model(void) {
     gpt_shape s = {.n_layer = 2, .n_head = 2, .d_model = 16, .n_ctx = 12, .vocab_size = 37};
@@ -205,7 +205,7 @@ static void test_model(void) {
     gpt_model m;
     char err[256];
     tp_context one = {1, 0, NULL};
-    if (gpt_create(&m, &s, B, T, be, &one, err, sizeof(err)) != 0) {
+    if (gpt_create(&m, &s, B, T, be, &one, NULL, err, sizeof(err)) != 0) {
         printf("FAIL gpt_create: %s\n", err);
         g_failures++;
         return;
@@ -225,8 +225,7 @@ static void test_model(void) {
     }
     model_ctx c = {&m, tok, tgt};
     be->zero(m.grads, m.n_params * sizeof(float), NULL);
-    gpt_forward(&m, tok, tgt, 1.0f / N);
-    gpt_backward(&m);
+    gpt_forward_backward(&m, tok, tgt, 1.0f / N);
     for (int i = 0; i < m.n_tensors; i++) {
         const param_tensor *t = &m.tensors[i];
         size_t real = (size_t)t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);

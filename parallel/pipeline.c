@@ -1,0 +1,118 @@
+/* The executor only walks the list: every decision about order was made, and proved
+ * deadlock-free, when the schedule was built. Sends and receives block (overlap.pp =
+ * none); the list's order makes that safe. */
+#include "parallel/pipeline.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel/comm.h"
+
+enum { TAG_ACT = 1, TAG_GRAD = 2 }; /* one tag per direction: the lists keep each in order */
+
+/* A micro-batch holds a slot of a chunk from the first action that touches its buffers
+ * (receive or forward) to the last (backward or sending the gradient). Starts and ends
+ * both come in micro-batch order, so the live ones are consecutive and micro % slots
+ * never collides; slots = the most live at once. */
+static void count_slots(const pp_list *l, int v, int n_micro, int *slots) {
+    int n = v * n_micro;
+    int *first = malloc(sizeof(int) * (size_t)n), *last = malloc(sizeof(int) * (size_t)n);
+    for (int k = 0; k < n; k++) first[k] = last[k] = -1;
+    for (int i = 0; i < l->n; i++) {
+        int k = l->a[i].chunk * n_micro + l->a[i].micro;
+        if (first[k] < 0) first[k] = i;
+        last[k] = i;
+    }
+    for (int c = 0; c < v; c++) {
+        slots[c] = 1;
+        for (int i = 0; i < l->n; i++) {
+            int live = 0;
+            for (int mi = 0; mi < n_micro; mi++) {
+                int k = c * n_micro + mi;
+                live += first[k] >= 0 && first[k] <= i && i <= last[k];
+            }
+            if (live > slots[c]) slots[c] = live;
+        }
+    }
+    free(first);
+    free(last);
+}
+
+int pp_setup(pp_context *pc, const char *schedule, int pp, int v, int n_micro, int rank,
+             comm_group *group, comm_group *embedding, char *err, size_t errlen) {
+    memset(pc, 0, sizeof(*pc));
+    pc->pp = pp;
+    pc->rank = rank;
+    pc->v = v;
+    pc->n_micro = n_micro;
+    pc->group = pp > 1 ? group : NULL;
+    pc->embedding = embedding && embedding->size > 1 ? embedding : NULL;
+    if (pp_schedule_validate(schedule, pp, v, n_micro, err, errlen) != 0) return -1;
+    pp_list *all = calloc((size_t)pp, sizeof(pp_list)); /* [pp] every rank's list */
+    pc->slots = calloc((size_t)v, sizeof(int));
+    if (!all || !pc->slots) {
+        free(all);
+        snprintf(err, errlen, "out of host memory building the pipeline schedule");
+        return -1;
+    }
+    int rc = 0;
+    for (int r = 0; r < pp && rc == 0; r++)
+        rc = pp_schedule_build(schedule, pp, v, n_micro, r, &all[r], err, errlen);
+    if (rc == 0) rc = pp_schedule_check(pp, v, n_micro, all, err, errlen);
+    if (rc == 0) {
+        pc->list = all[rank];
+        memset(&all[rank], 0, sizeof(pp_list));
+        count_slots(&pc->list, v, n_micro, pc->slots);
+    }
+    for (int r = 0; r < pp; r++) pp_list_free(&all[r]);
+    free(all);
+    return rc;
+}
+
+void pp_free(pp_context *pc) {
+    pp_list_free(&pc->list);
+    free(pc->slots);
+    pc->slots = NULL;
+}
+
+double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t *targets,
+              int mb, int T, float dloss) {
+    size_t bytes = (size_t)mb * T * m->shape.d_model * sizeof(float);
+    double loss = 0.0;
+    for (int i = 0; i < pc->list.n; i++) {
+        const pp_action *a = &pc->list.a[i];
+        size_t rows = (size_t)a->micro * mb * T;
+        switch (a->kind) {
+        case PP_FWD:
+            loss += gpt_chunk_forward(m, a->chunk, a->micro, inputs + rows, targets + rows, dloss);
+            break;
+        case PP_BWD:
+            gpt_chunk_backward(m, a->chunk, a->micro);
+            break;
+        case PP_SEND_ACT:
+            comm_send(pc->group, gpt_chunk_output(m, a->chunk, a->micro), bytes, a->peer, TAG_ACT,
+                      NULL);
+            break;
+        case PP_RECV_ACT:
+            comm_recv(pc->group, gpt_chunk_input(m, a->chunk, a->micro), bytes, a->peer, TAG_ACT,
+                      NULL);
+            break;
+        case PP_SEND_GRAD:
+            comm_send(pc->group, gpt_chunk_grad(m, a->chunk, a->micro), bytes, a->peer, TAG_GRAD,
+                      NULL);
+            break;
+        case PP_RECV_GRAD:
+            comm_recv(pc->group, gpt_chunk_grad(m, a->chunk, a->micro), bytes, a->peer, TAG_GRAD,
+                      NULL);
+            break;
+        }
+    }
+    return loss;
+}
+
+void pp_reduce_tied(pp_context *pc, gpt_model *m) {
+    if (!pc->embedding) return;
+    const param_tensor *wte = gpt_find_tensor(m, "wte");
+    comm_allreduce_sum(pc->embedding, m->grads + wte->offset, wte->numel, NULL);
+}
