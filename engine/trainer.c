@@ -38,8 +38,6 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
         snprintf(err, n, "train.precision = %s: the cpu backend trains in fp32 only", c->precision);
     else if (c->sequence_parallel)
         snprintf(err, n, "parallel.sequence_parallel = true is not implemented yet");
-    else if (strcmp(c->dp_shard, "none") != 0)
-        snprintf(err, n, "overlap.dp_shard = %s is not implemented yet", c->dp_shard);
     else if (strcmp(c->timing, "kernel") == 0)
         snprintf(err, n, "profile.timing = kernel is not implemented yet (use step or off)");
     else if (c->trace[0] || c->report[0])
@@ -145,8 +143,10 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
              (double)(m->n_params - (size_t)(s->vocab_padded - s->vocab_size) * s->d_model) / 1e6);
     log_info("batch: %d rows x %d tokens, %d micro-batch(es) of %d; steps %ld..%ld\n", bp->B, bp->T,
              bp->n_micro, bp->mb, first, last);
-    log_info("memory: parameters+gradients+adam %.1f MiB, activations %.1f MiB\n",
-             4.0 * m->n_params * sizeof(float) / 1048576.0, m->act_floats * sizeof(float) / 1048576.0);
+    log_info("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer state %.1f MiB, "
+             "activations %.1f MiB\n", m->n_params * sizeof(float) / 1048576.0,
+             m->n_params * sizeof(float) / 1048576.0, 2.0 * m->n_opt * sizeof(float) / 1048576.0,
+             m->act_floats * sizeof(float) / 1048576.0);
     log_info("backend: %s, %d OpenMP thread(s), OpenBLAS kernels %s\n", m->be->name,
              omp_get_max_threads(), cpu_blas_corename());
 }
@@ -196,7 +196,6 @@ typedef struct {
 
 static void run_free(run_state *r) {
     gpt_destroy(&r->model);
-    dp_free(&r->dpc);
     pp_free(&r->ppc);
     if (r->loader) loader_destroy(r->loader);
     if (r->log) fclose(r->log);
@@ -221,9 +220,23 @@ static int agree(run_state *r, int rc) {
 
 static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n) {
     const gptc_config *c = r->c;
+    gpt_model *m = &r->model;
     char why[ERR_LEN - 16];
-    int writer = r->g->dp_rank == 0;
-    if (gpt_save(&r->model, &r->world, writer, c->save, step, t > 0, t, why, sizeof(why)) != 0) {
+    int writer = r->g->dp_rank == 0, rc = 0;
+    /* the optimizer state in parameter layout, assembled from the DP shards if sharded */
+    float *opt_m = NULL, *opt_v = NULL;
+    if (t > 0) {
+        opt_m = calloc(m->n_params, sizeof(float));
+        opt_v = calloc(m->n_params, sizeof(float));
+        rc = agree(r, opt_m && opt_v ? 0 : -1);
+        if (rc == 0) dp_gather_state(&r->dpc, m, opt_m, opt_v);
+        else snprintf(why, sizeof(why), "%s: out of host memory for the optimizer state", c->save);
+    }
+    if (rc == 0)
+        rc = gpt_save(m, &r->world, writer, c->save, step, opt_m, opt_v, t, why, sizeof(why));
+    free(opt_m);
+    free(opt_v);
+    if (rc != 0) {
         snprintf(err, n, "train.save %s", why);
         return -1;
     }
@@ -240,15 +253,18 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
     gpt_model *m = &r->model;
     const grid *g = r->g;
     double tokens = (double)bp->B * bp->T;
+    int sharded = r->dpc.sharded, piece = sharded ? g->dp_rank : 0;
     m->be->zero(m->grads, m->n_params * sizeof(float), m->stream);
     double loss_sum = pp_run(&r->ppc, m, r->inputs, r->targets, bp->mb, bp->T,
                              (float)(1.0 / tokens));
     pp_reduce_tied(&r->ppc, m);
-    dp_reduce_gradients(&r->dpc, m->grads, m->stream);
+    dp_reduce_gradients(&r->dpc, m, m->stream);
     m->be->synchronize(m->stream);
     /* each number counted once over the world: losses live on the last stage (the same on
-     * every TP rank), gradients are the same on every DP rank after the reduction */
-    double loss = loss_sum * (g->tp_rank == 0), sq = gpt_grad_sum_squares(m) * (g->dp_rank == 0);
+     * every TP rank); gradients are the same on every DP rank after an all-reduce, and
+     * split into pieces after a reduce-scatter */
+    double loss = loss_sum * (g->tp_rank == 0);
+    double sq = gpt_grad_sum_squares(m, piece) * (sharded || g->dp_rank == 0);
     if (g->world > 1) {
         loss = comm_sum_double(&r->world, loss);
         sq = comm_sum_double(&r->world, sq);
@@ -256,7 +272,10 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
     loss /= tokens;
     *norm = sqrt(sq);
     *skipped = !isfinite(loss) || !isfinite(*norm);
-    if (!*skipped) optim_step(m, oc, *norm, ++*t, lr);
+    if (!*skipped) {
+        optim_step(m, oc, *norm, ++*t, lr, piece);
+        dp_gather_params(&r->dpc, m, m->stream);
+    }
     return loss;
 }
 
@@ -320,7 +339,11 @@ int train_run(const gptc_config *c, const grid *g) {
     if (pp_setup(&r.ppc, c->schedule, g->pp, c->virtual_stages, bp.n_micro, g->pp_rank, &r.pp,
                  &r.embedding, err, sizeof(err)) != 0)
         goto fail;
-    gpt_placement place = {g->pp, g->pp_rank, c->virtual_stages, r.ppc.slots};
+    int sharded = strcmp(c->dp_shard, "optimizer") == 0 && g->dp > 1;
+    gpt_placement place = {g->pp, g->pp_rank, c->virtual_stages, r.ppc.slots,
+                           (size_t)(c->dp_bucket_mb * 1048576.0 / sizeof(float)),
+                           sharded ? g->dp : 1};
+    dp_init(&r.dpc, g->dp, g->dp_rank, sharded, &r.dp);
 
     int rows = bp.B / g->dp, row0 = g->dp_rank * rows;
     r.loader = loader_create(c->data_path, bp.T, bp.B, row0, row0 + rows, shape.vocab_size,
@@ -333,8 +356,13 @@ int train_run(const gptc_config *c, const grid *g) {
     if (init) {
         /* a step-0 checkpoint without /optim is a plain initialisation */
         char why[ERR_LEN - 16];
-        rc = gpt_load(m, init, has_optim, why, sizeof(why));
+        float *opt_m = has_optim ? calloc(m->n_params, sizeof(float)) : NULL; /* [n_params] */
+        float *opt_v = has_optim ? calloc(m->n_params, sizeof(float)) : NULL;
+        rc = !has_optim || (opt_m && opt_v) ? gpt_load(m, init, opt_m, opt_v, why, sizeof(why)) : -1;
         if (rc != 0) snprintf(err, sizeof(err), "train.init %s", why);
+        else if (has_optim) dp_scatter_state(&r.dpc, m, opt_m, opt_v);
+        free(opt_m);
+        free(opt_v);
         ckpt_close(init);
         init = NULL;
         if (agree(&r, rc)) goto fail;
@@ -342,11 +370,7 @@ int train_run(const gptc_config *c, const grid *g) {
         gpt_init_random(m, c->seed);
     }
     long t = has_optim ? optim_t : 0;
-    if (dp_plan(&r.dpc, m, c->dp_bucket_mb, g->dp, g->dp_rank, &r.dp) != 0) {
-        snprintf(err, sizeof(err), "out of host memory planning DP buckets");
-        rc = -1;
-    }
-    if (rc == 0 && c->log_file[0] && g->rank == 0) {
+    if (c->log_file[0] && g->rank == 0) {
         r.log = fopen(c->log_file, first > 1 ? "a" : "w");
         if (!r.log) {
             snprintf(err, sizeof(err), "train.log_file %s: %s", c->log_file, strerror(errno));
@@ -363,8 +387,10 @@ int train_run(const gptc_config *c, const grid *g) {
     if (agree(&r, rc)) goto fail;
 
     print_model(m, &bp, first, c->steps);
-    if (g->dp > 1) log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)\n",
-                            r.dpc.n_buckets, g->dp, c->dp_bucket_mb);
+    if (g->dp > 1)
+        log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)%s\n",
+                 m->n_buckets, g->dp, c->dp_bucket_mb,
+                 sharded ? ", optimizer state sharded (ZeRO-1)" : "");
     optim_config oc = {c->lr, c->min_lr, c->warmup_steps, c->steps,
                        strcmp(c->lr_schedule, "cosine") == 0, c->beta1, c->beta2, c->eps,
                        c->weight_decay, c->grad_clip};

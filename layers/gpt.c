@@ -234,9 +234,41 @@ static int place_chunks(gpt_model *m, const gpt_placement *pl) {
     return 0;
 }
 
+/* Groups the tensors into buckets of about bucket_floats (whole tensors; the first one
+ * at most 1 MiB, so its reduction can start as early as possible) and moves them apart
+ * so that every bucket ends padded to a multiple of `shards`. */
+static int cut_buckets(gpt_model *m, size_t bucket_floats, int shards) {
+    m->buckets = calloc((size_t)m->n_tensors, sizeof(grad_bucket));
+    if (!m->buckets) return -1;
+    size_t cap = bucket_floats ? bucket_floats : (size_t)-1;
+    size_t first_cap = cap < 262144 ? cap : 262144;
+    size_t cur = 0;
+    grad_bucket *b = NULL;
+    for (int i = 0; i < m->n_tensors; i++) {
+        param_tensor *t = &m->tensors[i];
+        size_t limit = m->n_buckets <= 1 ? first_cap : cap;
+        if (!b || (b->count > 0 && b->count + t->numel > limit)) {
+            if (b) {
+                b->count = (b->count + shards - 1) / shards * shards;
+                cur = b->offset + b->count;
+            }
+            b = &m->buckets[m->n_buckets++];
+            b->offset = cur;
+            b->first_tensor = i;
+        }
+        t->offset = b->offset + b->count;
+        b->count += t->numel;
+        b->n_tensors++;
+    }
+    if (b) b->count = (b->count + shards - 1) / shards * shards;
+    m->n_params = b ? b->offset + b->count : 0;
+    m->n_opt = m->n_params / shards;
+    return 0;
+}
+
 int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_backend *be,
                const tp_context *tp, const gpt_placement *place, char *err, size_t errlen) {
-    static const gpt_placement whole = {1, 0, 1, NULL};
+    static const gpt_placement whole = {1, 0, 1, NULL, 0, 1};
     memset(m, 0, sizeof(*m));
     m->tp = *tp;
     m->place = place ? *place : whole;
@@ -260,15 +292,17 @@ int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_ba
     if (!m->tensors || !m->p.h || !m->g.h || !m->host_losses || place_chunks(m, &m->place) != 0)
         goto oom;
     build_table(m);
+    if (cut_buckets(m, m->place.bucket_floats, m->place.shards > 0 ? m->place.shards : 1) != 0)
+        goto oom;
     /* with several stages the last one holds a second wte, tied to the first stage's */
     m->tied_copy = has_head(m) && !has_embedding(m);
 
     size_t bytes = m->n_params * sizeof(float);
     m->params = be->alloc(bytes);
     m->grads = be->alloc(bytes);
-    m->opt_m = be->alloc(2 * bytes);
+    m->opt_m = be->alloc(2 * m->n_opt * sizeof(float));
     if (!m->params || !m->grads || !m->opt_m) goto oom;
-    m->opt_v = m->opt_m + m->n_params;
+    m->opt_v = m->opt_m + m->n_opt;
     fill_views(m, m->params, &m->p);
     fill_views(m, m->grads, &m->g);
 
@@ -303,6 +337,7 @@ void gpt_destroy(gpt_model *m) {
         free(m->chunks[c].slots);
     }
     free(m->chunks);
+    free(m->buckets);
     free(m->host_losses);
     memset(m, 0, sizeof(*m));
 }
@@ -496,13 +531,21 @@ double gpt_forward_backward(gpt_model *m, const int32_t *tokens, const int32_t *
     return loss;
 }
 
-double gpt_grad_sum_squares(gpt_model *m) {
+double gpt_grad_sum_squares(gpt_model *m, int shard_rank) {
+    int shards = m->place.shards > 0 ? m->place.shards : 1;
     double sum = 0.0;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const param_tensor *t = &m->tensors[i];
-        if (t->replicated && m->tp.rank != 0) continue;
-        if (m->tied_copy && strcmp(t->name, "wte") == 0) continue;
-        sum += m->be->sum_squares(m->grads + t->offset, t->numel, m->stream);
+    for (int b = 0; b < m->n_buckets; b++) {
+        const grad_bucket *bk = &m->buckets[b];
+        size_t piece = bk->count / (size_t)shards, a = bk->offset + (size_t)shard_rank * piece;
+        size_t z = a + piece;
+        for (int i = bk->first_tensor; i < bk->first_tensor + bk->n_tensors; i++) {
+            const param_tensor *t = &m->tensors[i];
+            if (t->replicated && m->tp.rank != 0) continue;
+            if (m->tied_copy && strcmp(t->name, "wte") == 0) continue;
+            size_t lo = t->offset > a ? t->offset : a;
+            size_t hi = t->offset + t->numel < z ? t->offset + t->numel : z;
+            if (lo < hi) sum += m->be->sum_squares(m->grads + lo, hi - lo, m->stream);
+        }
     }
     return sum;
 }

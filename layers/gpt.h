@@ -106,11 +106,22 @@ typedef struct {
     float *dfch;                /* [N,4Cl] */
 } scratch_views;
 
-/* Which part of the model this rank holds. */
+/* Which part of the model this rank holds, and how its flat buffers are cut. */
 typedef struct {
     int pp, pp_rank, v;         /* pipeline stages, this rank's stage, chunks per rank */
     const int *slots;           /* [v] micro-batches in flight per chunk; NULL: 1 each */
+    size_t bucket_floats;       /* DP bucket size; 0: one bucket */
+    int shards;                 /* buckets are padded to a multiple of this (the DP size
+                                 * when the optimizer state is sharded, ZeRO-1), and the
+                                 * optimizer state holds 1/shards of each bucket */
 } gpt_placement;
+
+/* A DP bucket: a run of whole tensors of the flat buffers, padded with zeros so that it
+ * splits evenly into `shards` pieces. */
+typedef struct {
+    size_t offset, count;       /* floats; count includes the padding */
+    int first_tensor, n_tensors;
+} grad_bucket;
 
 typedef struct {
     gpt_shape shape;
@@ -123,7 +134,11 @@ typedef struct {
     param_tensor *tensors;      /* [n_tensors] this rank's tensors, in buffer order */
     size_t n_params;            /* floats in each of params, grads, m, v */
     float *params, *grads;      /* [n_params] each */
-    float *opt_m, *opt_v;       /* [n_params] each, views of one allocation */
+    float *opt_m, *opt_v;       /* [n_opt] each, views of one allocation: this rank's
+                                 * shard of every bucket, in bucket order */
+    size_t n_opt;               /* n_params / shards */
+    int n_buckets;
+    grad_bucket *buckets;       /* [n_buckets] in buffer order */
     param_views p, g;           /* views into params and grads (NULL where not held) */
     int tied_copy;              /* this rank's wte is the last stage's copy of the first's */
 
@@ -172,9 +187,10 @@ float *gpt_chunk_grad(gpt_model *m, int c, int micro);
  * single-stage path and the tests). Returns the sum of the micro-batch's losses. */
 double gpt_forward_backward(gpt_model *m, const int32_t *tokens, const int32_t *targets,
                             float dloss);
-/* This rank's share of the squared global gradient norm: its shards, plus replicated
- * tensors on TP rank 0 only, and the tied wte on the first stage only, so a sum over
- * the TP and PP groups counts each parameter once. */
-double gpt_grad_sum_squares(gpt_model *m);
+/* This rank's share of the squared global gradient norm: its TP shards, replicated
+ * tensors on TP rank 0 only, the tied wte on the first stage only, and with sharded
+ * optimizer state only its piece of each bucket, so a sum over the TP, PP (and, when
+ * sharded, DP) groups counts each parameter once. */
+double gpt_grad_sum_squares(gpt_model *m, int shard_rank);
 
 #endif

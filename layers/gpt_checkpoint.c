@@ -11,9 +11,6 @@
 
 static const char *GROUPS[3] = {"model", "optim/m", "optim/v"};
 
-static float *device_buffer(const gpt_model *m, int which) {
-    return which == 0 ? m->params : which == 1 ? m->opt_m : m->opt_v;
-}
 
 /* Copies a packed block [rows, w] to or from its columns [col, col+w) of a shard with
  * local_cols columns. */
@@ -154,7 +151,8 @@ static int gather_and_write(const gpt_model *m, comm_group *world, ckpt_file *f,
 }
 
 int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path, long step,
-             int with_optim, long t, char *err, size_t errlen) {
+             const float *opt_m, const float *opt_v, long t, char *err, size_t errlen) {
+    int with_optim = opt_m && opt_v;
     const gpt_shape *s = &m->shape;
     ckpt_meta meta = {step, s->n_layer, s->n_head, s->d_model, s->n_ctx, s->vocab_size};
     int rank = world ? world->rank : 0;
@@ -171,12 +169,15 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     /* every rank walks the same tensors; the writer (rank 0) stops at its first error */
     if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
     for (int which = 0; which < (with_optim ? 3 : 1) && rc == 0; which++) {
-        m->be->copy_to_host(host, device_buffer(m, which), m->n_params * sizeof(float), m->stream);
-        m->be->synchronize(m->stream);
+        const float *src = which == 1 ? opt_m : which == 2 ? opt_v : host;
+        if (which == 0) {
+            m->be->copy_to_host(host, m->params, m->n_params * sizeof(float), m->stream);
+            m->be->synchronize(m->stream);
+        }
         for (int i = 0; i < n_full && rc == 0; i++) {
             const param_tensor *t = gpt_find_tensor(m, full[i].name);
             rc = gather_and_write(m, world, f, GROUPS[which], &full[i], t,
-                                  t ? host + t->offset : NULL, writer, err, errlen);
+                                  t ? src + t->offset : NULL, writer, err, errlen);
             if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
         }
     }
@@ -192,20 +193,20 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     return rc;
 }
 
-int gpt_load(gpt_model *m, ckpt_file *f, int load_optim, char *err, size_t errlen) {
-    float *host = calloc(m->n_params, sizeof(float)); /* [n_params], padded rows stay 0 */
+int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, char *err, size_t errlen) {
+    float *host = calloc(m->n_params, sizeof(float)); /* [n_params], padding stays 0 */
     if (!host) {
         snprintf(err, errlen, "out of host memory loading a checkpoint");
         return -1;
     }
     int rc = 0;
-    for (int which = 0; which < (load_optim ? 3 : 1) && rc == 0; which++) {
+    for (int which = 0; which < (opt_m && opt_v ? 3 : 1) && rc == 0; which++) {
+        float *dst = which == 1 ? opt_m : which == 2 ? opt_v : host;
         for (int i = 0; i < m->n_tensors && rc == 0; i++)
-            rc = move_tensor(m, &m->tensors[i], f, GROUPS[which], host + m->tensors[i].offset, 1,
+            rc = move_tensor(m, &m->tensors[i], f, GROUPS[which], dst + m->tensors[i].offset, 1,
                              err, errlen);
-        if (rc == 0)
-            m->be->copy_from_host(device_buffer(m, which), host, m->n_params * sizeof(float),
-                                  m->stream);
+        if (rc == 0 && which == 0)
+            m->be->copy_from_host(m->params, host, m->n_params * sizeof(float), m->stream);
     }
     m->be->synchronize(m->stream);
     free(host);

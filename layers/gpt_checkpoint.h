@@ -10,13 +10,14 @@
 
 typedef struct comm_group comm_group;
 
-/* Writes /model and, when with_optim, /optim (m, v, t) for a checkpoint of step.
- * Collective over world (NULL for one rank): each rank with writer set sends its shards
- * (replicated tensors only from TP rank 0), and world rank 0 writes the file. */
+/* Writes /model and, when opt_m and opt_v are given (host, [n_params] each, in the
+ * parameter layout), /optim (m, v, t) for a checkpoint of step. Collective over world
+ * (NULL for one rank): each rank with writer set sends its shards (replicated tensors
+ * only from TP rank 0), and world rank 0 writes the file. */
 int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path, long step,
-             int with_optim, long t, char *err, size_t errlen);
-/* Reads every parameter (and the optimizer moments when load_optim) from an open
- * checkpoint whose meta already matched the model shape. */
-int gpt_load(gpt_model *m, ckpt_file *f, int load_optim, char *err, size_t errlen);
+             const float *opt_m, const float *opt_v, long t, char *err, size_t errlen);
+/* Reads every parameter from an open checkpoint whose meta already matched the model
+ * shape, and the optimizer moments into opt_m, opt_v (host, [n_params]) when given. */
+int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, char *err, size_t errlen);
 
 #endif

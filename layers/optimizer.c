@@ -14,21 +14,47 @@ double lr_at_step(const optim_config *c, long step) {
     return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(PI * progress));
 }
 
-double optim_step(gpt_model *m, const optim_config *c, double grad_norm, long t, double lr) {
+void optim_piece(const gpt_model *m, int b, int shard_rank, size_t *lo, size_t *hi,
+                 size_t *state) {
+    const grad_bucket *bk = &m->buckets[b];
+    int shards = m->place.shards > 0 ? m->place.shards : 1;
+    size_t piece = bk->count / (size_t)shards;
+    *lo = bk->offset + (size_t)shard_rank * piece;
+    *hi = *lo + piece;
+    *state = bk->offset / (size_t)shards; /* the pieces of earlier buckets come first */
+}
+
+/* [lo, hi) of tensor t that falls in [a, b); returns 0 if empty */
+static int overlap(const param_tensor *t, size_t a, size_t b, size_t *lo, size_t *hi) {
+    *lo = t->offset > a ? t->offset : a;
+    *hi = t->offset + t->numel < b ? t->offset + t->numel : b;
+    return *lo < *hi;
+}
+
+double optim_step(gpt_model *m, const optim_config *c, double grad_norm, long t, double lr,
+                  int shard_rank) {
     double coef = 1.0;
     if (c->grad_clip > 0) {
         coef = c->grad_clip / (grad_norm + 1e-6);
-        if (coef < 1.0) m->be->scale(m->grads, (float)coef, m->n_params, m->stream);
-        else coef = 1.0;
+        if (coef > 1.0) coef = 1.0;
     }
     float bc1 = (float)(1.0 - pow(c->beta1, (double)t));
     float bc2 = (float)(1.0 - pow(c->beta2, (double)t));
-    for (int i = 0; i < m->n_tensors; i++) {
-        const param_tensor *p = &m->tensors[i];
-        float decay = p->decay ? (float)c->weight_decay : 0.0f;
-        m->be->adamw(m->params + p->offset, m->grads + p->offset, m->opt_m + p->offset,
-                     m->opt_v + p->offset, p->numel, (float)lr, (float)c->beta1,
-                     (float)c->beta2, (float)c->eps, decay, bc1, bc2, m->stream);
+    for (int b = 0; b < m->n_buckets; b++) {
+        size_t a, z, state;
+        optim_piece(m, b, shard_rank, &a, &z, &state);
+        if (coef < 1.0) m->be->scale(m->grads + a, (float)coef, z - a, m->stream);
+        const grad_bucket *bk = &m->buckets[b];
+        for (int i = bk->first_tensor; i < bk->first_tensor + bk->n_tensors; i++) {
+            const param_tensor *p = &m->tensors[i];
+            size_t lo, hi;
+            if (!overlap(p, a, z, &lo, &hi)) continue;
+            float decay = p->decay ? (float)c->weight_decay : 0.0f;
+            size_t s = state + (lo - a); /* this piece's place in the optimizer state */
+            m->be->adamw(m->params + lo, m->grads + lo, m->opt_m + s, m->opt_v + s, hi - lo,
+                         (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps, decay, bc1,
+                         bc2, m->stream);
+        }
     }
     return coef;
 }

@@ -1,42 +1,61 @@
 #include "parallel/data_parallel.h"
 
-#include <stdlib.h>
-
+#include "layers/optimizer.h"
 #include "parallel/comm.h"
 
-int dp_plan(dp_context *dp, const gpt_model *m, double bucket_mb, int size, int rank,
-            comm_group *group) {
+void dp_init(dp_context *dp, int size, int rank, int sharded, comm_group *group) {
     dp->size = size;
     dp->rank = rank;
+    dp->sharded = sharded && size > 1;
     dp->group = size > 1 ? group : NULL;
-    dp->n_buckets = 0;
-    dp->buckets = calloc((size_t)m->n_tensors, sizeof(dp_bucket));
-    if (!dp->buckets) return -1;
-    size_t cap = (size_t)(bucket_mb * 1048576.0 / sizeof(float));
-    size_t first_cap = cap < 262144 ? cap : 262144; /* 1 MiB of floats */
-    dp_bucket *b = NULL;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const param_tensor *t = &m->tensors[i];
-        size_t limit = dp->n_buckets <= 1 ? first_cap : cap;
-        if (!b || (b->count > 0 && b->count + t->numel > limit)) {
-            b = &dp->buckets[dp->n_buckets++];
-            b->offset = t->offset;
-            b->first_tensor = i;
-        }
-        b->count += t->numel;
-        b->n_tensors++;
-    }
-    return 0;
 }
 
-void dp_free(dp_context *dp) {
-    free(dp->buckets);
-    dp->buckets = NULL;
-    dp->n_buckets = 0;
-}
-
-void dp_reduce_gradients(dp_context *dp, float *grads, gptc_stream *s) {
+void dp_reduce_gradients(dp_context *dp, gpt_model *m, gptc_stream *s) {
     if (!dp->group) return;
-    for (int i = 0; i < dp->n_buckets; i++)
-        comm_allreduce_sum(dp->group, grads + dp->buckets[i].offset, dp->buckets[i].count, s);
+    for (int b = 0; b < m->n_buckets; b++) {
+        const grad_bucket *bk = &m->buckets[b];
+        float *whole = m->grads + bk->offset; /* [count] */
+        if (!dp->sharded) {
+            comm_allreduce_sum(dp->group, whole, bk->count, s);
+            continue;
+        }
+        size_t piece = bk->count / (size_t)dp->size;
+        comm_reduce_scatter_sum(dp->group, whole, whole + (size_t)dp->rank * piece, piece, s);
+    }
+}
+
+void dp_gather_params(dp_context *dp, gpt_model *m, gptc_stream *s) {
+    if (!dp->sharded) return;
+    for (int b = 0; b < m->n_buckets; b++) {
+        const grad_bucket *bk = &m->buckets[b];
+        size_t piece = bk->count / (size_t)dp->size;
+        float *whole = m->params + bk->offset; /* [count] */
+        comm_allgather(dp->group, whole + (size_t)dp->rank * piece, whole, piece, s);
+    }
+}
+
+/* The state of a sharded bucket is gathered on the host: the CPU backend's memory is host
+ * memory (a device backend stages it). */
+void dp_gather_state(dp_context *dp, gpt_model *m, float *m_full, float *v_full) {
+    for (int b = 0; b < m->n_buckets; b++) {
+        const grad_bucket *bk = &m->buckets[b];
+        size_t lo, hi, state;
+        optim_piece(m, b, dp->sharded ? dp->rank : 0, &lo, &hi, &state);
+        if (!dp->sharded) {
+            m->be->copy_to_host(m_full + lo, m->opt_m + state, (hi - lo) * sizeof(float), NULL);
+            m->be->copy_to_host(v_full + lo, m->opt_v + state, (hi - lo) * sizeof(float), NULL);
+            continue;
+        }
+        comm_allgather(dp->group, m->opt_m + state, m_full + bk->offset, hi - lo, NULL);
+        comm_allgather(dp->group, m->opt_v + state, v_full + bk->offset, hi - lo, NULL);
+    }
+}
+
+void dp_scatter_state(dp_context *dp, gpt_model *m, const float *m_full, const float *v_full) {
+    for (int b = 0; b < m->n_buckets; b++) {
+        size_t lo, hi, state;
+        optim_piece(m, b, dp->sharded ? dp->rank : 0, &lo, &hi, &state);
+        m->be->copy_from_host(m->opt_m + state, m_full + lo, (hi - lo) * sizeof(float), NULL);
+        m->be->copy_from_host(m->opt_v + state, v_full + lo, (hi - lo) * sizeof(float), NULL);
+    }
 }

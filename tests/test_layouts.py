@@ -61,6 +61,10 @@ LAYOUTS = [
     ("pp2 interleaved x dp2", 4, ["--parallel.pp=2", "--parallel.dp=2",
                                   "--parallel.schedule=interleaved", "--parallel.virtual_stages=2"]),
     ("tp2 x pp2 x dp2", 8, ["--parallel.tp=2", "--parallel.pp=2", "--parallel.dp=2"]),
+    ("dp2 ZeRO-1", 2, ["--parallel.dp=2", "--overlap.dp_shard=optimizer"]),
+    ("dp4 ZeRO-1, buckets of 0.01 MB", 4, ["--parallel.dp=4", "--overlap.dp_shard=optimizer",
+                                           "--overlap.dp_bucket_mb=0.01"]),
+    ("tp2 x dp2 ZeRO-1", 4, ["--parallel.tp=2", "--parallel.dp=2", "--overlap.dp_shard=optimizer"]),
 ]
 
 
@@ -85,6 +89,15 @@ def main():
     compare("tp2 x pp2 step 2 -> dp2 steps 3-4", ref[2:], second)
     third = train("resume-c", 4, 256, ["--parallel.tp=4", f"--train.init={D}/tp2pp2.step2.h5"])
     compare("tp2 x pp2 step 2 -> tp4 steps 3-4", ref[2:], third)
+    # ZeRO-1 shards the optimizer state over DP: it saves whole and loads into shards
+    z = train("resume-z", 4, 256, ["--parallel.dp=4", "--overlap.dp_shard=optimizer",
+                                    "--train.save_every=2", f"--train.save={D}/zero.h5", "--train.keep=2"])
+    compare("dp4 ZeRO-1 run with checkpoints", ref, z)
+    z2 = train("resume-z2", 2, 256, ["--parallel.dp=2", "--overlap.dp_shard=optimizer",
+                                      f"--train.init={D}/zero.step2.h5"])
+    compare("dp4 ZeRO-1 step 2 -> dp2 ZeRO-1 steps 3-4", ref[2:], z2)
+    z3 = train("resume-z3", 1, 256, [f"--train.init={D}/zero.step2.h5"])
+    compare("dp4 ZeRO-1 step 2 -> one rank steps 3-4", ref[2:], z3)
     # and the final checkpoints of a pipelined and a single-rank run hold the same model
     single = train("single-save", 1, 256, [f"--train.save={D}/single.h5"])
     pp = train("pp4-save", 4, 256, ["--parallel.pp=4", f"--train.save={D}/pp4.h5"])
