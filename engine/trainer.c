@@ -36,8 +36,6 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
         snprintf(err, n, "train.device = cuda: this build has no CUDA backend yet (use cpu)");
     else if (strcmp(c->precision, "fp32") != 0)
         snprintf(err, n, "train.precision = %s: the cpu backend trains in fp32 only", c->precision);
-    else if (c->sequence_parallel)
-        snprintf(err, n, "parallel.sequence_parallel = true is not implemented yet");
     else if (strcmp(c->timing, "kernel") == 0)
         snprintf(err, n, "profile.timing = kernel is not implemented yet (use step or off)");
     else if (c->trace[0] || c->report[0])
@@ -109,6 +107,11 @@ static int plan_batch(const gptc_config *c, const grid *g, const gpt_shape *s, b
         return -1;
     }
     p->n_micro = p->B / (g->dp * p->mb);
+    if (c->sequence_parallel && (p->mb * p->T) % g->tp != 0) {
+        snprintf(err, n, "config: parallel.sequence_parallel splits train.micro_batch * train.seq_len = %d tokens over parallel.tp = %d, which does not divide them",
+                 p->mb * p->T, g->tp);
+        return -1;
+    }
     return 0;
 }
 
@@ -257,6 +260,7 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
     m->be->zero(m->grads, m->n_params * sizeof(float), m->stream);
     double loss_sum = pp_run(&r->ppc, m, r->inputs, r->targets, bp->mb, bp->T,
                              (float)(1.0 / tokens));
+    gpt_sequence_parallel_grads(m);
     pp_reduce_tied(&r->ppc, m);
     dp_reduce_gradients(&r->dpc, m, m->stream);
     m->be->synchronize(m->stream);
@@ -328,7 +332,7 @@ int train_run(const gptc_config *c, const grid *g) {
         goto fail;
     }
     r.have_groups = 1;
-    r.tpc = (tp_context){g->tp, g->tp_rank, g->tp > 1 ? &r.tp : NULL};
+    r.tpc = (tp_context){g->tp, g->tp_rank, g->tp > 1 ? &r.tp : NULL, c->sequence_parallel};
     /* the tied wte: first and last stage of the same (tp, dp) position */
     int ends = g->pp > 1 && (g->pp_rank == 0 || g->pp_rank == g->pp - 1);
     if (comm_split(&r.world, &r.embedding, "embed", ends ? g->tp_rank + g->tp * g->dp_rank : -1,

@@ -161,42 +161,61 @@ static void *take(arena *a, size_t bytes) {
     return p;
 }
 
+/* Local widths under tensor parallelism: this rank's heads and hidden columns. */
+typedef struct {
+    int B, T, N, C, Cl, NHl, Fl, Vl, v_start, v_valid;
+    int Nl, row0; /* this rank's rows of the residual stream (all without SP) */
+} dims;
+
+static dims model_dims(const gpt_model *m) {
+    const gpt_shape *sh = &m->shape;
+    int tp = m->tp.size, N = m->B * m->T, sp = m->tp.sequence_parallel;
+    dims d = {m->B, m->T, N, sh->d_model, sh->d_model / tp, sh->n_head / tp,
+              4 * sh->d_model / tp, sh->vocab_padded / tp, 0, 0,
+              sp ? N / tp : N, sp ? m->tp.rank * (N / tp) : 0};
+    d.v_start = m->tp.rank * d.Vl;
+    d.v_valid = sh->vocab_size - d.v_start;
+    d.v_valid = d.v_valid < 0 ? 0 : d.v_valid > d.Vl ? d.Vl : d.v_valid;
+    return d;
+}
+
 static void layout_layer(layer_acts *la, arena *ar, size_t B, size_t T, size_t C, size_t Cl,
-                         size_t NH) {
+                         size_t NH, size_t Nl) {
     size_t N = B * T, f = sizeof(float);
     la->ln1 = take(ar, N * C * f);
-    la->ln1_mean = take(ar, N * f);
-    la->ln1_rstd = take(ar, N * f);
+    la->ln1_mean = take(ar, Nl * f);
+    la->ln1_rstd = take(ar, Nl * f);
     la->qkv = take(ar, N * 3 * Cl * f);
     la->att = take(ar, B * NH * T * T * f);
     la->atty = take(ar, N * Cl * f);
-    la->res2 = take(ar, N * C * f);
+    la->res2 = take(ar, Nl * C * f);
     la->ln2 = take(ar, N * C * f);
-    la->ln2_mean = take(ar, N * f);
-    la->ln2_rstd = take(ar, N * f);
+    la->ln2_mean = take(ar, Nl * f);
+    la->ln2_rstd = take(ar, Nl * f);
     la->fch = take(ar, N * 4 * Cl * f);
     la->fch_gelu = take(ar, N * 4 * Cl * f);
-    la->res3 = take(ar, N * C * f);
+    la->res3 = take(ar, Nl * C * f);
 }
 
 static void layout_acts(gpt_model *m, arena *ar) {
     const gpt_shape *s = &m->shape;
     size_t tp = (size_t)m->tp.size;
     size_t B = m->B, T = m->T, N = B * T, C = s->d_model, Cl = C / tp, NH = s->n_head / tp;
-    size_t f = sizeof(float);
+    size_t f = sizeof(float), Nl = (size_t)model_dims(m).Nl;
     for (int c = 0; c < m->n_chunks; c++) {
         chunk_info *ch = &m->chunks[c];
         for (int k = 0; k < ch->n_slots; k++) {
             slot_acts *sa = &ch->slots[k];
             sa->input = take(ar, N * C * f);
             sa->grad = take(ar, N * C * f);
-            for (int l = 0; l < ch->n_layers; l++) layout_layer(&sa->layer[l], ar, B, T, C, Cl, NH);
+            for (int l = 0; l < ch->n_layers; l++)
+                layout_layer(&sa->layer[l], ar, B, T, C, Cl, NH, Nl);
             sa->tokens = take(ar, N * sizeof(int32_t));
             sa->targets = take(ar, N * sizeof(int32_t));
             if (!ch->has_head) continue;
             sa->lnf = take(ar, N * C * f);
-            sa->lnf_mean = take(ar, N * f);
-            sa->lnf_rstd = take(ar, N * f);
+            sa->lnf_mean = take(ar, Nl * f);
+            sa->lnf_rstd = take(ar, Nl * f);
             sa->logits = take(ar, N * (size_t)s->vocab_padded / tp * f);
             sa->loss_max = take(ar, N * f);
             sa->loss_stats = take(ar, 2 * N * f);
@@ -368,69 +387,58 @@ void gpt_init_random(gpt_model *m, uint64_t seed) {
 
 /* ------------------------------------------------------------------ forward / backward */
 
-/* Local widths under tensor parallelism: this rank's heads and hidden columns. */
-typedef struct {
-    int B, T, N, C, Cl, NHl, Fl, Vl, v_start, v_valid;
-} dims;
-
-static dims model_dims(const gpt_model *m) {
-    const gpt_shape *sh = &m->shape;
-    int tp = m->tp.size;
-    dims d = {m->B, m->T, m->B * m->T, sh->d_model, sh->d_model / tp, sh->n_head / tp,
-              4 * sh->d_model / tp, sh->vocab_padded / tp, 0, 0};
-    d.v_start = m->tp.rank * d.Vl;
-    d.v_valid = sh->vocab_size - d.v_start;
-    d.v_valid = d.v_valid < 0 ? 0 : d.v_valid > d.Vl ? d.Vl : d.v_valid;
-    return d;
-}
-
+/* x [Nl,C]: this rank's rows of the residual stream entering layer l. */
 static void block_forward(gpt_model *m, layer_acts *la, int l, const float *x, const dims *d) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     block_views *w = &m->p.h[l];
     float *tmp = m->scratch.dbtc; /* [N,C] partial sums of the row-parallel projections */
     int first = m->tp.rank == 0; /* adds the replicated bias of a row-parallel layer once */
-    int N = d->N, C = d->C;
-    be->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, N, C, s);
+    int N = d->N, Nl = d->Nl, C = d->C;
+    size_t mine = (size_t)d->row0 * C, nl = (size_t)Nl * C;
+    be->layernorm_forward(la->ln1 + mine, la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, Nl, C, s);
+    tp_gather_rows(&m->tp, la->ln1, Nl, C, s);
     be->matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, N, C, 3 * d->Cl, 0, s);
     be->attention_forward(la->atty, la->att, la->qkv, d->B, d->T, d->Cl, d->NHl, s);
     be->matmul_forward(tmp, la->atty, w->attprojw, first ? w->attprojb : NULL, N, d->Cl, C, 0, s);
-    tp_allreduce_sum(&m->tp, tmp, (size_t)N * C, s);
-    be->add(la->res2, x, tmp, (size_t)N * C, s);
-    be->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b, N, C, s);
+    be->add(la->res2, x, tp_reduce_rows(&m->tp, tmp, Nl, C, s), nl, s);
+    be->layernorm_forward(la->ln2 + mine, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b,
+                          Nl, C, s);
+    tp_gather_rows(&m->tp, la->ln2, Nl, C, s);
     be->matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, N, C, d->Fl, 0, s);
     be->gelu_forward(la->fch_gelu, la->fch, (size_t)N * d->Fl, s);
     be->matmul_forward(tmp, la->fch_gelu, w->fcprojw, first ? w->fcprojb : NULL, N, d->Fl, C, 0, s);
-    tp_allreduce_sum(&m->tp, tmp, (size_t)N * C, s);
-    be->add(la->res3, la->res2, tmp, (size_t)N * C, s);
+    be->add(la->res3, la->res2, tp_reduce_rows(&m->tp, tmp, Nl, C, s), nl, s);
 }
 
-/* dres holds the gradient of the layer's output; on return, of its input x. */
-static void block_backward(gpt_model *m, layer_acts *la, int l, float *dres, const float *x,
+/* dfull [N,C] holds this rank's rows of the gradient of the layer's output at their
+ * place (dres = dfull + row0*C); on return dres is the gradient of its input x. */
+static void block_backward(gpt_model *m, layer_acts *la, int l, float *dfull, const float *x,
                            const dims *d) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     scratch_views *a = &m->scratch;
     block_views *w = &m->p.h[l], *dw = &m->g.h[l];
-    int N = d->N, C = d->C;
-    /* MLP branch; the c_fc input gradient is partial per TP rank until all-reduced */
-    be->matmul_backward(a->dfch, dw->fcprojw, dw->fcprojb, dres, la->fch_gelu, w->fcprojw,
-                        N, d->Fl, C, 0, s);
+    int N = d->N, Nl = d->Nl, C = d->C;
+    float *dres = dfull + (size_t)d->row0 * C;
+    /* MLP branch; the c_fc input gradient is partial per TP rank until reduced */
+    const float *dy = tp_gather_rows(&m->tp, dfull, Nl, C, s);
+    be->matmul_backward(a->dfch, dw->fcprojw, dw->fcprojb, dy, la->fch_gelu, w->fcprojw, N, d->Fl,
+                        C, 0, s);
     be->gelu_backward(a->dfch, la->fch, a->dfch, (size_t)N * d->Fl, s);
     be->matmul_backward(a->dbtc, dw->fcw, dw->fcb, a->dfch, la->ln2, w->fcw, N, C, d->Fl, 0, s);
-    tp_allreduce_sum(&m->tp, a->dbtc, (size_t)N * C, s);
-    be->layernorm_backward(dres, dw->ln2w, dw->ln2b, a->dbtc, la->res2, w->ln2w, la->ln2_mean,
-                           la->ln2_rstd, N, C, s);
+    be->layernorm_backward(dres, dw->ln2w, dw->ln2b, tp_reduce_rows(&m->tp, a->dbtc, Nl, C, s),
+                           la->res2, w->ln2w, la->ln2_mean, la->ln2_rstd, Nl, C, s);
     /* attention branch: dbtc first holds d(atty) [N,Cl], then d(ln1) [N,C] */
-    be->matmul_backward(a->dbtc, dw->attprojw, dw->attprojb, dres, la->atty, w->attprojw,
-                        N, d->Cl, C, 0, s);
+    dy = tp_gather_rows(&m->tp, dfull, Nl, C, s);
+    be->matmul_backward(a->dbtc, dw->attprojw, dw->attprojb, dy, la->atty, w->attprojw, N, d->Cl,
+                        C, 0, s);
     be->attention_backward(a->dqkv, a->datt, a->dbtc, la->qkv, la->att, d->B, d->T, d->Cl,
                            d->NHl, s);
     be->matmul_backward(a->dbtc, dw->qkvw, dw->qkvb, a->dqkv, la->ln1, w->qkvw, N, C,
                         3 * d->Cl, 0, s);
-    tp_allreduce_sum(&m->tp, a->dbtc, (size_t)N * C, s);
-    be->layernorm_backward(dres, dw->ln1w, dw->ln1b, a->dbtc, x, w->ln1w, la->ln1_mean,
-                           la->ln1_rstd, N, C, s);
+    be->layernorm_backward(dres, dw->ln1w, dw->ln1b, tp_reduce_rows(&m->tp, a->dbtc, Nl, C, s), x,
+                           w->ln1w, la->ln1_mean, la->ln1_rstd, Nl, C, s);
 }
 
 static slot_acts *slot_of(gpt_model *m, int c, int micro) {
@@ -438,8 +446,20 @@ static slot_acts *slot_of(gpt_model *m, int c, int micro) {
     return &ch->slots[micro % ch->n_slots];
 }
 
-float *gpt_chunk_input(gpt_model *m, int c, int micro) { return slot_of(m, c, micro)->input; }
-float *gpt_chunk_grad(gpt_model *m, int c, int micro) { return slot_of(m, c, micro)->grad; }
+/* input and grad are [N,C] so that collectives over rows run in place; a rank's own
+ * rows start at row0 */
+static size_t own_rows(const gpt_model *m) {
+    return (size_t)model_dims(m).row0 * m->shape.d_model;
+}
+float *gpt_chunk_input(gpt_model *m, int c, int micro) {
+    return slot_of(m, c, micro)->input + own_rows(m);
+}
+float *gpt_chunk_grad(gpt_model *m, int c, int micro) {
+    return slot_of(m, c, micro)->grad + own_rows(m);
+}
+size_t gpt_chunk_bytes(const gpt_model *m) {
+    return (size_t)model_dims(m).Nl * m->shape.d_model * sizeof(float);
+}
 float *gpt_chunk_output(gpt_model *m, int c, int micro) {
     slot_acts *sa = slot_of(m, c, micro);
     return sa->layer[m->chunks[c].n_layers - 1].res3;
@@ -453,7 +473,9 @@ static double head_forward(gpt_model *m, slot_acts *sa, const float *x, const di
     gptc_stream *s = m->stream;
     param_views *p = &m->p;
     int N = d->N, C = d->C;
-    be->layernorm_forward(sa->lnf, sa->lnf_mean, sa->lnf_rstd, x, p->lnfw, p->lnfb, N, C, s);
+    be->layernorm_forward(sa->lnf + (size_t)d->row0 * C, sa->lnf_mean, sa->lnf_rstd, x, p->lnfw,
+                          p->lnfb, d->Nl, C, s);
+    tp_gather_rows(&m->tp, sa->lnf, d->Nl, C, s);
     be->matmul_forward(sa->logits, sa->lnf, p->wte, NULL, N, C, d->Vl, 1, s);
     be->vocab_max(sa->loss_max, sa->logits, N, d->Vl, d->v_valid, s);
     tp_allreduce_max(&m->tp, sa->loss_max, (size_t)N, s);
@@ -469,19 +491,19 @@ static double head_forward(gpt_model *m, slot_acts *sa, const float *x, const di
     return sum;
 }
 
-/* dres = gradient of the head's input x */
+/* dres [Nl,C] = gradient of the head's input x (this rank's rows) */
 static void head_backward(gpt_model *m, slot_acts *sa, float *dres, const float *x, const dims *d) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     param_views *p = &m->p, *g = &m->g;
     int N = d->N, C = d->C;
-    float *dlnf = m->scratch.dbtc;
     /* logits already hold dlogits (fused into the loss) */
-    be->matmul_backward(dlnf, g->wte, NULL, sa->logits, sa->lnf, p->wte, N, C, d->Vl, 1, s);
-    tp_allreduce_sum(&m->tp, dlnf, (size_t)N * C, s);
-    be->zero(dres, (size_t)N * C * sizeof(float), s);
+    be->matmul_backward(m->scratch.dbtc, g->wte, NULL, sa->logits, sa->lnf, p->wte, N, C, d->Vl,
+                        1, s);
+    const float *dlnf = tp_reduce_rows(&m->tp, m->scratch.dbtc, d->Nl, C, s);
+    be->zero(dres, (size_t)d->Nl * C * sizeof(float), s);
     be->layernorm_backward(dres, g->lnfw, g->lnfb, dlnf, x, p->lnfw, sa->lnf_mean, sa->lnf_rstd,
-                           N, C, s);
+                           d->Nl, C, s);
 }
 
 double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
@@ -497,9 +519,10 @@ double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
         be->copy_from_host(sa->tokens, tokens, N * sizeof(int32_t), s);
         be->embedding_forward(sa->input, sa->tokens, m->p.wte, m->tp.rank == 0 ? m->p.wpe : NULL,
                               d.N, d.T, d.C, d.v_start, d.Vl, s);
-        tp_allreduce_sum(&m->tp, sa->input, N * d.C, s);
+        tp_reduce_rows(&m->tp, sa->input, d.Nl, d.C, s);
     }
-    const float *x = sa->input; /* [N,C] the residual stream entering each layer */
+    /* [Nl,C] this rank's rows of the residual stream entering each layer */
+    const float *x = sa->input + (size_t)d.row0 * d.C;
     for (int i = 0; i < ch->n_layers; i++) {
         block_forward(m, &sa->layer[i], ch->first_layer + i, x, &d);
         x = sa->layer[i].res3;
@@ -513,15 +536,17 @@ void gpt_chunk_backward(gpt_model *m, int c, int micro) {
     chunk_info *ch = &m->chunks[c];
     slot_acts *sa = slot_of(m, c, micro);
     dims d = model_dims(m);
-    float *dres = sa->grad; /* gradient of the residual stream; each branch adds into it */
+    /* gradient of the residual stream, this rank's rows at row0; each branch adds into it */
+    float *dres = sa->grad + (size_t)d.row0 * d.C;
     int last = ch->n_layers - 1;
     if (ch->has_head) head_backward(m, sa, dres, sa->layer[last].res3, &d);
     for (int i = last; i >= 0; i--)
-        block_backward(m, &sa->layer[i], ch->first_layer + i, dres,
-                       i == 0 ? sa->input : sa->layer[i - 1].res3, &d);
+        block_backward(m, &sa->layer[i], ch->first_layer + i, sa->grad,
+                       i == 0 ? sa->input + (size_t)d.row0 * d.C : sa->layer[i - 1].res3, &d);
     if (ch->has_embedding)
-        m->be->embedding_backward(m->g.wte, m->g.wpe, dres, sa->tokens, d.N, d.T, d.C, d.v_start,
-                                  d.Vl, m->stream);
+        m->be->embedding_backward(m->g.wte, m->g.wpe,
+                                  tp_gather_rows(&m->tp, sa->grad, d.Nl, d.C, m->stream),
+                                  sa->tokens, d.N, d.T, d.C, d.v_start, d.Vl, m->stream);
 }
 
 double gpt_forward_backward(gpt_model *m, const int32_t *tokens, const int32_t *targets,
@@ -529,6 +554,16 @@ double gpt_forward_backward(gpt_model *m, const int32_t *tokens, const int32_t *
     double loss = gpt_chunk_forward(m, 0, 0, tokens, targets, dloss);
     gpt_chunk_backward(m, 0, 0);
     return loss;
+}
+
+void gpt_sequence_parallel_grads(gpt_model *m) {
+    if (!m->tp.sequence_parallel || m->tp.size == 1) return;
+    /* a LayerNorm saw only this rank's rows: its gradient is a partial sum */
+    for (int i = 0; i < m->n_tensors; i++) {
+        const param_tensor *t = &m->tensors[i];
+        if (strstr(t->name, "ln_"))
+            tp_allreduce_sum(&m->tp, m->grads + t->offset, t->numel, m->stream);
+    }
 }
 
 double gpt_grad_sum_squares(gpt_model *m, int shard_rank) {
@@ -555,7 +590,7 @@ param_tensor *gpt_full_table(const gpt_shape *shape, int *n_out) {
     char err[256];
     memset(&m, 0, sizeof(m));
     m.shape = *shape;
-    m.tp = (tp_context){1, 0, NULL};
+    m.tp = (tp_context){1, 0, NULL, 0};
     m.tensors = calloc((size_t)12 * shape->n_layer + 5, sizeof(param_tensor));
     chunk_info whole = {0, 0, shape->n_layer, 1, 1, 0, NULL};
     m.chunks = &whole;

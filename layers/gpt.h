@@ -59,30 +59,32 @@ typedef struct {
 /* Activations of one layer for one micro-batch of N = B*T rows (Cl = C/tp, NHl = NH/tp). */
 typedef struct {
     float *ln1;               /* [N,C] */
-    float *ln1_mean, *ln1_rstd; /* [N], [N] */
+    float *ln1_mean, *ln1_rstd; /* [Nl], [Nl] */
     float *qkv;               /* [N,3Cl] */
     float *att;               /* [B,NHl,T,T] softmax probabilities */
     float *atty;              /* [N,Cl] attention output before c_proj */
-    float *res2;              /* [N,C] residual after attention */
+    float *res2;              /* [Nl,C] residual after attention (Nl = N/tp with sequence
+                               * parallelism, else N): this rank's rows */
     float *ln2;               /* [N,C] */
-    float *ln2_mean, *ln2_rstd; /* [N], [N] */
+    float *ln2_mean, *ln2_rstd; /* [Nl], [Nl] */
     float *fch;               /* [N,4Cl] c_fc output, pre-GELU */
     float *fch_gelu;          /* [N,4Cl] */
-    float *res3;              /* [N,C] residual after the MLP: the layer's output */
+    float *res3;              /* [Nl,C] residual after the MLP: the layer's output */
 } layer_acts;
 
 /* Activations of one micro-batch in flight through one model chunk (a run of layers).
  * A chunk holds several of these when the pipeline schedule keeps several micro-batches
  * in flight. */
 typedef struct {
-    float *input;               /* [N,C] the chunk's input: embeddings, or received */
+    float *input;               /* [N,C] the chunk's input: embeddings, or received; with
+                                 * sequence parallelism a rank's rows sit at their place */
     float *grad;                /* [N,C] gradient of the chunk's output; backward turns it
-                                 * into the gradient of the input, in place */
+                                 * into the gradient of the input, in place (same rows) */
     layer_acts *layer;          /* [layers of the chunk] */
     int32_t *tokens, *targets;  /* [N], [N] on the device (first / last stage) */
     /* last stage only */
     float *lnf;                 /* [N,C] */
-    float *lnf_mean, *lnf_rstd; /* [N], [N] */
+    float *lnf_mean, *lnf_rstd; /* [Nl], [Nl] */
     float *logits;              /* [N,Vp/tp], overwritten by dlogits in the loss */
     float *loss_max;            /* [N] row max of the logits over the whole vocab */
     float *loss_stats;          /* [2,N] sum of exp(logit - max) | target logit - max */
@@ -179,10 +181,15 @@ double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
  * other stages from the chunk's grad buffer (received). Leaves the input gradient in the
  * grad buffer; gradients accumulate (+=). */
 void gpt_chunk_backward(gpt_model *m, int c, int micro);
-/* The buffers a pipeline sends and receives for (chunk, micro): [N,C] each. */
+/* The buffers a pipeline sends and receives for (chunk, micro): this rank's rows of the
+ * residual stream, gpt_chunk_bytes each ([N,C], or [N/tp,C] with sequence parallelism). */
 float *gpt_chunk_input(gpt_model *m, int c, int micro);
 float *gpt_chunk_output(gpt_model *m, int c, int micro);
 float *gpt_chunk_grad(gpt_model *m, int c, int micro);
+size_t gpt_chunk_bytes(const gpt_model *m);
+/* With sequence parallelism, sums the LayerNorm gradients over the TP group (each rank
+ * saw only its rows). Call once per step, after the last backward. */
+void gpt_sequence_parallel_grads(gpt_model *m);
 /* Forward and backward of one micro-batch through the whole model on one stage (the
  * single-stage path and the tests). Returns the sum of the micro-batch's losses. */
 double gpt_forward_backward(gpt_model *m, const int32_t *tokens, const int32_t *targets,

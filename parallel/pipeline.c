@@ -78,7 +78,7 @@ void pp_free(pp_context *pc) {
 
 double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t *targets,
               int mb, int T, float dloss) {
-    size_t bytes = (size_t)mb * T * m->shape.d_model * sizeof(float);
+    size_t bytes = gpt_chunk_bytes(m);
     double loss = 0.0;
     for (int i = 0; i < pc->list.n; i++) {
         const pp_action *a = &pc->list.a[i];

@@ -46,6 +46,26 @@ long tp_global_index(shard_kind k, long rows, long cols, long local_rows, long l
     return gi < rows ? gi * cols + gj : -1;
 }
 
+float *tp_gather_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s) {
+    if (tp->size > 1 && tp->sequence_parallel) {
+        size_t n = rows_local * C;
+        comm_allgather(tp->group, buf + (size_t)tp->rank * n, buf, n, s);
+    }
+    return buf;
+}
+
+float *tp_reduce_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s) {
+    if (tp->size == 1) return buf;
+    size_t n = rows_local * C;
+    if (!tp->sequence_parallel) {
+        comm_allreduce_sum(tp->group, buf, n, s);
+        return buf;
+    }
+    float *mine = buf + (size_t)tp->rank * n;
+    comm_reduce_scatter_sum(tp->group, buf, mine, n, s);
+    return mine;
+}
+
 void tp_allreduce_sum(tp_context *tp, float *buf, size_t n, gptc_stream *s) {
     if (tp->size > 1) comm_allreduce_sum(tp->group, buf, n, s);
 }

@@ -9,7 +9,15 @@
  *            embedding (all-reduced) and the LM head (vocab-parallel cross-entropy)
  *   others   replicated (LayerNorms, wpe, row-parallel biases)
  * Every collective here is a no-op on a group of one, so the single-rank model runs
- * the same code. */
+ * the same code.
+ *
+ * Sequence parallelism (parallel.sequence_parallel) also splits the rows (tokens) of the
+ * residual stream: TP rank r keeps rows [r*N/tp, (r+1)*N/tp) through LayerNorms and
+ * residual adds, and the two collectives around each parallel region change:
+ *   entering (before c_attn, c_fc, the LM head):  identity      -> all-gather rows
+ *   leaving  (after the row-parallel c_proj):      all-reduce    -> reduce-scatter rows
+ * with the transposed pair in backward. A rank writes its rows at their place in an
+ * [N,C] buffer, so both run in place. */
 #ifndef GPTC_TENSOR_H
 #define GPTC_TENSOR_H
 
@@ -29,6 +37,7 @@ typedef enum {
 typedef struct {
     int size, rank;
     comm_group *group; /* NULL when size == 1 */
+    int sequence_parallel;
 } tp_context;
 
 /* One contiguous hyperslab of the unsharded tensor that lands in this rank's shard:
@@ -52,6 +61,13 @@ int tp_shard_blocks(shard_kind k, long rows, long cols, long padded_rows, int tp
 long tp_global_index(shard_kind k, long rows, long cols, long local_rows, long local_cols,
                      int rank, long i, long j);
 
+/* Entering a parallel region: buf [N,C] holds this rank's rows (rows_local of them, at
+ * their place); afterwards all N rows. Without sequence parallelism buf already holds
+ * them all. Returns buf. */
+float *tp_gather_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s);
+/* Leaving a parallel region: buf [N,C] holds this rank's partial sums of all rows;
+ * returns this rank's rows of the sum (all rows without sequence parallelism). */
+float *tp_reduce_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s);
 /* Sum (or max) over the TP group, in place, on stream s. */
 void tp_allreduce_sum(tp_context *tp, float *buf, size_t n, gptc_stream *s);
 void tp_allreduce_max(tp_context *tp, float *buf, size_t n, gptc_stream *s);
