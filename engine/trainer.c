@@ -185,6 +185,7 @@ typedef struct {
     const gptc_config *c;
     const grid *g;
     comm_group world, tp, pp, dp, embedding;
+    comm_lane tp_lane, pp_lane, dp_lane; /* one communication stream per parallelism */
     int have_groups;
     tp_context tpc;
     dp_context dpc;
@@ -205,6 +206,9 @@ static void run_free(run_state *r) {
     free(r->inputs);
     free(r->targets);
     free(r->kept);
+    comm_lane_free(&r->tp_lane);
+    comm_lane_free(&r->pp_lane);
+    comm_lane_free(&r->dp_lane);
     if (r->have_groups) {
         comm_group_free(&r->tp);
         comm_group_free(&r->pp);
@@ -332,7 +336,15 @@ int train_run(const gptc_config *c, const grid *g) {
         goto fail;
     }
     r.have_groups = 1;
-    r.tpc = (tp_context){g->tp, g->tp_rank, g->tp > 1 ? &r.tp : NULL, c->sequence_parallel};
+    int high = strcmp(c->comm_priority, "high") == 0;
+    if ((g->tp > 1 && comm_lane_init(&r.tp_lane, be, high) != 0) ||
+        (g->pp > 1 && comm_lane_init(&r.pp_lane, be, high) != 0) ||
+        (g->dp > 1 && comm_lane_init(&r.dp_lane, be, high) != 0)) {
+        snprintf(err, sizeof(err), "could not create the communication streams");
+        goto fail;
+    }
+    r.tpc = (tp_context){g->tp, g->tp_rank, g->tp > 1 ? &r.tp : NULL, c->sequence_parallel,
+                         g->tp > 1 ? &r.tp_lane : NULL};
     /* the tied wte: first and last stage of the same (tp, dp) position */
     int ends = g->pp > 1 && (g->pp_rank == 0 || g->pp_rank == g->pp - 1);
     if (comm_split(&r.world, &r.embedding, "embed", ends ? g->tp_rank + g->tp * g->dp_rank : -1,
@@ -341,13 +353,13 @@ int train_run(const gptc_config *c, const grid *g) {
         goto fail;
     }
     if (pp_setup(&r.ppc, c->schedule, g->pp, c->virtual_stages, bp.n_micro, g->pp_rank, &r.pp,
-                 &r.embedding, err, sizeof(err)) != 0)
+                 &r.embedding, g->pp > 1 ? &r.pp_lane : NULL, err, sizeof(err)) != 0)
         goto fail;
     int sharded = strcmp(c->dp_shard, "optimizer") == 0 && g->dp > 1;
     gpt_placement place = {g->pp, g->pp_rank, c->virtual_stages, r.ppc.slots,
                            (size_t)(c->dp_bucket_mb * 1048576.0 / sizeof(float)),
                            sharded ? g->dp : 1};
-    dp_init(&r.dpc, g->dp, g->dp_rank, sharded, &r.dp);
+    dp_init(&r.dpc, g->dp, g->dp_rank, sharded, &r.dp, g->dp > 1 ? &r.dp_lane : NULL);
 
     int rows = bp.B / g->dp, row0 = g->dp_rank * rows;
     r.loader = loader_create(c->data_path, bp.T, bp.B, row0, row0 + rows, shape.vocab_size,

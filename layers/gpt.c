@@ -590,7 +590,7 @@ param_tensor *gpt_full_table(const gpt_shape *shape, int *n_out) {
     char err[256];
     memset(&m, 0, sizeof(m));
     m.shape = *shape;
-    m.tp = (tp_context){1, 0, NULL, 0};
+    m.tp = (tp_context){.size = 1};
     m.tensors = calloc((size_t)12 * shape->n_layer + 5, sizeof(param_tensor));
     chunk_info whole = {0, 0, shape->n_layer, 1, 1, 0, NULL};
     m.chunks = &whole;

@@ -418,3 +418,34 @@ int comm_max_int(comm_group *g, int x) {
     if (!ok(g, "MPI_Allreduce", MPI_Allreduce(&x, &max, 1, MPI_INT, MPI_MAX, g->comm))) return x;
     return max;
 }
+
+/* ---- lanes ---- */
+
+int comm_lane_init(comm_lane *l, const gptc_backend *be, int high_priority) {
+    l->be = be;
+    l->stream = be->stream_create(high_priority);
+    l->ready = be->event_create();
+    l->done = be->event_create();
+    return l->stream && l->ready && l->done ? 0 : -1;
+}
+
+void comm_lane_free(comm_lane *l) {
+    if (!l->be) return;
+    if (l->stream) l->be->stream_destroy(l->stream);
+    if (l->ready) l->be->event_destroy(l->ready);
+    if (l->done) l->be->event_destroy(l->done);
+    l->stream = NULL;
+    l->ready = l->done = NULL;
+}
+
+void comm_lane_after_compute(comm_lane *l) {
+    if (!l || !l->stream) return;
+    l->be->event_record(l->ready, NULL);
+    l->be->stream_wait_event(l->stream, l->ready);
+}
+
+void comm_lane_join(comm_lane *l) {
+    if (!l || !l->stream) return;
+    l->be->event_record(l->done, l->stream);
+    l->be->stream_wait_event(NULL, l->done);
+}

@@ -69,6 +69,21 @@ void comm_recv(comm_group *g, void *buf, size_t bytes, int peer, int tag, gptc_s
 void comm_sendrecv(comm_group *g, const void *sendbuf, size_t send_bytes, int dst,
                    void *recvbuf, size_t recv_bytes, int src, int tag, gptc_stream *s);
 
+/* A parallelism's communication stream and the two events that order it with compute
+ * (the default stream). Overlap policies differ only in where they call these. */
+typedef struct comm_lane {
+    const gptc_backend *be;
+    gptc_stream *stream;        /* NULL: communication runs on the caller */
+    gptc_event *ready, *done;
+} comm_lane;
+/* 0, or -1 if the stream or events could not be made. */
+int comm_lane_init(comm_lane *l, const gptc_backend *be, int high_priority);
+void comm_lane_free(comm_lane *l);
+/* Work issued on the lane from now on starts after the compute issued so far. */
+void comm_lane_after_compute(comm_lane *l);
+/* Compute issued from now on starts after the lane's work issued so far. */
+void comm_lane_join(comm_lane *l);
+
 /* Host-side and synchronous (losses, norms, agreeing on errors). On error they return x. */
 double comm_sum_double(comm_group *g, double x);
 int comm_max_int(comm_group *g, int x);

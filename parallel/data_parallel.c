@@ -3,15 +3,18 @@
 #include "layers/optimizer.h"
 #include "parallel/comm.h"
 
-void dp_init(dp_context *dp, int size, int rank, int sharded, comm_group *group) {
+void dp_init(dp_context *dp, int size, int rank, int sharded, comm_group *group, comm_lane *lane) {
+    dp->lane = lane;
     dp->size = size;
     dp->rank = rank;
     dp->sharded = sharded && size > 1;
     dp->group = size > 1 ? group : NULL;
 }
 
-void dp_reduce_gradients(dp_context *dp, gpt_model *m, gptc_stream *s) {
+void dp_reduce_gradients(dp_context *dp, gpt_model *m, gptc_stream *compute) {
     if (!dp->group) return;
+    comm_lane_after_compute(dp->lane);
+    gptc_stream *s = dp->lane ? dp->lane->stream : NULL;
     for (int b = 0; b < m->n_buckets; b++) {
         const grad_bucket *bk = &m->buckets[b];
         float *whole = m->grads + bk->offset; /* [count] */
@@ -22,16 +25,20 @@ void dp_reduce_gradients(dp_context *dp, gpt_model *m, gptc_stream *s) {
         size_t piece = bk->count / (size_t)dp->size;
         comm_reduce_scatter_sum(dp->group, whole, whole + (size_t)dp->rank * piece, piece, s);
     }
+    comm_lane_join(dp->lane);
 }
 
-void dp_gather_params(dp_context *dp, gpt_model *m, gptc_stream *s) {
+void dp_gather_params(dp_context *dp, gpt_model *m, gptc_stream *compute) {
     if (!dp->sharded) return;
+    comm_lane_after_compute(dp->lane);
+    gptc_stream *s = dp->lane ? dp->lane->stream : NULL;
     for (int b = 0; b < m->n_buckets; b++) {
         const grad_bucket *bk = &m->buckets[b];
         size_t piece = bk->count / (size_t)dp->size;
         float *whole = m->params + bk->offset; /* [count] */
         comm_allgather(dp->group, whole + (size_t)dp->rank * piece, whole, piece, s);
     }
+    comm_lane_join(dp->lane);
 }
 
 /* The state of a sharded bucket is gathered on the host: the CPU backend's memory is host

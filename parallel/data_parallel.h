@@ -12,16 +12,19 @@
 #include "layers/gpt.h"
 
 typedef struct comm_group comm_group;
+typedef struct comm_lane comm_lane;
 
 typedef struct {
     int size, rank;
     int sharded;           /* ZeRO-1 */
     comm_group *group;     /* NULL when size == 1 */
+    comm_lane *lane;       /* the DP stream; NULL: reductions run inline */
 } dp_context;
 
-void dp_init(dp_context *dp, int size, int rank, int sharded, comm_group *group);
+void dp_init(dp_context *dp, int size, int rank, int sharded, comm_group *group, comm_lane *lane);
 /* Sums the gradients over the DP group bucket by bucket: all of each bucket, or when
- * sharded this rank's piece (reduce-scatter). */
+ * sharded this rank's piece (reduce-scatter). overlap.dp = none: every bucket is issued
+ * on the DP stream after the backward pass, and the optimizer waits for all of them. */
 void dp_reduce_gradients(dp_context *dp, gpt_model *m, gptc_stream *s);
 /* After a sharded optimizer step: every rank's updated piece to every rank. */
 void dp_gather_params(dp_context *dp, gpt_model *m, gptc_stream *s);

@@ -40,8 +40,10 @@ static void count_slots(const pp_list *l, int v, int n_micro, int *slots) {
 }
 
 int pp_setup(pp_context *pc, const char *schedule, int pp, int v, int n_micro, int rank,
-             comm_group *group, comm_group *embedding, char *err, size_t errlen) {
+             comm_group *group, comm_group *embedding, comm_lane *lane, char *err,
+             size_t errlen) {
     memset(pc, 0, sizeof(*pc));
+    pc->lane = lane;
     pc->pp = pp;
     pc->rank = rank;
     pc->v = v;
@@ -76,6 +78,19 @@ void pp_free(pp_context *pc) {
     pc->slots = NULL;
 }
 
+/* overlap.pp = none: a transfer runs on the PP stream once the compute before it is
+ * done, and the next compute waits for it. */
+static void transfer(pp_context *pc, const pp_action *a, void *buf, size_t bytes) {
+    comm_lane_after_compute(pc->lane);
+    gptc_stream *s = pc->lane ? pc->lane->stream : NULL;
+    int tag = a->kind == PP_SEND_ACT || a->kind == PP_RECV_ACT ? TAG_ACT : TAG_GRAD;
+    if (a->kind == PP_SEND_ACT || a->kind == PP_SEND_GRAD)
+        comm_send(pc->group, buf, bytes, a->peer, tag, s);
+    else
+        comm_recv(pc->group, buf, bytes, a->peer, tag, s);
+    comm_lane_join(pc->lane);
+}
+
 double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t *targets,
               int mb, int T, float dloss) {
     size_t bytes = gpt_chunk_bytes(m);
@@ -91,20 +106,14 @@ double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t
             gpt_chunk_backward(m, a->chunk, a->micro);
             break;
         case PP_SEND_ACT:
-            comm_send(pc->group, gpt_chunk_output(m, a->chunk, a->micro), bytes, a->peer, TAG_ACT,
-                      NULL);
+            transfer(pc, a, gpt_chunk_output(m, a->chunk, a->micro), bytes);
             break;
         case PP_RECV_ACT:
-            comm_recv(pc->group, gpt_chunk_input(m, a->chunk, a->micro), bytes, a->peer, TAG_ACT,
-                      NULL);
+            transfer(pc, a, gpt_chunk_input(m, a->chunk, a->micro), bytes);
             break;
         case PP_SEND_GRAD:
-            comm_send(pc->group, gpt_chunk_grad(m, a->chunk, a->micro), bytes, a->peer, TAG_GRAD,
-                      NULL);
-            break;
         case PP_RECV_GRAD:
-            comm_recv(pc->group, gpt_chunk_grad(m, a->chunk, a->micro), bytes, a->peer, TAG_GRAD,
-                      NULL);
+            transfer(pc, a, gpt_chunk_grad(m, a->chunk, a->micro), bytes);
             break;
         }
     }
@@ -114,5 +123,8 @@ double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t
 void pp_reduce_tied(pp_context *pc, gpt_model *m) {
     if (!pc->embedding) return;
     const param_tensor *wte = gpt_find_tensor(m, "wte");
-    comm_allreduce_sum(pc->embedding, m->grads + wte->offset, wte->numel, NULL);
+    comm_lane_after_compute(pc->lane);
+    comm_allreduce_sum(pc->embedding, m->grads + wte->offset, wte->numel,
+                       pc->lane ? pc->lane->stream : NULL);
+    comm_lane_join(pc->lane);
 }

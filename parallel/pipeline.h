@@ -11,6 +11,7 @@
 #include "parallel/schedule.h"
 
 typedef struct comm_group comm_group;
+typedef struct comm_lane comm_lane;
 
 typedef struct {
     int pp, rank, v, n_micro;
@@ -18,12 +19,14 @@ typedef struct {
     int *slots;             /* [v] activation slots each chunk needs (micro-batches live) */
     comm_group *group;      /* the pp group; NULL when pp == 1 */
     comm_group *embedding;  /* first and last stage of this (tp, dp); NULL if not one */
+    comm_lane *lane;        /* the PP stream; NULL: transfers run inline */
 } pp_context;
 
 /* Builds every rank's list, proves with the checker that together they complete, and
  * keeps this rank's. Returns 0 or -1 with a one-line error naming the key. */
 int pp_setup(pp_context *pc, const char *schedule, int pp, int v, int n_micro, int rank,
-             comm_group *group, comm_group *embedding, char *err, size_t errlen);
+             comm_group *group, comm_group *embedding, comm_lane *lane, char *err,
+             size_t errlen);
 void pp_free(pp_context *pc);
 /* One step's forward and backward passes of n_micro micro-batches of mb rows of T tokens
  * (inputs and targets: host [n_micro*mb, T]). Returns the sum of the losses this rank

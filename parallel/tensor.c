@@ -46,10 +46,19 @@ long tp_global_index(shard_kind k, long rows, long cols, long local_rows, long l
     return gi < rows ? gi * cols + gj : -1;
 }
 
+/* overlap.tp = none: each collective runs on the TP stream after the compute that made
+ * its input, and the compute that follows waits for it. (s, the caller's compute
+ * stream, is the default one.) */
+static gptc_stream *lane_begin(tp_context *tp) {
+    comm_lane_after_compute(tp->lane);
+    return tp->lane ? tp->lane->stream : NULL;
+}
+
 float *tp_gather_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s) {
     if (tp->size > 1 && tp->sequence_parallel) {
         size_t n = rows_local * C;
-        comm_allgather(tp->group, buf + (size_t)tp->rank * n, buf, n, s);
+        comm_allgather(tp->group, buf + (size_t)tp->rank * n, buf, n, lane_begin(tp));
+        comm_lane_join(tp->lane);
     }
     return buf;
 }
@@ -57,19 +66,21 @@ float *tp_gather_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, g
 float *tp_reduce_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s) {
     if (tp->size == 1) return buf;
     size_t n = rows_local * C;
-    if (!tp->sequence_parallel) {
-        comm_allreduce_sum(tp->group, buf, n, s);
-        return buf;
-    }
-    float *mine = buf + (size_t)tp->rank * n;
-    comm_reduce_scatter_sum(tp->group, buf, mine, n, s);
+    float *mine = tp->sequence_parallel ? buf + (size_t)tp->rank * n : buf;
+    if (tp->sequence_parallel) comm_reduce_scatter_sum(tp->group, buf, mine, n, lane_begin(tp));
+    else comm_allreduce_sum(tp->group, buf, n, lane_begin(tp));
+    comm_lane_join(tp->lane);
     return mine;
 }
 
 void tp_allreduce_sum(tp_context *tp, float *buf, size_t n, gptc_stream *s) {
-    if (tp->size > 1) comm_allreduce_sum(tp->group, buf, n, s);
+    if (tp->size == 1) return;
+    comm_allreduce_sum(tp->group, buf, n, lane_begin(tp));
+    comm_lane_join(tp->lane);
 }
 
 void tp_allreduce_max(tp_context *tp, float *buf, size_t n, gptc_stream *s) {
-    if (tp->size > 1) comm_allreduce_max(tp->group, buf, n, s);
+    if (tp->size == 1) return;
+    comm_allreduce_max(tp->group, buf, n, lane_begin(tp));
+    comm_lane_join(tp->lane);
 }

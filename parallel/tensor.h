@@ -26,6 +26,7 @@
 #include "engine/backend.h"
 
 typedef struct comm_group comm_group;
+typedef struct comm_lane comm_lane;
 
 typedef enum {
     SHARD_NONE,     /* replicated on every TP rank */
@@ -38,6 +39,7 @@ typedef struct {
     int size, rank;
     comm_group *group; /* NULL when size == 1 */
     int sequence_parallel;
+    comm_lane *lane;   /* the TP stream; NULL: collectives run inline */
 } tp_context;
 
 /* One contiguous hyperslab of the unsharded tensor that lands in this rank's shard:

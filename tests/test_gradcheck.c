@@ -204,7 +204,7 @@ static void test_model(void) {
     int B = 2, T = 8, N = B * T;
     gpt_model m;
     char err[256];
-    tp_context one = {1, 0, NULL, 0};
+    tp_context one = {.size = 1};
     if (gpt_create(&m, &s, B, T, be, &one, NULL, err, sizeof(err)) != 0) {
         printf("FAIL gpt_create: %s\n", err);
         g_failures++;
