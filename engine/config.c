@@ -113,7 +113,7 @@ void config_defaults(gptc_config *c) {
     c->keep = 1;
     c->comm_timeout_s = 60;
     strcpy(c->nan_policy, "stop");
-    strcpy(c->timing, "step");
+    strcpy(c->timing, "off");
     c->nvtx = 1;
 }
 

@@ -36,6 +36,12 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
         snprintf(err, n, "train.device = cuda: this build has no CUDA backend yet (use cpu)");
     else if (strcmp(c->precision, "fp32") != 0)
         snprintf(err, n, "train.precision = %s: the cpu backend trains in fp32 only", c->precision);
+    else if (strcmp(c->overlap_dp, "none") != 0 || strcmp(c->overlap_tp, "none") != 0 ||
+             strcmp(c->overlap_pp, "none") != 0)
+        snprintf(err, n, "overlap.%s = %s is not implemented yet (policies so far: none)",
+                 strcmp(c->overlap_dp, "none") ? "dp" : strcmp(c->overlap_tp, "none") ? "tp" : "pp",
+                 strcmp(c->overlap_dp, "none") ? c->overlap_dp
+                 : strcmp(c->overlap_tp, "none") ? c->overlap_tp : c->overlap_pp);
     else if (strcmp(c->timing, "kernel") == 0)
         snprintf(err, n, "profile.timing = kernel is not implemented yet (use step or off)");
     else if (c->trace[0] || c->report[0])
