@@ -1,10 +1,243 @@
+/* Per-kernel timing. Inside a step: one atomic increment and two clock readings per op.
+ * After the step: interval unions, exposed communication and the isolated/overlapped
+ * split of every kernel. */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/timing.h"
 
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 double timing_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+enum { TRACE_CAP = 2000000 }; /* records kept for the trace over the whole run */
+
+typedef struct { double a, b; } span;
+
+static struct {
+    int on;
+    double origin_ms;
+    timing_ctx ctx;
+    long step;
+    double step_start_ms;
+    timing_record *rec;        /* [capacity] this step's records */
+    size_t capacity;
+    atomic_size_t n;
+    atomic_long dropped;
+    span *work, *merged_comp, *merged_comm; /* [capacity] each, analysis scratch */
+    timing_step_summary *steps;
+    int n_steps, cap_steps;
+    timing_kernel_stats *kernels;
+    int n_kernels, cap_kernels;
+    timing_record *trace;
+    size_t n_trace, cap_trace;
+} T;
+
+int timing_init(int kernel_level, size_t capacity) {
+    memset(&T, 0, sizeof(T));
+    T.ctx = (timing_ctx){-1, -1, PH_FWD};
+    if (!kernel_level) return 0;
+    T.capacity = capacity;
+    T.rec = calloc(capacity, sizeof(timing_record));
+    T.work = calloc(capacity, sizeof(span));
+    T.merged_comp = calloc(capacity, sizeof(span));
+    T.merged_comm = calloc(capacity, sizeof(span));
+    if (!T.rec || !T.work || !T.merged_comp || !T.merged_comm) {
+        timing_shutdown();
+        return -1;
+    }
+    T.on = 1;
+    T.origin_ms = timing_now_ms();
+    return 0;
+}
+
+void timing_shutdown(void) {
+    free(T.rec);
+    free(T.work);
+    free(T.merged_comp);
+    free(T.merged_comm);
+    free(T.steps);
+    free(T.kernels);
+    free(T.trace);
+    memset(&T, 0, sizeof(T));
+}
+
+int timing_on(void) { return T.on; }
+void timing_set_origin(void) { T.origin_ms = timing_now_ms(); }
+
+void timing_set_context(int layer, int micro, timing_phase phase) {
+    T.ctx = (timing_ctx){(int16_t)layer, (int16_t)micro, (int8_t)phase};
+}
+
+timing_ctx timing_context(void) { return T.ctx; }
+
+void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
+                      timing_ctx ctx, double start_ms, double end_ms) {
+    if (!T.on) return;
+    size_t i = atomic_fetch_add(&T.n, 1);
+    if (i >= T.capacity) {
+        atomic_fetch_add(&T.dropped, 1);
+        return;
+    }
+    T.rec[i] = (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
+                               ctx.layer, ctx.micro, (int32_t)T.step,
+                               (start_ms - T.origin_ms) * 1e3, (end_ms - T.origin_ms) * 1e3};
+}
+
+void timing_begin_step(long step) {
+    T.step = step;
+    atomic_store(&T.n, 0);
+    T.step_start_ms = timing_now_ms();
+}
+
+/* ------------------------------------------------------------------ analysis */
+
+static int by_start(const void *x, const void *y) {
+    const span *a = x, *b = y;
+    return a->a < b->a ? -1 : a->a > b->a;
+}
+
+/* Sorted, disjoint union of the records of one kind; returns its length in out[]. */
+static size_t union_of(const timing_record *r, size_t n, int kind, span *out) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (r[i].kind == kind) T.work[k++] = (span){r[i].start_us, r[i].end_us};
+    qsort(T.work, k, sizeof(span), by_start);
+    size_t m = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (m > 0 && T.work[i].a <= out[m - 1].b) {
+            if (T.work[i].b > out[m - 1].b) out[m - 1].b = T.work[i].b;
+        } else {
+            out[m++] = T.work[i];
+        }
+    }
+    return m;
+}
+
+static double total(const span *s, size_t n) {
+    double t = 0;
+    for (size_t i = 0; i < n; i++) t += s[i].b - s[i].a;
+    return t;
+}
+
+/* Length of the intersection of two sorted disjoint unions. */
+static double intersection(const span *x, size_t nx, const span *y, size_t ny) {
+    double t = 0;
+    size_t i = 0, j = 0;
+    while (i < nx && j < ny) {
+        double a = x[i].a > y[j].a ? x[i].a : y[j].a, b = x[i].b < y[j].b ? x[i].b : y[j].b;
+        if (b > a) t += b - a;
+        if (x[i].b < y[j].b) i++;
+        else j++;
+    }
+    return t;
+}
+
+/* Does [a, b) meet the union u (sorted, disjoint)? */
+static int meets(const span *u, size_t n, double a, double b) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) { /* first span ending after a */
+        size_t mid = (lo + hi) / 2;
+        if (u[mid].b <= a) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && u[lo].a < b;
+}
+
+static timing_kernel_stats *kernel_slot(const char *name, int kind) {
+    for (int i = 0; i < T.n_kernels; i++)
+        if (T.kernels[i].kind == kind &&
+            (T.kernels[i].name == name || strcmp(T.kernels[i].name, name) == 0))
+            return &T.kernels[i];
+    if (T.n_kernels == T.cap_kernels) {
+        int cap = T.cap_kernels ? 2 * T.cap_kernels : 64;
+        timing_kernel_stats *k = realloc(T.kernels, sizeof(*k) * (size_t)cap);
+        if (!k) return NULL;
+        T.kernels = k;
+        T.cap_kernels = cap;
+    }
+    timing_kernel_stats *k = &T.kernels[T.n_kernels++];
+    memset(k, 0, sizeof(*k));
+    k->name = name;
+    k->kind = kind;
+    return k;
+}
+
+static void keep_for_trace(const timing_record *r, size_t n) {
+    if (T.n_trace + n > T.cap_trace && T.cap_trace < TRACE_CAP) {
+        size_t cap = T.cap_trace ? 2 * T.cap_trace : 4096;
+        while (cap < T.n_trace + n) cap *= 2;
+        if (cap > TRACE_CAP) cap = TRACE_CAP;
+        timing_record *t = realloc(T.trace, sizeof(*t) * cap);
+        if (!t) return;
+        T.trace = t;
+        T.cap_trace = cap;
+    }
+    size_t room = T.cap_trace - T.n_trace, k = n < room ? n : room;
+    memcpy(T.trace + T.n_trace, r, k * sizeof(*r));
+    T.n_trace += k;
+}
+
+void timing_end_step(double iter_ms) {
+    if (!T.on) return;
+    size_t n = atomic_load(&T.n);
+    if (n > T.capacity) n = T.capacity;
+    size_t nc = union_of(T.rec, n, TK_COMPUTE, T.merged_comp);
+    size_t nm = union_of(T.rec, n, TK_COMM, T.merged_comm);
+    double comm = total(T.merged_comm, nm);
+    double start = (T.step_start_ms - T.origin_ms) * 1e3;
+    timing_step_summary s = {T.step, iter_ms, total(T.merged_comp, nc) / 1e3, comm / 1e3,
+                             (comm - intersection(T.merged_comp, nc, T.merged_comm, nm)) / 1e3,
+                             start, (timing_now_ms() - T.origin_ms) * 1e3};
+    if (T.n_steps == T.cap_steps) {
+        int cap = T.cap_steps ? 2 * T.cap_steps : 64;
+        timing_step_summary *p = realloc(T.steps, sizeof(*p) * (size_t)cap);
+        if (!p) return;
+        T.steps = p;
+        T.cap_steps = cap;
+    }
+    T.steps[T.n_steps++] = s;
+    /* a compute kernel is overlapped when communication was in flight during it; a
+     * communication kernel when compute was */
+    for (size_t i = 0; i < n; i++) {
+        const timing_record *r = &T.rec[i];
+        timing_kernel_stats *k = kernel_slot(r->name, r->kind);
+        if (!k) continue;
+        double us = r->end_us - r->start_us;
+        int over = r->kind == TK_COMPUTE ? meets(T.merged_comm, nm, r->start_us, r->end_us)
+                                         : meets(T.merged_comp, nc, r->start_us, r->end_us);
+        k->count++;
+        k->sum_us += us;
+        if (over) {
+            k->n_overlapped++;
+            k->overlapped_us += us;
+        } else {
+            k->n_isolated++;
+            k->isolated_us += us;
+        }
+    }
+    keep_for_trace(T.rec, n);
+}
+
+int timing_n_steps(void) { return T.n_steps; }
+const timing_step_summary *timing_steps(void) { return T.steps; }
+int timing_n_kernels(void) { return T.n_kernels; }
+const timing_kernel_stats *timing_kernels(void) { return T.kernels; }
+size_t timing_n_trace(void) { return T.n_trace; }
+const timing_record *timing_trace(void) { return T.trace; }
+long timing_dropped(void) { return atomic_load(&T.dropped); }
+
+const char *timing_kind_name(int kind) { return kind == TK_COMM ? "comm" : "compute"; }
+const char *timing_par_name(int par) {
+    static const char *names[] = {"none", "dp", "tp", "pp"};
+    return par >= 0 && par < 4 ? names[par] : "none";
+}
+const char *timing_phase_name(int phase) {
+    static const char *names[] = {"fwd", "bwd", "opt"};
+    return phase >= 0 && phase < 3 ? names[phase] : "fwd";
 }

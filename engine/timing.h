@@ -1,8 +1,82 @@
-/* Clocks for step timing. Per-kernel records, the report and the trace build on this. */
+/* Per-kernel timing of real training steps (profile.timing = kernel).
+ *
+ * Every backend op and every collective or send/recv becomes one record: name, kind
+ * (compute or comm), parallelism, layer, micro-batch, phase, stream, start, end. On the
+ * CPU a record is two clock readings on the thread that runs the op: compute ops run
+ * inline on the main thread (stream 0), communication on its lane's thread (streams
+ * 1 tp, 2 pp, 3 dp). Records of a step go into storage allocated before the step; the
+ * step's analysis (busy time, exposed communication, which kernels ran beside
+ * communication) runs after the step's clock has stopped. */
 #ifndef GPTC_TIMING_H
 #define GPTC_TIMING_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 /* Monotonic wall clock in milliseconds. */
 double timing_now_ms(void);
+
+typedef enum { TK_COMPUTE, TK_COMM } timing_kind;
+typedef enum { TP_NONE, TP_DP, TP_TP, TP_PP } timing_par;
+typedef enum { PH_FWD, PH_BWD, PH_OPT } timing_phase;
+enum { TIMING_STREAMS = 4 }; /* 0 compute, 1 tp, 2 pp, 3 dp */
+
+/* What the main thread is working on; ops and collectives issued now carry it. */
+typedef struct {
+    int16_t layer;  /* -1: not inside a transformer layer (embedding, head, optimizer) */
+    int16_t micro;  /* -1: not tied to a micro-batch */
+    int8_t phase;   /* timing_phase */
+} timing_ctx;
+
+typedef struct {
+    const char *name;   /* a string literal: op or collective name */
+    int8_t kind, par, phase, stream;
+    int16_t layer, micro;
+    int32_t step;
+    double start_us, end_us; /* since the run's common start (all ranks) */
+} timing_record;
+
+/* 0 with timing off; capacity is the number of records a step may hold. */
+int timing_init(int kernel_level, size_t capacity);
+void timing_shutdown(void);
+int timing_on(void);
+/* Sets the run's time origin; call right after a barrier so ranks share it. */
+void timing_set_origin(void);
+void timing_set_context(int layer, int micro, timing_phase phase);
+timing_ctx timing_context(void);
+/* Thread-safe, allocation-free; dropped (and counted) when the step's storage is full. */
+void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
+                      timing_ctx ctx, double start_ms, double end_ms);
+void timing_begin_step(long step);
+/* Closes the step: iter_ms is its wall time. Analyses its records (outside the step). */
+void timing_end_step(double iter_ms);
+
+/* Per-step summary of one rank (report "steps"). */
+typedef struct {
+    long step;
+    double iter_ms, compute_ms, comm_ms, exposed_comm_ms;
+    double start_us, end_us; /* the step's span on the run's clock */
+} timing_step_summary;
+
+/* Per-kernel totals of one rank (merged over ranks by the report). */
+typedef struct {
+    const char *name;
+    int kind;
+    long count, n_isolated, n_overlapped;
+    double sum_us, isolated_us, overlapped_us;
+} timing_kernel_stats;
+
+int timing_n_steps(void);
+const timing_step_summary *timing_steps(void);
+int timing_n_kernels(void);
+const timing_kernel_stats *timing_kernels(void);
+/* Records kept for the trace (every step's, up to a cap), and how many were dropped. */
+size_t timing_n_trace(void);
+const timing_record *timing_trace(void);
+long timing_dropped(void);
+
+const char *timing_kind_name(int kind);
+const char *timing_par_name(int par);
+const char *timing_phase_name(int phase);
 
 #endif

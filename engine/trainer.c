@@ -5,6 +5,7 @@
 #include "engine/trainer.h"
 
 #include <errno.h>
+#include <mpi.h>
 #include <libgen.h>
 #include <math.h>
 #include <omp.h>
@@ -18,6 +19,8 @@
 #include "engine/checkpoint.h"
 #include "engine/cpu/cpu_blas.h"
 #include "engine/log.h"
+#include "engine/report.h"
+#include "engine/timed_backend.h"
 #include "engine/timing.h"
 #include "layers/gpt.h"
 #include "layers/gpt_checkpoint.h"
@@ -42,11 +45,8 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
                  strcmp(c->overlap_dp, "none") ? "dp" : strcmp(c->overlap_tp, "none") ? "tp" : "pp",
                  strcmp(c->overlap_dp, "none") ? c->overlap_dp
                  : strcmp(c->overlap_tp, "none") ? c->overlap_tp : c->overlap_pp);
-    else if (strcmp(c->timing, "kernel") == 0)
-        snprintf(err, n, "profile.timing = kernel is not implemented yet (use step or off)");
-    else if (c->trace[0] || c->report[0])
-        snprintf(err, n, "profile.%s needs profile.timing = kernel, which is not implemented yet",
-                 c->trace[0] ? "trace" : "report");
+    else if ((c->trace[0] || c->report[0]) && strcmp(c->timing, "kernel") != 0)
+        snprintf(err, n, "profile.%s needs profile.timing = kernel", c->trace[0] ? "trace" : "report");
     else if (c->power)
         snprintf(err, n, "profile.power = true needs train.device = cuda");
     else if (c->contention_probe > 0)
@@ -215,6 +215,7 @@ static void run_free(run_state *r) {
     comm_lane_free(&r->tp_lane);
     comm_lane_free(&r->pp_lane);
     comm_lane_free(&r->dp_lane);
+    timing_shutdown();
     if (r->have_groups) {
         comm_group_free(&r->tp);
         comm_group_free(&r->pp);
@@ -270,6 +271,7 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
     m->be->zero(m->grads, m->n_params * sizeof(float), m->stream);
     double loss_sum = pp_run(&r->ppc, m, r->inputs, r->targets, bp->mb, bp->T,
                              (float)(1.0 / tokens));
+    timing_set_context(-1, -1, PH_BWD);
     gpt_sequence_parallel_grads(m);
     pp_reduce_tied(&r->ppc, m);
     dp_reduce_gradients(&r->dpc, m, m->stream);
@@ -277,6 +279,7 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
     /* each number counted once over the world: losses live on the last stage (the same on
      * every TP rank); gradients are the same on every DP rank after an all-reduce, and
      * split into pieces after a reduce-scatter */
+    timing_set_context(-1, -1, PH_OPT);
     double loss = loss_sum * (g->tp_rank == 0);
     double sq = gpt_grad_sum_squares(m, piece) * (sharded || g->dp_rank == 0);
     if (g->world > 1) {
@@ -333,6 +336,18 @@ int train_run(const gptc_config *c, const grid *g) {
     if (!be) {
         snprintf(err, sizeof(err), "train.device = cpu: the CPU backend could not start (see above)");
         goto fail_config;
+    }
+    int kernel_timing = strcmp(c->timing, "kernel") == 0;
+    if (kernel_timing) {
+        /* room for every op of a step: ~50 records per layer and micro-batch, plus the
+         * loss, optimizer and bucket traffic, with a margin */
+        size_t per_step = ((size_t)shape.n_layer * 64 + 128) * (size_t)bp.n_micro +
+                          (size_t)shape.n_layer * 64 + 1024;
+        if (timing_init(1, per_step) != 0) {
+            snprintf(err, sizeof(err), "profile.timing = kernel: out of memory for %zu records", per_step);
+            goto fail_config;
+        }
+        be = timed_backend(be);
     }
 
     /* from here on a rank may fail alone: it reports, and every rank agrees to stop */
@@ -417,10 +432,16 @@ int train_run(const gptc_config *c, const grid *g) {
                        strcmp(c->lr_schedule, "cosine") == 0, c->beta1, c->beta2, c->eps,
                        c->weight_decay, c->grad_clip};
     int skip_bad = strcmp(c->nan_policy, "skip") == 0;
+    if (kernel_timing) {
+        /* one time origin for all ranks, so their traces line up */
+        if (g->world > 1) MPI_Barrier(r.world.comm);
+        timing_set_origin();
+    }
     double tokens_per_step = (double)bp.B * bp.T;
     double total_ms = 0, last_loss = NAN;
     long timed_steps = 0;
     for (long step = first; step <= c->steps; step++) {
+        timing_begin_step(step);
         double t0 = timing_now_ms();
         rc = loader_get(r.loader, step, r.inputs, r.targets, err, sizeof(err));
         if (agree(&r, rc)) goto fail;
@@ -438,6 +459,7 @@ int train_run(const gptc_config *c, const grid *g) {
                      step, loss, norm);
         m->be->synchronize(m->stream);
         double ms = timing_now_ms() - t0;
+        timing_end_step(ms);
         if (step > first) { /* the first step pays for page faults and warm-up */
             total_ms += ms;
             timed_steps++;
@@ -459,6 +481,7 @@ int train_run(const gptc_config *c, const grid *g) {
      * the initialisation itself, a step-0 checkpoint without /optim */
     if (c->save[0] && first > c->steps && save_checkpoint(&r, first - 1, t, err, sizeof(err)) != 0)
         goto fail;
+    if (kernel_timing && report_write(&r.world, c->report, c->trace, err, sizeof(err)) != 0) goto fail;
     if (timed_steps > 0)
         log_info("done: %ld steps, final loss %.6f, mean %.1f ms/step, %.0f tok/s (steps after the first)\n",
                  c->steps - first + 1, last_loss, total_ms / timed_steps,

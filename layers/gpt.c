@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/rng.h"
+#include "engine/timing.h"
 
 int gpt_check_shape(const gpt_shape *s, int tp, char *err, size_t errlen) {
     const char *bad = NULL;
@@ -514,6 +515,7 @@ double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
     slot_acts *sa = slot_of(m, c, micro);
     dims d = model_dims(m);
     size_t N = (size_t)d.N;
+    timing_set_context(-1, micro, PH_FWD);
     if (ch->has_embedding) {
         /* vocab-parallel embedding: each rank adds the rows it holds (wpe once), then sum */
         be->copy_from_host(sa->tokens, tokens, N * sizeof(int32_t), s);
@@ -524,9 +526,11 @@ double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
     /* [Nl,C] this rank's rows of the residual stream entering each layer */
     const float *x = sa->input + (size_t)d.row0 * d.C;
     for (int i = 0; i < ch->n_layers; i++) {
+        timing_set_context(ch->first_layer + i, micro, PH_FWD);
         block_forward(m, &sa->layer[i], ch->first_layer + i, x, &d);
         x = sa->layer[i].res3;
     }
+    timing_set_context(-1, micro, PH_FWD);
     if (!ch->has_head) return 0.0;
     be->copy_from_host(sa->targets, targets, N * sizeof(int32_t), s);
     return head_forward(m, sa, x, &d, dloss);
@@ -539,10 +543,14 @@ void gpt_chunk_backward(gpt_model *m, int c, int micro) {
     /* gradient of the residual stream, this rank's rows at row0; each branch adds into it */
     float *dres = sa->grad + (size_t)d.row0 * d.C;
     int last = ch->n_layers - 1;
+    timing_set_context(-1, micro, PH_BWD);
     if (ch->has_head) head_backward(m, sa, dres, sa->layer[last].res3, &d);
-    for (int i = last; i >= 0; i--)
+    for (int i = last; i >= 0; i--) {
+        timing_set_context(ch->first_layer + i, micro, PH_BWD);
         block_backward(m, &sa->layer[i], ch->first_layer + i, sa->grad,
                        i == 0 ? sa->input + (size_t)d.row0 * d.C : sa->layer[i - 1].res3, &d);
+    }
+    timing_set_context(-1, micro, PH_BWD);
     if (ch->has_embedding)
         m->be->embedding_backward(m->g.wte, m->g.wpe,
                                   tp_gather_rows(&m->tp, sa->grad, d.Nl, d.C, m->stream),

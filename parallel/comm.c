@@ -4,6 +4,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "parallel/comm.h"
 
+#include "engine/timing.h"
+
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -324,9 +326,42 @@ typedef struct {
     int peer;  /* root (broadcast), destination (send, sendrecv) or source (recv) */
     int src;   /* source of sendrecv */
     int tag;
+    timing_ctx ctx; /* what compute was doing when the op was issued */
+    int stream;     /* timing's stream number: 0 when run on the caller */
 } comm_task;
 
+static timing_par par_of(const comm_group *g) {
+    if (strcmp(g->name, "tp") == 0) return TP_TP;
+    if (strcmp(g->name, "dp") == 0) return TP_DP;
+    if (strcmp(g->name, "pp") == 0 || strcmp(g->name, "embed") == 0) return TP_PP;
+    return TP_NONE;
+}
+
+static const char *op_name(const comm_task *t) {
+    switch (t->kind) {
+    case OP_ALLREDUCE: return t->op == MPI_MAX ? "allreduce_max" : "allreduce";
+    case OP_REDUCE_SCATTER: return "reduce_scatter";
+    case OP_ALLGATHER: return "allgather";
+    case OP_BROADCAST: return "broadcast";
+    case OP_SEND: return "send";
+    case OP_RECV: return "recv";
+    case OP_SENDRECV: return "sendrecv";
+    }
+    return "comm";
+}
+
+static void run_op(const comm_task *t);
+
+/* Timed on the thread that runs it, so a record is exactly the op's time on that thread
+ * (for a blocking transfer that includes waiting for the peer). */
 static void run_task(const comm_task *t) {
+    double t0 = timing_on() ? timing_now_ms() : 0;
+    run_op(t);
+    if (timing_on())
+        timing_record_op(op_name(t), TK_COMM, par_of(t->g), t->stream, t->ctx, t0, timing_now_ms());
+}
+
+static void run_op(const comm_task *t) {
     switch (t->kind) {
     case OP_ALLREDUCE: do_allreduce(t->g, t->recv, t->recv_n, t->op); break;
     case OP_REDUCE_SCATTER: do_reduce_scatter(t->g, t->send, t->recv, t->recv_n); break;
@@ -346,6 +381,9 @@ static void run_and_free(void *arg) {
 }
 
 static void issue(comm_task t, gptc_stream *s) {
+    static const int stream_of_par[] = {0, 3, 1, 2}; /* none dp tp pp: engine/timing.h */
+    t.ctx = timing_context();
+    t.stream = s ? stream_of_par[par_of(t.g)] : 0;
     if (!s) {
         run_task(&t);
         return;

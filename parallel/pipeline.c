@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/timing.h"
 #include "parallel/comm.h"
 
 enum { TAG_ACT = 1, TAG_GRAD = 2 }; /* one tag per direction: the lists keep each in order */
@@ -98,6 +99,8 @@ double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t
     for (int i = 0; i < pc->list.n; i++) {
         const pp_action *a = &pc->list.a[i];
         size_t rows = (size_t)a->micro * mb * T;
+        int backward = a->kind == PP_BWD || a->kind == PP_SEND_GRAD || a->kind == PP_RECV_GRAD;
+        timing_set_context(-1, a->micro, backward ? PH_BWD : PH_FWD);
         switch (a->kind) {
         case PP_FWD:
             loss += gpt_chunk_forward(m, a->chunk, a->micro, inputs + rows, targets + rows, dloss);

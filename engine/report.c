@@ -1,0 +1,267 @@
+/* Every rank turns its summaries into text; rank 0 gathers the text, merges the kernel
+ * statistics by name and writes the files. Text keeps the gather to one MPI_Gatherv per
+ * section and the files readable by anything that reads JSON. */
+#define _POSIX_C_SOURCE 200809L
+#include "engine/report.h"
+
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/timing.h"
+#include "parallel/comm.h"
+
+/* A growable string. */
+typedef struct {
+    char *s;
+    size_t n, cap;
+} text;
+
+static void put(text *t, const char *fmt, ...) {
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int k = vsnprintf(t->s ? t->s + t->n : NULL, t->s ? t->cap - t->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) return;
+        if (t->s && t->n + (size_t)k < t->cap) {
+            t->n += (size_t)k;
+            return;
+        }
+        size_t cap = t->cap ? 2 * t->cap : 65536;
+        while (cap < t->n + (size_t)k + 1) cap *= 2;
+        char *p = realloc(t->s, cap);
+        if (!p) return;
+        t->s = p;
+        t->cap = cap;
+    }
+}
+
+/* Concatenation of every rank's text on rank 0 (NULL elsewhere). */
+static char *gather_text(comm_group *world, const text *mine, size_t *len) {
+    int size = world ? world->size : 1, rank = world ? world->rank : 0;
+    int n = (int)mine->n;
+    if (size == 1) {
+        char *all = malloc(mine->n + 1);
+        memcpy(all, mine->s ? mine->s : "", mine->n);
+        all[mine->n] = 0;
+        *len = mine->n;
+        return all;
+    }
+    int *counts = rank == 0 ? malloc(sizeof(int) * size) : NULL;
+    int *displs = rank == 0 ? malloc(sizeof(int) * size) : NULL;
+    MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, world->comm);
+    char *all = NULL;
+    long total = 0;
+    if (rank == 0) {
+        for (int r = 0; r < size; r++) {
+            displs[r] = (int)total;
+            total += counts[r];
+        }
+        all = malloc((size_t)total + 1);
+    }
+    MPI_Gatherv(mine->s ? mine->s : "", n, MPI_CHAR, all, counts, displs, MPI_CHAR, 0, world->comm);
+    if (all) all[total] = 0;
+    *len = (size_t)total;
+    free(counts);
+    free(displs);
+    return all;
+}
+
+/* ------------------------------------------------------------------ kernels */
+
+typedef struct {
+    char name[64];
+    int kind;
+    long count, n_iso, n_ovl;
+    double sum, iso, ovl;
+} merged_kernel;
+
+static int merge_kernels(const char *lines, merged_kernel **out) {
+    int n = 0, cap = 0;
+    merged_kernel *k = NULL;
+    for (const char *p = lines; p && *p;) {
+        merged_kernel r;
+        int used = 0;
+        if (sscanf(p, "%63s %d %ld %lf %ld %lf %ld %lf\n%n", r.name, &r.kind, &r.count, &r.sum,
+                   &r.n_iso, &r.iso, &r.n_ovl, &r.ovl, &used) != 8 || used == 0)
+            break;
+        p += used;
+        int i = 0;
+        while (i < n && !(k[i].kind == r.kind && strcmp(k[i].name, r.name) == 0)) i++;
+        if (i == n) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                k = realloc(k, sizeof(*k) * (size_t)cap);
+            }
+            k[n++] = r;
+            continue;
+        }
+        k[i].count += r.count;
+        k[i].sum += r.sum;
+        k[i].n_iso += r.n_iso;
+        k[i].iso += r.iso;
+        k[i].n_ovl += r.n_ovl;
+        k[i].ovl += r.ovl;
+    }
+    *out = k;
+    return n;
+}
+
+static int by_total(const void *a, const void *b) {
+    double x = ((const merged_kernel *)a)->sum, y = ((const merged_kernel *)b)->sum;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void print_table(const merged_kernel *k, int n, const char *steps_json, int ranks) {
+    printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in flight)\n");
+    printf("%-16s %-7s %8s %11s %12s %12s %12s %9s\n", "kernel", "kind", "count", "total ms",
+           "mean us", "isolated us", "overlap us", "slowdown");
+    for (int i = 0; i < n; i++) {
+        char slow[16] = "-";
+        if (k[i].n_iso && k[i].n_ovl)
+            snprintf(slow, sizeof(slow), "%.2f", (k[i].ovl / k[i].n_ovl) / (k[i].iso / k[i].n_iso));
+        char iso[16] = "-", ovl[16] = "-";
+        if (k[i].n_iso) snprintf(iso, sizeof(iso), "%.1f", k[i].iso / k[i].n_iso);
+        if (k[i].n_ovl) snprintf(ovl, sizeof(ovl), "%.1f", k[i].ovl / k[i].n_ovl);
+        printf("%-16s %-7s %8ld %11.2f %12.1f %12s %12s %9s\n", k[i].name, timing_kind_name(k[i].kind),
+               k[i].count, k[i].sum / 1e3, k[i].sum / k[i].count, iso, ovl, slow);
+    }
+    /* step means over ranks and steps */
+    double it = 0, comp = 0, comm = 0, exp = 0;
+    long n_rows = 0;
+    for (const char *p = steps_json; p && (p = strstr(p, "\"iter_ms\": ")); n_rows++) {
+        double a, b, c, d;
+        if (sscanf(p, "\"iter_ms\": %lf, \"compute_ms\": %lf, \"comm_ms\": %lf, \"exposed_comm_ms\": %lf",
+                   &a, &b, &c, &d) == 4) {
+            it += a; comp += b; comm += c; exp += d;
+        }
+        p++;
+    }
+    if (n_rows)
+        printf("per step and rank (mean of %ld over %d rank(s)): iter %.2f ms, compute %.2f ms, "
+               "comm %.2f ms, exposed comm %.2f ms (%.0f%% of comm hidden)\n",
+               n_rows, ranks, it / n_rows, comp / n_rows, comm / n_rows, exp / n_rows,
+               comm > 0 ? 100.0 * (comm - exp) / comm : 0.0);
+}
+
+/* ------------------------------------------------------------------ writing */
+
+static int write_file(const char *path, const char *what, const char *a, const char *b,
+                      const char *c, char *err, size_t errlen) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        snprintf(err, errlen, "profile.%s %s: cannot write", what, path);
+        return -1;
+    }
+    fputs(a, f);
+    fputs(b, f);
+    fputs(c, f);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        snprintf(err, errlen, "profile.%s %s: write failed", what, path);
+        return -1;
+    }
+    return 0;
+}
+
+static void steps_text(text *t, int rank) {
+    const timing_step_summary *s = timing_steps();
+    for (int i = 0; i < timing_n_steps(); i++)
+        put(t, "    {\"step\": %ld, \"rank\": %d, \"iter_ms\": %.4f, \"compute_ms\": %.4f, "
+               "\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f},\n",
+            s[i].step, rank, s[i].iter_ms, s[i].compute_ms, s[i].comm_ms, s[i].exposed_comm_ms);
+}
+
+static void kernels_text(text *t) {
+    const timing_kernel_stats *k = timing_kernels();
+    for (int i = 0; i < timing_n_kernels(); i++)
+        put(t, "%s %d %ld %.6f %ld %.6f %ld %.6f\n", k[i].name, k[i].kind, k[i].count, k[i].sum_us,
+            k[i].n_isolated, k[i].isolated_us, k[i].n_overlapped, k[i].overlapped_us);
+}
+
+static void trace_text(text *t, int rank) {
+    static const char *streams[TIMING_STREAMS] = {"compute", "comm tp", "comm pp", "comm dp"};
+    put(t, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n",
+        rank, rank);
+    for (int s = 0; s < TIMING_STREAMS; s++)
+        put(t, "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s\"}},\n",
+            rank, s, streams[s]);
+    const timing_step_summary *st = timing_steps();
+    for (int i = 0; i < timing_n_steps(); i++)
+        put(t, "  {\"name\": \"step %ld\", \"cat\": \"step\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, "
+               "\"pid\": %d, \"tid\": 0, \"args\": {\"step\": %ld}},\n",
+            st[i].step, st[i].start_us, st[i].end_us - st[i].start_us, rank, st[i].step);
+    const timing_record *r = timing_trace();
+    for (size_t i = 0; i < timing_n_trace(); i++)
+        put(t, "  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, "
+               "\"pid\": %d, \"tid\": %d, \"args\": {\"step\": %d, \"layer\": %d, \"micro\": %d, "
+               "\"phase\": \"%s\", \"parallelism\": \"%s\"}},\n",
+            r[i].name, timing_kind_name(r[i].kind), r[i].start_us, r[i].end_us - r[i].start_us, rank,
+            r[i].stream, r[i].step, r[i].layer, r[i].micro, timing_phase_name(r[i].phase),
+            timing_par_name(r[i].par));
+}
+
+/* Drops the ",\n" after the last element of a list built line by line. */
+static void close_list(char *s, size_t n) {
+    if (n >= 2 && s[n - 2] == ',') {
+        s[n - 2] = '\n';
+        s[n - 1] = 0;
+    }
+}
+
+int report_write(comm_group *world, const char *report_path, const char *trace_path,
+                 char *err, size_t errlen) {
+    int rank = world ? world->rank : 0, size = world ? world->size : 1, rc = 0;
+    text st = {0}, kt = {0}, tt = {0};
+    steps_text(&st, rank);
+    kernels_text(&kt);
+    if (trace_path && trace_path[0]) trace_text(&tt, rank);
+    size_t ns, nk, nt = 0;
+    char *steps = gather_text(world, &st, &ns), *kern = gather_text(world, &kt, &nk), *trace = NULL;
+    if (trace_path && trace_path[0]) trace = gather_text(world, &tt, &nt);
+    if (rank == 0) {
+        merged_kernel *k = NULL;
+        int n = merge_kernels(kern, &k);
+        qsort(k, (size_t)n, sizeof(*k), by_total);
+        if (report_path && report_path[0]) {
+            text kj = {0};
+            for (int i = 0; i < n; i++) {
+                char slow[32] = "null", iso[32] = "null", ovl[32] = "null";
+                if (k[i].n_iso) snprintf(iso, sizeof(iso), "%.4f", k[i].iso / k[i].n_iso);
+                if (k[i].n_ovl) snprintf(ovl, sizeof(ovl), "%.4f", k[i].ovl / k[i].n_ovl);
+                if (k[i].n_iso && k[i].n_ovl)
+                    snprintf(slow, sizeof(slow), "%.4f", (k[i].ovl / k[i].n_ovl) / (k[i].iso / k[i].n_iso));
+                put(&kj, "    {\"name\": \"%s\", \"kind\": \"%s\", \"count\": %ld, \"mean_us\": %.4f, "
+                         "\"isolated_mean_us\": %s, \"overlapped_mean_us\": %s, \"slowdown\": %s},\n",
+                    k[i].name, timing_kind_name(k[i].kind), k[i].count, k[i].sum / k[i].count, iso,
+                    ovl, slow);
+            }
+            close_list(steps, ns);
+            if (kj.s) close_list(kj.s, kj.n);
+            text head = {0};
+            put(&head, "{\n  \"ranks\": %d,\n  \"dropped_records\": %ld,\n  \"steps\": [\n%s  ],\n  \"kernels\": [\n",
+                size, timing_dropped(), steps);
+            rc = write_file(report_path, "report", head.s, kj.s ? kj.s : "", "  ]\n}\n", err, errlen);
+            free(head.s);
+            free(kj.s);
+        }
+        if (rc == 0 && trace) {
+            close_list(trace, nt);
+            rc = write_file(trace_path, "trace", "{\"traceEvents\": [\n", trace,
+                            "], \"displayTimeUnit\": \"ms\"}\n", err, errlen);
+        }
+        print_table(k, n, steps, size);
+        free(k);
+    }
+    free(st.s);
+    free(kt.s);
+    free(tt.s);
+    free(steps);
+    free(kern);
+    free(trace);
+    if (world && size > 1) rc = comm_max_int(world, rc != 0) ? -1 : 0;
+    return rc;
+}

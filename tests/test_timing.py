@@ -1,0 +1,128 @@
+"""profile.timing = kernel: the records, report and trace of DESIGN section 4.
+
+Checks, on one rank and on tp2 x pp2: the trace is JSON with complete events of every
+rank and both kinds; every op of a step is recorded exactly once (counted against the
+model's structure) and lies inside its step; the report's steps satisfy
+exposed_comm <= comm and, with every overlap policy none, nearly all communication is
+exposed; timing changes no number of the training itself."""
+import json
+import os
+import sys
+import tempfile
+from collections import Counter
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gptc_testlib import fail, read_metrics, run_train, write_tokens  # noqa: E402
+
+D = tempfile.mkdtemp(prefix="gptc_timing_")
+L, STEPS, GB, MB = 4, 3, 8, 2
+BASE = [f"--model.n_layer={L}", "--model.n_head=4", "--model.d_model=64", "--model.n_ctx=32",
+        "--model.vocab_size=256", f"--data.path={D}/tok.h5", f"--train.steps={STEPS}",
+        f"--train.global_batch={GB}", f"--train.micro_batch={MB}", "--train.seq_len=32"]
+
+
+def timed(name, ranks, extra):
+    args = BASE + extra + [f"--train.log_file={D}/{name}.jsonl", "--profile.timing=kernel",
+                           f"--profile.report={D}/{name}.report.json",
+                           f"--profile.trace={D}/{name}.trace.json"]
+    r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=300)
+    if r.returncode:
+        fail(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}")
+    if "per-kernel timing" not in r.stdout:
+        fail(f"{name}: no timing table on stdout")
+    with open(f"{D}/{name}.trace.json") as f:
+        trace = json.load(f)
+    with open(f"{D}/{name}.report.json") as f:
+        report = json.load(f)
+    return trace["traceEvents"], report, read_metrics(f"{D}/{name}.jsonl")
+
+
+def check_steps_contain_ops(name, events):
+    spans = {(e["pid"], e["args"]["step"]): (e["ts"], e["ts"] + e["dur"])
+             for e in events if e.get("cat") == "step"}
+    for e in events:
+        if e.get("ph") != "X" or e["cat"] == "step":
+            continue
+        a, b = spans[(e["pid"], e["args"]["step"])]
+        if e["ts"] < a - 1e-3 or e["ts"] + e["dur"] > b + 1e-3:
+            fail(f"{name}: {e['name']} of step {e['args']['step']} on rank {e['pid']} lies outside its step")
+        if e["dur"] < 0:
+            fail(f"{name}: negative duration")
+
+
+def check_report(name, report, ranks):
+    rows = report["steps"]
+    if sorted((r["rank"], r["step"]) for r in rows) != sorted(
+            (k, s) for k in range(ranks) for s in range(1, STEPS + 1)):
+        fail(f"{name}: report steps do not cover every (rank, step)")
+    for r in rows:
+        if r["exposed_comm_ms"] > r["comm_ms"] + 1e-9 or r["comm_ms"] > r["iter_ms"] + 1e-6:
+            fail(f"{name}: step row breaks exposed <= comm <= iter: {r}")
+        if r["compute_ms"] > r["iter_ms"] + 1e-6:
+            fail(f"{name}: compute longer than the step: {r}")
+    for k in report["kernels"]:
+        for key in ("name", "kind", "count", "mean_us", "isolated_mean_us", "overlapped_mean_us",
+                    "slowdown"):
+            if key not in k:
+                fail(f"{name}: kernel entry lacks {key}: {k}")
+    if report["dropped_records"] != 0:
+        fail(f"{name}: {report['dropped_records']} records dropped")
+
+
+def main():
+    write_tokens(f"{D}/tok.h5", np.random.default_rng(5).integers(0, 256, 4000), 256)
+
+    # one rank: exact op counts per step
+    events, report, timed_metrics = timed("single", 1, [])
+    check_report("single", report, 1)
+    check_steps_contain_ops("single", events)
+    n_micro = GB // MB
+    expect = {"matmul_fwd": (4 * L + 1) * n_micro, "matmul_bwd": (4 * L + 1) * n_micro,
+              "attention_fwd": L * n_micro, "attention_bwd": L * n_micro,
+              "layernorm_fwd": (2 * L + 1) * n_micro, "layernorm_bwd": (2 * L + 1) * n_micro,
+              "gelu_fwd": L * n_micro, "embedding_fwd": n_micro, "embedding_bwd": n_micro,
+              "loss_max": n_micro, "loss_finish": n_micro}
+    for step in range(1, STEPS + 1):
+        got = Counter(e["name"] for e in events if e.get("ph") == "X" and e["cat"] == "compute"
+                      and e["args"]["step"] == step)
+        for op, n in expect.items():
+            if got[op] != n:
+                fail(f"single: step {step} has {got[op]} {op} records, the model runs {n}")
+    kinds = {e["cat"] for e in events if e.get("ph") == "X"}
+    if "comm" in kinds:
+        fail("single: a one-rank run recorded communication")
+    print(f"ok   one rank: every op recorded once per step ({sum(expect.values())} checked per step)")
+
+    # timing changes nothing of the training
+    r = run_train(BASE + [f"--train.log_file={D}/plain.jsonl"])
+    if r.returncode:
+        fail("untimed run failed: " + r.stderr)
+    plain = read_metrics(f"{D}/plain.jsonl")
+    if [(m["loss"], m["grad_norm"]) for m in plain] != [(m["loss"], m["grad_norm"]) for m in timed_metrics]:
+        fail("timing changed the losses or gradient norms")
+    print("ok   timing = kernel leaves losses and gradient norms bit for bit unchanged")
+
+    # four ranks, tp2 x pp2: both kinds, every rank, exposure
+    events, report, _ = timed("tp2pp2", 4, ["--parallel.tp=2", "--parallel.pp=2"])
+    check_report("tp2pp2", report, 4)
+    check_steps_contain_ops("tp2pp2", events)
+    pids = {e["pid"] for e in events if e.get("ph") == "X"}
+    cats = {(e["pid"], e["cat"]) for e in events if e.get("ph") == "X"}
+    if pids != {0, 1, 2, 3} or any((p, k) not in cats for p in pids for k in ("compute", "comm")):
+        fail(f"tp2pp2: trace lacks a rank or a kind: {sorted(cats)}")
+    for e in events:
+        if e.get("ph") == "X" and e["cat"] == "comm" and e["args"]["parallelism"] not in ("tp", "pp"):
+            fail(f"tp2pp2: comm event with parallelism {e['args']['parallelism']}")
+    comm = sum(r["comm_ms"] for r in report["steps"])
+    exposed = sum(r["exposed_comm_ms"] for r in report["steps"])
+    if comm <= 0 or exposed < 0.9 * comm:
+        fail(f"tp2pp2: with every policy none, comm {comm:.2f} ms but only {exposed:.2f} ms exposed")
+    print(f"ok   tp2 x pp2: all ranks and both kinds traced; {100 * exposed / comm:.1f}% of "
+          f"{comm:.1f} ms comm exposed with policies none")
+    print("PASS: timing records, report and trace hold")
+
+
+if __name__ == "__main__":
+    main()
