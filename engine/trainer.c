@@ -39,12 +39,10 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
         snprintf(err, n, "train.device = cuda: this build has no CUDA backend yet (use cpu)");
     else if (strcmp(c->precision, "fp32") != 0)
         snprintf(err, n, "train.precision = %s: the cpu backend trains in fp32 only", c->precision);
-    else if (strcmp(c->overlap_dp, "none") != 0 || strcmp(c->overlap_tp, "none") != 0 ||
-             strcmp(c->overlap_pp, "none") != 0)
-        snprintf(err, n, "overlap.%s = %s is not implemented yet (policies so far: none)",
-                 strcmp(c->overlap_dp, "none") ? "dp" : strcmp(c->overlap_tp, "none") ? "tp" : "pp",
-                 strcmp(c->overlap_dp, "none") ? c->overlap_dp
-                 : strcmp(c->overlap_tp, "none") ? c->overlap_tp : c->overlap_pp);
+    else if (strcmp(c->overlap_tp, "none") != 0 || strcmp(c->overlap_pp, "none") != 0)
+        snprintf(err, n, "overlap.%s = %s is not implemented yet (so far: overlap.dp = none|bucket)",
+                 strcmp(c->overlap_tp, "none") ? "tp" : "pp",
+                 strcmp(c->overlap_tp, "none") ? c->overlap_tp : c->overlap_pp);
     else if ((c->trace[0] || c->report[0]) && strcmp(c->timing, "kernel") != 0)
         snprintf(err, n, "profile.%s needs profile.timing = kernel", c->trace[0] ? "trace" : "report");
     else if (c->power)
@@ -196,6 +194,7 @@ typedef struct {
     tp_context tpc;
     dp_context dpc;
     pp_context ppc;
+    size_t sp_done;            /* LayerNorm gradients below this are summed over TP */
     gpt_model model;
     batch_loader *loader;
     FILE *log;
@@ -259,6 +258,15 @@ static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n)
     return 0;
 }
 
+/* Called by the model as gradients become final during the step's last backward: the
+ * sequence-parallel LayerNorm sums, then (overlap.dp = bucket) the DP buckets start. */
+static void on_grads_final(void *ctx, size_t ready) {
+    run_state *r = ctx;
+    gpt_sequence_parallel_grads(&r->model, r->sp_done, ready);
+    r->sp_done = ready;
+    dp_grads_final(&r->dpc, &r->model, ready);
+}
+
 /* One optimizer step: the pipeline schedule's forward and backward passes over the
  * micro-batches, the tied embedding and DP gradient reductions, global norm, clipping
  * and AdamW. Returns the step's mean loss and sets *norm. */
@@ -269,12 +277,13 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
     double tokens = (double)bp->B * bp->T;
     int sharded = r->dpc.sharded, piece = sharded ? g->dp_rank : 0;
     m->be->zero(m->grads, m->n_params * sizeof(float), m->stream);
+    r->sp_done = 0;
     double loss_sum = pp_run(&r->ppc, m, r->inputs, r->targets, bp->mb, bp->T,
                              (float)(1.0 / tokens));
     timing_set_context(-1, -1, PH_BWD);
-    gpt_sequence_parallel_grads(m);
+    gpt_sequence_parallel_grads(m, r->sp_done, m->n_params);
     pp_reduce_tied(&r->ppc, m);
-    dp_reduce_gradients(&r->dpc, m, m->stream);
+    dp_finish_gradients(&r->dpc, m);
     m->be->synchronize(m->stream);
     /* each number counted once over the world: losses live on the last stage (the same on
      * every TP rank); gradients are the same on every DP rank after an all-reduce, and
@@ -380,7 +389,8 @@ int train_run(const gptc_config *c, const grid *g) {
     gpt_placement place = {g->pp, g->pp_rank, c->virtual_stages, r.ppc.slots,
                            (size_t)(c->dp_bucket_mb * 1048576.0 / sizeof(float)),
                            sharded ? g->dp : 1};
-    dp_init(&r.dpc, g->dp, g->dp_rank, sharded, &r.dp, g->dp > 1 ? &r.dp_lane : NULL);
+    dp_init(&r.dpc, g->dp, g->dp_rank, sharded, strcmp(c->overlap_dp, "bucket") == 0, &r.dp,
+            g->dp > 1 ? &r.dp_lane : NULL);
 
     int rows = bp.B / g->dp, row0 = g->dp_rank * rows;
     r.loader = loader_create(c->data_path, bp.T, bp.B, row0, row0 + rows, shape.vocab_size,
@@ -390,6 +400,8 @@ int train_run(const gptc_config *c, const grid *g) {
         rc = gpt_create(&r.model, &shape, bp.mb, bp.T, be, &r.tpc, &place, err, sizeof(err));
     if (agree(&r, rc)) goto fail;
     gpt_model *m = &r.model;
+    m->on_grads_final = on_grads_final;
+    m->hook_ctx = &r;
     if (init) {
         /* a step-0 checkpoint without /optim is a plain initialisation */
         char why[ERR_LEN - 16];

@@ -536,40 +536,55 @@ double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
     return head_forward(m, sa, x, &d, dloss);
 }
 
-void gpt_chunk_backward(gpt_model *m, int c, int micro) {
+/* Tells the owner that every gradient up to and including tensor `name` is final. */
+static void grads_final(gpt_model *m, const char *name) {
+    const param_tensor *t = gpt_find_tensor(m, name);
+    if (m->on_grads_final && t) m->on_grads_final(m->hook_ctx, t->offset + t->numel);
+}
+
+void gpt_chunk_backward(gpt_model *m, int c, int micro, int final) {
     chunk_info *ch = &m->chunks[c];
+    char name[48];
     slot_acts *sa = slot_of(m, c, micro);
     dims d = model_dims(m);
     /* gradient of the residual stream, this rank's rows at row0; each branch adds into it */
     float *dres = sa->grad + (size_t)d.row0 * d.C;
     int last = ch->n_layers - 1;
     timing_set_context(-1, micro, PH_BWD);
-    if (ch->has_head) head_backward(m, sa, dres, sa->layer[last].res3, &d);
+    if (ch->has_head) {
+        head_backward(m, sa, dres, sa->layer[last].res3, &d);
+        if (final) grads_final(m, "ln_f.bias");
+    }
     for (int i = last; i >= 0; i--) {
-        timing_set_context(ch->first_layer + i, micro, PH_BWD);
-        block_backward(m, &sa->layer[i], ch->first_layer + i, sa->grad,
+        int l = ch->first_layer + i;
+        timing_set_context(l, micro, PH_BWD);
+        block_backward(m, &sa->layer[i], l, sa->grad,
                        i == 0 ? sa->input + (size_t)d.row0 * d.C : sa->layer[i - 1].res3, &d);
+        snprintf(name, sizeof(name), "h.%d.ln_1.bias", l); /* the layer's last tensor */
+        if (final) grads_final(m, name);
     }
     timing_set_context(-1, micro, PH_BWD);
-    if (ch->has_embedding)
+    if (ch->has_embedding) {
         m->be->embedding_backward(m->g.wte, m->g.wpe,
                                   tp_gather_rows(&m->tp, sa->grad, d.Nl, d.C, m->stream),
                                   sa->tokens, d.N, d.T, d.C, d.v_start, d.Vl, m->stream);
+        if (final) grads_final(m, "wpe"); /* wte may still take the tied stage's part */
+    }
 }
 
 double gpt_forward_backward(gpt_model *m, const int32_t *tokens, const int32_t *targets,
                             float dloss) {
     double loss = gpt_chunk_forward(m, 0, 0, tokens, targets, dloss);
-    gpt_chunk_backward(m, 0, 0);
+    gpt_chunk_backward(m, 0, 0, 1);
     return loss;
 }
 
-void gpt_sequence_parallel_grads(gpt_model *m) {
+void gpt_sequence_parallel_grads(gpt_model *m, size_t lo, size_t hi) {
     if (!m->tp.sequence_parallel || m->tp.size == 1) return;
     /* a LayerNorm saw only this rank's rows: its gradient is a partial sum */
     for (int i = 0; i < m->n_tensors; i++) {
         const param_tensor *t = &m->tensors[i];
-        if (strstr(t->name, "ln_"))
+        if (strstr(t->name, "ln_") && t->offset >= lo && t->offset < hi)
             tp_allreduce_sum(&m->tp, m->grads + t->offset, t->numel, m->stream);
     }
 }

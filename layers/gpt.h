@@ -151,6 +151,10 @@ typedef struct {
     float *act_memory;
     size_t act_floats;
     float *host_losses;         /* [B*T] host copy of the losses */
+    /* called during the last micro-batch's backward: the flat gradients [0, ready) are
+     * final (buffer order is completion order); the data-parallel policy hangs here */
+    void (*on_grads_final)(void *ctx, size_t ready);
+    void *hook_ctx;
 } gpt_model;
 
 /* Checks a model shape for tp ranks; returns 0 or -1 with a one-line error naming the key. */
@@ -179,17 +183,19 @@ double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
                          const int32_t *targets, float dloss);
 /* Backward of micro-batch `micro` through chunk c. The last stage starts from its loss;
  * other stages from the chunk's grad buffer (received). Leaves the input gradient in the
- * grad buffer; gradients accumulate (+=). */
-void gpt_chunk_backward(gpt_model *m, int c, int micro);
+ * grad buffer; gradients accumulate (+=). With final set (the chunk's last micro-batch of
+ * the step) it calls m->on_grads_final as each layer's gradients become final. */
+void gpt_chunk_backward(gpt_model *m, int c, int micro, int final);
 /* The buffers a pipeline sends and receives for (chunk, micro): this rank's rows of the
  * residual stream, gpt_chunk_bytes each ([N,C], or [N/tp,C] with sequence parallelism). */
 float *gpt_chunk_input(gpt_model *m, int c, int micro);
 float *gpt_chunk_output(gpt_model *m, int c, int micro);
 float *gpt_chunk_grad(gpt_model *m, int c, int micro);
 size_t gpt_chunk_bytes(const gpt_model *m);
-/* With sequence parallelism, sums the LayerNorm gradients over the TP group (each rank
- * saw only its rows). Call once per step, after the last backward. */
-void gpt_sequence_parallel_grads(gpt_model *m);
+/* With sequence parallelism, sums over the TP group the LayerNorm gradients (each rank
+ * saw only its rows) whose tensors start in the flat range [lo, hi). Call once per
+ * step for every range, after those gradients are final. */
+void gpt_sequence_parallel_grads(gpt_model *m, size_t lo, size_t hi);
 /* Forward and backward of one micro-batch through the whole model on one stage (the
  * single-stage path and the tests). Returns the sum of the micro-batch's losses. */
 double gpt_forward_backward(gpt_model *m, const int32_t *tokens, const int32_t *targets,

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* MPI counts are int; larger transfers are cut into pieces of at most this many elements.
  * Atomic because stream threads read it while a test may have just set it. */
@@ -352,10 +353,27 @@ static const char *op_name(const comm_task *t) {
 
 static void run_op(const comm_task *t);
 
+/* Test-only: GPTC_TEST_COMM_DELAY_US=n makes every op run on a stream n microseconds
+ * slower (a sleep before it, inside its timed interval), like a slow network, so that tests
+ * can see communication hidden behind compute on a fast machine. */
+static long comm_delay_us(void) {
+    static long delay = -1;
+    if (delay < 0) {
+        const char *v = getenv("GPTC_TEST_COMM_DELAY_US");
+        delay = v ? atol(v) : 0;
+    }
+    return delay;
+}
+
 /* Timed on the thread that runs it, so a record is exactly the op's time on that thread
  * (for a blocking transfer that includes waiting for the peer). */
 static void run_task(const comm_task *t) {
     double t0 = timing_on() ? timing_now_ms() : 0;
+    long delay = t->stream ? comm_delay_us() : 0;
+    if (delay > 0) {
+        struct timespec ts = {delay / 1000000, (delay % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
     run_op(t);
     if (timing_on())
         timing_record_op(op_name(t), TK_COMM, par_of(t->g), t->stream, t->ctx, t0, timing_now_ms());

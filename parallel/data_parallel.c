@@ -3,28 +3,46 @@
 #include "layers/optimizer.h"
 #include "parallel/comm.h"
 
-void dp_init(dp_context *dp, int size, int rank, int sharded, comm_group *group, comm_lane *lane) {
+void dp_init(dp_context *dp, int size, int rank, int sharded, int overlap, comm_group *group,
+             comm_lane *lane) {
     dp->lane = lane;
+    dp->overlap = overlap;
+    dp->next = 0;
     dp->size = size;
     dp->rank = rank;
     dp->sharded = sharded && size > 1;
     dp->group = size > 1 ? group : NULL;
 }
 
-void dp_reduce_gradients(dp_context *dp, gpt_model *m, gptc_stream *compute) {
-    if (!dp->group) return;
-    comm_lane_after_compute(dp->lane);
+static void issue_bucket(dp_context *dp, gpt_model *m, int b) {
+    const grad_bucket *bk = &m->buckets[b];
     gptc_stream *s = dp->lane ? dp->lane->stream : NULL;
-    for (int b = 0; b < m->n_buckets; b++) {
-        const grad_bucket *bk = &m->buckets[b];
-        float *whole = m->grads + bk->offset; /* [count] */
-        if (!dp->sharded) {
-            comm_allreduce_sum(dp->group, whole, bk->count, s);
-            continue;
-        }
-        size_t piece = bk->count / (size_t)dp->size;
-        comm_reduce_scatter_sum(dp->group, whole, whole + (size_t)dp->rank * piece, piece, s);
+    float *whole = m->grads + bk->offset; /* [count] */
+    comm_lane_after_compute(dp->lane);
+    if (!dp->sharded) {
+        comm_allreduce_sum(dp->group, whole, bk->count, s);
+        return;
     }
+    size_t piece = bk->count / (size_t)dp->size;
+    comm_reduce_scatter_sum(dp->group, whole, whole + (size_t)dp->rank * piece, piece, s);
+}
+
+/* where a bucket's last tensor ends (its padding is never written) */
+static size_t bucket_data_end(const gpt_model *m, const grad_bucket *bk) {
+    const param_tensor *t = &m->tensors[bk->first_tensor + bk->n_tensors - 1];
+    return t->offset + t->numel;
+}
+
+void dp_grads_final(dp_context *dp, gpt_model *m, size_t ready) {
+    if (!dp->group || !dp->overlap) return;
+    while (dp->next < m->n_buckets && bucket_data_end(m, &m->buckets[dp->next]) <= ready)
+        issue_bucket(dp, m, dp->next++);
+}
+
+void dp_finish_gradients(dp_context *dp, gpt_model *m) {
+    if (!dp->group) return;
+    while (dp->next < m->n_buckets) issue_bucket(dp, m, dp->next++);
+    dp->next = 0;
     comm_lane_join(dp->lane);
 }
 

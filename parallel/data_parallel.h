@@ -17,15 +17,22 @@ typedef struct comm_lane comm_lane;
 typedef struct {
     int size, rank;
     int sharded;           /* ZeRO-1 */
+    int overlap;           /* overlap.dp = bucket */
     comm_group *group;     /* NULL when size == 1 */
     comm_lane *lane;       /* the DP stream; NULL: reductions run inline */
+    int next;              /* first bucket of this step not yet issued */
 } dp_context;
 
-void dp_init(dp_context *dp, int size, int rank, int sharded, comm_group *group, comm_lane *lane);
-/* Sums the gradients over the DP group bucket by bucket: all of each bucket, or when
- * sharded this rank's piece (reduce-scatter). overlap.dp = none: every bucket is issued
- * on the DP stream after the backward pass, and the optimizer waits for all of them. */
-void dp_reduce_gradients(dp_context *dp, gpt_model *m, gptc_stream *s);
+void dp_init(dp_context *dp, int size, int rank, int sharded, int overlap, comm_group *group,
+             comm_lane *lane);
+/* The gradients [0, ready) are final (called during the last micro-batch's backward).
+ * overlap.dp = bucket: every bucket wholly inside starts its reduction on the DP stream
+ * now, while backward goes on; overlap.dp = none: nothing yet. */
+void dp_grads_final(dp_context *dp, gpt_model *m, size_t ready);
+/* After the backward pass: the buckets not yet issued are issued, and the optimizer's
+ * compute waits for all of them. A bucket is summed over the DP group in place: all of
+ * it, or when sharded this rank's piece (reduce-scatter). */
+void dp_finish_gradients(dp_context *dp, gpt_model *m);
 /* After a sharded optimizer step: every rank's updated piece to every rank. */
 void dp_gather_params(dp_context *dp, gpt_model *m, gptc_stream *s);
 /* Sharded optimizer state <-> the whole state in parameter layout ([n_params] each, for

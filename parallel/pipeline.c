@@ -106,7 +106,8 @@ double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t
             loss += gpt_chunk_forward(m, a->chunk, a->micro, inputs + rows, targets + rows, dloss);
             break;
         case PP_BWD:
-            gpt_chunk_backward(m, a->chunk, a->micro);
+            /* backward runs in micro-batch order on every chunk: the last one is final */
+            gpt_chunk_backward(m, a->chunk, a->micro, a->micro == pc->n_micro - 1);
             break;
         case PP_SEND_ACT:
             transfer(pc, a, gpt_chunk_output(m, a->chunk, a->micro), bytes);

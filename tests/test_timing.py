@@ -121,6 +121,34 @@ def main():
         fail(f"tp2pp2: with every policy none, comm {comm:.2f} ms but only {exposed:.2f} ms exposed")
     print(f"ok   tp2 x pp2: all ranks and both kinds traced; {100 * exposed / comm:.1f}% of "
           f"{comm:.1f} ms comm exposed with policies none")
+    # dp2 with a communication stream slowed on purpose: policy none leaves all of it
+    # exposed; bucket overlaps the reductions with the rest of the backward pass
+    # (one micro-batch per rank, so the whole backward pass is the last micro-batch's, and
+    # a model large enough that its backward can cover the slowed reductions)
+    slow = dict(os.environ, GPTC_TEST_COMM_DELAY_US="2000")
+    hidden = {}
+    for policy in ("none", "bucket"):
+        os.environ.update(slow)
+        try:
+            _, rep, met = timed(f"dp2-{policy}", 2, ["--parallel.dp=2", f"--overlap.dp={policy}",
+                                                    "--overlap.dp_bucket_mb=1", "--model.d_model=256",
+                                                    "--model.n_ctx=64", "--train.seq_len=64",
+                                                    "--train.micro_batch=4"])
+        finally:
+            del os.environ["GPTC_TEST_COMM_DELAY_US"]
+        check_report(f"dp2-{policy}", rep, 2)
+        comm = sum(r["comm_ms"] for r in rep["steps"])
+        exposed = sum(r["exposed_comm_ms"] for r in rep["steps"])
+        hidden[policy] = (comm - exposed) / comm
+        hidden[policy + "_losses"] = [(m["loss"], m["grad_norm"]) for m in met]
+        print(f"ok   dp2, overlap.dp = {policy}, slowed comm: {comm:.1f} ms comm, "
+              f"{100 * hidden[policy]:.1f}% hidden")
+    if hidden["none"] > 0.05:
+        fail(f"overlap.dp = none hid {100 * hidden['none']:.1f}% of the communication")
+    if hidden["bucket"] < 0.2:
+        fail(f"overlap.dp = bucket hid only {100 * hidden['bucket']:.1f}% of slowed communication")
+    if hidden["none_losses"] != hidden["bucket_losses"]:
+        fail("overlap.dp = bucket changed the losses")
     print("PASS: timing records, report and trace hold")
 
 
