@@ -41,10 +41,11 @@ static void count_slots(const pp_list *l, int v, int n_micro, int *slots) {
 }
 
 int pp_setup(pp_context *pc, const char *schedule, int pp, int v, int n_micro, int rank,
-             comm_group *group, comm_group *embedding, comm_lane *lane, char *err,
+             comm_group *group, comm_group *embedding, comm_lane *lane, int async, char *err,
              size_t errlen) {
     memset(pc, 0, sizeof(*pc));
     pc->lane = lane;
+    pc->async = async && lane && pp > 1;
     pc->pp = pp;
     pc->rank = rank;
     pc->v = v;
@@ -68,19 +69,38 @@ int pp_setup(pp_context *pc, const char *schedule, int pp, int v, int n_micro, i
         memset(&all[rank], 0, sizeof(pp_list));
         count_slots(&pc->list, v, n_micro, pc->slots);
     }
+    if (rc == 0 && pc->async) {
+        for (int c = 0; c < v; c++)
+            if (pc->slots[c] > pc->max_slots) pc->max_slots = pc->slots[c];
+        pc->slot_done = calloc((size_t)v * pc->max_slots, sizeof(gptc_event *));
+        for (int k = 0; pc->slot_done && k < v * pc->max_slots && rc == 0; k++)
+            if (!(pc->slot_done[k] = lane->be->event_create())) rc = -1;
+        if (!pc->slot_done || rc != 0) {
+            snprintf(err, errlen, "out of memory for the pipeline's events");
+            rc = -1;
+        }
+    }
     for (int r = 0; r < pp; r++) pp_list_free(&all[r]);
     free(all);
     return rc;
 }
 
 void pp_free(pp_context *pc) {
+    for (int k = 0; pc->slot_done && k < pc->v * pc->max_slots; k++)
+        if (pc->slot_done[k]) pc->lane->be->event_destroy(pc->slot_done[k]);
+    free(pc->slot_done);
+    pc->slot_done = NULL;
     pp_list_free(&pc->list);
     free(pc->slots);
     pc->slots = NULL;
 }
 
-/* overlap.pp = none: a transfer runs on the PP stream once the compute before it is
- * done, and the next compute waits for it. */
+static gptc_event *slot_event(pp_context *pc, const pp_action *a) {
+    return pc->slot_done[a->chunk * pc->max_slots + a->micro % pc->slots[a->chunk]];
+}
+
+/* A transfer runs on the PP stream once the compute before it is done. none: the next
+ * compute waits for it; async: only the compute of the same slot will (wait_slot). */
 static void transfer(pp_context *pc, const pp_action *a, void *buf, size_t bytes) {
     comm_lane_after_compute(pc->lane);
     gptc_stream *s = pc->lane ? pc->lane->stream : NULL;
@@ -89,7 +109,14 @@ static void transfer(pp_context *pc, const pp_action *a, void *buf, size_t bytes
         comm_send(pc->group, buf, bytes, a->peer, tag, s);
     else
         comm_recv(pc->group, buf, bytes, a->peer, tag, s);
-    comm_lane_join(pc->lane);
+    if (pc->async) pc->lane->be->event_record(slot_event(pc, a), s);
+    else comm_lane_join(pc->lane);
+}
+
+/* Before compute on a slot: every transfer issued on that slot so far has finished (the
+ * stream is in order, so the slot's latest event covers the earlier ones). */
+static void wait_slot(pp_context *pc, const pp_action *a) {
+    if (pc->async) pc->lane->be->stream_wait_event(NULL, slot_event(pc, a));
 }
 
 double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t *targets,
@@ -103,9 +130,11 @@ double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t
         timing_set_context(-1, a->micro, backward ? PH_BWD : PH_FWD);
         switch (a->kind) {
         case PP_FWD:
+            wait_slot(pc, a);
             loss += gpt_chunk_forward(m, a->chunk, a->micro, inputs + rows, targets + rows, dloss);
             break;
         case PP_BWD:
+            wait_slot(pc, a);
             /* backward runs in micro-batch order on every chunk: the last one is final */
             gpt_chunk_backward(m, a->chunk, a->micro, a->micro == pc->n_micro - 1);
             break;
@@ -121,6 +150,7 @@ double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t
             break;
         }
     }
+    if (pc->async) comm_lane_join(pc->lane); /* the step's last sends leave before reuse */
     return loss;
 }
 

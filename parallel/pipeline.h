@@ -20,17 +20,25 @@ typedef struct {
     comm_group *group;      /* the pp group; NULL when pp == 1 */
     comm_group *embedding;  /* first and last stage of this (tp, dp); NULL if not one */
     comm_lane *lane;        /* the PP stream; NULL: transfers run inline */
+    int async;              /* overlap.pp = async */
+    gptc_event **slot_done; /* [v * max slots] last transfer issued on each slot (async) */
+    int max_slots;
 } pp_context;
 
 /* Builds every rank's list, proves with the checker that together they complete, and
  * keeps this rank's. Returns 0 or -1 with a one-line error naming the key. */
 int pp_setup(pp_context *pc, const char *schedule, int pp, int v, int n_micro, int rank,
-             comm_group *group, comm_group *embedding, comm_lane *lane, char *err,
+             comm_group *group, comm_group *embedding, comm_lane *lane, int async, char *err,
              size_t errlen);
 void pp_free(pp_context *pc);
 /* One step's forward and backward passes of n_micro micro-batches of mb rows of T tokens
  * (inputs and targets: host [n_micro*mb, T]). Returns the sum of the losses this rank
- * computed (non-zero on the last stage only). */
+ * computed (non-zero on the last stage only).
+ * overlap.pp = none: every transfer blocks compute until it is done.
+ * overlap.pp = async: transfers are issued on the PP stream in list order (so receives
+ * are posted as early as the list has them) and compute goes on; a forward or backward
+ * waits only for the transfers of its own activation slot (its input arrived, the
+ * previous micro-batch's output in that slot has left). */
 double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t *targets,
               int mb, int T, float dloss);
 /* Sums the tied wte gradient of the first and last stage (after pp_run). */
