@@ -83,7 +83,8 @@ typedef struct gptc_backend {
      * w_rows_out (the tied LM head reads wte [V,C] that way). */
     void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,
                            int N, int IC, int OC, int w_rows_out, gptc_stream *s);
-    /* dinp[N,IC] = dout @ W^T (skipped when dinp is NULL), dw +=, dbias[OC] += (if not NULL) */
+    /* dinp[N,IC] = dout @ W^T, dw +=, dbias[OC] += ; each skipped when NULL (a split
+     * backward computes dinp by row chunks and dw once) */
     void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int IC, int OC,
                             int w_rows_out, gptc_stream *s);

@@ -55,7 +55,7 @@ static void t_matmul_forward(float *out, const float *inp, const float *w, const
                              int N, int IC, int OC, int w_rows_out, gptc_stream *s) {
     double t0 = timing_now_ms();
     g_inner->matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, s);
-    done("matmul_fwd", t0);
+    done(timing_matmul_name(0), t0);
 }
 
 static void t_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
@@ -63,7 +63,7 @@ static void t_matmul_backward(float *dinp, float *dw, float *dbias, const float 
                               int w_rows_out, gptc_stream *s) {
     double t0 = timing_now_ms();
     g_inner->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
-    done("matmul_bwd", t0);
+    done(timing_matmul_name(1), t0);
 }
 
 static void t_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,

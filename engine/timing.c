@@ -76,6 +76,24 @@ void timing_set_context(int layer, int micro, timing_phase phase) {
 
 timing_ctx timing_context(void) { return T.ctx; }
 
+static const char *const ROLES[][3] = {
+    {"qkv", "qkv_fwd", "qkv_bwd"},          {"attn_proj", "attn_proj_fwd", "attn_proj_bwd"},
+    {"fc", "fc_fwd", "fc_bwd"},             {"fc_proj", "fc_proj_fwd", "fc_proj_bwd"},
+    {"lm_head", "lm_head_fwd", "lm_head_bwd"},
+};
+static int g_role = -1;
+
+void timing_matmul_role(const char *role) {
+    g_role = -1;
+    for (int i = 0; i < (int)(sizeof(ROLES) / sizeof(ROLES[0])); i++)
+        if (strcmp(ROLES[i][0], role) == 0) g_role = i;
+}
+
+const char *timing_matmul_name(int backward) {
+    if (g_role < 0) return backward ? "matmul_bwd" : "matmul_fwd";
+    return ROLES[g_role][backward ? 2 : 1];
+}
+
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
                       timing_ctx ctx, double start_ms, double end_ms) {
     if (!T.on) return;

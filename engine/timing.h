@@ -43,6 +43,11 @@ int timing_on(void);
 /* Sets the run's time origin; call right after a barrier so ranks share it. */
 void timing_set_origin(void);
 void timing_set_context(int layer, int micro, timing_phase phase);
+/* Names the matrix products issued next by their role in the model ("qkv", "attn_proj",
+ * "fc", "fc_proj", "lm_head"), so that the report tells their shapes apart; their records
+ * are then "<role>_fwd" and "<role>_bwd". */
+void timing_matmul_role(const char *role);
+const char *timing_matmul_name(int backward);
 timing_ctx timing_context(void);
 /* Thread-safe, allocation-free; dropped (and counted) when the step's storage is full. */
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,

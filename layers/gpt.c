@@ -291,6 +291,8 @@ int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_ba
     static const gpt_placement whole = {1, 0, 1, NULL, 0, 1};
     memset(m, 0, sizeof(*m));
     m->tp = *tp;
+    m->tp.be = be;
+    if (m->tp.chunks < 1) m->tp.chunks = 1;
     m->place = place ? *place : whole;
     m->shape = *shape;
     int pad = 128 * tp->size; /* any vocab works with any tp: pad to a multiple of both */
@@ -394,22 +396,27 @@ static void block_forward(gpt_model *m, layer_acts *la, int l, const float *x, c
     gptc_stream *s = m->stream;
     block_views *w = &m->p.h[l];
     float *tmp = m->scratch.dbtc; /* [N,C] partial sums of the row-parallel projections */
-    int first = m->tp.rank == 0; /* adds the replicated bias of a row-parallel layer once */
     int N = d->N, Nl = d->Nl, C = d->C;
     size_t mine = (size_t)d->row0 * C, nl = (size_t)Nl * C;
     be->layernorm_forward(la->ln1 + mine, la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, Nl, C, s);
     tp_gather_rows(&m->tp, la->ln1, Nl, C, s);
+    timing_matmul_role("qkv");
     be->matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, N, C, 3 * d->Cl, 0, s);
     be->attention_forward(la->atty, la->att, la->qkv, d->B, d->T, d->Cl, d->NHl, s);
-    be->matmul_forward(tmp, la->atty, w->attprojw, first ? w->attprojb : NULL, N, d->Cl, C, 0, s);
-    be->add(la->res2, x, tp_reduce_rows(&m->tp, tmp, Nl, C, s), nl, s);
+    timing_matmul_role("attn_proj");
+    be->add(la->res2, x,
+            tp_row_parallel_forward(&m->tp, tmp, la->atty, w->attprojw, w->attprojb, N, d->Cl, C, s),
+            nl, s);
     be->layernorm_forward(la->ln2 + mine, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b,
                           Nl, C, s);
     tp_gather_rows(&m->tp, la->ln2, Nl, C, s);
+    timing_matmul_role("fc");
     be->matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, N, C, d->Fl, 0, s);
     be->gelu_forward(la->fch_gelu, la->fch, (size_t)N * d->Fl, s);
-    be->matmul_forward(tmp, la->fch_gelu, w->fcprojw, first ? w->fcprojb : NULL, N, d->Fl, C, 0, s);
-    be->add(la->res3, la->res2, tp_reduce_rows(&m->tp, tmp, Nl, C, s), nl, s);
+    timing_matmul_role("fc_proj");
+    be->add(la->res3, la->res2,
+            tp_row_parallel_forward(&m->tp, tmp, la->fch_gelu, w->fcprojw, w->fcprojb, N, d->Fl, C, s),
+            nl, s);
 }
 
 /* dfull [N,C] holds this rank's rows of the gradient of the layer's output at their
@@ -424,22 +431,27 @@ static void block_backward(gpt_model *m, layer_acts *la, int l, float *dfull, co
     float *dres = dfull + (size_t)d->row0 * C;
     /* MLP branch; the c_fc input gradient is partial per TP rank until reduced */
     const float *dy = tp_gather_rows(&m->tp, dfull, Nl, C, s);
+    timing_matmul_role("fc_proj");
     be->matmul_backward(a->dfch, dw->fcprojw, dw->fcprojb, dy, la->fch_gelu, w->fcprojw, N, d->Fl,
                         C, 0, s);
     be->gelu_backward(a->dfch, la->fch, a->dfch, (size_t)N * d->Fl, s);
-    be->matmul_backward(a->dbtc, dw->fcw, dw->fcb, a->dfch, la->ln2, w->fcw, N, C, d->Fl, 0, s);
-    be->layernorm_backward(dres, dw->ln2w, dw->ln2b, tp_reduce_rows(&m->tp, a->dbtc, Nl, C, s),
-                           la->res2, w->ln2w, la->ln2_mean, la->ln2_rstd, Nl, C, s);
+    timing_matmul_role("fc");
+    const float *dln2 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->fcw, dw->fcb, a->dfch,
+                                                    la->ln2, w->fcw, N, C, d->Fl, 0, s);
+    be->layernorm_backward(dres, dw->ln2w, dw->ln2b, dln2, la->res2, w->ln2w, la->ln2_mean,
+                           la->ln2_rstd, Nl, C, s);
     /* attention branch: dbtc first holds d(atty) [N,Cl], then d(ln1) [N,C] */
     dy = tp_gather_rows(&m->tp, dfull, Nl, C, s);
+    timing_matmul_role("attn_proj");
     be->matmul_backward(a->dbtc, dw->attprojw, dw->attprojb, dy, la->atty, w->attprojw, N, d->Cl,
                         C, 0, s);
     be->attention_backward(a->dqkv, a->datt, a->dbtc, la->qkv, la->att, d->B, d->T, d->Cl,
                            d->NHl, s);
-    be->matmul_backward(a->dbtc, dw->qkvw, dw->qkvb, a->dqkv, la->ln1, w->qkvw, N, C,
-                        3 * d->Cl, 0, s);
-    be->layernorm_backward(dres, dw->ln1w, dw->ln1b, tp_reduce_rows(&m->tp, a->dbtc, Nl, C, s), x,
-                           w->ln1w, la->ln1_mean, la->ln1_rstd, Nl, C, s);
+    timing_matmul_role("qkv");
+    const float *dln1 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->qkvw, dw->qkvb, a->dqkv,
+                                                    la->ln1, w->qkvw, N, C, 3 * d->Cl, 0, s);
+    be->layernorm_backward(dres, dw->ln1w, dw->ln1b, dln1, x, w->ln1w, la->ln1_mean, la->ln1_rstd,
+                           Nl, C, s);
 }
 
 static slot_acts *slot_of(gpt_model *m, int c, int micro) {
@@ -477,6 +489,7 @@ static double head_forward(gpt_model *m, slot_acts *sa, const float *x, const di
     be->layernorm_forward(sa->lnf + (size_t)d->row0 * C, sa->lnf_mean, sa->lnf_rstd, x, p->lnfw,
                           p->lnfb, d->Nl, C, s);
     tp_gather_rows(&m->tp, sa->lnf, d->Nl, C, s);
+    timing_matmul_role("lm_head");
     be->matmul_forward(sa->logits, sa->lnf, p->wte, NULL, N, C, d->Vl, 1, s);
     be->vocab_max(sa->loss_max, sa->logits, N, d->Vl, d->v_valid, s);
     tp_allreduce_max(&m->tp, sa->loss_max, (size_t)N, s);
@@ -499,9 +512,9 @@ static void head_backward(gpt_model *m, slot_acts *sa, float *dres, const float 
     param_views *p = &m->p, *g = &m->g;
     int N = d->N, C = d->C;
     /* logits already hold dlogits (fused into the loss) */
-    be->matmul_backward(m->scratch.dbtc, g->wte, NULL, sa->logits, sa->lnf, p->wte, N, C, d->Vl,
-                        1, s);
-    const float *dlnf = tp_reduce_rows(&m->tp, m->scratch.dbtc, d->Nl, C, s);
+    timing_matmul_role("lm_head");
+    const float *dlnf = tp_column_parallel_backward(&m->tp, m->scratch.dbtc, g->wte, NULL,
+                                                    sa->logits, sa->lnf, p->wte, N, C, d->Vl, 1, s);
     be->zero(dres, (size_t)d->Nl * C * sizeof(float), s);
     be->layernorm_backward(dres, g->lnfw, g->lnfb, dlnf, x, p->lnfw, sa->lnf_mean, sa->lnf_rstd,
                            d->Nl, C, s);

@@ -73,6 +73,50 @@ float *tp_reduce_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, g
     return mine;
 }
 
+/* overlap.tp = chunked, without sequence parallelism: the GEMM of rows [r0, r1) is done
+ * before their all-reduce is issued, and the next GEMM runs while it is in flight. */
+static int chunking(const tp_context *tp, int N) {
+    return tp->size > 1 && tp->chunks > 1 && !tp->sequence_parallel && N >= tp->chunks;
+}
+
+float *tp_row_parallel_forward(tp_context *tp, float *out, const float *inp, const float *w,
+                               const float *bias, int N, int IC, int OC, gptc_stream *s) {
+    const float *b = tp->rank == 0 ? bias : NULL;
+    if (!chunking(tp, N)) {
+        tp->be->matmul_forward(out, inp, w, b, N, IC, OC, 0, s);
+        return tp_reduce_rows(tp, out, (size_t)(tp->sequence_parallel ? N / tp->size : N),
+                              (size_t)OC, s);
+    }
+    for (int i = 0; i < tp->chunks; i++) {
+        int r0 = (int)((long)N * i / tp->chunks), r1 = (int)((long)N * (i + 1) / tp->chunks);
+        float *o = out + (size_t)r0 * OC;
+        tp->be->matmul_forward(o, inp + (size_t)r0 * IC, w, b, r1 - r0, IC, OC, 0, s);
+        comm_allreduce_sum(tp->group, o, (size_t)(r1 - r0) * OC, lane_begin(tp));
+    }
+    comm_lane_join(tp->lane);
+    return out;
+}
+
+float *tp_column_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbias,
+                                   const float *dout, const float *inp, const float *w, int N,
+                                   int IC, int OC, int w_rows_out, gptc_stream *s) {
+    if (!chunking(tp, N)) {
+        tp->be->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
+        return tp_reduce_rows(tp, dinp, (size_t)(tp->sequence_parallel ? N / tp->size : N),
+                              (size_t)IC, s);
+    }
+    for (int i = 0; i < tp->chunks; i++) {
+        int r0 = (int)((long)N * i / tp->chunks), r1 = (int)((long)N * (i + 1) / tp->chunks);
+        float *d = dinp + (size_t)r0 * IC;
+        tp->be->matmul_backward(d, NULL, NULL, dout + (size_t)r0 * OC, NULL, w, r1 - r0, IC, OC,
+                                w_rows_out, s);
+        comm_allreduce_sum(tp->group, d, (size_t)(r1 - r0) * IC, lane_begin(tp));
+    }
+    tp->be->matmul_backward(NULL, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
+    comm_lane_join(tp->lane);
+    return dinp;
+}
+
 void tp_allreduce_sum(tp_context *tp, float *buf, size_t n, gptc_stream *s) {
     if (tp->size == 1) return;
     comm_allreduce_sum(tp->group, buf, n, lane_begin(tp));

@@ -40,6 +40,8 @@ typedef struct {
     comm_group *group; /* NULL when size == 1 */
     int sequence_parallel;
     comm_lane *lane;   /* the TP stream; NULL: collectives run inline */
+    int chunks;        /* overlap.tp = chunked: token chunks per GEMM + collective; 1: none */
+    const gptc_backend *be;
 } tp_context;
 
 /* One contiguous hyperslab of the unsharded tensor that lands in this rank's shard:
@@ -70,6 +72,19 @@ float *tp_gather_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, g
 /* Leaving a parallel region: buf [N,C] holds this rank's partial sums of all rows;
  * returns this rank's rows of the sum (all rows without sequence parallelism). */
 float *tp_reduce_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s);
+/* A row-parallel projection leaving a parallel region (c_proj): out[N,OC] = the TP sum
+ * of inp[N,IC] @ W (+ bias, added by rank 0 only), returned as this rank's rows (see
+ * tp_reduce_rows). overlap.tp = chunked cuts the rows into tp->chunks pieces and reduces
+ * piece i on the TP stream while piece i+1 is multiplied. */
+float *tp_row_parallel_forward(tp_context *tp, float *out, const float *inp, const float *w,
+                               const float *bias, int N, int IC, int OC, gptc_stream *s);
+/* The backward of a column-parallel projection entering a parallel region (c_attn,
+ * c_fc, and the LM head): dinp[N,IC] = TP sum of dout @ W^T, returned as this rank's
+ * rows; dw and dbias accumulate as in matmul_backward. Chunked like the forward above,
+ * with dw computed while the last pieces are reduced. */
+float *tp_column_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbias,
+                                   const float *dout, const float *inp, const float *w, int N,
+                                   int IC, int OC, int w_rows_out, gptc_stream *s);
 /* Sum (or max) over the TP group, in place, on stream s. */
 void tp_allreduce_sum(tp_context *tp, float *buf, size_t n, gptc_stream *s);
 void tp_allreduce_max(tp_context *tp, float *buf, size_t n, gptc_stream *s);

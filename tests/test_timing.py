@@ -79,7 +79,10 @@ def main():
     check_report("single", report, 1)
     check_steps_contain_ops("single", events)
     n_micro = GB // MB
-    expect = {"matmul_fwd": (4 * L + 1) * n_micro, "matmul_bwd": (4 * L + 1) * n_micro,
+    expect = {"qkv_fwd": L * n_micro, "attn_proj_fwd": L * n_micro, "fc_fwd": L * n_micro,
+              "fc_proj_fwd": L * n_micro, "lm_head_fwd": n_micro, "qkv_bwd": L * n_micro,
+              "attn_proj_bwd": L * n_micro, "fc_bwd": L * n_micro, "fc_proj_bwd": L * n_micro,
+              "lm_head_bwd": n_micro,
               "attention_fwd": L * n_micro, "attention_bwd": L * n_micro,
               "layernorm_fwd": (2 * L + 1) * n_micro, "layernorm_bwd": (2 * L + 1) * n_micro,
               "gelu_fwd": L * n_micro, "embedding_fwd": n_micro, "embedding_bwd": n_micro,
@@ -149,6 +152,29 @@ def main():
         fail(f"overlap.dp = bucket hid only {100 * hidden['bucket']:.1f}% of slowed communication")
     if hidden["none_losses"] != hidden["bucket_losses"]:
         fail("overlap.dp = bucket changed the losses")
+    # tp2 chunked: each row chunk's all-reduce runs while the next chunk is multiplied
+    os.environ["GPTC_TEST_COMM_DELAY_US"] = "300"
+    try:
+        res = {}
+        for policy in ("none", "chunked"):
+            ev, rep, met = timed(f"tp2-{policy}", 2, ["--parallel.tp=2", f"--overlap.tp={policy}",
+                                                     "--overlap.tp_chunks=4", "--model.d_model=256",
+                                                     "--model.n_ctx=64", "--train.seq_len=64"])
+            comm = sum(r["comm_ms"] for r in rep["steps"])
+            res[policy] = ((comm - sum(r["exposed_comm_ms"] for r in rep["steps"])) / comm,
+                           sum(1 for e in ev if e.get("ph") == "X" and e["name"] == "attn_proj_fwd"),
+                           [(m["loss"], m["grad_norm"]) for m in met])
+            print(f"ok   tp2, overlap.tp = {policy}, slowed comm: {100 * res[policy][0]:.1f}% hidden, "
+                  f"{res[policy][1]} attn_proj_fwd GEMMs")
+    finally:
+        del os.environ["GPTC_TEST_COMM_DELAY_US"]
+    if res["none"][0] > 0.05 or res["chunked"][0] < 0.03:
+        fail(f"overlap.tp = chunked should hide some communication and none nearly none: {res}")
+    if res["chunked"][1] != 4 * res["none"][1]:
+        fail("overlap.tp = chunked should split each row-parallel GEMM into 4")
+    for (a, b), (c, d) in zip(res["none"][2], res["chunked"][2]):
+        if abs(a - c) > 1e-5 * abs(a) or abs(b - d) > 1e-5 * abs(b):
+            fail("overlap.tp = chunked changed the losses")
     print("PASS: timing records, report and trace hold")
 
 

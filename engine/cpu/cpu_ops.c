@@ -138,10 +138,10 @@ void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout
     if (dinp)
         cpu_sgemm(CblasNoTrans, w_rows_out ? CblasNoTrans : CblasTrans,
                     N, IC, OC, 1.0f, dout, OC, w, w_rows_out ? IC : OC, 0.0f, dinp, IC);
-    if (w_rows_out) /* dw[OC,IC] += dout^T @ inp */
+    if (dw && w_rows_out) /* dw[OC,IC] += dout^T @ inp */
         cpu_sgemm(CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC,
                     inp, IC, 1.0f, dw, IC);
-    else /* dw[IC,OC] += inp^T @ dout */
+    else if (dw) /* dw[IC,OC] += inp^T @ dout */
         cpu_sgemm(CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, inp, IC,
                     dout, OC, 1.0f, dw, OC);
     if (dbias) {
