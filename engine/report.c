@@ -74,7 +74,7 @@ static char *gather_text(comm_group *world, const text *mine, size_t *len) {
 
 typedef struct {
     char name[64];
-    int kind;
+    int kind, probe;
     long count, n_iso, n_ovl;
     double sum, iso, ovl;
 } merged_kernel;
@@ -85,12 +85,13 @@ static int merge_kernels(const char *lines, merged_kernel **out) {
     for (const char *p = lines; p && *p;) {
         merged_kernel r;
         int used = 0;
-        if (sscanf(p, "%63s %d %ld %lf %ld %lf %ld %lf\n%n", r.name, &r.kind, &r.count, &r.sum,
-                   &r.n_iso, &r.iso, &r.n_ovl, &r.ovl, &used) != 8 || used == 0)
+        if (sscanf(p, "%63s %d %d %ld %lf %ld %lf %ld %lf\n%n", r.name, &r.kind, &r.probe, &r.count,
+                   &r.sum, &r.n_iso, &r.iso, &r.n_ovl, &r.ovl, &used) != 9 || used == 0)
             break;
         p += used;
         int i = 0;
-        while (i < n && !(k[i].kind == r.kind && strcmp(k[i].name, r.name) == 0)) i++;
+        while (i < n && !(k[i].kind == r.kind && k[i].probe == r.probe && strcmp(k[i].name, r.name) == 0))
+            i++;
         if (i == n) {
             if (n == cap) {
                 cap = cap ? 2 * cap : 64;
@@ -115,36 +116,74 @@ static int by_total(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-static void print_table(const merged_kernel *k, int n, const char *steps_json, int ranks) {
+/* Means over the step rows of every rank, for the policy's steps and for the
+ * contention probe's serialized steps. */
+typedef struct {
+    long n;
+    double iter, compute, comm, exposed, ideal; /* ideal = max(compute, comm) */
+} step_means;
+
+static void mean_steps(const char *rows, int probe, step_means *m) {
+    memset(m, 0, sizeof(*m));
+    for (const char *p = rows; p && (p = strstr(p, "\"iter_ms\": ")); p++) {
+        double a, b, c, d;
+        char flag[8] = "";
+        if (sscanf(p, "\"iter_ms\": %lf, \"compute_ms\": %lf, \"comm_ms\": %lf, "
+                      "\"exposed_comm_ms\": %lf, \"probe\": %7[a-z]",
+                   &a, &b, &c, &d, flag) != 5 || (strcmp(flag, "true") == 0) != probe)
+            continue;
+        m->n++;
+        m->iter += a;
+        m->compute += b;
+        m->comm += c;
+        m->exposed += d;
+        m->ideal += b > c ? b : c;
+    }
+    if (m->n) {
+        m->iter /= m->n;
+        m->compute /= m->n;
+        m->comm /= m->n;
+        m->exposed /= m->n;
+        m->ideal /= m->n;
+    }
+}
+
+static const merged_kernel *probe_twin(const merged_kernel *k, int n, const merged_kernel *x) {
+    for (int i = 0; i < n; i++)
+        if (k[i].probe && k[i].kind == x->kind && strcmp(k[i].name, x->name) == 0) return &k[i];
+    return NULL;
+}
+
+static void print_table(const merged_kernel *k, int n, const step_means *pol,
+                        const step_means *probe, int ranks) {
     printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in flight)\n");
-    printf("%-16s %-7s %8s %11s %12s %12s %12s %9s\n", "kernel", "kind", "count", "total ms",
-           "mean us", "isolated us", "overlap us", "slowdown");
+    printf("%-16s %-7s %8s %11s %10s %11s %11s %8s %10s %8s\n", "kernel", "kind", "count",
+           "total ms", "mean us", "isolated", "overlapped", "slowdown", "probe us", "vs probe");
     for (int i = 0; i < n; i++) {
-        char slow[16] = "-";
-        if (k[i].n_iso && k[i].n_ovl)
-            snprintf(slow, sizeof(slow), "%.2f", (k[i].ovl / k[i].n_ovl) / (k[i].iso / k[i].n_iso));
-        char iso[16] = "-", ovl[16] = "-";
+        if (k[i].probe) continue;
+        char iso[16] = "-", ovl[16] = "-", slow[16] = "-", pm[16] = "-", vs[16] = "-";
         if (k[i].n_iso) snprintf(iso, sizeof(iso), "%.1f", k[i].iso / k[i].n_iso);
         if (k[i].n_ovl) snprintf(ovl, sizeof(ovl), "%.1f", k[i].ovl / k[i].n_ovl);
-        printf("%-16s %-7s %8ld %11.2f %12.1f %12s %12s %9s\n", k[i].name, timing_kind_name(k[i].kind),
-               k[i].count, k[i].sum / 1e3, k[i].sum / k[i].count, iso, ovl, slow);
-    }
-    /* step means over ranks and steps */
-    double it = 0, comp = 0, comm = 0, exp = 0;
-    long n_rows = 0;
-    for (const char *p = steps_json; p && (p = strstr(p, "\"iter_ms\": ")); n_rows++) {
-        double a, b, c, d;
-        if (sscanf(p, "\"iter_ms\": %lf, \"compute_ms\": %lf, \"comm_ms\": %lf, \"exposed_comm_ms\": %lf",
-                   &a, &b, &c, &d) == 4) {
-            it += a; comp += b; comm += c; exp += d;
+        if (k[i].n_iso && k[i].n_ovl)
+            snprintf(slow, sizeof(slow), "%.2f", (k[i].ovl / k[i].n_ovl) / (k[i].iso / k[i].n_iso));
+        const merged_kernel *t = probe_twin(k, n, &k[i]);
+        if (t) {
+            snprintf(pm, sizeof(pm), "%.1f", t->sum / t->count);
+            snprintf(vs, sizeof(vs), "%.2f", (k[i].sum / k[i].count) / (t->sum / t->count));
         }
-        p++;
+        printf("%-16s %-7s %8ld %11.2f %10.1f %11s %11s %8s %10s %8s\n", k[i].name,
+               timing_kind_name(k[i].kind), k[i].count, k[i].sum / 1e3, k[i].sum / k[i].count, iso,
+               ovl, slow, pm, vs);
     }
-    if (n_rows)
+    if (pol->n)
         printf("per step and rank (mean of %ld over %d rank(s)): iter %.2f ms, compute %.2f ms, "
                "comm %.2f ms, exposed comm %.2f ms (%.0f%% of comm hidden)\n",
-               n_rows, ranks, it / n_rows, comp / n_rows, comm / n_rows, exp / n_rows,
-               comm > 0 ? 100.0 * (comm - exp) / comm : 0.0);
+               pol->n, ranks, pol->iter, pol->compute, pol->comm, pol->exposed,
+               pol->comm > 0 ? 100.0 * (pol->comm - pol->exposed) / pol->comm : 0.0);
+    if (probe->n)
+        printf("contention probe (%ld serialized step rows): iter %.2f ms, ideal max(compute, comm) "
+               "%.2f ms; the policies gain %.2fx over serialized steps\n",
+               probe->n, probe->iter, probe->ideal, pol->iter > 0 ? probe->iter / pol->iter : 0.0);
 }
 
 /* ------------------------------------------------------------------ writing */
@@ -171,15 +210,16 @@ static void steps_text(text *t, int rank) {
     const timing_step_summary *s = timing_steps();
     for (int i = 0; i < timing_n_steps(); i++)
         put(t, "    {\"step\": %ld, \"rank\": %d, \"iter_ms\": %.4f, \"compute_ms\": %.4f, "
-               "\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f},\n",
-            s[i].step, rank, s[i].iter_ms, s[i].compute_ms, s[i].comm_ms, s[i].exposed_comm_ms);
+               "\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f, \"probe\": %s},\n",
+            s[i].step, rank, s[i].iter_ms, s[i].compute_ms, s[i].comm_ms, s[i].exposed_comm_ms,
+            s[i].probe ? "true" : "false");
 }
 
 static void kernels_text(text *t) {
     const timing_kernel_stats *k = timing_kernels();
     for (int i = 0; i < timing_n_kernels(); i++)
-        put(t, "%s %d %ld %.6f %ld %.6f %ld %.6f\n", k[i].name, k[i].kind, k[i].count, k[i].sum_us,
-            k[i].n_isolated, k[i].isolated_us, k[i].n_overlapped, k[i].overlapped_us);
+        put(t, "%s %d %d %ld %.6f %ld %.6f %ld %.6f\n", k[i].name, k[i].kind, k[i].probe, k[i].count,
+            k[i].sum_us, k[i].n_isolated, k[i].isolated_us, k[i].n_overlapped, k[i].overlapped_us);
 }
 
 static void trace_text(text *t, int rank) {
@@ -226,34 +266,60 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
         merged_kernel *k = NULL;
         int n = merge_kernels(kern, &k);
         qsort(k, (size_t)n, sizeof(*k), by_total);
+        step_means pol, probe;
+        mean_steps(steps, 0, &pol);
+        mean_steps(steps, 1, &probe);
         if (report_path && report_path[0]) {
-            text kj = {0};
+            text kj = {0}, pj = {0};
             for (int i = 0; i < n; i++) {
-                char slow[32] = "null", iso[32] = "null", ovl[32] = "null";
+                char slow[32] = "null", iso[32] = "null", ovl[32] = "null", pm[32] = "null",
+                     vs[32] = "null";
                 if (k[i].n_iso) snprintf(iso, sizeof(iso), "%.4f", k[i].iso / k[i].n_iso);
                 if (k[i].n_ovl) snprintf(ovl, sizeof(ovl), "%.4f", k[i].ovl / k[i].n_ovl);
                 if (k[i].n_iso && k[i].n_ovl)
                     snprintf(slow, sizeof(slow), "%.4f", (k[i].ovl / k[i].n_ovl) / (k[i].iso / k[i].n_iso));
-                put(&kj, "    {\"name\": \"%s\", \"kind\": \"%s\", \"count\": %ld, \"mean_us\": %.4f, "
-                         "\"isolated_mean_us\": %s, \"overlapped_mean_us\": %s, \"slowdown\": %s},\n",
+                const merged_kernel *t = k[i].probe ? NULL : probe_twin(k, n, &k[i]);
+                if (t) {
+                    snprintf(pm, sizeof(pm), "%.4f", t->sum / t->count);
+                    snprintf(vs, sizeof(vs), "%.4f", (k[i].sum / k[i].count) / (t->sum / t->count));
+                }
+                /* per step and rank: shows a decomposition (chunking) as well as slowdown */
+                long rows = k[i].probe ? probe.n : pol.n;
+                put(k[i].probe ? &pj : &kj,
+                    "    {\"name\": \"%s\", \"kind\": \"%s\", \"count\": %ld, \"mean_us\": %.4f, "
+                    "\"isolated_mean_us\": %s, \"overlapped_mean_us\": %s, \"slowdown\": %s, "
+                    "\"total_us_per_step\": %.4f, \"probe_mean_us\": %s, \"slowdown_vs_probe\": %s},\n",
                     k[i].name, timing_kind_name(k[i].kind), k[i].count, k[i].sum / k[i].count, iso,
-                    ovl, slow);
+                    ovl, slow, rows ? k[i].sum / rows : 0.0, pm, vs);
             }
             close_list(steps, ns);
             if (kj.s) close_list(kj.s, kj.n);
-            text head = {0};
+            if (pj.s) close_list(pj.s, pj.n);
+            text head = {0}, tail = {0};
             put(&head, "{\n  \"ranks\": %d,\n  \"dropped_records\": %ld,\n  \"steps\": [\n%s  ],\n  \"kernels\": [\n",
                 size, timing_dropped(), steps);
-            rc = write_file(report_path, "report", head.s, kj.s ? kj.s : "", "  ]\n}\n", err, errlen);
+            put(&tail, "  ],\n  \"probe_kernels\": [\n%s  ],\n  \"overlap\": {\"policy_steps\": %ld, "
+                       "\"probe_steps\": %ld, \"iter_ms\": %.4f, \"compute_ms\": %.4f, \"comm_ms\": %.4f, "
+                       "\"exposed_comm_ms\": %.4f, \"hidden_comm_ms\": %.4f, ",
+                pj.s ? pj.s : "", pol.n, probe.n, pol.iter, pol.compute, pol.comm, pol.exposed,
+                pol.comm - pol.exposed);
+            if (probe.n)
+                put(&tail, "\"serialized_iter_ms\": %.4f, \"ideal_iter_ms\": %.4f, \"gain\": %.4f}\n}\n",
+                    probe.iter, probe.ideal, pol.iter > 0 ? probe.iter / pol.iter : 0.0);
+            else
+                put(&tail, "\"serialized_iter_ms\": null, \"ideal_iter_ms\": null, \"gain\": null}\n}\n");
+            rc = write_file(report_path, "report", head.s, kj.s ? kj.s : "", tail.s, err, errlen);
             free(head.s);
+            free(tail.s);
             free(kj.s);
+            free(pj.s);
         }
         if (rc == 0 && trace) {
             close_list(trace, nt);
             rc = write_file(trace_path, "trace", "{\"traceEvents\": [\n", trace,
                             "], \"displayTimeUnit\": \"ms\"}\n", err, errlen);
         }
-        print_table(k, n, steps, size);
+        print_table(k, n, &pol, &probe, size);
         free(k);
     }
     free(st.s);

@@ -24,6 +24,7 @@ static struct {
     double origin_ms;
     timing_ctx ctx;
     long step;
+    int probe;
     double step_start_ms;
     timing_record *rec;        /* [capacity] this step's records */
     size_t capacity;
@@ -107,8 +108,9 @@ void timing_record_op(const char *name, timing_kind kind, timing_par par, int st
                                (start_ms - T.origin_ms) * 1e3, (end_ms - T.origin_ms) * 1e3};
 }
 
-void timing_begin_step(long step) {
+void timing_begin_step(long step, int probe) {
     T.step = step;
+    T.probe = probe;
     atomic_store(&T.n, 0);
     T.step_start_ms = timing_now_ms();
 }
@@ -169,7 +171,7 @@ static int meets(const span *u, size_t n, double a, double b) {
 
 static timing_kernel_stats *kernel_slot(const char *name, int kind) {
     for (int i = 0; i < T.n_kernels; i++)
-        if (T.kernels[i].kind == kind &&
+        if (T.kernels[i].kind == kind && T.kernels[i].probe == T.probe &&
             (T.kernels[i].name == name || strcmp(T.kernels[i].name, name) == 0))
             return &T.kernels[i];
     if (T.n_kernels == T.cap_kernels) {
@@ -183,6 +185,7 @@ static timing_kernel_stats *kernel_slot(const char *name, int kind) {
     memset(k, 0, sizeof(*k));
     k->name = name;
     k->kind = kind;
+    k->probe = T.probe;
     return k;
 }
 
@@ -209,7 +212,7 @@ void timing_end_step(double iter_ms) {
     size_t nm = union_of(T.rec, n, TK_COMM, T.merged_comm);
     double comm = total(T.merged_comm, nm);
     double start = (T.step_start_ms - T.origin_ms) * 1e3;
-    timing_step_summary s = {T.step, iter_ms, total(T.merged_comp, nc) / 1e3, comm / 1e3,
+    timing_step_summary s = {T.step, T.probe, iter_ms, total(T.merged_comp, nc) / 1e3, comm / 1e3,
                              (comm - intersection(T.merged_comp, nc, T.merged_comm, nm)) / 1e3,
                              start, (timing_now_ms() - T.origin_ms) * 1e3};
     if (T.n_steps == T.cap_steps) {

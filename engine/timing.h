@@ -52,13 +52,16 @@ timing_ctx timing_context(void);
 /* Thread-safe, allocation-free; dropped (and counted) when the step's storage is full. */
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
                       timing_ctx ctx, double start_ms, double end_ms);
-void timing_begin_step(long step);
+/* probe: this step runs with every overlap policy forced to none (the contention probe),
+ * and its kernels go to separate statistics: the serialized baseline. */
+void timing_begin_step(long step, int probe);
 /* Closes the step: iter_ms is its wall time. Analyses its records (outside the step). */
 void timing_end_step(double iter_ms);
 
 /* Per-step summary of one rank (report "steps"). */
 typedef struct {
     long step;
+    int probe;
     double iter_ms, compute_ms, comm_ms, exposed_comm_ms;
     double start_us, end_us; /* the step's span on the run's clock */
 } timing_step_summary;
@@ -67,6 +70,7 @@ typedef struct {
 typedef struct {
     const char *name;
     int kind;
+    int probe;          /* gathered in contention-probe steps */
     long count, n_isolated, n_overlapped;
     double sum_us, isolated_us, overlapped_us;
 } timing_kernel_stats;

@@ -45,8 +45,8 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
         snprintf(err, n, "profile.%s needs profile.timing = kernel", c->trace[0] ? "trace" : "report");
     else if (c->power)
         snprintf(err, n, "profile.power = true needs train.device = cuda");
-    else if (c->contention_probe > 0)
-        snprintf(err, n, "profile.contention_probe is not implemented yet");
+    else if (c->contention_probe > 0 && strcmp(c->timing, "kernel") != 0)
+        snprintf(err, n, "profile.contention_probe needs profile.timing = kernel");
     else
         return 0;
     return -1;
@@ -193,6 +193,7 @@ typedef struct {
     dp_context dpc;
     pp_context ppc;
     size_t sp_done;            /* LayerNorm gradients below this are summed over TP */
+    int policy_dp, policy_pp, policy_tp_chunks; /* the configured overlap policies */
     gpt_model model;
     batch_loader *loader;
     FILE *log;
@@ -254,6 +255,14 @@ static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n)
     if (c->keep > 1 && r->g->rank == 0) keep_versions(c->save, step, c->keep, r->kept, &r->n_kept);
     log_info("saved %s (step %ld%s)\n", c->save, step, t > 0 ? "" : ", no optimizer state");
     return 0;
+}
+
+/* The configured overlap policies, or all of them none (a contention-probe step: the
+ * same math, serialized, as a baseline for every kernel from the same run). */
+static void set_policies(run_state *r, int configured) {
+    r->dpc.overlap = configured && r->policy_dp;
+    r->ppc.async = configured && r->policy_pp;
+    r->model.tp.chunks = configured ? r->policy_tp_chunks : 1;
 }
 
 /* Called by the model as gradients become final during the step's last backward: the
@@ -435,6 +444,9 @@ int train_run(const gptc_config *c, const grid *g) {
     }
     if (agree(&r, rc)) goto fail;
 
+    r.policy_dp = r.dpc.overlap;
+    r.policy_pp = r.ppc.async;
+    r.policy_tp_chunks = m->tp.chunks;
     print_model(m, &bp, first, c->steps);
     if (g->dp > 1)
         log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)%s\n",
@@ -453,7 +465,9 @@ int train_run(const gptc_config *c, const grid *g) {
     double total_ms = 0, last_loss = NAN;
     long timed_steps = 0;
     for (long step = first; step <= c->steps; step++) {
-        timing_begin_step(step);
+        int probe = c->contention_probe > 0 && step % c->contention_probe == 0;
+        set_policies(&r, !probe);
+        timing_begin_step(step, probe);
         double t0 = timing_now_ms();
         rc = loader_get(r.loader, step, r.inputs, r.targets, err, sizeof(err));
         if (agree(&r, rc)) goto fail;

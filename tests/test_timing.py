@@ -152,6 +152,27 @@ def main():
         fail(f"overlap.dp = bucket hid only {100 * hidden['bucket']:.1f}% of slowed communication")
     if hidden["none_losses"] != hidden["bucket_losses"]:
         fail("overlap.dp = bucket changed the losses")
+    # contention probe: every 2nd step serialized, same math, its own baseline statistics
+    _, rep, met = timed("probe", 2, ["--parallel.dp=2", "--overlap.dp=bucket",
+                                     "--profile.contention_probe=2"])
+    probe_rows = sorted((r["rank"], r["step"]) for r in rep["steps"] if r["probe"])
+    if probe_rows != [(k, 2) for k in range(2)]:
+        fail(f"probe: expected step 2 serialized on both ranks, got {probe_rows}")
+    ov = rep["overlap"]
+    if ov["probe_steps"] != 2 or ov["policy_steps"] != 4 or not rep["probe_kernels"]:
+        fail(f"probe: overlap summary or probe kernels wrong: {ov}")
+    if not all(k["probe_mean_us"] is not None for k in rep["kernels"] if k["name"] == "qkv_fwd"):
+        fail("probe: qkv_fwd has no serialized baseline")
+    if ov["ideal_iter_ms"] > ov["serialized_iter_ms"] + 1e-9:
+        fail(f"probe: ideal step {ov['ideal_iter_ms']} longer than the serialized one")
+    r = run_train(BASE + ["--parallel.dp=2", "--overlap.dp=bucket", f"--train.log_file={D}/np.jsonl"],
+                  np_ranks=2)
+    if r.returncode or [(m["loss"], m["grad_norm"]) for m in read_metrics(f"{D}/np.jsonl")] != \
+            [(m["loss"], m["grad_norm"]) for m in met]:
+        fail("probe: the contention probe changed the losses")
+    print(f"ok   contention probe: step 2 serialized ({ov['serialized_iter_ms']:.1f} ms vs "
+          f"{ov['iter_ms']:.1f} ms with the policy), losses unchanged")
+
     # tp2 chunked: each row chunk's all-reduce runs while the next chunk is multiplied
     os.environ["GPTC_TEST_COMM_DELAY_US"] = "300"
     try:
