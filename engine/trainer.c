@@ -203,16 +203,19 @@ typedef struct {
 } run_state;
 
 static void run_free(run_state *r) {
-    gpt_destroy(&r->model);
+    /* streams first: communication still queued reads and writes the buffers below */
+    dp_params_settle(&r->dpc, &r->model);
+    comm_lane_free(&r->tp_lane);
+    comm_lane_free(&r->pp_lane);
+    comm_lane_free(&r->dp_lane);
+    dp_free(&r->dpc);
     pp_free(&r->ppc);
+    gpt_destroy(&r->model);
     if (r->loader) loader_destroy(r->loader);
     if (r->log) fclose(r->log);
     free(r->inputs);
     free(r->targets);
     free(r->kept);
-    comm_lane_free(&r->tp_lane);
-    comm_lane_free(&r->pp_lane);
-    comm_lane_free(&r->dp_lane);
     timing_shutdown();
     if (r->have_groups) {
         comm_group_free(&r->tp);
@@ -237,6 +240,7 @@ static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n)
     int writer = r->g->dp_rank == 0, rc = 0;
     /* the optimizer state in parameter layout, assembled from the DP shards if sharded */
     float *opt_m = NULL, *opt_v = NULL;
+    dp_params_settle(&r->dpc, m); /* prefetched all-gathers land before parameters are read */
     if (t > 0) {
         opt_m = calloc(m->n_params, sizeof(float));
         opt_v = calloc(m->n_params, sizeof(float));
@@ -263,6 +267,11 @@ static void set_policies(run_state *r, int configured) {
     r->dpc.overlap = configured && r->policy_dp;
     r->ppc.async = configured && r->policy_pp;
     r->model.tp.chunks = configured ? r->policy_tp_chunks : 1;
+}
+
+static void on_params_needed(void *ctx, size_t lo, size_t hi) {
+    run_state *r = ctx;
+    dp_params_needed(&r->dpc, &r->model, lo, hi);
 }
 
 /* Called by the model as gradients become final during the step's last backward: the
@@ -306,6 +315,7 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
     *norm = sqrt(sq);
     *skipped = !isfinite(loss) || !isfinite(*norm);
     if (!*skipped) {
+        dp_params_settle(&r->dpc, m); /* the optimizer writes parameters a gather may fill */
         optim_step(m, oc, *norm, ++*t, lr, piece);
         dp_gather_params(&r->dpc, m, m->stream);
     }
@@ -410,6 +420,7 @@ int train_run(const gptc_config *c, const grid *g) {
     if (agree(&r, rc)) goto fail;
     gpt_model *m = &r.model;
     m->on_grads_final = on_grads_final;
+    m->on_params_needed = on_params_needed;
     m->hook_ctx = &r;
     if (init) {
         /* a step-0 checkpoint without /optim is a plain initialisation */

@@ -454,6 +454,15 @@ static void block_backward(gpt_model *m, layer_acts *la, int l, float *dfull, co
                            Nl, C, s);
 }
 
+/* Tells the owner that compute is about to read the tensors a .. b (buffer order). */
+static void params_needed(gpt_model *m, const char *a, const char *b) {
+    const param_tensor *x = gpt_find_tensor(m, a), *y = gpt_find_tensor(m, b);
+    if (!m->on_params_needed || !x || !y) return;
+    size_t lo = x->offset < y->offset ? x->offset : y->offset;
+    size_t hi = x->offset < y->offset ? y->offset + y->numel : x->offset + x->numel;
+    m->on_params_needed(m->hook_ctx, lo, hi);
+}
+
 static slot_acts *slot_of(gpt_model *m, int c, int micro) {
     chunk_info *ch = &m->chunks[c];
     return &ch->slots[micro % ch->n_slots];
@@ -529,7 +538,9 @@ double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
     dims d = model_dims(m);
     size_t N = (size_t)d.N;
     timing_set_context(-1, micro, PH_FWD);
+    char a[48], b[48];
     if (ch->has_embedding) {
+        params_needed(m, "wpe", "wte");
         /* vocab-parallel embedding: each rank adds the rows it holds (wpe once), then sum */
         be->copy_from_host(sa->tokens, tokens, N * sizeof(int32_t), s);
         be->embedding_forward(sa->input, sa->tokens, m->p.wte, m->tp.rank == 0 ? m->p.wpe : NULL,
@@ -539,12 +550,18 @@ double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
     /* [Nl,C] this rank's rows of the residual stream entering each layer */
     const float *x = sa->input + (size_t)d.row0 * d.C;
     for (int i = 0; i < ch->n_layers; i++) {
-        timing_set_context(ch->first_layer + i, micro, PH_FWD);
-        block_forward(m, &sa->layer[i], ch->first_layer + i, x, &d);
+        int l = ch->first_layer + i;
+        timing_set_context(l, micro, PH_FWD);
+        snprintf(a, sizeof(a), "h.%d.mlp.c_proj.weight", l); /* the layer's first tensor */
+        snprintf(b, sizeof(b), "h.%d.ln_1.bias", l);         /* and its last */
+        params_needed(m, a, b);
+        block_forward(m, &sa->layer[i], l, x, &d);
         x = sa->layer[i].res3;
     }
     timing_set_context(-1, micro, PH_FWD);
     if (!ch->has_head) return 0.0;
+    params_needed(m, "ln_f.weight", "ln_f.bias");
+    params_needed(m, "wte", "wte");
     be->copy_from_host(sa->targets, targets, N * sizeof(int32_t), s);
     return head_forward(m, sa, x, &d, dloss);
 }

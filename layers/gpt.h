@@ -154,6 +154,9 @@ typedef struct {
     /* called during the last micro-batch's backward: the flat gradients [0, ready) are
      * final (buffer order is completion order); the data-parallel policy hangs here */
     void (*on_grads_final)(void *ctx, size_t ready);
+    /* called before compute reads the parameters of the flat range [lo, hi) (an
+     * all-gather of sharded parameters may still be filling them) */
+    void (*on_params_needed)(void *ctx, size_t lo, size_t hi);
     void *hook_ctx;
 } gpt_model;
 

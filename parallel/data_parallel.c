@@ -1,5 +1,7 @@
 #include "parallel/data_parallel.h"
 
+#include <stdlib.h>
+
 #include "layers/optimizer.h"
 #include "parallel/comm.h"
 
@@ -48,15 +50,48 @@ void dp_finish_gradients(dp_context *dp, gpt_model *m) {
 
 void dp_gather_params(dp_context *dp, gpt_model *m, gptc_stream *compute) {
     if (!dp->sharded) return;
+    int prefetch = dp->overlap && dp->lane;
+    if (prefetch && !dp->gathered) {
+        dp->gathered = calloc((size_t)m->n_buckets, sizeof(gptc_event *));
+        for (int b = 0; dp->gathered && b < m->n_buckets; b++)
+            dp->gathered[b] = dp->lane->be->event_create();
+        if (dp->gathered) dp->n_events = m->n_buckets;
+        else prefetch = 0;
+    }
     comm_lane_after_compute(dp->lane);
     gptc_stream *s = dp->lane ? dp->lane->stream : NULL;
-    for (int b = 0; b < m->n_buckets; b++) {
+    /* the forward reads the buckets last to first (wte and wpe first) */
+    for (int b = m->n_buckets - 1; b >= 0; b--) {
         const grad_bucket *bk = &m->buckets[b];
         size_t piece = bk->count / (size_t)dp->size;
         float *whole = m->params + bk->offset; /* [count] */
         comm_allgather(dp->group, whole + (size_t)dp->rank * piece, whole, piece, s);
+        if (prefetch) dp->lane->be->event_record(dp->gathered[b], s);
     }
+    if (prefetch) dp->n_gathered = m->n_buckets;
+    else comm_lane_join(dp->lane);
+}
+
+void dp_params_needed(dp_context *dp, gpt_model *m, size_t lo, size_t hi) {
+    if (!dp->n_gathered) return;
+    for (int b = 0; b < m->n_buckets; b++) {
+        const grad_bucket *bk = &m->buckets[b];
+        if (bk->offset < hi && bk->offset + bk->count > lo)
+            dp->lane->be->stream_wait_event(NULL, dp->gathered[b]);
+    }
+}
+
+void dp_params_settle(dp_context *dp, gpt_model *m) {
+    if (!dp->n_gathered) return;
     comm_lane_join(dp->lane);
+    dp->n_gathered = 0;
+}
+
+void dp_free(dp_context *dp) {
+    for (int b = 0; b < dp->n_events; b++)
+        if (dp->gathered[b]) dp->lane->be->event_destroy(dp->gathered[b]);
+    free(dp->gathered);
+    dp->gathered = NULL;
 }
 
 /* The state of a sharded bucket is gathered on the host: the CPU backend's memory is host

@@ -21,6 +21,9 @@ typedef struct {
     comm_group *group;     /* NULL when size == 1 */
     comm_lane *lane;       /* the DP stream; NULL: reductions run inline */
     int next;              /* first bucket of this step not yet issued */
+    gptc_event **gathered; /* [n_events] (sharded, bucket policy): each bucket's all-gather */
+    int n_events;
+    int n_gathered;        /* buckets whose all-gather may still be in flight */
 } dp_context;
 
 void dp_init(dp_context *dp, int size, int rank, int sharded, int overlap, comm_group *group,
@@ -33,8 +36,16 @@ void dp_grads_final(dp_context *dp, gpt_model *m, size_t ready);
  * compute waits for all of them. A bucket is summed over the DP group in place: all of
  * it, or when sharded this rank's piece (reduce-scatter). */
 void dp_finish_gradients(dp_context *dp, gpt_model *m);
-/* After a sharded optimizer step: every rank's updated piece to every rank. */
+/* After a sharded optimizer step: every rank's updated piece to every rank. none: the
+ * all-gathers finish before the step ends; bucket: they run behind the next step's
+ * forward, in the order it reads the buckets, and compute waits for each bucket only
+ * when it reaches it (dp_params_needed). */
 void dp_gather_params(dp_context *dp, gpt_model *m, gptc_stream *s);
+/* Compute is about to read parameters [lo, hi): waits for their buckets' all-gathers. */
+void dp_params_needed(dp_context *dp, gpt_model *m, size_t lo, size_t hi);
+/* Waits for every all-gather still in flight (before a checkpoint reads parameters). */
+void dp_params_settle(dp_context *dp, gpt_model *m);
+void dp_free(dp_context *dp);
 /* Sharded optimizer state <-> the whole state in parameter layout ([n_params] each, for
  * checkpoints): gather assembles it on every rank, scatter keeps this rank's pieces. */
 void dp_gather_state(dp_context *dp, gpt_model *m, float *m_full, float *v_full);
