@@ -85,6 +85,29 @@ def write_tokens(path, vocab, n=200_000):
         f.attrs["vocab_size"] = np.int64(vocab)
 
 
+def cpu_busy(seconds=0.5):
+    """Fraction of all CPUs busy over `seconds` (from /proc/stat)."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+    t0, i0 = sample()
+    time.sleep(seconds)
+    t1, i1 = sample()
+    return 1 - (i1 - i0) / max(t1 - t0, 1)
+
+
+def wait_for_quiet(a):
+    """On a shared machine other work skews timings: wait (up to --max-wait-s) until the CPUs
+    are mostly idle. Returns the busy fraction seen just before the run."""
+    deadline = time.time() + a.max_wait_s
+    while True:
+        busy = cpu_busy()
+        if busy <= a.idle_busy or time.time() > deadline:
+            return busy
+        time.sleep(1.0)
+
+
 def run_one(model, layout, label, overlap, a, work, tokens, rep):
     """Runs one configuration; returns (run columns, step rows, kernel rows, trace events)."""
     m, (tp, pp, dp) = MODELS[model], LAYOUTS[layout]
@@ -103,6 +126,7 @@ def run_one(model, layout, label, overlap, a, work, tokens, rep):
                GPTC_TEST_COMM_DELAY_US=str(a.comm_delay_us),
                OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // ranks)))
     launch = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] if ranks > 1 else []
+    busy = wait_for_quiet(a) if os.path.exists("/proc/stat") else None
     t0 = time.time()
     p = subprocess.run(launch + [TRAIN] + args, env=env, capture_output=True, text=True)
     wall = time.time() - t0
@@ -115,7 +139,8 @@ def run_one(model, layout, label, overlap, a, work, tokens, rep):
             "policy": label, "repeat": rep, **{f"overlap_{k}": overlap.get(k, v) for k, v in OVERLAP_DEFAULTS.items()},
             "comm_delay_us": a.comm_delay_us, "steps": a.steps,
             "dp_buckets": buckets.group(1) if buckets else "",
-            "dropped_records": rep.get("dropped_records", ""), "wall_s": round(wall, 2)}
+            "dropped_records": rep.get("dropped_records", ""), "wall_s": round(wall, 2),
+            "cpu_busy_before": None if busy is None else round(busy, 3)}
     steps = [{**cols, **s} for s in rep["steps"]]
     kernels = [{**cols, **k} for k in rep["kernels"]]
     with open(trace) as f:
@@ -139,7 +164,7 @@ def write_csv(path, rows, first):
 def sweep(a):
     run_keys = ["model", "layout", "tp", "pp", "dp", "ranks", "policy", "repeat"] + \
                [f"overlap_{k}" for k in OVERLAP_DEFAULTS] + \
-               ["comm_delay_us", "steps", "dp_buckets", "dropped_records", "wall_s"]
+               ["comm_delay_us", "steps", "dp_buckets", "dropped_records", "wall_s", "cpu_busy_before"]
     work = tempfile.mkdtemp(prefix="gptc_overlap_")
     step_rows, kernel_rows, timeline = [], [], {}
     tl_model, tl_layout = timeline_choice(a)
@@ -201,6 +226,26 @@ def measured(rows, model, layout, policy):
             and r["policy"] == policy and r["step"] > 2 and not r.get("probe")]
 
 
+def per_step(rows, key):
+    """Values of key (a column name or a function of a row) per (repeat, step), mean over ranks."""
+    d = {}
+    for r in rows:
+        d.setdefault((r["repeat"], r["step"]), []).append(key(r) if callable(key) else r[key])
+    return [np.mean(v) for v in d.values()]
+
+
+def center(v, stat):
+    return float(np.median(v) if stat == "median" else np.mean(v))
+
+
+def spread(v, stat):
+    """(below, above) the center: the interquartile range for the median, +-std for the mean."""
+    if stat == "median":
+        q1, q2, q3 = np.percentile(v, [25, 50, 75])
+        return q2 - q1, q3 - q2
+    return np.std(v), np.std(v)
+
+
 def panel_grid(plt, groups, models, layouts, height=3.6):
     fig, axes = plt.subplots(len(models), len(layouts), squeeze=False,
                              figsize=(4.2 * len(layouts) + 0.5, height * len(models) + 1.2))
@@ -220,25 +265,23 @@ def plot_step_time(plt, rows, a, subtitle):
     fig, axes = panel_grid(plt, groups, models, layouts)
     for model, layout, policies in groups:
         ax = axes[models.index(model)][layouts.index(layout)]
-        means, errs = [], []
-        for p in policies:
-            per_step = {}
-            for r in measured(rows, model, layout, p):
-                per_step.setdefault((r["repeat"], r["step"]), []).append(r["iter_ms"])
-            v = [np.mean(x) for x in per_step.values()]  # mean over ranks, then over steps
-            means.append(np.mean(v))
-            errs.append(np.std(v))
+        vals = [per_step(measured(rows, model, layout, p), "iter_ms") for p in policies]
+        c = [center(v, a.stat) for v in vals]
+        err = np.array([spread(v, a.stat) for v in vals]).T
         x = np.arange(len(policies))
-        bars = ax.bar(x, means, yerr=errs, capsize=3, color=policy_colors(policies))
-        ax.bar_label(bars, labels=[f"{m:.0f}" for m in means], padding=2, fontsize=8)
+        bars = ax.bar(x, c, yerr=err, capsize=3, color=policy_colors(policies))
+        ax.bar_label(bars, labels=[f"{m:.0f}" for m in c], padding=2, fontsize=8)
         ax.set_xticks(x, policies, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("step time (ms)")
-        ax.set_ylim(0, max(m + e for m, e in zip(means, errs)) * 1.18)
+        ax.set_ylim(0, max(c + err[1]) * 1.18)
         ax.set_title(f"{model} model, {layout}", fontsize=10)
     for ax in axes.flat:
         if not ax.has_data():
             ax.set_visible(False)
-    fig.suptitle("Step time per overlap policy (mean over ranks of steps 3+, error bar = std over steps and repeats)\n"
+    what = ("median, error bar = interquartile range," if a.stat == "median" else
+            "mean, error bar = std,")
+    fig.suptitle(f"Step time per overlap policy (each step's time is the mean over ranks; bar = {what} "
+                 "over steps 3+ of all repeats)\n"
                  + subtitle, fontsize=11)
     fig.tight_layout()
     fig.savefig(os.path.join(a.out, "step_time.png"), dpi=110)
@@ -255,8 +298,8 @@ def plot_comm_hidden(plt, rows, a, subtitle):
         exposed, hidden = [], []
         for p in policies:
             rs = measured(rows, model, layout, p)
-            exposed.append(np.mean([r["exposed_comm_ms"] for r in rs]))
-            hidden.append(np.mean([r["comm_ms"] - r["exposed_comm_ms"] for r in rs]))
+            exposed.append(center(per_step(rs, "exposed_comm_ms"), a.stat))
+            hidden.append(center(per_step(rs, lambda r: r["comm_ms"] - r["exposed_comm_ms"]), a.stat))
         x = np.arange(len(policies))
         ax.bar(x, exposed, color="tab:red", label="exposed comm")
         ax.bar(x, hidden, bottom=exposed, color="tab:green", label="hidden comm (behind compute)")
@@ -271,8 +314,8 @@ def plot_comm_hidden(plt, rows, a, subtitle):
             ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper right", fontsize=9)
-    fig.suptitle("Exposed vs hidden communication per policy (mean per step and rank, steps 3+; "
-                 "label = % hidden)\n" + subtitle, fontsize=11)
+    fig.suptitle(f"Exposed vs hidden communication per policy (per step and rank: mean over ranks, "
+                 f"then {a.stat} over steps 3+ of all repeats; label = % hidden)\n" + subtitle, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(os.path.join(a.out, "comm_hidden.png"), dpi=110)
     plt.close(fig)
@@ -441,6 +484,12 @@ def main():
                     help="layout of the timeline: its first (none) and last policy are drawn")
     ap.add_argument("--timeline-step", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "figures"))
+    ap.add_argument("--idle-busy", type=float, default=0.15,
+                    help="start a run only when at most this fraction of the CPUs is busy ...")
+    ap.add_argument("--max-wait-s", type=float, default=20, help="... or after waiting this long")
+    ap.add_argument("--stat", choices=["median", "mean"], default="median",
+                    help="statistic over steps and repeats in the bar charts (median: robust to "
+                         "other load on a shared machine)")
     ap.add_argument("--keep-traces", action="store_true", help="keep every run's trace.json")
     ap.add_argument("--plot-only", action="store_true", help="redraw from the CSVs in --out")
     a = ap.parse_args()

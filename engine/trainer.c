@@ -39,8 +39,6 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
         snprintf(err, n, "train.device = cuda: this build has no CUDA backend yet (use cpu)");
     else if (strcmp(c->precision, "fp32") != 0)
         snprintf(err, n, "train.precision = %s: the cpu backend trains in fp32 only", c->precision);
-    else if (strcmp(c->overlap_tp, "chunked") == 0 && c->sequence_parallel)
-        snprintf(err, n, "overlap.tp = chunked with parallel.sequence_parallel is not implemented yet");
     else if ((c->trace[0] || c->report[0]) && strcmp(c->timing, "kernel") != 0)
         snprintf(err, n, "profile.%s needs profile.timing = kernel", c->trace[0] ? "trace" : "report");
     else if (c->power)
@@ -392,7 +390,7 @@ int train_run(const gptc_config *c, const grid *g) {
     }
     r.tpc = (tp_context){g->tp, g->tp_rank, g->tp > 1 ? &r.tp : NULL, c->sequence_parallel,
                          g->tp > 1 ? &r.tp_lane : NULL,
-                         strcmp(c->overlap_tp, "chunked") == 0 ? c->tp_chunks : 1, NULL};
+                         strcmp(c->overlap_tp, "chunked") == 0 ? c->tp_chunks : 1, NULL, NULL, 0};
     /* the tied wte: first and last stage of the same (tp, dp) position */
     int ends = g->pp > 1 && (g->pp_rank == 0 || g->pp_rank == g->pp - 1);
     if (comm_split(&r.world, &r.embedding, "embed", ends ? g->tp_rank + g->tp * g->dp_rank : -1,

@@ -344,6 +344,7 @@ oom:
 }
 
 void gpt_destroy(gpt_model *m) {
+    if (m->be) tp_free(&m->tp);
     if (m->be) {
         if (m->params) m->be->release(m->params);
         if (m->grads) m->be->release(m->grads);
@@ -399,9 +400,8 @@ static void block_forward(gpt_model *m, layer_acts *la, int l, const float *x, c
     int N = d->N, Nl = d->Nl, C = d->C;
     size_t mine = (size_t)d->row0 * C, nl = (size_t)Nl * C;
     be->layernorm_forward(la->ln1 + mine, la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, Nl, C, s);
-    tp_gather_rows(&m->tp, la->ln1, Nl, C, s);
     timing_matmul_role("qkv");
-    be->matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, N, C, 3 * d->Cl, 0, s);
+    tp_column_parallel_forward(&m->tp, la->qkv, la->ln1, w->qkvw, w->qkvb, N, C, 3 * d->Cl, 0, s);
     be->attention_forward(la->atty, la->att, la->qkv, d->B, d->T, d->Cl, d->NHl, s);
     timing_matmul_role("attn_proj");
     be->add(la->res2, x,
@@ -409,9 +409,8 @@ static void block_forward(gpt_model *m, layer_acts *la, int l, const float *x, c
             nl, s);
     be->layernorm_forward(la->ln2 + mine, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b,
                           Nl, C, s);
-    tp_gather_rows(&m->tp, la->ln2, Nl, C, s);
     timing_matmul_role("fc");
-    be->matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, N, C, d->Fl, 0, s);
+    tp_column_parallel_forward(&m->tp, la->fch, la->ln2, w->fcw, w->fcb, N, C, d->Fl, 0, s);
     be->gelu_forward(la->fch_gelu, la->fch, (size_t)N * d->Fl, s);
     timing_matmul_role("fc_proj");
     be->add(la->res3, la->res2,
@@ -430,10 +429,9 @@ static void block_backward(gpt_model *m, layer_acts *la, int l, float *dfull, co
     int N = d->N, Nl = d->Nl, C = d->C;
     float *dres = dfull + (size_t)d->row0 * C;
     /* MLP branch; the c_fc input gradient is partial per TP rank until reduced */
-    const float *dy = tp_gather_rows(&m->tp, dfull, Nl, C, s);
     timing_matmul_role("fc_proj");
-    be->matmul_backward(a->dfch, dw->fcprojw, dw->fcprojb, dy, la->fch_gelu, w->fcprojw, N, d->Fl,
-                        C, 0, s);
+    tp_row_parallel_backward(&m->tp, a->dfch, dw->fcprojw, dw->fcprojb, dfull, la->fch_gelu,
+                             w->fcprojw, N, d->Fl, C, s);
     be->gelu_backward(a->dfch, la->fch, a->dfch, (size_t)N * d->Fl, s);
     timing_matmul_role("fc");
     const float *dln2 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->fcw, dw->fcb, a->dfch,
@@ -441,10 +439,9 @@ static void block_backward(gpt_model *m, layer_acts *la, int l, float *dfull, co
     be->layernorm_backward(dres, dw->ln2w, dw->ln2b, dln2, la->res2, w->ln2w, la->ln2_mean,
                            la->ln2_rstd, Nl, C, s);
     /* attention branch: dbtc first holds d(atty) [N,Cl], then d(ln1) [N,C] */
-    dy = tp_gather_rows(&m->tp, dfull, Nl, C, s);
     timing_matmul_role("attn_proj");
-    be->matmul_backward(a->dbtc, dw->attprojw, dw->attprojb, dy, la->atty, w->attprojw, N, d->Cl,
-                        C, 0, s);
+    tp_row_parallel_backward(&m->tp, a->dbtc, dw->attprojw, dw->attprojb, dfull, la->atty,
+                             w->attprojw, N, d->Cl, C, s);
     be->attention_backward(a->dqkv, a->datt, a->dbtc, la->qkv, la->att, d->B, d->T, d->Cl,
                            d->NHl, s);
     timing_matmul_role("qkv");
@@ -497,9 +494,8 @@ static double head_forward(gpt_model *m, slot_acts *sa, const float *x, const di
     int N = d->N, C = d->C;
     be->layernorm_forward(sa->lnf + (size_t)d->row0 * C, sa->lnf_mean, sa->lnf_rstd, x, p->lnfw,
                           p->lnfb, d->Nl, C, s);
-    tp_gather_rows(&m->tp, sa->lnf, d->Nl, C, s);
     timing_matmul_role("lm_head");
-    be->matmul_forward(sa->logits, sa->lnf, p->wte, NULL, N, C, d->Vl, 1, s);
+    tp_column_parallel_forward(&m->tp, sa->logits, sa->lnf, p->wte, NULL, N, C, d->Vl, 1, s);
     be->vocab_max(sa->loss_max, sa->logits, N, d->Vl, d->v_valid, s);
     tp_allreduce_max(&m->tp, sa->loss_max, (size_t)N, s);
     be->vocab_expsum(sa->loss_stats, sa->logits, sa->loss_max, sa->targets, N, d->Vl, d->v_valid,

@@ -254,6 +254,18 @@ static void do_broadcast(comm_group *g, char *buf, size_t bytes, int root) {
             return;
 }
 
+/* Sum to root, in place there (MPI_IN_PLACE); other ranks' buffers are only read. */
+static void do_reduce(comm_group *g, float *buf, size_t n, int root) {
+    size_t p = piece_size();
+    for (size_t k = 0; k * p < n; k++) {
+        float *piece = buf + k * p;
+        int rc = g->rank == root
+                     ? MPI_Reduce(MPI_IN_PLACE, piece, piece_len(n, p, k), MPI_FLOAT, MPI_SUM, root, g->comm)
+                     : MPI_Reduce(piece, NULL, piece_len(n, p, k), MPI_FLOAT, MPI_SUM, root, g->comm);
+        if (!ok(g, "MPI_Reduce", rc)) return;
+    }
+}
+
 static void do_send(comm_group *g, const char *buf, size_t bytes, int peer, int tag) {
     size_t p = piece_size(), pieces = piece_count(bytes, p);
     for (size_t k = 0; k < pieces; k++)
@@ -311,7 +323,8 @@ static void do_sendrecv(comm_group *g, const char *sendbuf, size_t send_bytes, i
 /* ---- issuing on a stream ---- */
 
 typedef enum {
-    OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_SEND, OP_RECV, OP_SENDRECV
+    OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_REDUCE, OP_SEND, OP_RECV,
+    OP_SENDRECV
 } op_kind;
 
 /* Everything an op needs, copied when it is issued: the caller's stack is gone by the
@@ -344,6 +357,7 @@ static const char *op_name(const comm_task *t) {
     case OP_REDUCE_SCATTER: return "reduce_scatter";
     case OP_ALLGATHER: return "allgather";
     case OP_BROADCAST: return "broadcast";
+    case OP_REDUCE: return "reduce";
     case OP_SEND: return "send";
     case OP_RECV: return "recv";
     case OP_SENDRECV: return "sendrecv";
@@ -385,6 +399,7 @@ static void run_op(const comm_task *t) {
     case OP_REDUCE_SCATTER: do_reduce_scatter(t->g, t->send, t->recv, t->recv_n); break;
     case OP_ALLGATHER: do_allgather(t->g, t->send, t->recv, t->send_n); break;
     case OP_BROADCAST: do_broadcast(t->g, t->recv, t->recv_n, t->peer); break;
+    case OP_REDUCE: do_reduce(t->g, t->recv, t->recv_n, t->peer); break;
     case OP_SEND: do_send(t->g, t->send, t->send_n, t->peer, t->tag); break;
     case OP_RECV: do_recv(t->g, t->recv, t->recv_n, t->peer, t->tag); break;
     case OP_SENDRECV:
@@ -439,6 +454,10 @@ void comm_allgather(comm_group *g, const float *send, float *recv, size_t n, gpt
 void comm_broadcast(comm_group *g, void *buf, size_t bytes, int root, gptc_stream *s) {
     issue((comm_task){.kind = OP_BROADCAST, .g = g, .recv = buf, .recv_n = bytes, .peer = root},
           s);
+}
+
+void comm_reduce_sum(comm_group *g, float *buf, size_t n, int root, gptc_stream *s) {
+    issue((comm_task){.kind = OP_REDUCE, .g = g, .recv = buf, .recv_n = n, .peer = root}, s);
 }
 
 void comm_send(comm_group *g, const void *buf, size_t bytes, int peer, int tag, gptc_stream *s) {

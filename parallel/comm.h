@@ -61,6 +61,8 @@ void comm_reduce_scatter_sum(comm_group *g, const float *send, float *recv, size
  * send == recv + rank * n. */
 void comm_allgather(comm_group *g, const float *send, float *recv, size_t n, gptc_stream *s);
 void comm_broadcast(comm_group *g, void *buf, size_t bytes, int root, gptc_stream *s);
+/* buf[n] on root becomes the sum over the group (in place); other ranks' are read only. */
+void comm_reduce_sum(comm_group *g, float *buf, size_t n, int root, gptc_stream *s);
 /* peer is a group rank */
 void comm_send(comm_group *g, const void *buf, size_t bytes, int peer, int tag, gptc_stream *s);
 void comm_recv(comm_group *g, void *buf, size_t bytes, int peer, int tag, gptc_stream *s);

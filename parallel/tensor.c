@@ -1,5 +1,7 @@
 #include "parallel/tensor.h"
 
+#include <stdlib.h>
+
 #include "parallel/comm.h"
 
 void tp_shard_shape(shard_kind k, long rows, long cols, long padded_rows, int tp,
@@ -73,48 +75,157 @@ float *tp_reduce_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, g
     return mine;
 }
 
-/* overlap.tp = chunked, without sequence parallelism: the GEMM of rows [r0, r1) is done
- * before their all-reduce is issued, and the next GEMM runs while it is in flight. */
-static int chunking(const tp_context *tp, int N) {
-    return tp->size > 1 && tp->chunks > 1 && !tp->sequence_parallel && N >= tp->chunks;
+/* overlap.tp = chunked cuts the rows into pieces: without sequence parallelism `chunks`
+ * contiguous ones; with it, each rank's block into `chunks`, so that piece p belongs to
+ * rank p / chunks and its all-gather is a broadcast from that rank, its reduce-scatter a
+ * reduce to it. A piece's GEMM and the collective of the previous (or next) piece run at
+ * the same time. */
+static int chunked(const tp_context *tp, int N) {
+    int per_rank = tp->sequence_parallel ? N / tp->size : N;
+    return tp->size > 1 && tp->chunks > 1 && per_rank >= tp->chunks;
 }
 
-float *tp_row_parallel_forward(tp_context *tp, float *out, const float *inp, const float *w,
-                               const float *bias, int N, int IC, int OC, gptc_stream *s) {
-    const float *b = tp->rank == 0 ? bias : NULL;
-    if (!chunking(tp, N)) {
-        tp->be->matmul_forward(out, inp, w, b, N, IC, OC, 0, s);
-        return tp_reduce_rows(tp, out, (size_t)(tp->sequence_parallel ? N / tp->size : N),
-                              (size_t)OC, s);
+static int n_pieces(const tp_context *tp) {
+    return tp->sequence_parallel ? tp->size * tp->chunks : tp->chunks;
+}
+
+static void piece_rows(const tp_context *tp, int N, int p, int *r0, int *r1, int *owner) {
+    int k = tp->chunks;
+    if (!tp->sequence_parallel) {
+        *r0 = (int)((long)N * p / k);
+        *r1 = (int)((long)N * (p + 1) / k);
+        *owner = -1;
+        return;
     }
-    for (int i = 0; i < tp->chunks; i++) {
-        int r0 = (int)((long)N * i / tp->chunks), r1 = (int)((long)N * (i + 1) / tp->chunks);
-        float *o = out + (size_t)r0 * OC;
-        tp->be->matmul_forward(o, inp + (size_t)r0 * IC, w, b, r1 - r0, IC, OC, 0, s);
-        comm_allreduce_sum(tp->group, o, (size_t)(r1 - r0) * OC, lane_begin(tp));
+    int Nl = N / tp->size, o = p / k, j = p % k;
+    *r0 = o * Nl + (int)((long)Nl * j / k);
+    *r1 = o * Nl + (int)((long)Nl * (j + 1) / k);
+    *owner = o;
+}
+
+/* The events that mark each piece's broadcast done (made once, on first use). */
+static gptc_event *piece_event(tp_context *tp, int p) {
+    if (!tp->pieces) {
+        tp->n_pieces = n_pieces(tp);
+        tp->pieces = calloc((size_t)tp->n_pieces, sizeof(gptc_event *));
+        for (int i = 0; tp->pieces && i < tp->n_pieces; i++)
+            tp->pieces[i] = tp->be->event_create();
+    }
+    return tp->pieces && p < tp->n_pieces ? tp->pieces[p] : NULL;
+}
+
+void tp_free(tp_context *tp) {
+    for (int i = 0; tp->pieces && i < tp->n_pieces; i++)
+        if (tp->pieces[i]) tp->be->event_destroy(tp->pieces[i]);
+    free(tp->pieces);
+    tp->pieces = NULL;
+}
+
+/* Broadcasts every piece of buf [N,C] from its owner on the TP stream, each followed by
+ * its event, and returns at once: the pieces arrive while the caller computes. */
+static void broadcast_pieces(tp_context *tp, float *buf, int N, int C) {
+    gptc_stream *s = lane_begin(tp);
+    for (int p = 0; p < n_pieces(tp); p++) {
+        int r0, r1, owner;
+        piece_rows(tp, N, p, &r0, &r1, &owner);
+        comm_broadcast(tp->group, buf + (size_t)r0 * C, (size_t)(r1 - r0) * C * sizeof(float),
+                       owner, s);
+        gptc_event *e = piece_event(tp, p);
+        if (e && s) tp->be->event_record(e, s);
+    }
+}
+
+static void wait_piece(tp_context *tp, int p) {
+    gptc_event *e = piece_event(tp, p);
+    if (e && tp->lane) tp->be->stream_wait_event(NULL, e);
+}
+
+static size_t own_offset(const tp_context *tp, int N, int C) {
+    return tp->sequence_parallel ? (size_t)tp->rank * (N / tp->size) * C : 0;
+}
+
+float *tp_column_parallel_forward(tp_context *tp, float *out, float *inp, const float *w,
+                                  const float *bias, int N, int IC, int OC, int w_rows_out,
+                                  gptc_stream *s) {
+    if (!tp->sequence_parallel || !chunked(tp, N)) {
+        tp_gather_rows(tp, inp, (size_t)(tp->sequence_parallel ? N / tp->size : N), (size_t)IC, s);
+        tp->be->matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, s);
+        return out;
+    }
+    broadcast_pieces(tp, inp, N, IC);
+    for (int p = 0; p < n_pieces(tp); p++) {
+        int r0, r1, owner;
+        piece_rows(tp, N, p, &r0, &r1, &owner);
+        wait_piece(tp, p);
+        tp->be->matmul_forward(out + (size_t)r0 * OC, inp + (size_t)r0 * IC, w, bias, r1 - r0, IC,
+                               OC, w_rows_out, s);
     }
     comm_lane_join(tp->lane);
     return out;
 }
 
+float *tp_row_parallel_forward(tp_context *tp, float *out, const float *inp, const float *w,
+                               const float *bias, int N, int IC, int OC, gptc_stream *s) {
+    const float *b = tp->rank == 0 ? bias : NULL;
+    if (!chunked(tp, N)) {
+        tp->be->matmul_forward(out, inp, w, b, N, IC, OC, 0, s);
+        return tp_reduce_rows(tp, out, (size_t)(tp->sequence_parallel ? N / tp->size : N),
+                              (size_t)OC, s);
+    }
+    for (int p = 0; p < n_pieces(tp); p++) {
+        int r0, r1, owner;
+        piece_rows(tp, N, p, &r0, &r1, &owner);
+        float *o = out + (size_t)r0 * OC;
+        size_t n = (size_t)(r1 - r0) * OC;
+        tp->be->matmul_forward(o, inp + (size_t)r0 * IC, w, b, r1 - r0, IC, OC, 0, s);
+        if (owner < 0) comm_allreduce_sum(tp->group, o, n, lane_begin(tp));
+        else comm_reduce_sum(tp->group, o, n, owner, lane_begin(tp));
+    }
+    comm_lane_join(tp->lane);
+    return out + own_offset(tp, N, OC);
+}
+
 float *tp_column_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbias,
                                    const float *dout, const float *inp, const float *w, int N,
                                    int IC, int OC, int w_rows_out, gptc_stream *s) {
-    if (!chunking(tp, N)) {
+    if (!chunked(tp, N)) {
         tp->be->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
         return tp_reduce_rows(tp, dinp, (size_t)(tp->sequence_parallel ? N / tp->size : N),
                               (size_t)IC, s);
     }
-    for (int i = 0; i < tp->chunks; i++) {
-        int r0 = (int)((long)N * i / tp->chunks), r1 = (int)((long)N * (i + 1) / tp->chunks);
+    for (int p = 0; p < n_pieces(tp); p++) {
+        int r0, r1, owner;
+        piece_rows(tp, N, p, &r0, &r1, &owner);
         float *d = dinp + (size_t)r0 * IC;
+        size_t n = (size_t)(r1 - r0) * IC;
         tp->be->matmul_backward(d, NULL, NULL, dout + (size_t)r0 * OC, NULL, w, r1 - r0, IC, OC,
                                 w_rows_out, s);
-        comm_allreduce_sum(tp->group, d, (size_t)(r1 - r0) * IC, lane_begin(tp));
+        if (owner < 0) comm_allreduce_sum(tp->group, d, n, lane_begin(tp));
+        else comm_reduce_sum(tp->group, d, n, owner, lane_begin(tp));
     }
     tp->be->matmul_backward(NULL, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
     comm_lane_join(tp->lane);
-    return dinp;
+    return dinp + own_offset(tp, N, IC);
+}
+
+void tp_row_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbias, float *dout,
+                              const float *inp, const float *w, int N, int IC, int OC,
+                              gptc_stream *s) {
+    if (!tp->sequence_parallel || !chunked(tp, N)) {
+        tp_gather_rows(tp, dout, (size_t)(tp->sequence_parallel ? N / tp->size : N), (size_t)OC, s);
+        tp->be->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, 0, s);
+        return;
+    }
+    broadcast_pieces(tp, dout, N, OC);
+    for (int p = 0; p < n_pieces(tp); p++) {
+        int r0, r1, owner;
+        piece_rows(tp, N, p, &r0, &r1, &owner);
+        wait_piece(tp, p);
+        tp->be->matmul_backward(dinp + (size_t)r0 * IC, NULL, NULL, dout + (size_t)r0 * OC, NULL, w,
+                                r1 - r0, IC, OC, 0, s);
+    }
+    tp->be->matmul_backward(NULL, dw, dbias, dout, inp, w, N, IC, OC, 0, s);
+    comm_lane_join(tp->lane);
 }
 
 void tp_allreduce_sum(tp_context *tp, float *buf, size_t n, gptc_stream *s) {

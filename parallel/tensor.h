@@ -42,6 +42,8 @@ typedef struct {
     comm_lane *lane;   /* the TP stream; NULL: collectives run inline */
     int chunks;        /* overlap.tp = chunked: token chunks per GEMM + collective; 1: none */
     const gptc_backend *be;
+    gptc_event **pieces; /* [n_pieces] chunked with SP: a piece's broadcast is done */
+    int n_pieces;
 } tp_context;
 
 /* One contiguous hyperslab of the unsharded tensor that lands in this rank's shard:
@@ -72,6 +74,21 @@ float *tp_gather_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, g
 /* Leaving a parallel region: buf [N,C] holds this rank's partial sums of all rows;
  * returns this rank's rows of the sum (all rows without sequence parallelism). */
 float *tp_reduce_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s);
+/* A column-parallel projection entering a parallel region (c_attn, c_fc, the LM head):
+ * out[N,OC] = inp[N,IC] @ W + bias, where with sequence parallelism inp holds only this
+ * rank's rows at their place and is all-gathered first (chunked: piece by piece, each
+ * multiplied as it arrives). */
+float *tp_column_parallel_forward(tp_context *tp, float *out, float *inp, const float *w,
+                                  const float *bias, int N, int IC, int OC, int w_rows_out,
+                                  gptc_stream *s);
+/* The backward of a row-parallel projection (c_proj): dinp[N,IC] = dout @ W^T and dw,
+ * dbias accumulate, where with sequence parallelism dout holds only this rank's rows at
+ * their place and is all-gathered first (chunked: piece by piece). */
+void tp_row_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbias, float *dout,
+                              const float *inp, const float *w, int N, int IC, int OC,
+                              gptc_stream *s);
+/* Frees the chunking events. */
+void tp_free(tp_context *tp);
 /* A row-parallel projection leaving a parallel region (c_proj): out[N,OC] = the TP sum
  * of inp[N,IC] @ W (+ bias, added by rank 0 only), returned as this rank's rows (see
  * tp_reduce_rows). overlap.tp = chunked cuts the rows into tp->chunks pieces and reduces
