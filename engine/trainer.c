@@ -5,6 +5,7 @@
 #include "engine/trainer.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <mpi.h>
 #include <libgen.h>
 #include <math.h>
@@ -31,6 +32,21 @@
 #include "parallel/tensor.h"
 
 enum { ERR_LEN = 1024 };
+
+/* SIGINT / SIGTERM (a Slurm time limit, a user's Ctrl-C): finish the step in flight, write
+ * a checkpoint when train.save is set, and exit 0 on every rank. */
+static volatile sig_atomic_t g_stop_signal = 0;
+
+static void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
 
 /* Features whose keys exist in the contract but whose code lands with later work are
  * refused by name rather than silently ignored. */
@@ -465,6 +481,7 @@ int train_run(const gptc_config *c, const grid *g) {
                        strcmp(c->lr_schedule, "cosine") == 0, c->beta1, c->beta2, c->eps,
                        c->weight_decay, c->grad_clip};
     int skip_bad = strcmp(c->nan_policy, "skip") == 0;
+    catch_stop_signals();
     if (kernel_timing) {
         /* one time origin for all ranks, so their traces line up */
         if (g->world > 1) MPI_Barrier(r.world.comm);
@@ -509,8 +526,18 @@ int train_run(const gptc_config *c, const grid *g) {
                     step, loss, norm, lr, ms, tps);
             fflush(r.log);
         }
-        int due = c->save[0] && ((c->save_every > 0 && step % c->save_every == 0) || step == c->steps);
+        /* a signal on any rank stops every rank after this same step */
+        int stop = g_stop_signal != 0;
+        if (g->world > 1) stop = comm_max_int(&r.world, stop);
+        int due = c->save[0] && ((c->save_every > 0 && step % c->save_every == 0) ||
+                                 step == c->steps || stop);
         if (due && save_checkpoint(&r, step, t, err, sizeof(err)) != 0) goto fail;
+        if (stop) {
+            log_info("stopped by a signal after step %ld%s\n", step,
+                     c->save[0] ? " (checkpoint written; train.init it to resume)" : "");
+            run_free(&r);
+            return 0;
+        }
     }
     /* a run with no steps left still writes what it holds: with train.steps = 0 that is
      * the initialisation itself, a step-0 checkpoint without /optim */
