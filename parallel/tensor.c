@@ -135,6 +135,12 @@ static void broadcast_pieces(tp_context *tp, float *buf, int N, int C) {
     }
 }
 
+/* Issues the sum of one piece: to its owner (the reduce-scatter's share) or to all. */
+static void reduce_piece(tp_context *tp, float *buf, size_t n, int owner) {
+    if (owner < 0) comm_allreduce_sum(tp->group, buf, n, lane_begin(tp));
+    else comm_reduce_sum(tp->group, buf, n, owner, lane_begin(tp));
+}
+
 static void wait_piece(tp_context *tp, int p) {
     gptc_event *e = piece_event(tp, p);
     if (e && tp->lane) tp->be->stream_wait_event(NULL, e);
@@ -176,10 +182,8 @@ float *tp_row_parallel_forward(tp_context *tp, float *out, const float *inp, con
         int r0, r1, owner;
         piece_rows(tp, N, p, &r0, &r1, &owner);
         float *o = out + (size_t)r0 * OC;
-        size_t n = (size_t)(r1 - r0) * OC;
         tp->be->matmul_forward(o, inp + (size_t)r0 * IC, w, b, r1 - r0, IC, OC, 0, s);
-        if (owner < 0) comm_allreduce_sum(tp->group, o, n, lane_begin(tp));
-        else comm_reduce_sum(tp->group, o, n, owner, lane_begin(tp));
+        reduce_piece(tp, o, (size_t)(r1 - r0) * OC, owner);
     }
     comm_lane_join(tp->lane);
     return out + own_offset(tp, N, OC);
@@ -197,11 +201,9 @@ float *tp_column_parallel_backward(tp_context *tp, float *dinp, float *dw, float
         int r0, r1, owner;
         piece_rows(tp, N, p, &r0, &r1, &owner);
         float *d = dinp + (size_t)r0 * IC;
-        size_t n = (size_t)(r1 - r0) * IC;
         tp->be->matmul_backward(d, NULL, NULL, dout + (size_t)r0 * OC, NULL, w, r1 - r0, IC, OC,
                                 w_rows_out, s);
-        if (owner < 0) comm_allreduce_sum(tp->group, d, n, lane_begin(tp));
-        else comm_reduce_sum(tp->group, d, n, owner, lane_begin(tp));
+        reduce_piece(tp, d, (size_t)(r1 - r0) * IC, owner);
     }
     tp->be->matmul_backward(NULL, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
     comm_lane_join(tp->lane);
