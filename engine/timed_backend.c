@@ -7,12 +7,36 @@
 
 #include "engine/timing.h"
 
+#include <math.h>
+
 static gptc_backend g_timed;
 static const gptc_backend *g_inner;
+
+/* Hunting a non-finite value: every op's output is scanned and the first op that wrote
+ * one is kept. Host memory: the CPU backend's (a device backend copies first). */
+static int g_hunt;
+static timing_finite_report g_first;
 
 static void done(const char *name, double t0) {
     timing_record_op(name, TK_COMPUTE, TP_NONE, 0, timing_context(), t0, timing_now_ms());
 }
+
+static void scan(const char *name, const float *x, size_t n) {
+    if (!g_hunt || g_first.found || !x) return;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            timing_ctx c = timing_context();
+            g_first = (timing_finite_report){1, name, c.layer, c.micro, c.phase, timing_now_ms()};
+            return;
+        }
+}
+
+void timed_backend_hunt(int on) {
+    g_hunt = on;
+    if (on) g_first = (timing_finite_report){0};
+}
+
+timing_finite_report timed_backend_first_nonfinite(void) { return g_first; }
 
 static void t_zero(void *p, size_t bytes, gptc_stream *s) {
     double t0 = timing_now_ms();
@@ -26,6 +50,7 @@ static void t_embedding_forward(float *out, const int32_t *tokens, const float *
     double t0 = timing_now_ms();
     g_inner->embedding_forward(out, tokens, wte, wpe, N, T, C, v_start, v_local, s);
     done("embedding_fwd", t0);
+    scan("embedding_fwd", out, (size_t)N * C);
 }
 
 static void t_embedding_backward(float *dwte, float *dwpe, const float *dout,
@@ -34,6 +59,7 @@ static void t_embedding_backward(float *dwte, float *dwpe, const float *dout,
     double t0 = timing_now_ms();
     g_inner->embedding_backward(dwte, dwpe, dout, tokens, N, T, C, v_start, v_local, s);
     done("embedding_bwd", t0);
+    scan("embedding_bwd", dwte, (size_t)v_local * C);
 }
 
 static void t_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
@@ -41,6 +67,7 @@ static void t_layernorm_forward(float *out, float *mean, float *rstd, const floa
     double t0 = timing_now_ms();
     g_inner->layernorm_forward(out, mean, rstd, inp, w, b, N, C, s);
     done("layernorm_fwd", t0);
+    scan("layernorm_fwd", out, (size_t)N * C);
 }
 
 static void t_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
@@ -49,6 +76,7 @@ static void t_layernorm_backward(float *dinp, float *dw, float *db, const float 
     double t0 = timing_now_ms();
     g_inner->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, s);
     done("layernorm_bwd", t0);
+    scan("layernorm_bwd", dinp, (size_t)N * C);
 }
 
 static void t_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
@@ -56,6 +84,7 @@ static void t_matmul_forward(float *out, const float *inp, const float *w, const
     double t0 = timing_now_ms();
     g_inner->matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, s);
     done(timing_matmul_name(0), t0);
+    scan(timing_matmul_name(0), out, (size_t)N * OC);
 }
 
 static void t_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
@@ -64,6 +93,8 @@ static void t_matmul_backward(float *dinp, float *dw, float *dbias, const float 
     double t0 = timing_now_ms();
     g_inner->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
     done(timing_matmul_name(1), t0);
+    scan(timing_matmul_name(1), dinp, (size_t)N * IC);
+    scan(timing_matmul_name(1), dw, (size_t)IC * OC);
 }
 
 static void t_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
@@ -71,6 +102,7 @@ static void t_attention_forward(float *out, float *att, const float *qkv, int B,
     double t0 = timing_now_ms();
     g_inner->attention_forward(out, att, qkv, B, T, C, NH, s);
     done("attention_fwd", t0);
+    scan("attention_fwd", out, (size_t)B * T * C);
 }
 
 static void t_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
@@ -78,12 +110,14 @@ static void t_attention_backward(float *dqkv, float *datt, const float *dout, co
     double t0 = timing_now_ms();
     g_inner->attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH, s);
     done("attention_bwd", t0);
+    scan("attention_bwd", dqkv, (size_t)B * T * 3 * C);
 }
 
 static void t_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s) {
     double t0 = timing_now_ms();
     g_inner->gelu_forward(out, inp, n, s);
     done("gelu_fwd", t0);
+    scan("gelu_fwd", out, n);
 }
 
 static void t_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
@@ -91,12 +125,14 @@ static void t_gelu_backward(float *dinp, const float *inp, const float *dout, si
     double t0 = timing_now_ms();
     g_inner->gelu_backward(dinp, inp, dout, n, s);
     done("gelu_bwd", t0);
+    scan("gelu_bwd", dinp, n);
 }
 
 static void t_add(float *out, const float *a, const float *b, size_t n, gptc_stream *s) {
     double t0 = timing_now_ms();
     g_inner->add(out, a, b, n, s);
     done("residual_add", t0);
+    scan("residual_add", out, n);
 }
 
 static void t_accumulate(float *acc, const float *x, size_t n, gptc_stream *s) {
@@ -117,6 +153,7 @@ static void t_vocab_expsum(float *stats, float *logits, const float *mx, const i
     double t0 = timing_now_ms();
     g_inner->vocab_expsum(stats, logits, mx, targets, N, Vl, v_valid, v_start, s);
     done("loss_expsum", t0);
+    scan("loss_expsum", stats, 2 * (size_t)N);
 }
 
 static void t_vocab_ce_finish(float *losses, float *logits, const float *stats,
@@ -125,6 +162,7 @@ static void t_vocab_ce_finish(float *losses, float *logits, const float *stats,
     double t0 = timing_now_ms();
     g_inner->vocab_ce_finish(losses, logits, stats, targets, N, Vl, v_valid, v_start, dloss, s);
     done("loss_finish", t0);
+    scan("loss_finish", losses, (size_t)N);
 }
 
 static double t_sum_squares(const float *x, size_t n, gptc_stream *s) {

@@ -7,4 +7,16 @@
 /* One timed table per process, wrapping inner. */
 const gptc_backend *timed_backend(const gptc_backend *inner);
 
+/* Where a non-finite value first appeared (train.nan_policy = stop with kernel timing). */
+typedef struct {
+    int found;
+    const char *op;
+    int layer, micro, phase;
+    double when_ms;
+} timing_finite_report;
+
+/* While on, every op's output is scanned for NaN or Inf (slow: only to replay a step). */
+void timed_backend_hunt(int on);
+timing_finite_report timed_backend_first_nonfinite(void);
+
 #endif

@@ -336,6 +336,32 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
     return loss;
 }
 
+/* Replays the step whose loss or norm was not finite with every op's output checked, and
+ * names the first op (over all ranks) that wrote NaN or Inf. Collective; returns the rank
+ * that should report and fills where. */
+static int locate_nonfinite(run_state *r, const batch_plan *bp, char *where, size_t n) {
+    gpt_model *m = &r->model;
+    m->be->zero(m->grads, m->n_params * sizeof(float), m->stream);
+    timed_backend_hunt(1);
+    pp_run(&r->ppc, m, r->inputs, r->targets, bp->mb, bp->T, (float)(1.0 / ((double)bp->B * bp->T)));
+    timed_backend_hunt(0);
+    timing_finite_report f = timed_backend_first_nonfinite();
+    struct { double t; int rank; } mine = {f.found ? f.when_ms : 1e300, r->g->rank}, first = mine;
+    if (r->g->world > 1)
+        MPI_Allreduce(&mine, &first, 1, MPI_DOUBLE_INT, MPI_MINLOC, r->world.comm);
+    if (first.t == 1e300) {
+        snprintf(where, n, "; a replay found no op output that was not finite");
+        return 0;
+    }
+    if (first.rank == r->g->rank) {
+        char layer[32] = "";
+        if (f.layer >= 0) snprintf(layer, sizeof(layer), "layer %d, ", f.layer);
+        snprintf(where, n, "; first non-finite output: %s (%smicro-batch %d, %s) on rank %d", f.op,
+                 layer, f.micro, timing_phase_name(f.phase), r->g->rank);
+    }
+    return first.rank;
+}
+
 int train_run(const gptc_config *c, const grid *g) {
     char err[ERR_LEN] = "";
     run_state r;
@@ -501,9 +527,11 @@ int train_run(const gptc_config *c, const grid *g) {
         int skipped;
         double loss = train_step(&r, &bp, &t, lr, &oc, &norm, &skipped);
         if (skipped && !skip_bad) {
-            snprintf(err, sizeof(err), "step %ld: loss %g, grad norm %g is not finite (train.nan_policy = stop)",
-                     step, loss, norm);
-            silent = g->rank != 0;
+            char where[256] = "";
+            int reporter = kernel_timing ? locate_nonfinite(&r, &bp, where, sizeof(where)) : 0;
+            snprintf(err, sizeof(err), "step %ld: loss %g, grad norm %g is not finite (train.nan_policy = stop)%s",
+                     step, loss, norm, where);
+            silent = g->rank != reporter;
             goto fail;
         }
         if (skipped)

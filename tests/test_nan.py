@@ -1,0 +1,51 @@
+"""Numerical trouble: a learning rate far too large drives the loss to NaN/Inf.
+train.nan_policy = stop ends the run with one line naming the step (and, with kernel
+timing, the first op that wrote a non-finite value, found by replaying the step) and a
+nonzero exit on every rank; skip leaves out the bad updates and carries on."""
+import os
+import re
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gptc_testlib import fail, run_train, write_tokens  # noqa: E402
+
+D = tempfile.mkdtemp(prefix="gptc_nan_")
+BASE = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.n_ctx=32",
+        "--model.vocab_size=256", f"--data.path={D}/tok.h5", "--train.steps=30",
+        "--train.global_batch=4", "--train.lr=1000", "--train.grad_clip=0"]
+
+
+def error_line(r, name):
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gptc: error:")]
+    if r.returncode == 0 or len(lines) != 1:
+        fail(f"{name}: expected a nonzero exit and one error line, got {r.returncode}:\n{r.stderr}")
+    return lines[0]
+
+
+def main():
+    write_tokens(f"{D}/tok.h5", np.random.default_rng(4).integers(0, 256, 5000), 256)
+    line = error_line(run_train(BASE), "stop")
+    if not re.search(r"step \d+: loss .* is not finite \(train.nan_policy = stop\)", line):
+        fail(f"stop: unexpected message: {line}")
+    print(f"ok   stop: {line}")
+    line = error_line(run_train(BASE + ["--profile.timing=kernel"]), "stop, timed")
+    if not re.search(r"first non-finite output: \w+ \(.*micro-batch \d+, (fwd|bwd)\) on rank 0", line):
+        fail(f"stop with kernel timing does not name the op: {line}")
+    print(f"ok   stop with kernel timing: {line}")
+    line = error_line(run_train(BASE + ["--profile.timing=kernel", "--parallel.tp=2"], np_ranks=2),
+                      "stop, tp2")
+    if "first non-finite output" not in line:
+        fail(f"tp2: the op is not named: {line}")
+    print(f"ok   tp2: {line}")
+    r = run_train(BASE + ["--train.nan_policy=skip"])
+    if r.returncode != 0 or "update skipped" not in r.stdout:
+        fail(f"skip: exit {r.returncode}, or no skipped update reported\n{r.stderr[-1000:]}")
+    print("ok   skip: bad updates left out, the run finished")
+    print("PASS: non-finite losses are caught")
+
+
+if __name__ == "__main__":
+    main()
