@@ -1,9 +1,11 @@
 """Overlap sweep: layouts x overlap policies x bucket sizes / chunk counts, with per-kernel timing.
 
 Every run uses --profile.timing=kernel and writes a report and a trace; the reports are
-collected into one CSV (one row per run x rank x step, plus a per-kernel CSV) and drawn:
+collected into one CSV (one row per run x repeat x rank x step, plus a per-kernel CSV and
+the chosen step's trace events) and drawn:
 
-  step_time.png               mean ms/step per policy, one panel per (model, layout)
+  step_time.png               ms/step per policy (median over steps 3+ of all repeats of the
+                              mean over ranks; --stat mean), one panel per (model, layout)
   comm_hidden.png             exposed vs hidden communication per step and rank
   kernel_slowdown_<model>.png per-kernel slowdown (beside communication / alone), per policy
   timeline.png                one step of one layout from the trace, per rank and stream,
@@ -15,14 +17,16 @@ on a comm stream sleeps that long first, like a network with that much latency p
 
 Run from the repository root with Debian's python3 (needs numpy, h5py, matplotlib):
     /usr/bin/python3 benchmarks/overlap_sweep.py [--models tiny,small]
-        [--layouts dp2,tp2,pp2,tp2xdp2] [--steps 8] [--comm-delay-us 500]
+        [--layouts dp2,tp2,pp2,tp2xdp2] [--steps 8] [--repeats 3] [--comm-delay-us 500]
         [--out benchmarks/figures] [--plot-only]
+The default matrix (30 configurations x 3 repeats) takes about 4 minutes on 2 cores.
 """
 import argparse
 import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -125,24 +129,28 @@ def run_one(model, layout, label, overlap, a, work, tokens, rep):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                GPTC_TEST_COMM_DELAY_US=str(a.comm_delay_us),
                OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // ranks)))
+    if a.contention_probe:
+        args.append(f"--profile.contention_probe={a.contention_probe}")
     launch = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] if ranks > 1 else []
     busy = wait_for_quiet(a) if os.path.exists("/proc/stat") else None
     t0 = time.time()
-    p = subprocess.run(launch + [TRAIN] + args, env=env, capture_output=True, text=True)
+    p = subprocess.run(launch + [a.train] + args, env=env, capture_output=True, text=True)
     wall = time.time() - t0
     if p.returncode != 0:
         sys.exit(f"run {run_id(model, layout, label)} failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
     buckets = re.search(r"data parallel: (\d+) buckets", p.stdout)
     with open(report) as f:
-        rep = json.load(f)
+        rpt = json.load(f)
     cols = {"model": model, "layout": layout, "tp": tp, "pp": pp, "dp": dp, "ranks": ranks,
             "policy": label, "repeat": rep, **{f"overlap_{k}": overlap.get(k, v) for k, v in OVERLAP_DEFAULTS.items()},
             "comm_delay_us": a.comm_delay_us, "steps": a.steps,
             "dp_buckets": buckets.group(1) if buckets else "",
-            "dropped_records": rep.get("dropped_records", ""), "wall_s": round(wall, 2),
+            "dropped_records": rpt.get("dropped_records", ""), "wall_s": round(wall, 2),
             "cpu_busy_before": None if busy is None else round(busy, 3)}
-    steps = [{**cols, **s} for s in rep["steps"]]
-    kernels = [{**cols, **k} for k in rep["kernels"]]
+    # With --contention-probe the report also sums the run up against its serialized steps.
+    cols.update({f"run_{k}": v for k, v in rpt.get("overlap", {}).items()})
+    steps = [{**cols, **s} for s in rpt["steps"]]
+    kernels = [{**cols, **k} for k in rpt["kernels"]]
     with open(trace) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     if not a.keep_traces:  # a few MB each
@@ -166,6 +174,10 @@ def sweep(a):
                [f"overlap_{k}" for k in OVERLAP_DEFAULTS] + \
                ["comm_delay_us", "steps", "dp_buckets", "dropped_records", "wall_s", "cpu_busy_before"]
     work = tempfile.mkdtemp(prefix="gptc_overlap_")
+    # Run a copy of the binary, so that a rebuild during the sweep cannot mix two versions.
+    a.train = os.path.join(work, "gptc-train")
+    shutil.copy2(TRAIN, a.train)
+    print(f"binary: {TRAIN} (modified {time.ctime(os.path.getmtime(TRAIN))})", flush=True)
     step_rows, kernel_rows, timeline = [], [], {}
     tl_model, tl_layout = timeline_choice(a)
     for model in a.models:
@@ -183,8 +195,11 @@ def sweep(a):
               f"  ({cols['wall_s']:.1f} s)", flush=True)
         if rep == 0 and (model, layout) == (tl_model, tl_layout) and \
                 label in (POLICIES[layout][0][0], POLICIES[layout][-1][0]):
-            timeline[run_id(model, layout, label)] = \
-                [e for e in events if e.get("args", {}).get("step") == a.timeline_step]
+            timeline[run_id(model, layout, label)] = [
+                {"cat": e["cat"], "name": e["name"], "pid": e["pid"], "tid": e["tid"],
+                 "ts": round(e["ts"], 1), "dur": round(e["dur"], 1),
+                 "phase": e.get("args", {}).get("phase")}
+                for e in events if e.get("args", {}).get("step") == a.timeline_step]
     os.makedirs(a.out, exist_ok=True)
     write_csv(os.path.join(a.out, "overlap_sweep.csv"), step_rows, run_keys + STEP_COLS)
     write_csv(os.path.join(a.out, "overlap_sweep_kernels.csv"), kernel_rows, run_keys + KERNEL_COLS)
@@ -246,7 +261,7 @@ def spread(v, stat):
     return np.std(v), np.std(v)
 
 
-def panel_grid(plt, groups, models, layouts, height=3.6):
+def panel_grid(plt, models, layouts, height=3.6):
     fig, axes = plt.subplots(len(models), len(layouts), squeeze=False,
                              figsize=(4.2 * len(layouts) + 0.5, height * len(models) + 1.2))
     return fig, axes
@@ -262,7 +277,7 @@ def plot_step_time(plt, rows, a, subtitle):
     groups = runs_in_order(rows)
     models = list(dict.fromkeys(g[0] for g in groups))
     layouts = list(dict.fromkeys(g[1] for g in groups))
-    fig, axes = panel_grid(plt, groups, models, layouts)
+    fig, axes = panel_grid(plt, models, layouts)
     for model, layout, policies in groups:
         ax = axes[models.index(model)][layouts.index(layout)]
         vals = [per_step(measured(rows, model, layout, p), "iter_ms") for p in policies]
@@ -292,7 +307,7 @@ def plot_comm_hidden(plt, rows, a, subtitle):
     groups = runs_in_order(rows)
     models = list(dict.fromkeys(g[0] for g in groups))
     layouts = list(dict.fromkeys(g[1] for g in groups))
-    fig, axes = panel_grid(plt, groups, models, layouts)
+    fig, axes = panel_grid(plt, models, layouts)
     for model, layout, policies in groups:
         ax = axes[models.index(model)][layouts.index(layout)]
         exposed, hidden = [], []
@@ -312,8 +327,7 @@ def plot_comm_hidden(plt, rows, a, subtitle):
     for ax in axes.flat:
         if not ax.has_data():
             ax.set_visible(False)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper right", fontsize=9)
+    axes.flat[0].legend(loc="upper left", fontsize=8)
     fig.suptitle(f"Exposed vs hidden communication per policy (per step and rank: mean over ranks, "
                  f"then {a.stat} over steps 3+ of all repeats; label = % hidden)\n" + subtitle, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
@@ -424,7 +438,7 @@ def plot_timeline(plt, tl, rows, a, subtitle):
                 bars = [((e["ts"] - t0) / 1e3, max(e["dur"] / 1e3, 0.02)) for e in ev
                         if (e["pid"], e["tid"]) == lane and e["cat"] != "step"
                         and (e["cat"] == "comm" if key == "comm" else
-                             e["cat"] == "compute" and e["args"].get("phase") == key)]
+                             e["cat"] == "compute" and e.get("phase") == key)]
                 if bars:
                     ax.broken_barh(bars, (ypos[lane] - 0.35, 0.7), facecolors=col, zorder=2)
         ax.set_yticks([ypos[l] for l in lanes], [f"rank {p} {STREAMS.get(t, t)}" for p, t in lanes],
@@ -490,6 +504,9 @@ def main():
     ap.add_argument("--stat", choices=["median", "mean"], default="median",
                     help="statistic over steps and repeats in the bar charts (median: robust to "
                          "other load on a shared machine)")
+    ap.add_argument("--contention-probe", type=int, default=0,
+                    help="pass profile.contention_probe=N (every N-th step serialized; those "
+                         "steps are left out of the bars, kernels get slowdown_vs_probe)")
     ap.add_argument("--keep-traces", action="store_true", help="keep every run's trace.json")
     ap.add_argument("--plot-only", action="store_true", help="redraw from the CSVs in --out")
     a = ap.parse_args()
