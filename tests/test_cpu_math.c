@@ -16,7 +16,8 @@ int main(void) {
         if (abs_err > worst_tanh) { worst_tanh = abs_err; at_tanh = x; }
     }
     int ok = worst_exp < 3e-7 && worst_tanh < 3e-7 && cpu_expf(-100.0f) == 0.0f &&
-             cpu_expf(0.0f) == 1.0f && cpu_tanhf(0.0f) == 0.0f;
+             cpu_expf(0.0f) == 1.0f && cpu_tanhf(0.0f) == 0.0f && isnan(cpu_expf(NAN)) &&
+             isnan(cpu_tanhf(NAN)) && cpu_expf(INFINITY) > 1e38f && cpu_expf(-INFINITY) == 0.0f;
     printf("exp: worst relative error %.3g at %g; tanh: worst absolute error %.3g at %g\n",
            worst_exp, at_exp, worst_tanh, at_tanh);
     printf("%s\n", ok ? "PASSED" : "FAILED");

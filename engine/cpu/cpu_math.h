@@ -8,11 +8,15 @@
 #include <stdint.h>
 
 static inline float cpu_expf(float x) {
-    x = x < -87.3f ? -87.3f : x;  /* below this exp underflows to 0 anyway */
-    x = x > 88.3f ? 88.3f : x;
+    /* a NaN input must come out NaN without passing through the integer conversion below
+     * (which would be undefined): compute on 0 instead and select at the end */
+    int nan = x != x;
+    float y = nan ? 0.0f : x;
+    y = y < -87.3f ? -87.3f : y;  /* below this exp underflows to 0 anyway */
+    y = y > 88.3f ? 88.3f : y;
     /* round to nearest by the 1.5 * 2^23 trick: vectorizes where roundevenf does not */
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* x / ln2 */
-    float r = x - n * 0.693359375f;                             /* ln2 in two parts */
+    float n = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* y / ln2 */
+    float r = y - n * 0.693359375f;                                     /* ln2 in two parts */
     r = r - n * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -21,8 +25,9 @@ static inline float cpu_expf(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    union { int32_t i; float f; } scale = {((int32_t)n + 127) << 23}; /* 2^n */
-    return x <= -87.3f ? 0.0f : p * scale.f;
+    union { uint32_t i; float f; } scale = {(uint32_t)((int32_t)n + 127) << 23}; /* 2^n */
+    float e = x <= -87.3f ? 0.0f : p * scale.f;
+    return nan ? x : e;
 }
 
 static inline float cpu_tanhf(float x) {
