@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine/trainer.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <mpi.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "data/tokens.h"
@@ -168,6 +170,29 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
              m->act_floats * sizeof(float) / 1048576.0);
     log_info("backend: %s, %d OpenMP thread(s), OpenBLAS kernels %s\n", m->be->name,
              omp_get_max_threads(), cpu_blas_corename());
+}
+
+/* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c) behind: remove
+ * those whose writer is gone, so crashes do not pile up partial copies. */
+static void remove_stale_temporaries(const char *path) {
+    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX];
+    snprintf(copy, sizeof(copy), "%s", path);
+    snprintf(dir_copy, sizeof(dir_copy), "%s", path);
+    const char *base = basename(copy), *dir = dirname(dir_copy);
+    size_t len = strlen(base);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, base, len) != 0 || strncmp(e->d_name + len, ".tmp.", 5) != 0) continue;
+        char *end;
+        long pid = strtol(e->d_name + len + 5, &end, 10);
+        if (*end || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+            char full[2 * CFG_STR_MAX];
+            snprintf(full, sizeof(full), "%s/%s", dir, e->d_name);
+            if (unlink(full) == 0) log_info("removed %s, left by an interrupted save\n", full);
+        }
+    }
+    closedir(d);
 }
 
 /* The name under which the checkpoint of one step is kept: ckpt.h5 -> ckpt.step42.h5 */
@@ -498,6 +523,7 @@ int train_run(const gptc_config *c, const grid *g) {
     r.policy_dp = r.dpc.overlap;
     r.policy_pp = r.ppc.async;
     r.policy_tp_chunks = m->tp.chunks;
+    if (c->save[0] && g->rank == 0) remove_stale_temporaries(c->save);
     print_model(m, &bp, first, c->steps);
     if (g->dp > 1)
         log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)%s\n",
