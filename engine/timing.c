@@ -3,6 +3,7 @@
  * split of every kernel. */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/timing.h"
+#include "engine/watchdog.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -73,6 +74,7 @@ void timing_set_origin(void) { T.origin_ms = timing_now_ms(); }
 
 void timing_set_context(int layer, int micro, timing_phase phase) {
     T.ctx = (timing_ctx){(int16_t)layer, (int16_t)micro, (int8_t)phase};
+    watchdog_beat(); /* called per layer: the finest progress the watchdog needs */
 }
 
 timing_ctx timing_context(void) { return T.ctx; }

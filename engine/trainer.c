@@ -25,6 +25,7 @@
 #include "engine/report.h"
 #include "engine/timed_backend.h"
 #include "engine/timing.h"
+#include "engine/watchdog.h"
 #include "layers/gpt.h"
 #include "layers/gpt_checkpoint.h"
 #include "layers/optimizer.h"
@@ -242,6 +243,7 @@ typedef struct {
 } run_state;
 
 static void run_free(run_state *r) {
+    watchdog_stop();
     /* streams first: communication still queued reads and writes the buffers below */
     dp_params_settle(&r->dpc, &r->model);
     comm_lane_free(&r->tp_lane);
@@ -534,6 +536,11 @@ int train_run(const gptc_config *c, const grid *g) {
                        c->weight_decay, c->grad_clip};
     int skip_bad = strcmp(c->nan_policy, "skip") == 0;
     catch_stop_signals();
+    long current_step = first;
+    if (watchdog_start(c->comm_timeout_s, g->rank, &current_step) != 0) {
+        snprintf(err, sizeof(err), "could not start the watchdog thread");
+        goto fail;
+    }
     if (kernel_timing) {
         /* one time origin for all ranks, so their traces line up */
         if (g->world > 1) MPI_Barrier(r.world.comm);
@@ -543,6 +550,8 @@ int train_run(const gptc_config *c, const grid *g) {
     double total_ms = 0, last_loss = NAN;
     long timed_steps = 0;
     for (long step = first; step <= c->steps; step++) {
+        current_step = step;
+        watchdog_beat();
         int probe = c->contention_probe > 0 && step % c->contention_probe == 0;
         set_policies(&r, !probe);
         timing_begin_step(step, probe);

@@ -5,6 +5,7 @@
 #include "parallel/comm.h"
 
 #include "engine/timing.h"
+#include "engine/watchdog.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -382,6 +383,9 @@ static long comm_delay_us(void) {
 /* Timed on the thread that runs it, so a record is exactly the op's time on that thread
  * (for a blocking transfer that includes waiting for the peer). */
 static void run_task(const comm_task *t) {
+    static _Thread_local char what[64]; /* outlives the op: the watchdog may print it */
+    snprintf(what, sizeof(what), "%s on %s", op_name(t), t->g->name);
+    watchdog_waiting(what);
     double t0 = timing_on() ? timing_now_ms() : 0;
     long delay = t->stream ? comm_delay_us() : 0;
     if (delay > 0) {
@@ -389,6 +393,8 @@ static void run_task(const comm_task *t) {
         nanosleep(&ts, NULL);
     }
     run_op(t);
+    watchdog_waiting(NULL);
+    watchdog_beat();
     if (timing_on())
         timing_record_op(op_name(t), TK_COMM, par_of(t->g), t->stream, t->ctx, t0, timing_now_ms());
 }

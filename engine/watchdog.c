@@ -1,0 +1,61 @@
+#define _POSIX_C_SOURCE 200809L
+#include "engine/watchdog.h"
+
+#include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "engine/log.h"
+#include "engine/timing.h"
+
+static _Atomic double g_last_ms;
+static _Atomic(const char *) g_waiting;
+static atomic_int g_running;
+static pthread_t g_thread;
+static double g_timeout_ms;
+static int g_rank;
+static long *g_step;
+
+void watchdog_beat(void) { atomic_store_explicit(&g_last_ms, timing_now_ms(), memory_order_relaxed); }
+
+void watchdog_waiting(const char *what) { atomic_store(&g_waiting, what); }
+
+static void *watch(void *arg) {
+    (void)arg;
+    struct timespec tick = {0, 200 * 1000 * 1000};
+    while (atomic_load(&g_running)) {
+        nanosleep(&tick, NULL);
+        double idle = timing_now_ms() - atomic_load(&g_last_ms);
+        if (idle < g_timeout_ms) continue;
+        const char *what = atomic_load(&g_waiting);
+        log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in step %ld%s%s: a peer "
+                  "rank has died or hung; aborting the job",
+                  g_rank, idle / 1e3, g_step ? *g_step : 0L, what ? ", waiting in " : "",
+                  what ? what : "");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    return NULL;
+}
+
+int watchdog_start(double timeout_s, int rank, long *step) {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world == 1) return 0;
+    g_timeout_ms = timeout_s * 1e3;
+    g_rank = rank;
+    g_step = step;
+    watchdog_beat();
+    atomic_store(&g_running, 1);
+    if (pthread_create(&g_thread, NULL, watch, NULL) != 0) {
+        atomic_store(&g_running, 0);
+        return -1;
+    }
+    return 0;
+}
+
+void watchdog_stop(void) {
+    if (!atomic_exchange(&g_running, 0)) return;
+    pthread_join(g_thread, NULL);
+}

@@ -1,0 +1,17 @@
+/* A dying or hung rank must not hang the others in a collective forever: a watchdog
+ * thread on every rank of a multi-rank run aborts the whole job, naming this rank and
+ * what it waits in, when nothing has completed for train.comm_timeout_s seconds.
+ * "Completed" is any layer of compute (timing_set_context) or any communication op. */
+#ifndef GPTC_WATCHDOG_H
+#define GPTC_WATCHDOG_H
+
+/* Marks progress; cheap enough to call per layer and per communication op. */
+void watchdog_beat(void);
+/* What this rank is about to wait in, for the message (a string literal or a buffer
+ * that stays valid); NULL when not in communication. */
+void watchdog_waiting(const char *what);
+/* Starts the thread (no-op for a single rank). */
+int watchdog_start(double timeout_s, int rank, long *step);
+void watchdog_stop(void);
+
+#endif
