@@ -39,6 +39,18 @@ CASES = [
      ["model.n_layer", "ck.h5"]),
     ("save dir missing", [f"--train.save={D}/no/such/dir/ck.h5"], ["train.save", "no/such/dir"]),
     ("cuda on a cpu build", ["--train.device=cuda"], ["train.device"]),
+    ("unknown policy", ["--overlap.dp=eager"], ["overlap.dp", "eager"]),
+    ("data without /tokens", [f"--data.path={D}/notokens.h5"], ["data.path", "notokens.h5", "tokens"]),
+    ("data shorter than a window", [f"--data.path={D}/short.h5"], ["data.path", "short.h5", "window"]),
+    ("token >= vocab at a position", [f"--data.path={D}/badtok.h5"], ["data.path", "badtok.h5", "position 7"]),
+    ("checkpoint not HDF5", [f"--train.init={D}/garbage.h5"], ["train.init", "garbage.h5"]),
+    ("checkpoint truncated", [f"--train.init={D}/truncated.h5"], ["train.init", "truncated.h5"]),
+    ("checkpoint of another format", [f"--train.init={D}/otherformat.h5"], ["train.init", "format"]),
+    ("checkpoint of a newer version", [f"--train.init={D}/v2.h5"], ["train.init", "version"]),
+    ("checkpoint missing a tensor", [f"--train.init={D}/notensor.h5"], ["train.init", "h.1.ln_2.bias"]),
+    ("checkpoint tensor of the wrong shape", [f"--train.init={D}/badshape.h5"], ["train.init", "wpe"]),
+    ("checkpoint tensor of the wrong dtype", [f"--train.init={D}/float64.h5"], ["train.init", "wte"]),
+    ("checkpoint with a NaN", [f"--train.init={D}/nan.h5"], ["train.init", "ln_f.weight"]),
 ]
 
 
@@ -69,6 +81,32 @@ def main():
     r = run_train(BASE + ["--train.steps=0", f"--train.save={D}/ck.h5"])
     if r.returncode:
         fail("could not write the reference checkpoint: " + r.stderr)
+    import h5py
+    with h5py.File(f"{D}/notokens.h5", "w") as f:
+        f["ids"] = np.arange(100, dtype=np.uint16)
+        f.attrs["vocab_size"] = np.int64(50)
+    write_tokens(f"{D}/short.h5", np.arange(10) % 50, 50)
+    bad = rng.integers(0, 50, 500)
+    bad[7] = 55
+    write_tokens(f"{D}/badtok.h5", bad, 50)
+    # checkpoints broken one way each, from the good one
+    import shutil
+    raw = open(f"{D}/ck.h5", "rb").read()
+    with open(f"{D}/truncated.h5", "wb") as f:
+        f.write(raw[: len(raw) // 2])
+    for name, change in [
+        ("otherformat", lambda f: f.attrs.__setitem__("format", "not-gpt")),
+        ("v2", lambda f: f.attrs.__setitem__("version", np.int64(2))),
+        ("notensor", lambda f: f["model"].__delitem__("h.1.ln_2.bias")),
+        ("badshape", lambda f: (f["model"].__delitem__("wpe"),
+                                f["model"].create_dataset("wpe", data=np.zeros((8, 32), np.float32)))),
+        ("float64", lambda f: (f["model"].__delitem__("wte"),
+                               f["model"].create_dataset("wte", data=np.zeros((50, 32), np.float64)))),
+        ("nan", lambda f: f["model"]["ln_f.weight"].__setitem__(0, np.float32("nan"))),
+    ]:
+        shutil.copy(f"{D}/ck.h5", f"{D}/{name}.h5")
+        with h5py.File(f"{D}/{name}.h5", "r+") as f:
+            change(f)
     with open(f"{D}/bad.ini", "w") as f:
         f.write("[train]\nsteps = 3\nnot a key value line\n")
 
