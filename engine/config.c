@@ -237,6 +237,17 @@ static int on_ini_pair(void *user, const char *section, const char *key, const c
     return 1;
 }
 
+int config_load_text(gptc_config *c, const char *text, char *err, size_t errlen) {
+    ini_ctx x = {c, "<text>", err, errlen, 0};
+    int rc = ini_parse_string(text, on_ini_pair, &x);
+    if (x.failed) return -1;
+    if (rc != 0) {
+        snprintf(err, errlen, "config: line %d: syntax error", rc);
+        return -1;
+    }
+    return 0;
+}
+
 int config_load(gptc_config *c, const char *path, int argc, char **argv,
                 char *err, size_t errlen) {
     if (path) {

@@ -68,6 +68,8 @@ void config_defaults(gptc_config *c);
  * --section.key=value. Returns 0, or -1 with a one-line error naming the key. */
 int config_load(gptc_config *c, const char *path, int argc, char **argv,
                 char *err, size_t errlen);
+/* Parses INI text (as a file's contents) into c; the fuzz target's entry. */
+int config_load_text(gptc_config *c, const char *text, char *err, size_t errlen);
 /* Sets one key from its text value; the same parser the file and overrides use. */
 int config_set(gptc_config *c, const char *section, const char *key, const char *value,
                char *err, size_t errlen);

@@ -9,7 +9,7 @@ case "$mode" in demo|test) ;; *) echo "usage: bash tools/setup.sh demo|test" >&2
 build_pkgs=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev
             libopenblas-dev libopenblas-openmp-dev libopenblas0-pthread libinih-dev)
 # the test suite compares with PyTorch and reads HDF5 from Python (Debian's interpreter)
-test_pkgs=(python3 python3-numpy python3-h5py python3-torch)
+test_pkgs=(python3 python3-numpy python3-h5py python3-torch python3-matplotlib clang)
 want=("${build_pkgs[@]}")
 [ "$mode" = test ] && want+=("${test_pkgs[@]}")
 missing=()
@@ -21,6 +21,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # libFuzzer's runtime: its own package on Debian 12; elsewhere clang may carry it
+  if [ "$mode" = test ]; then
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+      libclang-rt-14-dev 2>/dev/null || true
+  fi
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
@@ -48,4 +53,6 @@ else
   cmake --build build-tsan -j"$(nproc)" --target test_cpu_stream test_tokens
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure \
     -R '^(test_cpu_stream|test_tokens)$'
+  # a short fixed-seed fuzzing pass of the config parser and the HDF5 loaders
+  bash tests/fuzz/run.sh build 20
 fi

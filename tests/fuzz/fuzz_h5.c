@@ -1,0 +1,56 @@
+/* libFuzzer target: any bytes as a token file and as a checkpoint. The loaders must turn
+ * every malformed file into an error message (never a crash, a hang or a leak of our
+ * own); HDF5 reads the bytes from a temporary file, as it would a user's. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "data/tokens.h"
+#include "engine/checkpoint.h"
+
+static void try_tokens(const char *path) {
+    char err[1024];
+    token_file *f = tokens_open(path, 0, err, sizeof(err));
+    if (!f) return;
+    long n = tokens_count(f);
+    int32_t buf[64];
+    tokens_read(f, 0, n < 64 ? n : 64, buf, err, sizeof(err));
+    tokens_close(f);
+}
+
+static void try_checkpoint(const char *path) {
+    char err[1024];
+    ckpt_meta meta;
+    int has_optim = 0;
+    long t = 0;
+    ckpt_file *f = ckpt_open(path, &meta, &has_optim, &t, err, sizeof(err));
+    if (!f) return;
+    long shape1[1] = {meta.d_model}, shape2[2] = {meta.vocab_size, meta.d_model};
+    if (meta.d_model > 0 && meta.d_model <= 4096) {
+        float *x = malloc(sizeof(float) * (size_t)meta.d_model); /* [C] */
+        if (x) ckpt_read(f, "model", "ln_f.weight", 1, shape1, NULL, NULL, x, err, sizeof(err));
+        free(x);
+    }
+    if (meta.d_model > 0 && meta.d_model <= 4096 && meta.vocab_size > 0 &&
+        meta.vocab_size <= (1L << 20) / meta.d_model) {
+        float *x = malloc(sizeof(float) * (size_t)(meta.vocab_size * meta.d_model)); /* [V,C] */
+        if (x) ckpt_read(f, "model", "wte", 2, shape2, NULL, NULL, x, err, sizeof(err));
+        free(x);
+    }
+    ckpt_close(f);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/gptc_fuzz_%ld.h5", (long)getpid());
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    fwrite(data, 1, size, f);
+    fclose(f);
+    try_tokens(path);
+    try_checkpoint(path);
+    unlink(path);
+    return 0;
+}
