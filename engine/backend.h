@@ -104,8 +104,6 @@ typedef struct gptc_backend {
 
     /* out[n] = a + b */
     void (*add)(float *out, const float *a, const float *b, size_t n, gptc_stream *s);
-    /* acc[n] += x */
-    void (*accumulate)(float *acc, const float *x, size_t n, gptc_stream *s);
 
     /* Softmax cross-entropy over a vocabulary split across ranks, in three steps around
      * two all-reduces (max, then sum): this rank holds Vl columns of the padded vocab

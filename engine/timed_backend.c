@@ -135,12 +135,6 @@ static void t_add(float *out, const float *a, const float *b, size_t n, gptc_str
     scan("residual_add", out, n);
 }
 
-static void t_accumulate(float *acc, const float *x, size_t n, gptc_stream *s) {
-    double t0 = timing_now_ms();
-    g_inner->accumulate(acc, x, n, s);
-    done("accumulate", t0);
-}
-
 static void t_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid,
                         gptc_stream *s) {
     double t0 = timing_now_ms();
@@ -201,7 +195,6 @@ const gptc_backend *timed_backend(const gptc_backend *inner) {
     g_timed.gelu_forward = t_gelu_forward;
     g_timed.gelu_backward = t_gelu_backward;
     g_timed.add = t_add;
-    g_timed.accumulate = t_accumulate;
     g_timed.vocab_max = t_vocab_max;
     g_timed.vocab_expsum = t_vocab_expsum;
     g_timed.vocab_ce_finish = t_vocab_ce_finish;

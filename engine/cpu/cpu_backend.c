@@ -50,7 +50,6 @@ static const gptc_backend CPU = {
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
     .add = cpu_add,
-    .accumulate = cpu_accumulate,
     .vocab_max = cpu_vocab_max,
     .vocab_expsum = cpu_vocab_expsum,
     .vocab_ce_finish = cpu_vocab_ce_finish,

@@ -281,11 +281,6 @@ void cpu_add(float *out, const float *a, const float *b, size_t n, gptc_stream *
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-void cpu_accumulate(float *acc, const float *x, size_t n, gptc_stream *s) {
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) acc[i] += x[i];
-}
-
 void cpu_scale(float *x, float a, size_t n, gptc_stream *s) {
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) x[i] *= a;

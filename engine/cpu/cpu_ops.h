@@ -30,7 +30,6 @@ void cpu_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s);
 void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
                        gptc_stream *s);
 void cpu_add(float *out, const float *a, const float *b, size_t n, gptc_stream *s);
-void cpu_accumulate(float *acc, const float *x, size_t n, gptc_stream *s);
 void cpu_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid, gptc_stream *s);
 void cpu_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
                       int N, int Vl, int v_valid, int v_start, gptc_stream *s);
