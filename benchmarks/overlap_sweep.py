@@ -273,13 +273,20 @@ def policy_colors(labels):
     return ["0.6" if lab == "none" else cmap(i % 10) for i, lab in enumerate(labels)]
 
 
-def plot_step_time(plt, rows, a, subtitle):
+def policy_panels(plt, rows):
+    """One panel per (model, layout): the figure, its axes, and (ax, model, layout,
+    policies) for every run group."""
     groups = runs_in_order(rows)
     models = list(dict.fromkeys(g[0] for g in groups))
     layouts = list(dict.fromkeys(g[1] for g in groups))
     fig, axes = panel_grid(plt, models, layouts)
-    for model, layout, policies in groups:
-        ax = axes[models.index(model)][layouts.index(layout)]
+    panels = [(axes[models.index(m)][layouts.index(l)], m, l, p) for m, l, p in groups]
+    return fig, axes, panels
+
+
+def plot_step_time(plt, rows, a, subtitle):
+    fig, axes, panels = policy_panels(plt, rows)
+    for ax, model, layout, policies in panels:
         vals = [per_step(measured(rows, model, layout, p), "iter_ms") for p in policies]
         c = [center(v, a.stat) for v in vals]
         err = np.array([spread(v, a.stat) for v in vals]).T
@@ -304,12 +311,8 @@ def plot_step_time(plt, rows, a, subtitle):
 
 
 def plot_comm_hidden(plt, rows, a, subtitle):
-    groups = runs_in_order(rows)
-    models = list(dict.fromkeys(g[0] for g in groups))
-    layouts = list(dict.fromkeys(g[1] for g in groups))
-    fig, axes = panel_grid(plt, models, layouts)
-    for model, layout, policies in groups:
-        ax = axes[models.index(model)][layouts.index(layout)]
+    fig, axes, panels = policy_panels(plt, rows)
+    for ax, model, layout, policies in panels:
         exposed, hidden = [], []
         for p in policies:
             rs = measured(rows, model, layout, p)
