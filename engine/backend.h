@@ -30,6 +30,9 @@ typedef struct gptc_event gptc_event;
 
 typedef struct gptc_backend {
     const char *name;
+    /* 1 when buffers live in device memory, which the host must not touch: communication
+     * then goes through the device's own library or is staged through host copies */
+    int on_device;
 
     /* memory: one call per big buffer (params, grads, optimizer state, activations) */
     void *(*alloc)(size_t bytes);
@@ -61,6 +64,15 @@ typedef struct gptc_backend {
     /* Runs fn(arg) in s's order (CPU: on the stream's thread; CUDA: cudaLaunchHostFunc). */
     void (*launch_host_func)(gptc_stream *s, void (*fn)(void *), void *arg);
 
+    /* Device-side timestamps for per-kernel timing. NULL on the CPU, whose ops run inline
+     * so that two host clock readings bracket each one. timer_reset starts a step (the
+     * device must be idle; earlier marks are dropped); timer_mark records the point s has
+     * reached and returns its handle; timer_read gives a mark's time on
+     * timing_now_ms()'s clock, once the work before it has completed. */
+    void (*timer_reset)(void);
+    int (*timer_mark)(gptc_stream *s);
+    double (*timer_read)(int mark);
+
     /* out[N,C] = wte[tokens[n] - v_start] (0 unless v_start <= token < v_start + v_local:
      * the rows this rank holds of a vocab-parallel wte) + wpe[n % T] (skipped if NULL) */
     void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte,
@@ -90,12 +102,16 @@ typedef struct gptc_backend {
                             int w_rows_out, gptc_stream *s);
 
     /* Causal self-attention of one layer. qkv[B,T,3C] (q|k|v, heads in order),
-     * out[B,T,C], att[B,NH,T,T] keeps the softmax probabilities for backward. */
+     * out[B,T,C]; att[attention_state_floats] keeps what backward needs: the softmax
+     * probabilities [B,NH,T,T] on the CPU, the rows' log-sum-exp [B,NH,T] on CUDA, whose
+     * flash-style kernels recompute the probabilities instead of storing them. */
+    size_t (*attention_state_floats)(int B, int T, int NH);
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
                               int NH, gptc_stream *s);
-    /* dqkv[B,T,3C] = , datt[B,NH,T,T] is scratch */
-    void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH, gptc_stream *s);
+    /* dqkv[B,T,3C] = ; out is the forward's output; datt[attention_state_floats] is scratch */
+    void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *out,
+                               const float *qkv, const float *att, int B, int T, int C, int NH,
+                               gptc_stream *s);
 
     /* tanh-approximated GELU over n elements; backward: dinp = dout * gelu'(inp) */
     void (*gelu_forward)(float *out, const float *inp, size_t n, gptc_stream *s);

@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine/report.h"
 
+#include <math.h>
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -206,13 +207,26 @@ static int write_file(const char *path, const char *what, const char *a, const c
     return 0;
 }
 
+/* a reading that failed is null */
+static void put_number(text *t, const char *key, double v) {
+    if (isfinite(v)) put(t, ", \"%s\": %.3f", key, v);
+    else put(t, ", \"%s\": null", key);
+}
+
 static void steps_text(text *t, int rank) {
     const timing_step_summary *s = timing_steps();
-    for (int i = 0; i < timing_n_steps(); i++)
+    for (int i = 0; i < timing_n_steps(); i++) {
         put(t, "    {\"step\": %ld, \"rank\": %d, \"iter_ms\": %.4f, \"compute_ms\": %.4f, "
-               "\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f, \"probe\": %s},\n",
+               "\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f, \"probe\": %s",
             s[i].step, rank, s[i].iter_ms, s[i].compute_ms, s[i].comm_ms, s[i].exposed_comm_ms,
             s[i].probe ? "true" : "false");
+        if (s[i].has_power) {
+            put_number(t, "energy_j", s[i].energy_j);
+            put_number(t, "power_w", s[i].power_w);
+            put_number(t, "sm_clock_mhz", s[i].sm_clock_mhz);
+        }
+        put(t, "},\n");
+    }
 }
 
 static void kernels_text(text *t) {

@@ -1,13 +1,17 @@
 /* A backend that times every op of another one (profile.timing = kernel): each entry of
  * the table calls the inner op between two clock readings and files a record with the
  * main thread's current context (layer, micro-batch, phase). On the CPU ops run inline,
- * so the two readings bracket the op exactly; a device backend will take its records
- * from CUPTI instead. */
+ * so the two readings bracket the op exactly. A device backend's ops only enqueue work,
+ * so there the two readings are marks of the device's own timer (CUDA events) on the op's
+ * stream, resolved into times after the step. Each op is also an NVTX range, so that an
+ * Nsight Systems capture shows gptc's names over the kernels. */
 #include "engine/timed_backend.h"
 
+#include "engine/nvtx.h"
 #include "engine/timing.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 static gptc_backend g_timed;
 static const gptc_backend *g_inner;
@@ -17,12 +21,44 @@ static const gptc_backend *g_inner;
 static int g_hunt;
 static timing_finite_report g_first;
 
-static void done(const char *name, double t0) {
-    timing_record_op(name, TK_COMPUTE, TP_NONE, 0, timing_context(), t0, timing_now_ms());
+/* Where an op began: a host clock reading, or a mark of the device's timer when the inner
+ * backend has one (its ops return before they run). */
+typedef struct {
+    double ms;
+    int mark;
+} op_start;
+
+static op_start begin(const char *name, gptc_stream *s) {
+    nvtx_push(name);
+    if (g_inner->timer_mark) return (op_start){0, g_inner->timer_mark(s)};
+    return (op_start){timing_now_ms(), -1};
 }
+
+static void done(const char *name, op_start t0, gptc_stream *s) {
+    if (t0.mark >= 0)
+        timing_record_marks(name, TK_COMPUTE, TP_NONE, 0, timing_context(), t0.mark,
+                            g_inner->timer_mark(s));
+    else
+        timing_record_op(name, TK_COMPUTE, TP_NONE, 0, timing_context(), t0.ms, timing_now_ms());
+    nvtx_pop();
+}
+
+/* A device's output is copied to the host first; a replay is slow anyway. */
+static float *g_scan_buf; /* [g_scan_cap] host copy of a device output */
+static size_t g_scan_cap;
 
 static void scan(const char *name, const float *x, size_t n) {
     if (!g_hunt || g_first.found || !x) return;
+    if (g_inner->on_device) {
+        if (n > g_scan_cap) {
+            float *p = realloc(g_scan_buf, n * sizeof(float));
+            if (!p) return;
+            g_scan_buf = p;
+            g_scan_cap = n;
+        }
+        g_inner->copy_to_host(g_scan_buf, x, n * sizeof(float), NULL);
+        x = g_scan_buf;
+    }
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i])) {
             timing_ctx c = timing_context();
@@ -39,145 +75,146 @@ void timed_backend_hunt(int on) {
 timing_finite_report timed_backend_first_nonfinite(void) { return g_first; }
 
 static void t_zero(void *p, size_t bytes, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("zero", s);
     g_inner->zero(p, bytes, s);
-    done("zero", t0);
+    done("zero", t0, s);
 }
 
 static void t_embedding_forward(float *out, const int32_t *tokens, const float *wte,
                                 const float *wpe, int N, int T, int C, int v_start, int v_local,
                                 gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("embedding_fwd", s);
     g_inner->embedding_forward(out, tokens, wte, wpe, N, T, C, v_start, v_local, s);
-    done("embedding_fwd", t0);
+    done("embedding_fwd", t0, s);
     scan("embedding_fwd", out, (size_t)N * C);
 }
 
 static void t_embedding_backward(float *dwte, float *dwpe, const float *dout,
                                  const int32_t *tokens, int N, int T, int C, int v_start,
                                  int v_local, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("embedding_bwd", s);
     g_inner->embedding_backward(dwte, dwpe, dout, tokens, N, T, C, v_start, v_local, s);
-    done("embedding_bwd", t0);
+    done("embedding_bwd", t0, s);
     scan("embedding_bwd", dwte, (size_t)v_local * C);
 }
 
 static void t_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                 const float *w, const float *b, int N, int C, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("layernorm_fwd", s);
     g_inner->layernorm_forward(out, mean, rstd, inp, w, b, N, C, s);
-    done("layernorm_fwd", t0);
+    done("layernorm_fwd", t0, s);
     scan("layernorm_fwd", out, (size_t)N * C);
 }
 
 static void t_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
                                  const float *inp, const float *w, const float *mean,
                                  const float *rstd, int N, int C, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("layernorm_bwd", s);
     g_inner->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, s);
-    done("layernorm_bwd", t0);
+    done("layernorm_bwd", t0, s);
     scan("layernorm_bwd", dinp, (size_t)N * C);
 }
 
 static void t_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                              int N, int IC, int OC, int w_rows_out, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin(timing_matmul_name(0), s);
     g_inner->matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, s);
-    done(timing_matmul_name(0), t0);
+    done(timing_matmul_name(0), t0, s);
     scan(timing_matmul_name(0), out, (size_t)N * OC);
 }
 
 static void t_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                               const float *inp, const float *w, int N, int IC, int OC,
                               int w_rows_out, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin(timing_matmul_name(1), s);
     g_inner->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
-    done(timing_matmul_name(1), t0);
+    done(timing_matmul_name(1), t0, s);
     scan(timing_matmul_name(1), dinp, (size_t)N * IC);
     scan(timing_matmul_name(1), dw, (size_t)IC * OC);
 }
 
 static void t_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                                 int NH, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("attention_fwd", s);
     g_inner->attention_forward(out, att, qkv, B, T, C, NH, s);
-    done("attention_fwd", t0);
+    done("attention_fwd", t0, s);
     scan("attention_fwd", out, (size_t)B * T * C);
 }
 
-static void t_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                                 const float *att, int B, int T, int C, int NH, gptc_stream *s) {
-    double t0 = timing_now_ms();
-    g_inner->attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH, s);
-    done("attention_bwd", t0);
+static void t_attention_backward(float *dqkv, float *datt, const float *dout, const float *out,
+                                 const float *qkv, const float *att, int B, int T, int C, int NH,
+                                 gptc_stream *s) {
+    op_start t0 = begin("attention_bwd", s);
+    g_inner->attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, s);
+    done("attention_bwd", t0, s);
     scan("attention_bwd", dqkv, (size_t)B * T * 3 * C);
 }
 
 static void t_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("gelu_fwd", s);
     g_inner->gelu_forward(out, inp, n, s);
-    done("gelu_fwd", t0);
+    done("gelu_fwd", t0, s);
     scan("gelu_fwd", out, n);
 }
 
 static void t_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
                             gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("gelu_bwd", s);
     g_inner->gelu_backward(dinp, inp, dout, n, s);
-    done("gelu_bwd", t0);
+    done("gelu_bwd", t0, s);
     scan("gelu_bwd", dinp, n);
 }
 
 static void t_add(float *out, const float *a, const float *b, size_t n, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("residual_add", s);
     g_inner->add(out, a, b, n, s);
-    done("residual_add", t0);
+    done("residual_add", t0, s);
     scan("residual_add", out, n);
 }
 
 static void t_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid,
                         gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("loss_max", s);
     g_inner->vocab_max(mx, logits, N, Vl, v_valid, s);
-    done("loss_max", t0);
+    done("loss_max", t0, s);
 }
 
 static void t_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
                            int N, int Vl, int v_valid, int v_start, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("loss_expsum", s);
     g_inner->vocab_expsum(stats, logits, mx, targets, N, Vl, v_valid, v_start, s);
-    done("loss_expsum", t0);
+    done("loss_expsum", t0, s);
     scan("loss_expsum", stats, 2 * (size_t)N);
 }
 
 static void t_vocab_ce_finish(float *losses, float *logits, const float *stats,
                               const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                               float dloss, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("loss_finish", s);
     g_inner->vocab_ce_finish(losses, logits, stats, targets, N, Vl, v_valid, v_start, dloss, s);
-    done("loss_finish", t0);
+    done("loss_finish", t0, s);
     scan("loss_finish", losses, (size_t)N);
 }
 
 static double t_sum_squares(const float *x, size_t n, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("grad_norm", s);
     double r = g_inner->sum_squares(x, n, s);
-    done("grad_norm", t0);
+    done("grad_norm", t0, s);
     return r;
 }
 
 static void t_scale(float *x, float a, size_t n, gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("grad_clip", s);
     g_inner->scale(x, a, n, s);
-    done("grad_clip", t0);
+    done("grad_clip", t0, s);
 }
 
 static void t_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
                     float beta1, float beta2, float eps, float decay, float bc1, float bc2,
                     gptc_stream *s) {
-    double t0 = timing_now_ms();
+    op_start t0 = begin("adamw", s);
     g_inner->adamw(p, g, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2, s);
-    done("adamw", t0);
+    done("adamw", t0, s);
 }
 
 const gptc_backend *timed_backend(const gptc_backend *inner) {

@@ -28,6 +28,7 @@ static struct {
     int probe;
     double step_start_ms;
     timing_record *rec;        /* [capacity] this step's records */
+    int32_t (*marks)[2];       /* [capacity] device timer marks of rec, or -1 (host times) */
     size_t capacity;
     atomic_size_t n;
     atomic_long dropped;
@@ -46,10 +47,11 @@ int timing_init(int kernel_level, size_t capacity) {
     if (!kernel_level) return 0;
     T.capacity = capacity;
     T.rec = calloc(capacity, sizeof(timing_record));
+    T.marks = calloc(capacity, sizeof *T.marks);
     T.work = calloc(capacity, sizeof(span));
     T.merged_comp = calloc(capacity, sizeof(span));
     T.merged_comm = calloc(capacity, sizeof(span));
-    if (!T.rec || !T.work || !T.merged_comp || !T.merged_comm) {
+    if (!T.rec || !T.marks || !T.work || !T.merged_comp || !T.merged_comm) {
         timing_shutdown();
         return -1;
     }
@@ -60,6 +62,7 @@ int timing_init(int kernel_level, size_t capacity) {
 
 void timing_shutdown(void) {
     free(T.rec);
+    free(T.marks);
     free(T.work);
     free(T.merged_comp);
     free(T.merged_comm);
@@ -108,6 +111,33 @@ void timing_record_op(const char *name, timing_kind kind, timing_par par, int st
     T.rec[i] = (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
                                ctx.layer, ctx.micro, (int32_t)T.step,
                                (start_ms - T.origin_ms) * 1e3, (end_ms - T.origin_ms) * 1e3};
+    T.marks[i][0] = T.marks[i][1] = -1;
+}
+
+void timing_record_marks(const char *name, timing_kind kind, timing_par par, int stream,
+                         timing_ctx ctx, int start_mark, int end_mark) {
+    if (!T.on) return;
+    size_t i = atomic_fetch_add(&T.n, 1);
+    if (i >= T.capacity) {
+        atomic_fetch_add(&T.dropped, 1);
+        return;
+    }
+    T.rec[i] = (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
+                               ctx.layer, ctx.micro, (int32_t)T.step, 0, 0};
+    T.marks[i][0] = start_mark;
+    T.marks[i][1] = end_mark;
+}
+
+void timing_resolve_marks(double (*read_ms)(int mark)) {
+    if (!T.on) return;
+    size_t n = atomic_load(&T.n);
+    if (n > T.capacity) n = T.capacity;
+    for (size_t i = 0; i < n; i++) {
+        if (T.marks[i][0] < 0) continue;
+        T.rec[i].start_us = (read_ms(T.marks[i][0]) - T.origin_ms) * 1e3;
+        T.rec[i].end_us = (read_ms(T.marks[i][1]) - T.origin_ms) * 1e3;
+        T.marks[i][0] = T.marks[i][1] = -1;
+    }
 }
 
 void timing_begin_step(long step, int probe) {
@@ -206,6 +236,15 @@ static void keep_for_trace(const timing_record *r, size_t n) {
     T.n_trace += k;
 }
 
+void timing_note_power(double energy_j, double power_w, double sm_clock_mhz) {
+    if (!T.on || T.n_steps == 0) return;
+    timing_step_summary *s = &T.steps[T.n_steps - 1];
+    s->has_power = 1;
+    s->energy_j = energy_j;
+    s->power_w = power_w;
+    s->sm_clock_mhz = sm_clock_mhz;
+}
+
 void timing_end_step(double iter_ms) {
     if (!T.on) return;
     size_t n = atomic_load(&T.n);
@@ -216,7 +255,7 @@ void timing_end_step(double iter_ms) {
     double start = (T.step_start_ms - T.origin_ms) * 1e3;
     timing_step_summary s = {T.step, T.probe, iter_ms, total(T.merged_comp, nc) / 1e3, comm / 1e3,
                              (comm - intersection(T.merged_comp, nc, T.merged_comm, nm)) / 1e3,
-                             start, (timing_now_ms() - T.origin_ms) * 1e3};
+                             start, (timing_now_ms() - T.origin_ms) * 1e3, 0, 0, 0, 0};
     if (T.n_steps == T.cap_steps) {
         int cap = T.cap_steps ? 2 * T.cap_steps : 64;
         timing_step_summary *p = realloc(T.steps, sizeof(*p) * (size_t)cap);

@@ -52,6 +52,13 @@ timing_ctx timing_context(void);
 /* Thread-safe, allocation-free; dropped (and counted) when the step's storage is full. */
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
                       timing_ctx ctx, double start_ms, double end_ms);
+/* The same for an op timed on a device: its start and end are marks of the backend's
+ * timer (engine/backend.h), resolved after the step by timing_resolve_marks. */
+void timing_record_marks(const char *name, timing_kind kind, timing_par par, int stream,
+                         timing_ctx ctx, int start_mark, int end_mark);
+/* Turns the step's marks into times (read_ms: the backend's timer_read); call after the
+ * step's work has completed and before timing_end_step. */
+void timing_resolve_marks(double (*read_ms)(int mark));
 /* probe: this step runs with every overlap policy forced to none (the contention probe),
  * and its kernels go to separate statistics: the serialized baseline. */
 void timing_begin_step(long step, int probe);
@@ -64,6 +71,8 @@ typedef struct {
     int probe;
     double iter_ms, compute_ms, comm_ms, exposed_comm_ms;
     double start_us, end_us; /* the step's span on the run's clock */
+    int has_power;           /* profile.power: this rank's GPU readings of the step */
+    double energy_j, power_w, sm_clock_mhz;
 } timing_step_summary;
 
 /* Per-kernel totals of one rank (merged over ranks by the report). */
@@ -75,6 +84,8 @@ typedef struct {
     double sum_us, isolated_us, overlapped_us;
 } timing_kernel_stats;
 
+/* Attaches GPU readings (profile.power) to the step timing_end_step closed last. */
+void timing_note_power(double energy_j, double power_w, double sm_clock_mhz);
 int timing_n_steps(void);
 const timing_step_summary *timing_steps(void);
 int timing_n_kernels(void);

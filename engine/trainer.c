@@ -21,7 +21,10 @@
 #include "engine/backend.h"
 #include "engine/checkpoint.h"
 #include "engine/cpu/cpu_blas.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/power.h"
 #include "engine/log.h"
+#include "engine/nvtx.h"
 #include "engine/report.h"
 #include "engine/timed_backend.h"
 #include "engine/timing.h"
@@ -54,19 +57,46 @@ static void catch_stop_signals(void) {
 /* Features whose keys exist in the contract but whose code lands with later work are
  * refused by name rather than silently ignored. */
 static int check_supported(const gptc_config *c, const grid *g, char *err, size_t n) {
-    if (strcmp(c->device, "cuda") == 0)
-        snprintf(err, n, "train.device = cuda: this build has no CUDA backend yet (use cpu)");
-    else if (strcmp(c->precision, "fp32") != 0)
-        snprintf(err, n, "train.precision = %s: the cpu backend trains in fp32 only", c->precision);
+    if (strcmp(c->precision, "fp32") != 0)
+        snprintf(err, n, "train.precision = %s: only fp32 is implemented so far", c->precision);
     else if ((c->trace[0] || c->report[0]) && strcmp(c->timing, "kernel") != 0)
         snprintf(err, n, "profile.%s needs profile.timing = kernel", c->trace[0] ? "trace" : "report");
-    else if (c->power)
+    else if (c->power && strcmp(c->device, "cuda") != 0)
         snprintf(err, n, "profile.power = true needs train.device = cuda");
     else if (c->contention_probe > 0 && strcmp(c->timing, "kernel") != 0)
         snprintf(err, n, "profile.contention_probe needs profile.timing = kernel");
     else
         return 0;
     return -1;
+}
+
+/* The compute backend of train.device, and NVML when profile.power is on. Collective: a
+ * rank without a usable GPU fails every rank; the lowest such rank fills err, the others
+ * return NULL with err empty. */
+static const gptc_backend *start_backend(const gptc_config *c, const grid *g, char *err,
+                                         size_t n) {
+    const gptc_backend *be = NULL;
+    if (strcmp(c->device, "cuda") == 0) {
+        /* ranks on a node share its GPUs by their index on the node */
+        MPI_Comm node;
+        int local = 0;
+        if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g->rank, MPI_INFO_NULL,
+                                &node) == MPI_SUCCESS) {
+            MPI_Comm_rank(node, &local);
+            MPI_Comm_free(&node);
+        }
+        be = cuda_backend(local, err, n);
+    } else {
+        be = cpu_backend();
+        if (!be) snprintf(err, n, "train.device = cpu: the CPU backend could not start (see above)");
+    }
+    if (be && c->power && power_open(cuda_backend_device(), err, n) != 0) be = NULL;
+    /* the lowest failing rank speaks for all: one line, naming it */
+    int first = be ? g->world : g->rank;
+    if (g->world > 1) MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first == g->world) return be;
+    if (first != g->rank) err[0] = '\0';
+    return NULL;
 }
 
 /* Model shape from [model], from the checkpoint, or both when they agree. */
@@ -169,8 +199,12 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
              "activations %.1f MiB\n", m->n_params * sizeof(float) / 1048576.0,
              m->n_params * sizeof(float) / 1048576.0, 2.0 * m->n_opt * sizeof(float) / 1048576.0,
              m->act_floats * sizeof(float) / 1048576.0);
-    log_info("backend: %s, %d OpenMP thread(s), OpenBLAS kernels %s\n", m->be->name,
-             omp_get_max_threads(), cpu_blas_corename());
+    if (m->be->on_device)
+        log_info("backend: %s on GPU %d (rank 0), communication: %s\n", m->be->name,
+                 cuda_backend_device(), comm_backend_description());
+    else
+        log_info("backend: %s, %d OpenMP thread(s), OpenBLAS kernels %s\n", m->be->name,
+                 omp_get_max_threads(), cpu_blas_corename());
 }
 
 /* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c) behind: remove
@@ -258,6 +292,7 @@ static void run_free(run_state *r) {
     free(r->targets);
     free(r->kept);
     timing_shutdown();
+    power_close();
     if (r->have_groups) {
         comm_group_free(&r->tp);
         comm_group_free(&r->pp);
@@ -322,6 +357,16 @@ static void on_grads_final(void *ctx, size_t ready) {
     gpt_sequence_parallel_grads(&r->model, r->sp_done, ready);
     r->sp_done = ready;
     dp_grads_final(&r->dpc, &r->model, ready);
+}
+
+/* Rank 0's GPU readings of the step (profile.power); a failed reading is null. */
+static void write_power(FILE *f, const power_sample *p) {
+    const char *key[3] = {"energy_j", "power_w", "sm_clock_mhz"};
+    double v[3] = {p->energy_j, p->power_w, p->sm_clock_mhz};
+    for (int i = 0; i < 3; i++) {
+        if (isfinite(v[i])) fprintf(f, ", \"%s\": %.3f", key[i], v[i]);
+        else fprintf(f, ", \"%s\": null", key[i]);
+    }
 }
 
 /* One optimizer step: the pipeline schedule's forward and backward passes over the
@@ -425,10 +470,12 @@ int train_run(const gptc_config *c, const grid *g) {
                  c->steps, meta.step, c->init);
         goto fail_config;
     }
-    const gptc_backend *be = cpu_backend();
+    nvtx_enable(c->nvtx);
+    const gptc_backend *be = start_backend(c, g, err, sizeof(err));
     if (!be) {
-        snprintf(err, sizeof(err), "train.device = cpu: the CPU backend could not start (see above)");
-        goto fail_config;
+        /* the ranks that failed have said why */
+        silent = !err[0];
+        goto fail;
     }
     int kernel_timing = strcmp(c->timing, "kernel") == 0;
     if (kernel_timing) {
@@ -444,6 +491,10 @@ int train_run(const gptc_config *c, const grid *g) {
     }
 
     /* from here on a rank may fail alone: it reports, and every rank agrees to stop */
+    comm_options copt = {c->comm_max_ctas, strcmp(c->comm_cta_policy, "efficiency") == 0 ? 1
+                                           : strcmp(c->comm_cta_policy, "zero") == 0     ? 2
+                                                                                         : 0};
+    comm_set_options(&copt);
     if (comm_world(&r.world, be) != 0 ||
         comm_grid_groups(g, be, &r.tp, &r.pp, &r.dp, err, sizeof(err)) != 0) {
         if (!err[0]) snprintf(err, sizeof(err), "%s", comm_error(&r.world));
@@ -525,6 +576,15 @@ int train_run(const gptc_config *c, const grid *g) {
     r.policy_dp = r.dpc.overlap;
     r.policy_pp = r.ppc.async;
     r.policy_tp_chunks = m->tp.chunks;
+    if (comm_backend_in_use() == COMM_MPI_STAGED) {
+        /* staged ops run on the host once their stream has drained: nothing can overlap,
+         * and transfers issued ahead (pp async) would block the compute they wait for */
+        if (r.policy_dp || r.policy_pp || r.policy_tp_chunks > 1)
+            log_info("overlap policies run as none: %s\n", comm_backend_description());
+        r.policy_dp = r.policy_pp = 0;
+        r.policy_tp_chunks = 1;
+        set_policies(&r, 1);
+    }
     if (c->save[0] && g->rank == 0) remove_stale_temporaries(c->save);
     print_model(m, &bp, first, c->steps);
     if (g->dp > 1)
@@ -537,6 +597,8 @@ int train_run(const gptc_config *c, const grid *g) {
     int skip_bad = strcmp(c->nan_policy, "skip") == 0;
     catch_stop_signals();
     long current_step = first;
+    watchdog_set_comm_hooks(comm_backend_in_use() == COMM_NCCL ? comm_poll_async_errors : NULL,
+                            comm_backend_in_use() == COMM_NCCL ? comm_abort_all : NULL);
     if (watchdog_start(c->comm_timeout_s, g->rank, &current_step) != 0) {
         snprintf(err, sizeof(err), "could not start the watchdog thread");
         goto fail;
@@ -555,6 +617,11 @@ int train_run(const gptc_config *c, const grid *g) {
         int probe = c->contention_probe > 0 && step % c->contention_probe == 0;
         set_policies(&r, !probe);
         timing_begin_step(step, probe);
+        if (kernel_timing && m->be->timer_reset) m->be->timer_reset();
+        if (c->power) power_step_begin();
+        char step_name[32];
+        snprintf(step_name, sizeof step_name, "step %ld", step);
+        nvtx_push(step_name);
         double t0 = timing_now_ms();
         rc = loader_get(r.loader, step, r.inputs, r.targets, err, sizeof(err));
         if (agree(&r, rc)) goto fail;
@@ -574,7 +641,14 @@ int train_run(const gptc_config *c, const grid *g) {
                      step, loss, norm);
         m->be->synchronize(m->stream);
         double ms = timing_now_ms() - t0;
+        nvtx_pop();
+        if (kernel_timing && m->be->timer_read) timing_resolve_marks(m->be->timer_read);
         timing_end_step(ms);
+        power_sample pw = {NAN, NAN, NAN};
+        if (c->power) {
+            power_step_end(&pw);
+            timing_note_power(pw.energy_j, pw.power_w, pw.sm_clock_mhz);
+        }
         if (step > first) { /* the first step pays for page faults and warm-up */
             total_ms += ms;
             timed_steps++;
@@ -585,8 +659,10 @@ int train_run(const gptc_config *c, const grid *g) {
                  step, c->steps, loss, lr, norm, ms, tps);
         if (r.log) {
             fprintf(r.log, "{\"step\": %ld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
-                           "\"iter_ms\": %.3f, \"tokens_per_s\": %.1f}\n",
+                           "\"iter_ms\": %.3f, \"tokens_per_s\": %.1f",
                     step, loss, norm, lr, ms, tps);
+            if (c->power) write_power(r.log, &pw);
+            fputs("}\n", r.log);
             fflush(r.log);
         }
         /* a signal on any rank stops every rank after this same step */

@@ -17,6 +17,13 @@ static pthread_t g_thread;
 static double g_timeout_ms;
 static int g_rank;
 static long *g_step;
+static const char *(*g_poll)(void);
+static void (*g_abort_all)(void);
+
+void watchdog_set_comm_hooks(const char *(*poll)(void), void (*abort_all)(void)) {
+    g_poll = poll;
+    g_abort_all = abort_all;
+}
 
 void watchdog_beat(void) { atomic_store_explicit(&g_last_ms, timing_now_ms(), memory_order_relaxed); }
 
@@ -27,6 +34,12 @@ static void *watch(void *arg) {
     struct timespec tick = {0, 200 * 1000 * 1000};
     while (atomic_load(&g_running)) {
         nanosleep(&tick, NULL);
+        const char *failed = g_poll ? g_poll() : NULL;
+        if (failed) {
+            log_error("%s, in step %ld; aborting the job", failed, g_step ? *g_step : 0L);
+            if (g_abort_all) g_abort_all();
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
         double idle = timing_now_ms() - atomic_load(&g_last_ms);
         if (idle < g_timeout_ms) continue;
         const char *what = atomic_load(&g_waiting);
@@ -34,6 +47,7 @@ static void *watch(void *arg) {
                   "rank has died or hung; aborting the job",
                   g_rank, idle / 1e3, g_step ? *g_step : 0L, what ? ", waiting in " : "",
                   what ? what : "");
+        if (g_abort_all) g_abort_all();
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     return NULL;

@@ -1,7 +1,9 @@
 /* A dying or hung rank must not hang the others in a collective forever: a watchdog
  * thread on every rank of a multi-rank run aborts the whole job, naming this rank and
  * what it waits in, when nothing has completed for train.comm_timeout_s seconds.
- * "Completed" is any layer of compute (timing_set_context) or any communication op. */
+ * "Completed" is any layer of compute (timing_set_context) or any communication op.
+ * With NCCL the thread also polls the communicators' asynchronous errors, and aborts them
+ * (ncclCommAbort) before it ends the job, so that no GPU stays spinning in a collective. */
 #ifndef GPTC_WATCHDOG_H
 #define GPTC_WATCHDOG_H
 
@@ -13,5 +15,9 @@ void watchdog_waiting(const char *what);
 /* Starts the thread (no-op for a single rank). */
 int watchdog_start(double timeout_s, int rank, long *step);
 void watchdog_stop(void);
+/* For a device communication library whose ops run asynchronously (NCCL): poll returns a
+ * message when a communicator has failed (checked every tick, from the watchdog thread),
+ * abort_all makes every op in flight return. Either may be NULL. */
+void watchdog_set_comm_hooks(const char *(*poll)(void), void (*abort_all)(void));
 
 #endif

@@ -181,13 +181,13 @@ static dims model_dims(const gpt_model *m) {
 }
 
 static void layout_layer(layer_acts *la, arena *ar, size_t B, size_t T, size_t C, size_t Cl,
-                         size_t NH, size_t Nl) {
+                         size_t att_floats, size_t Nl) {
     size_t N = B * T, f = sizeof(float);
     la->ln1 = take(ar, N * C * f);
     la->ln1_mean = take(ar, Nl * f);
     la->ln1_rstd = take(ar, Nl * f);
     la->qkv = take(ar, N * 3 * Cl * f);
-    la->att = take(ar, B * NH * T * T * f);
+    la->att = take(ar, att_floats * f);
     la->atty = take(ar, N * Cl * f);
     la->res2 = take(ar, Nl * C * f);
     la->ln2 = take(ar, N * C * f);
@@ -210,7 +210,8 @@ static void layout_acts(gpt_model *m, arena *ar) {
             sa->input = take(ar, N * C * f);
             sa->grad = take(ar, N * C * f);
             for (int l = 0; l < ch->n_layers; l++)
-                layout_layer(&sa->layer[l], ar, B, T, C, Cl, NH, Nl);
+                layout_layer(&sa->layer[l], ar, B, T, C, Cl,
+                             m->be->attention_state_floats((int)B, (int)T, (int)NH), Nl);
             sa->tokens = take(ar, N * sizeof(int32_t));
             sa->targets = take(ar, N * sizeof(int32_t));
             if (!ch->has_head) continue;
@@ -226,7 +227,7 @@ static void layout_acts(gpt_model *m, arena *ar) {
     scratch_views *x = &m->scratch;
     x->dbtc = take(ar, N * C * f);
     x->dqkv = take(ar, N * 3 * Cl * f);
-    x->datt = take(ar, B * NH * T * T * f);
+    x->datt = take(ar, m->be->attention_state_floats((int)B, (int)T, (int)NH) * f);
     x->dfch = take(ar, N * 4 * Cl * f);
 }
 
@@ -442,8 +443,8 @@ static void block_backward(gpt_model *m, layer_acts *la, int l, float *dfull, co
     timing_matmul_role("attn_proj");
     tp_row_parallel_backward(&m->tp, a->dbtc, dw->attprojw, dw->attprojb, dfull, la->atty,
                              w->attprojw, N, d->Cl, C, s);
-    be->attention_backward(a->dqkv, a->datt, a->dbtc, la->qkv, la->att, d->B, d->T, d->Cl,
-                           d->NHl, s);
+    be->attention_backward(a->dqkv, a->datt, a->dbtc, la->atty, la->qkv, la->att, d->B, d->T,
+                           d->Cl, d->NHl, s);
     timing_matmul_role("qkv");
     const float *dln1 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->qkvw, dw->qkvb, a->dqkv,
                                                     la->ln1, w->qkvw, N, C, 3 * d->Cl, 0, s);

@@ -61,7 +61,7 @@ typedef struct {
     float *ln1;               /* [N,C] */
     float *ln1_mean, *ln1_rstd; /* [Nl], [Nl] */
     float *qkv;               /* [N,3Cl] */
-    float *att;               /* [B,NHl,T,T] softmax probabilities */
+    float *att;               /* [attention_state_floats(B,T,NHl)]: CPU [B,NHl,T,T] probabilities */
     float *atty;              /* [N,Cl] attention output before c_proj */
     float *res2;              /* [Nl,C] residual after attention (Nl = N/tp with sequence
                                * parallelism, else N): this rank's rows */
@@ -104,7 +104,7 @@ typedef struct {
 typedef struct {
     float *dbtc;                /* [N,C]; also the forward's row-parallel partial sums */
     float *dqkv;                /* [N,3Cl] */
-    float *datt;                /* [B,NHl,T,T] */
+    float *datt;                /* [attention_state_floats(B,T,NHl)] scratch */
     float *dfch;                /* [N,4Cl] */
 } scratch_views;
 

@@ -3,6 +3,11 @@
  * compute on the calling thread. Rules for callers are in comm.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "parallel/comm.h"
+#include "parallel/comm_nccl.h"
+#include "parallel/comm_task.h"
+
+#include "engine/cuda/cuda_backend.h"
+#include "engine/nvtx.h"
 
 #include "engine/timing.h"
 #include "engine/watchdog.h"
@@ -53,6 +58,7 @@ const char *comm_error(const comm_group *g) {
 
 static void group_init(comm_group *g, const char *name, const gptc_backend *be) {
     g->comm = MPI_COMM_NULL;
+    g->nccl = NULL;
     g->size = 0;
     g->rank = -1;
     snprintf(g->name, sizeof g->name, "%s", name);
@@ -87,6 +93,87 @@ static int mpi_ready(comm_group *g) {
     return 1;
 }
 
+/* ---- which library carries a device backend's traffic ---- */
+
+static comm_options g_options;
+static comm_backend g_backend = COMM_MPI;
+static int g_backend_decided;
+static char g_backend_text[160] = "mpi";
+
+void comm_set_options(const comm_options *o) { g_options = *o; }
+comm_backend comm_backend_in_use(void) { return g_backend; }
+const char *comm_backend_description(void) { return g_backend_text; }
+
+/* Collective over g. NCCL before 2.30 refuses two ranks on one GPU, which is exactly how
+ * a one-GPU machine runs multi-rank tests, so those fall back to MPI on host copies. */
+static void decide_backend(comm_group *g) {
+    if (g_backend_decided) return;
+    g_backend_decided = 1;
+    if (!g->be->on_device) return;
+    int version = comm_nccl_version();
+    MPI_Comm node;
+    int shared = 0, other = -1;
+    if (MPI_Comm_split_type(g->comm, MPI_COMM_TYPE_SHARED, g->rank, MPI_INFO_NULL, &node) ==
+        MPI_SUCCESS) {
+        int n = 0, me = 0, dev = cuda_backend_device();
+        MPI_Comm_size(node, &n);
+        MPI_Comm_rank(node, &me);
+        int *devs = calloc((size_t)n, sizeof(int)); /* [ranks on this node] their GPU */
+        if (devs && MPI_Allgather(&dev, 1, MPI_INT, devs, 1, MPI_INT, node) == MPI_SUCCESS)
+            for (int r = 0; r < n; r++)
+                if (r != me && devs[r] == dev) shared = 1, other = r;
+        free(devs);
+        MPI_Comm_free(&node);
+    }
+    shared = comm_max_int(g, shared);
+    const char *multi = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+    int multi_ok = version >= 23000 && multi && strcmp(multi, "1") == 0;
+    int v1 = version / 10000, v2 = version / 100 % 100, v3 = version % 100;
+    if (version == 0) {
+        g_backend = COMM_MPI_STAGED;
+        snprintf(g_backend_text, sizeof g_backend_text, "mpi with host staging: this build has no NCCL");
+    } else if (shared && !multi_ok) {
+        g_backend = COMM_MPI_STAGED;
+        snprintf(g_backend_text, sizeof g_backend_text,
+                 "mpi with host staging: ranks share a GPU (e.g. this rank and node rank %d) and "
+                 "NCCL %d.%d.%d %s", other, v1, v2, v3,
+                 version < 23000 ? "is older than 2.30"
+                                 : "has NCCL_MULTI_RANK_GPU_ENABLE unset");
+    } else {
+        g_backend = COMM_NCCL;
+        snprintf(g_backend_text, sizeof g_backend_text, "nccl %d.%d.%d%s", v1, v2, v3,
+                 shared ? " (several ranks per GPU)" : "");
+    }
+}
+
+/* The live NCCL groups, for the watchdog thread: it polls their asynchronous errors and
+ * aborts them all when the job must end. */
+enum { MAX_NCCL_GROUPS = 16 };
+static comm_group *_Atomic g_nccl_groups[MAX_NCCL_GROUPS];
+
+static void nccl_register(comm_group *g, int add) {
+    for (int i = 0; i < MAX_NCCL_GROUPS; i++) {
+        comm_group *expect = add ? NULL : g;
+        if (atomic_compare_exchange_strong(&g_nccl_groups[i], &expect, add ? g : NULL)) return;
+    }
+}
+
+const char *comm_poll_async_errors(void) {
+    for (int i = 0; i < MAX_NCCL_GROUPS; i++) {
+        comm_group *g = atomic_load(&g_nccl_groups[i]);
+        const char *e = g ? comm_nccl_async_error(g) : NULL;
+        if (e) return e;
+    }
+    return NULL;
+}
+
+void comm_abort_all(void) {
+    for (int i = 0; i < MAX_NCCL_GROUPS; i++) {
+        comm_group *g = atomic_exchange(&g_nccl_groups[i], NULL);
+        if (g) comm_nccl_abort(g);
+    }
+}
+
 /* A duplicate rather than MPI_COMM_WORLD itself, so that our error handler and our
  * messages stay apart from whatever else the program does on MPI_COMM_WORLD. */
 int comm_world(comm_group *g, const gptc_backend *be) {
@@ -94,12 +181,37 @@ int comm_world(comm_group *g, const gptc_backend *be) {
     if (!mpi_ready(g)) return -1;
     MPI_Comm c;
     if (!ok(g, "MPI_Comm_dup", MPI_Comm_dup(MPI_COMM_WORLD, &c))) return -1;
-    return group_adopt(g, c);
+    if (group_adopt(g, c) != 0) return -1;
+    decide_backend(g);
+    if (g_backend == COMM_NCCL) {
+        char err[256];
+        if (comm_nccl_world(g, &g_options, err, sizeof err) != 0) {
+            record_message(g, "NCCL init", err);
+            return -1;
+        }
+        nccl_register(g, 1);
+    }
+    return 0;
 }
 
 void comm_group_free(comm_group *g) {
+    if (g->nccl) nccl_register(g, 0);
+    comm_nccl_free(g);
     if (g->comm != MPI_COMM_NULL && g->size > 0) ok(g, "MPI_Comm_free", MPI_Comm_free(&g->comm));
     g->comm = MPI_COMM_NULL;
+}
+
+/* Called on every rank of the parent, also by those that join no group: NCCL's split is
+ * collective over the parent like MPI's. */
+static int nccl_split(comm_group *parent, comm_group *g, int color, int key) {
+    if (!parent->nccl) return 0;
+    char err[256];
+    if (comm_nccl_split(parent, g, color, key, &g_options, err, sizeof err) != 0) {
+        record_message(parent, "ncclCommSplit", err);
+        return -1;
+    }
+    if (g->nccl) nccl_register(g, 1);
+    return 0;
 }
 
 int comm_split(comm_group *parent, comm_group *out, const char *name, int color, int key) {
@@ -108,6 +220,7 @@ int comm_split(comm_group *parent, comm_group *out, const char *name, int color,
     if (!ok(parent, "MPI_Comm_split",
             MPI_Comm_split(parent->comm, color < 0 ? MPI_UNDEFINED : color, key, &c)))
         return -1;
+    if (nccl_split(parent, out, color, key) != 0) return -1;
     if (c == MPI_COMM_NULL) return 0;
     return group_adopt(out, c);
 }
@@ -120,6 +233,10 @@ static int split_group(comm_group *parent, comm_group *g, int color, int key, in
     if (!ok(g, "MPI_Comm_split", MPI_Comm_split(parent->comm, color, key, &c)) ||
         group_adopt(g, c) != 0) {
         snprintf(err, errlen, "comm: %s", comm_error(g));
+        return -1;
+    }
+    if (nccl_split(parent, g, color, key) != 0) {
+        snprintf(err, errlen, "comm: %s", comm_error(parent));
         return -1;
     }
     if (g->size != expect_size || g->rank != key) {
@@ -323,27 +440,6 @@ static void do_sendrecv(comm_group *g, const char *sendbuf, size_t send_bytes, i
 
 /* ---- issuing on a stream ---- */
 
-typedef enum {
-    OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_REDUCE, OP_SEND, OP_RECV,
-    OP_SENDRECV
-} op_kind;
-
-/* Everything an op needs, copied when it is issued: the caller's stack is gone by the
- * time a stream thread runs it. Counts are floats for the reductions and gathers, bytes
- * otherwise. */
-typedef struct {
-    op_kind kind;
-    comm_group *g;
-    const void *send;
-    void *recv;
-    size_t send_n, recv_n;
-    MPI_Op op; /* of the all-reduce */
-    int peer;  /* root (broadcast), destination (send, sendrecv) or source (recv) */
-    int src;   /* source of sendrecv */
-    int tag;
-    timing_ctx ctx; /* what compute was doing when the op was issued */
-    int stream;     /* timing's stream number: 0 when run on the caller */
-} comm_task;
 
 static timing_par par_of(const comm_group *g) {
     if (strcmp(g->name, "tp") == 0) return TP_TP;
@@ -419,10 +515,129 @@ static void run_and_free(void *arg) {
     free(arg);
 }
 
+/* ---- MPI on host copies of device buffers ---- */
+
+/* The part of device memory an op reads and writes: where it starts and how long. */
+typedef struct {
+    void *dev;
+    size_t bytes;
+    int read, written;
+} region;
+
+static size_t elem_size(const comm_task *t) {
+    return t->kind == OP_BROADCAST || t->kind == OP_SEND || t->kind == OP_RECV ||
+                   t->kind == OP_SENDRECV
+               ? 1
+               : sizeof(float);
+}
+
+/* [0] the send buffer, [1] the receive buffer; bytes 0 where the op has none */
+static void regions_of(const comm_task *t, region r[2]) {
+    size_t e = elem_size(t), size = (size_t)t->g->size;
+    memset(r, 0, 2 * sizeof(region));
+    switch (t->kind) {
+    case OP_ALLREDUCE: case OP_REDUCE: case OP_BROADCAST:
+        r[1] = (region){t->recv, t->recv_n * e, 1, 1};
+        break;
+    case OP_REDUCE_SCATTER:
+        r[0] = (region){(void *)t->send, size * t->recv_n * e, 1, 0};
+        r[1] = (region){t->recv, t->recv_n * e, 0, 1};
+        break;
+    case OP_ALLGATHER:
+        r[0] = (region){(void *)t->send, t->send_n * e, 1, 0};
+        r[1] = (region){t->recv, size * t->send_n * e, 0, 1};
+        break;
+    case OP_SEND:
+        r[0] = (region){(void *)t->send, t->send_n, 1, 0};
+        break;
+    case OP_RECV:
+        r[1] = (region){t->recv, t->recv_n, 0, 1};
+        break;
+    case OP_SENDRECV:
+        r[0] = (region){(void *)t->send, t->send_n, 1, 0};
+        r[1] = (region){t->recv, t->recv_n, 0, 1};
+        break;
+    }
+}
+
+static int contains(const region *outer, const region *inner) {
+    const char *o = outer->dev, *i = inner->dev;
+    return inner->bytes > 0 && i >= o && i + inner->bytes <= o + outer->bytes;
+}
+
+/* Staged ops run one at a time on the issuing (main) thread, so one growing host buffer
+ * serves them all. */
+static char *g_stage;
+static size_t g_stage_bytes;
+
+static char *stage(size_t bytes) {
+    if (bytes <= g_stage_bytes) return g_stage;
+    char *p = realloc(g_stage, bytes);
+    if (!p) return NULL;
+    g_stage = p;
+    g_stage_bytes = bytes;
+    return p;
+}
+
+/* Waits for the stream's earlier work, copies the regions the op reads to the host, runs
+ * the MPI op there and copies back what it wrote. An in-place op's two buffers overlap:
+ * the outer one is staged and the inner one points into its copy. */
+static void run_staged(comm_task t, gptc_stream *s) {
+    const gptc_backend *be = t.g->be;
+    be->stream_synchronize(s);
+    region r[2];
+    regions_of(&t, r);
+    int inner = -1; /* which region lies inside the other, if any */
+    if (contains(&r[1], &r[0])) inner = 0;
+    else if (contains(&r[0], &r[1])) inner = 1;
+    size_t total = (inner == 0 ? 0 : r[0].bytes) + (inner == 1 ? 0 : r[1].bytes);
+    char *host = stage(total ? total : 1);
+    if (!host) {
+        record_message(t.g, "host staging", "out of memory");
+        return;
+    }
+    char *h[2];
+    h[0] = host;
+    h[1] = host + (inner == 0 ? 0 : r[0].bytes);
+    if (inner >= 0) {
+        int outer = 1 - inner;
+        h[outer] = host;
+        h[inner] = host + ((char *)r[inner].dev - (char *)r[outer].dev);
+        r[outer].read |= r[inner].read;
+        r[outer].written |= r[inner].written;
+        r[inner].read = r[inner].written = 0;
+    }
+    for (int k = 0; k < 2; k++)
+        if (r[k].read && r[k].bytes) be->copy_to_host(h[k], r[k].dev, r[k].bytes, s);
+    if (t.send) t.send = h[0];
+    if (t.recv) t.recv = h[1];
+    run_task(&t);
+    for (int k = 0; k < 2; k++)
+        if (r[k].written && r[k].bytes) be->copy_from_host(r[k].dev, h[k], r[k].bytes, s);
+}
+
 static void issue(comm_task t, gptc_stream *s) {
     static const int stream_of_par[] = {0, 3, 1, 2}; /* none dp tp pp: engine/timing.h */
     t.ctx = timing_context();
     t.stream = s ? stream_of_par[par_of(t.g)] : 0;
+    if (t.g->nccl) {
+        /* enqueued, not run: timed by device marks around it, like a compute op */
+        const gptc_backend *be = t.g->be;
+        int timed = timing_on() && be->timer_mark;
+        nvtx_push(op_name(&t));
+        int m0 = timed ? be->timer_mark(s) : -1;
+        comm_nccl_issue(&t, s);
+        if (timed)
+            timing_record_marks(op_name(&t), TK_COMM, par_of(t.g), t.stream, t.ctx, m0,
+                                be->timer_mark(s));
+        nvtx_pop();
+        watchdog_beat();
+        return;
+    }
+    if (t.g->be->on_device) {
+        run_staged(t, s);
+        return;
+    }
     if (!s) {
         run_task(&t);
         return;

@@ -1,6 +1,8 @@
 /* Communication on a group of ranks, issued on a backend stream so that it can overlap
- * with compute. This is the MPI implementation (CPU buffers); NCCL comes later behind the
- * same functions.
+ * with compute. Three implementations sit behind these functions: MPI on host buffers
+ * (the CPU backend), NCCL on device buffers (parallel/comm_nccl.c), and MPI on host copies
+ * of device buffers (the fallback for GPUs where NCCL cannot run; ops then run on the
+ * caller once their stream has drained, so nothing overlaps).
  *
  * Rules the callers rely on:
  * - An op issued on stream s runs in s's order (CPU: on s's worker thread); on NULL it
@@ -34,7 +36,24 @@ typedef struct comm_group {
     const gptc_backend *be; /* whose streams the ops are issued on */
     atomic_int err_state;   /* 0: no error, 1: being written, 2: err holds the first one */
     char err[MPI_MAX_ERROR_STRING + 64];
+    void *nccl;             /* ncclComm_t when the group's ops run on NCCL; NULL: on MPI */
 } comm_group;
+
+/* How a device backend's groups communicate (decided once, by the first comm_world):
+ * NCCL on the device's streams; or MPI on host copies when NCCL cannot serve (a build
+ * without NCCL, or several ranks on one GPU with NCCL < 2.30). Host backends use MPI. */
+typedef enum { COMM_MPI, COMM_NCCL, COMM_MPI_STAGED } comm_backend;
+/* Options of the NCCL communicators ([overlap] comm_max_ctas, comm_cta_policy); set them
+ * before comm_world. cta_policy: 0 default, 1 efficiency, 2 zero. */
+typedef struct {
+    int max_ctas;
+    int cta_policy;
+} comm_options;
+void comm_set_options(const comm_options *o);
+comm_backend comm_backend_in_use(void);
+/* One line for the log: which backend runs and why, e.g. "nccl 2.28.3" or
+ * "mpi with host staging: ranks 0 and 1 share GPU 0 and NCCL 2.28.3 is older than 2.30". */
+const char *comm_backend_description(void);
 
 /* A private duplicate of MPI_COMM_WORLD. 0 on success; -1 with comm_error(g) set. */
 int comm_world(comm_group *g, const gptc_backend *be);
@@ -89,6 +108,11 @@ void comm_lane_join(comm_lane *l);
 /* Host-side and synchronous (losses, norms, agreeing on errors). On error they return x. */
 double comm_sum_double(comm_group *g, double x);
 int comm_max_int(comm_group *g, int x);
+
+/* For the watchdog thread (engine/watchdog.h): the first asynchronous error of a live
+ * NCCL group as a message (NULL when none), and aborting every NCCL group. */
+const char *comm_poll_async_errors(void);
+void comm_abort_all(void);
 
 /* The first error any op on g met, e.g. "rank 3: MPI_Allreduce on dp: <MPI's message>";
  * NULL when none. */

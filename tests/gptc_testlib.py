@@ -28,6 +28,15 @@ def run_train(args, np_ranks=None, timeout=600):
                           env=env(np_ranks or 1))
 
 
+def gpu_present():
+    """True when nvidia-smi lists a GPU (the GPU tests run only then)."""
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and "GPU" in r.stdout
+
+
 def write_tokens(path, tokens, vocab_size):
     import h5py
     with h5py.File(path, "w") as f:

@@ -7,7 +7,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import fail, run_train, write_tokens  # noqa: E402
+from gptc_testlib import fail, gpu_present, run_train, write_tokens  # noqa: E402
 
 D = tempfile.mkdtemp(prefix="gptc_cfg_")
 MODEL = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=32", "--model.n_ctx=16",
@@ -38,7 +38,8 @@ CASES = [
     ("model contradicts checkpoint", [f"--train.init={D}/ck.h5", "--model.n_layer=3"],
      ["model.n_layer", "ck.h5"]),
     ("save dir missing", [f"--train.save={D}/no/such/dir/ck.h5"], ["train.save", "no/such/dir"]),
-    ("cuda on a cpu build", ["--train.device=cuda"], ["train.device"]),
+    ("power on the cpu", ["--profile.power=true"], ["profile.power", "train.device = cuda"]),
+    ("bf16 not implemented", ["--train.precision=bf16"], ["train.precision", "bf16"]),
     ("unknown policy", ["--overlap.dp=eager"], ["overlap.dp", "eager"]),
     ("data without /tokens", [f"--data.path={D}/notokens.h5"], ["data.path", "notokens.h5", "tokens"]),
     ("data shorter than a window", [f"--data.path={D}/short.h5"], ["data.path", "short.h5", "window"]),
@@ -127,7 +128,17 @@ def main():
     check("heads do not divide over tp", BASE + ["--model.n_head=2", "--model.d_model=32",
                                                  "--parallel.tp=4"],
           ["model.n_head", "parallel.tp"], np_ranks=4)
-    print(f"PASS: {len(CASES) + 7} bad inputs refused")
+    n = len(CASES) + 7
+    # a build without CUDA, or a machine without a GPU, refuses cuda by name on every rank
+    if not gpu_present():
+        check("cuda without a usable GPU", BASE + ["--train.device=cuda"],
+              ["train.device = cuda"])
+        check("cuda without a usable GPU under mpirun", BASE + ["--train.device=cuda"],
+              ["train.device = cuda", "rank"], np_ranks=2)
+        n += 2
+    else:
+        print("note: a GPU is present, so the no-GPU cases are not run here")
+    print(f"PASS: {n} bad inputs refused")
 
 
 if __name__ == "__main__":

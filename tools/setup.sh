@@ -41,15 +41,15 @@ else
   # Once more under AddressSanitizer + UBSan (everything; Open MPI's own allocations
   # make leak checking useless for MPI programs, so leaks are checked on the unit tests
   # that do not start MPI), and the threaded tests under ThreadSanitizer.
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DGPTC_SANITIZE=address
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DGPTC_SANITIZE=address -DGPTC_CUDA=OFF
   cmake --build build-asan -j"$(nproc)"
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure
   ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure \
-      -R '^(test_gradcheck|test_cpu_math|test_tokens|test_checkpoint|test_schedule|test_cpu_stream)$'
-  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DGPTC_SANITIZE=thread
+      -R '^(test_gradcheck|test_cpu_math|test_tokens|test_checkpoint|test_schedule|test_cpu_stream|test_power)$'
+  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DGPTC_SANITIZE=thread -DGPTC_CUDA=OFF
   cmake --build build-tsan -j"$(nproc)" --target test_cpu_stream test_tokens
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure \
     -R '^(test_cpu_stream|test_tokens)$'

@@ -45,6 +45,7 @@ static const gptc_backend CPU = {
     .layernorm_backward = cpu_layernorm_backward,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
+    .attention_state_floats = cpu_attention_state_floats,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .gelu_forward = cpu_gelu_forward,

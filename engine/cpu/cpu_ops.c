@@ -216,8 +216,13 @@ void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int 
     }
 }
 
-void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                            const float *att, int B, int T, int C, int NH, gptc_stream *s) {
+size_t cpu_attention_state_floats(int B, int T, int NH) {
+    return (size_t)B * NH * T * T;
+}
+
+void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *out,
+                            const float *qkv, const float *att, int B, int T, int C, int NH,
+                            gptc_stream *s) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for schedule(static)

@@ -24,8 +24,11 @@ void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout
                          int w_rows_out, gptc_stream *s);
 void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                            int NH, gptc_stream *s);
-void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                            const float *att, int B, int T, int C, int NH, gptc_stream *s);
+/* att and datt hold [B,NH,T,T] probabilities; the backward does not read out */
+size_t cpu_attention_state_floats(int B, int T, int NH);
+void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *out,
+                            const float *qkv, const float *att, int B, int T, int C, int NH,
+                            gptc_stream *s);
 void cpu_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s);
 void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
                        gptc_stream *s);

@@ -1,0 +1,144 @@
+/* Vocab-parallel softmax cross-entropy in three steps around two all-reduces (see
+ * cpu_vocab_max / cpu_vocab_expsum / cpu_vocab_ce_finish): this rank holds Vl columns
+ * of the padded vocab starting at global column v_start; the first v_valid are real.
+ * A row is Vl floats (50304/tp: tens of thousands), so each kernel gives a row to one
+ * block whose threads stride the columns (coalesced; float4 when Vl % 4 == 0 and the
+ * buffer is 16-byte aligned) and reduce with a block reduction. */
+#include "engine/cuda/cuda_common.cuh"
+
+#define CE_THREADS 512
+
+/* number of valid columns, clamped into [0, Vl] so a bad v_valid never leaves the row */
+static __device__ __forceinline__ int valid_cols(int v_valid, int Vl) {
+    return v_valid < 0 ? 0 : v_valid > Vl ? Vl : v_valid;
+}
+
+/* the select of cpu's row_max: a NaN operand x is skipped */
+static __device__ __forceinline__ float max_sel(float a, float x) { return x > a ? x : a; }
+
+/* mx[n] = max over the valid columns (-inf if none); one block per row. */
+__global__ void vocab_max_kernel(float *mx /* [N] */, const float *logits /* [N,Vl] */, int N,
+                                 int Vl, int v_valid, int vec) {
+    __shared__ float sh[32]; /* block_max scratch */
+    int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
+    const float *row = logits + (size_t)n * Vl;
+    float m = -INFINITY;
+    if (vec) {
+        for (int i = threadIdx.x; i < nv / 4; i += blockDim.x) {
+            float4 x = ((const float4 *)row)[i];
+            m = max_sel(max_sel(max_sel(max_sel(m, x.x), x.y), x.z), x.w);
+        }
+        done = nv / 4 * 4;
+    }
+    for (int i = done + threadIdx.x; i < nv; i += blockDim.x) m = max_sel(m, row[i]);
+    m = block_max(m, sh);
+    if (threadIdx.x == 0) mx[n] = m;
+}
+
+/* One block per row: logits := exp(logits - mx) on the valid columns (padded columns
+ * are left as they are, as on the CPU); stats[n] = their sum, each thread summing in
+ * double and the block in double (the CPU sums 256-element float blocks in double; this
+ * is at least as accurate); stats[N + n] = target logit - mx if this rank holds the
+ * target among its valid columns, else 0. The target logit is read before the barrier
+ * that precedes the in-place exp, which may overwrite it. */
+__global__ void vocab_expsum_kernel(float *stats /* [2,N] */, float *logits /* [N,Vl] */,
+                                    const float *mx /* [N] */, const int32_t *targets /* [N] */,
+                                    int N, int Vl, int v_valid, int v_start, int vec) {
+    __shared__ double sh[32]; /* block_sum_double scratch */
+    int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
+    float *row = logits + (size_t)n * Vl;
+    float shift = mx[n];
+    int y = targets[n] - v_start;
+    float target = 0.0f;
+    if (threadIdx.x == 0 && y >= 0 && y < nv) target = row[y] - shift;
+    __syncthreads();
+    double acc = 0.0;
+    if (vec) {
+        for (int i = threadIdx.x; i < nv / 4; i += blockDim.x) {
+            float4 x = ((float4 *)row)[i];
+            x.x = expf(x.x - shift);
+            x.y = expf(x.y - shift);
+            x.z = expf(x.z - shift);
+            x.w = expf(x.w - shift);
+            ((float4 *)row)[i] = x;
+            acc += (double)x.x + (double)x.y + (double)x.z + (double)x.w;
+        }
+        done = nv / 4 * 4;
+    }
+    for (int i = done + threadIdx.x; i < nv; i += blockDim.x) {
+        float e = expf(row[i] - shift);
+        row[i] = e;
+        acc += e;
+    }
+    acc = block_sum_double(acc, sh);
+    if (threadIdx.x == 0) {
+        stats[n] = (float)acc;
+        stats[N + n] = target;
+    }
+}
+
+/* the gradient of one column: p * dloss (p = e / sum, as e * (dloss / sum) on the CPU),
+ * minus dloss on the target, 0 on padded columns */
+static __device__ __forceinline__ float ce_grad(float e, int i, int nv, int y, float scale,
+                                                float dloss) {
+    if (i >= nv) return 0.0f;
+    float g = e * scale;
+    return i == y ? g - dloss : g;
+}
+
+/* One block per row over all Vl columns (valid and padded): every element of the row is
+ * rewritten, each by one thread, so no barrier is needed. */
+__global__ void vocab_ce_finish_kernel(float *losses /* [N] */, float *logits /* [N,Vl] */,
+                                       const float *stats /* [2,N] */,
+                                       const int32_t *targets /* [N] */, int N, int Vl,
+                                       int v_valid, int v_start, float dloss, int vec) {
+    int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
+    float *row = logits + (size_t)n * Vl;
+    float sum = stats[n];
+    if (threadIdx.x == 0) losses[n] = logf(sum) - stats[N + n];
+    float scale = dloss / sum;
+    int y = targets[n] - v_start;
+    if (y < 0 || y >= nv) y = -1; /* not held here: no column matches */
+    if (vec) {
+        for (int i = threadIdx.x; i < Vl / 4; i += blockDim.x) {
+            float4 x = ((float4 *)row)[i];
+            int c = 4 * i;
+            x.x = ce_grad(x.x, c, nv, y, scale, dloss);
+            x.y = ce_grad(x.y, c + 1, nv, y, scale, dloss);
+            x.z = ce_grad(x.z, c + 2, nv, y, scale, dloss);
+            x.w = ce_grad(x.w, c + 3, nv, y, scale, dloss);
+            ((float4 *)row)[i] = x;
+        }
+        done = Vl / 4 * 4;
+    }
+    for (int i = done + threadIdx.x; i < Vl; i += blockDim.x)
+        row[i] = ce_grad(row[i], i, nv, y, scale, dloss);
+}
+
+extern "C" {
+
+void cuda_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid,
+                    cudaStream_t s) {
+    if (N <= 0) return;
+    int vec = Vl % 4 == 0 && aligned16(logits);
+    vocab_max_kernel<<<N, CE_THREADS, 0, s>>>(mx, logits, N, Vl, v_valid, vec);
+}
+
+void cuda_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
+                       int N, int Vl, int v_valid, int v_start, cudaStream_t s) {
+    if (N <= 0) return;
+    int vec = Vl % 4 == 0 && aligned16(logits);
+    vocab_expsum_kernel<<<N, CE_THREADS, 0, s>>>(stats, logits, mx, targets, N, Vl, v_valid,
+                                                 v_start, vec);
+}
+
+void cuda_vocab_ce_finish(float *losses, float *logits, const float *stats,
+                          const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                          float dloss, cudaStream_t s) {
+    if (N <= 0) return;
+    int vec = Vl % 4 == 0 && aligned16(logits);
+    vocab_ce_finish_kernel<<<N, CE_THREADS, 0, s>>>(losses, logits, stats, targets, N, Vl,
+                                                    v_valid, v_start, dloss, vec);
+}
+
+} /* extern "C" */

@@ -1,0 +1,313 @@
+/* The CUDA backend's op table: memory, streams and events map one to one onto the CUDA
+ * runtime; compute ops launch the kernels of engine/cuda/ (.cu files) and cuBLASLt (cuda_matmul.c).
+ *
+ * The NULL gptc_stream is the backend's compute stream, a non-blocking stream created at
+ * start: the legacy default stream would serialise with every other stream and so undo
+ * every overlap policy. Copies between host and device block the caller until done, as the
+ * CPU backend's do, because callers reuse their host buffers at once.
+ *
+ * A CUDA error here is not recoverable (an asynchronous kernel fault poisons the
+ * context), so it ends the process with one line naming the rank, the call and the
+ * error; mpirun then stops the other ranks. */
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_internal.h"
+
+#include "engine/cuda/cuda_kernels.h"
+#include "engine/cuda/cuda_matmul.h"
+#include "engine/log.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct gptc_stream {
+    cudaStream_t s;
+};
+struct gptc_event {
+    cudaEvent_t e;
+};
+
+static struct {
+    int device;
+    cudaStream_t compute;
+    double *sumsq_out;     /* [1] device result of sum_squares */
+    double *sumsq_partial; /* [cuda_sum_squares_partials()] device scratch */
+    double *sumsq_host;    /* [1] pinned host copy */
+} g;
+
+void cuda_check(cudaError_t rc, const char *what) {
+    if (rc == cudaSuccess) return;
+    log_error("rank %d: CUDA error in %s: %s", log_rank(), what, cudaGetErrorString(rc));
+    exit(EXIT_FAILURE);
+}
+
+static void check_launch(const char *op) {
+    int rc = cuda_check_launch();
+    if (rc != 0) cuda_check((cudaError_t)rc, op);
+}
+
+cudaStream_t cuda_stream_of(gptc_stream *s) { return s ? s->s : g.compute; }
+static cudaStream_t cu(gptc_stream *s) { return s ? s->s : g.compute; }
+
+/* ---- memory ---- */
+
+static void *cu_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        (void)cudaGetLastError(); /* an allocation failure is reported by the caller */
+        return NULL;
+    }
+    /* the CPU backend hands out zeroed memory and layers rely on it */
+    cuda_check(cudaMemset(p, 0, bytes), "cudaMemset");
+    return p;
+}
+static void cu_release(void *p) {
+    if (p) cuda_check(cudaFree(p), "cudaFree");
+}
+static void cu_zero(void *p, size_t bytes, gptc_stream *s) {
+    cuda_check(cudaMemsetAsync(p, 0, bytes, cu(s)), "cudaMemsetAsync");
+}
+static void cu_copy_from_host(void *dst, const void *src, size_t bytes, gptc_stream *s) {
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cu(s)), "copy_from_host");
+    cuda_check(cudaStreamSynchronize(cu(s)), "copy_from_host");
+}
+static void cu_copy_to_host(void *dst, const void *src, size_t bytes, gptc_stream *s) {
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cu(s)), "copy_to_host");
+    cuda_check(cudaStreamSynchronize(cu(s)), "copy_to_host");
+}
+
+/* ---- streams and events ---- */
+
+static gptc_stream *cu_stream_create(int high_priority) {
+    gptc_stream *st = malloc(sizeof *st);
+    if (!st) return NULL;
+    int least = 0, greatest = 0; /* numerically, "greatest" priority is the lowest number */
+    cuda_check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    if (cudaStreamCreateWithPriority(&st->s, cudaStreamNonBlocking,
+                                     high_priority ? greatest : least) != cudaSuccess) {
+        (void)cudaGetLastError();
+        free(st);
+        return NULL;
+    }
+    return st;
+}
+static void cu_stream_destroy(gptc_stream *st) {
+    if (!st) return;
+    cuda_check(cudaStreamSynchronize(st->s), "stream_destroy");
+    cuda_check(cudaStreamDestroy(st->s), "cudaStreamDestroy");
+    free(st);
+}
+static void cu_stream_synchronize(gptc_stream *s) {
+    cuda_check(cudaStreamSynchronize(cu(s)), "stream_synchronize");
+}
+static gptc_event *cu_event_create(void) {
+    gptc_event *ev = malloc(sizeof *ev);
+    if (!ev) return NULL;
+    if (cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        free(ev);
+        return NULL;
+    }
+    return ev;
+}
+/* CUDA releases an event's resources once its pending records and waits are done */
+static void cu_event_destroy(gptc_event *ev) {
+    if (!ev) return;
+    cuda_check(cudaEventDestroy(ev->e), "cudaEventDestroy");
+    free(ev);
+}
+static void cu_event_record(gptc_event *ev, gptc_stream *s) {
+    cuda_check(cudaEventRecord(ev->e, cu(s)), "cudaEventRecord");
+}
+static void cu_stream_wait_event(gptc_stream *s, gptc_event *ev) {
+    cuda_check(cudaStreamWaitEvent(cu(s), ev->e, 0), "cudaStreamWaitEvent");
+}
+static void cu_event_synchronize(gptc_event *ev) {
+    cuda_check(cudaEventSynchronize(ev->e), "cudaEventSynchronize");
+}
+static void cu_launch_host_func(gptc_stream *s, void (*fn)(void *), void *arg) {
+    cuda_check(cudaLaunchHostFunc(cu(s), fn, arg), "cudaLaunchHostFunc");
+}
+
+/* ---- compute ops ---- */
+
+static void cu_embedding_forward(float *out, const int32_t *tokens, const float *wte,
+                                 const float *wpe, int N, int T, int C, int v_start, int v_local,
+                                 gptc_stream *s) {
+    cuda_embedding_forward(out, tokens, wte, wpe, N, T, C, v_start, v_local, cu(s));
+    check_launch("embedding_forward");
+}
+static void cu_embedding_backward(float *dwte, float *dwpe, const float *dout,
+                                  const int32_t *tokens, int N, int T, int C, int v_start,
+                                  int v_local, gptc_stream *s) {
+    cuda_embedding_backward(dwte, dwpe, dout, tokens, N, T, C, v_start, v_local, cu(s));
+    check_launch("embedding_backward");
+}
+static void cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                 const float *w, const float *b, int N, int C, gptc_stream *s) {
+    cuda_layernorm_forward(out, mean, rstd, inp, w, b, N, C, cu(s));
+    check_launch("layernorm_forward");
+}
+static void cu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                                  const float *inp, const float *w, const float *mean,
+                                  const float *rstd, int N, int C, gptc_stream *s) {
+    cuda_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, cu(s));
+    check_launch("layernorm_backward");
+}
+static void cu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                              int N, int IC, int OC, int w_rows_out, gptc_stream *s) {
+    cuda_matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, cu(s));
+}
+static void cu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                               const float *inp, const float *w, int N, int IC, int OC,
+                               int w_rows_out, gptc_stream *s) {
+    cuda_matmul_backward(dinp, dw, dout, inp, w, N, IC, OC, w_rows_out, cu(s));
+    if (dbias) {
+        cuda_bias_backward(dbias, dout, N, OC, cu(s));
+        check_launch("matmul_backward (bias)");
+    }
+}
+static size_t cu_attention_state_floats(int B, int T, int NH) { return (size_t)B * NH * T; }
+static void cu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                 int NH, gptc_stream *s) {
+    cuda_attention_forward(out, att, qkv, B, T, C, NH, cu(s));
+    check_launch("attention_forward");
+}
+static void cu_attention_backward(float *dqkv, float *datt, const float *dout, const float *out,
+                                  const float *qkv, const float *att, int B, int T, int C, int NH,
+                                  gptc_stream *s) {
+    cuda_attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, cu(s));
+    check_launch("attention_backward");
+}
+static void cu_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s) {
+    cuda_gelu_forward(out, inp, n, cu(s));
+    check_launch("gelu_forward");
+}
+static void cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
+                             gptc_stream *s) {
+    cuda_gelu_backward(dinp, inp, dout, n, cu(s));
+    check_launch("gelu_backward");
+}
+static void cu_add(float *out, const float *a, const float *b, size_t n, gptc_stream *s) {
+    cuda_add(out, a, b, n, cu(s));
+    check_launch("add");
+}
+static void cu_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid,
+                         gptc_stream *s) {
+    cuda_vocab_max(mx, logits, N, Vl, v_valid, cu(s));
+    check_launch("vocab_max");
+}
+static void cu_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
+                            int N, int Vl, int v_valid, int v_start, gptc_stream *s) {
+    cuda_vocab_expsum(stats, logits, mx, targets, N, Vl, v_valid, v_start, cu(s));
+    check_launch("vocab_expsum");
+}
+static void cu_vocab_ce_finish(float *losses, float *logits, const float *stats,
+                               const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                               float dloss, gptc_stream *s) {
+    cuda_vocab_ce_finish(losses, logits, stats, targets, N, Vl, v_valid, v_start, dloss, cu(s));
+    check_launch("vocab_ce_finish");
+}
+/* The result comes back to the host, so this waits for the stream: callers sum whole
+ * gradient slices, a few per step. */
+static double cu_sum_squares(const float *x, size_t n, gptc_stream *s) {
+    cuda_sum_squares(g.sumsq_out, g.sumsq_partial, x, n, cu(s));
+    check_launch("sum_squares");
+    cuda_check(cudaMemcpyAsync(g.sumsq_host, g.sumsq_out, sizeof(double), cudaMemcpyDeviceToHost,
+                               cu(s)), "sum_squares");
+    cuda_check(cudaStreamSynchronize(cu(s)), "sum_squares");
+    return *g.sumsq_host;
+}
+static void cu_scale(float *x, float a, size_t n, gptc_stream *s) {
+    cuda_scale(x, a, n, cu(s));
+    check_launch("scale");
+}
+static void cu_adamw(float *p, const float *gr, float *m, float *v, size_t n, float lr,
+                     float beta1, float beta2, float eps, float decay, float bc1, float bc2,
+                     gptc_stream *s) {
+    cuda_adamw(p, gr, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2, cu(s));
+    check_launch("adamw");
+}
+
+static const gptc_backend CUDA = {
+    .name = "cuda",
+    .on_device = 1,
+    .alloc = cu_alloc,
+    .release = cu_release,
+    .zero = cu_zero,
+    .copy_from_host = cu_copy_from_host,
+    .copy_to_host = cu_copy_to_host,
+    .synchronize = cu_stream_synchronize,
+    .stream_create = cu_stream_create,
+    .stream_destroy = cu_stream_destroy,
+    .event_create = cu_event_create,
+    .event_destroy = cu_event_destroy,
+    .event_record = cu_event_record,
+    .stream_wait_event = cu_stream_wait_event,
+    .event_synchronize = cu_event_synchronize,
+    .stream_synchronize = cu_stream_synchronize,
+    .launch_host_func = cu_launch_host_func,
+    .timer_reset = cuda_timer_reset,
+    .timer_mark = cuda_timer_mark,
+    .timer_read = cuda_timer_read,
+    .embedding_forward = cu_embedding_forward,
+    .embedding_backward = cu_embedding_backward,
+    .layernorm_forward = cu_layernorm_forward,
+    .layernorm_backward = cu_layernorm_backward,
+    .matmul_forward = cu_matmul_forward,
+    .matmul_backward = cu_matmul_backward,
+    .attention_state_floats = cu_attention_state_floats,
+    .attention_forward = cu_attention_forward,
+    .attention_backward = cu_attention_backward,
+    .gelu_forward = cu_gelu_forward,
+    .gelu_backward = cu_gelu_backward,
+    .add = cu_add,
+    .vocab_max = cu_vocab_max,
+    .vocab_expsum = cu_vocab_expsum,
+    .vocab_ce_finish = cu_vocab_ce_finish,
+    .sum_squares = cu_sum_squares,
+    .scale = cu_scale,
+    .adamw = cu_adamw,
+};
+
+int cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
+    static int started = 0;
+    if (started) return &CUDA;
+    int n = 0;
+    cudaError_t rc = cudaGetDeviceCount(&n);
+    if (rc != cudaSuccess || n == 0) {
+        snprintf(err, errlen, "train.device = cuda: no usable GPU (%s)",
+                 rc != cudaSuccess ? cudaGetErrorString(rc) : "no device found");
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    /* ranks on one node share its GPUs round-robin; several ranks per GPU is allowed
+     * (tests on one-GPU machines), the comm layer then picks a backend that copes */
+    g.device = local_rank % n;
+    if ((rc = cudaSetDevice(g.device)) != cudaSuccess ||
+        (rc = cudaStreamCreateWithFlags(&g.compute, cudaStreamNonBlocking)) != cudaSuccess ||
+        (rc = cudaMalloc((void **)&g.sumsq_out, sizeof(double))) != cudaSuccess ||
+        (rc = cudaMalloc((void **)&g.sumsq_partial,
+                         cuda_sum_squares_partials() * sizeof(double))) != cudaSuccess ||
+        (rc = cudaMallocHost((void **)&g.sumsq_host, sizeof(double))) != cudaSuccess) {
+        snprintf(err, errlen, "train.device = cuda: GPU %d failed to start (%s)", g.device,
+                 cudaGetErrorString(rc));
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    if (cuda_matmul_init(err, errlen) != 0) return NULL;
+    started = 1;
+    return &CUDA;
+}
+
+int cuda_backend_device(void) { return g.device; }

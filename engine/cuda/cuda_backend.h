@@ -1,0 +1,21 @@
+/* The CUDA backend (train.device = cuda): one GPU per rank, chosen round-robin from the
+ * rank's index on its node. */
+#ifndef GPTC_CUDA_BACKEND_H
+#define GPTC_CUDA_BACKEND_H
+
+#include "engine/backend.h"
+
+#include <stddef.h>
+
+/* The op table, started on GPU local_rank % (GPUs on this node). NULL with a one-line
+ * reason in err when there is no usable GPU or a start-up call fails. Later calls return
+ * the table already started. */
+const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen);
+/* The GPU index this process uses (after cuda_backend succeeded). */
+int cuda_backend_device(void);
+/* GPUs visible to this process; 0 when there is none or no working driver. */
+int cuda_device_count(void);
+/* Builds without CUDA link engine/cuda_none.c, whose cuda_backend says so in err. */
+
+
+#endif

@@ -1,0 +1,95 @@
+/* Device helpers shared by the kernel files (engine/cuda, the .cu files): warp and
+ * block reductions, and the host-side helpers that size grid-stride launches. */
+#ifndef GPTC_CUDA_COMMON_CUH
+#define GPTC_CUDA_COMMON_CUH
+
+#include "engine/cuda/cuda_kernels.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define FULL_MASK 0xffffffffu
+
+/* ------------------------------------------------------------------ warp reductions */
+
+/* Butterfly (xor) reductions: every lane ends with the same, bitwise identical value
+ * (each step adds the same two operands in every lane of a pair), so a warp can branch
+ * on the result without a broadcast. All 32 lanes must take part. */
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+static __device__ __forceinline__ double warp_sum_double(double v) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+    return v;
+}
+
+/* ------------------------------------------------------------------ block reductions */
+
+/* Reductions over a whole block (blockDim.x a multiple of 32, at most 1024); every thread
+ * gets the result. sh is the caller's scratch: __shared__ float/double sh[32]. The first
+ * barrier lets a block call these back to back with the same scratch. The order of the
+ * additions depends only on blockDim, so results are deterministic. */
+static __device__ __forceinline__ float block_sum(float v, float *sh /* [32] */) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < nw ? sh[lane] : 0.0f);
+}
+
+static __device__ __forceinline__ double block_sum_double(double v, double *sh /* [32] */) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_double(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    return warp_sum_double(lane < nw ? sh[lane] : 0.0);
+}
+
+static __device__ __forceinline__ float block_max(float v, float *sh /* [32] */) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    return warp_max(lane < nw ? sh[lane] : -INFINITY);
+}
+
+/* ------------------------------------------------------------------ host helpers */
+
+/* Multiprocessors of the current device (a driver-cached attribute: cheap to ask per
+ * launch, and right when one process drives several devices). */
+static inline int cuda_sm_count(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        n <= 0)
+        n = 108;
+    return n;
+}
+
+/* Blocks for a grid-stride loop over units work items, per_block items per block per
+ * pass: as many as the work needs, capped at a few resident waves of the device (the
+ * loop covers the rest, so any size_t count works); at least 1. Callers return early
+ * on empty work, so a launch never has 0 blocks. */
+static inline unsigned int grid_for(size_t units, int per_block) {
+    size_t need = (units + (size_t)per_block - 1) / (size_t)per_block;
+    size_t cap = (size_t)cuda_sm_count() * 16;
+    if (need > cap) need = cap;
+    return need < 1 ? 1u : (unsigned int)need;
+}
+
+/* 1 when p may be read or written as float4 (16-byte aligned); NULL counts as aligned */
+static inline int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+#endif

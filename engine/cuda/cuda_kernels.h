@@ -1,0 +1,80 @@
+/* Launchers of the CUDA kernels (engine/cuda/ (.cu files)), callable from C. Each one is the op
+ * of the same name in engine/backend.h, with the same buffers, shapes and "+=" rules,
+ * issued on a CUDA stream; all pointers are device memory. They return at once (the
+ * kernels run in stream order) and report launch errors through cuda_check_launch. */
+#ifndef GPTC_CUDA_KERNELS_H
+#define GPTC_CUDA_KERNELS_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte,
+                            const float *wpe, int N, int T, int C, int v_start, int v_local,
+                            cudaStream_t s);
+/* dwte rows are accumulated with atomics: tokens repeat within a batch */
+void cuda_embedding_backward(float *dwte, float *dwpe, const float *dout,
+                             const int32_t *tokens, int N, int T, int C, int v_start,
+                             int v_local, cudaStream_t s);
+
+void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *w, const float *b, int N, int C, cudaStream_t s);
+void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                             const float *inp, const float *w, const float *mean,
+                             const float *rstd, int N, int C, cudaStream_t s);
+
+/* dbias[OC] += column sums of dout[N,OC] (the matmul's bias gradient) */
+void cuda_bias_backward(float *dbias, const float *dout, int N, int OC, cudaStream_t s);
+
+/* Flash-style causal attention: the T x T probabilities are never stored. The forward
+ * saves lse[B,NH,T], the log-sum-exp of each query row's scaled scores; the backward
+ * uses scratch[B,NH,T] for rowsum(dout * out) and recomputes the probabilities.
+ * qkv[B,T,3C] (q|k|v, heads in order), out[B,T,C], dqkv[B,T,3C] = (overwritten). */
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
+                            int NH, cudaStream_t s);
+void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
+                             const float *out, const float *qkv, const float *lse, int B,
+                             int T, int C, int NH, cudaStream_t s);
+
+void cuda_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s);
+void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
+                        cudaStream_t s);
+void cuda_add(float *out, const float *a, const float *b, size_t n, cudaStream_t s);
+void cuda_scale(float *x, float a, size_t n, cudaStream_t s);
+
+void cuda_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid,
+                    cudaStream_t s);
+void cuda_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
+                       int N, int Vl, int v_valid, int v_start, cudaStream_t s);
+void cuda_vocab_ce_finish(float *losses, float *logits, const float *stats,
+                          const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                          float dloss, cudaStream_t s);
+
+/* *out (device, one double) = sum of x[n]^2, summed in double; partial[n_partial] is
+ * scratch of cuda_sum_squares_partials() doubles */
+size_t cuda_sum_squares_partials(void);
+void cuda_sum_squares(double *out, double *partial, const float *x, size_t n, cudaStream_t s);
+
+void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                float beta1, float beta2, float eps, float decay, float bc1, float bc2,
+                cudaStream_t s);
+
+/* Fills x[n] with a NaN bit pattern (tests poison outputs before an op). */
+void cuda_fill_nan(float *x, size_t n, cudaStream_t s);
+
+/* A kernel that spins until *flag (host-mapped memory written by a host thread) reaches
+ * at least target: lets a stream wait for a host thread without a host callback. */
+void cuda_wait_flag(const volatile unsigned int *flag, unsigned int target, cudaStream_t s);
+
+/* 0 when the last launch on this thread went well; otherwise the CUDA error code. */
+int cuda_check_launch(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

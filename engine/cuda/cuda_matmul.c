@@ -1,0 +1,190 @@
+/* cuBLASLt is column-major; our buffers are row-major, and a row-major [R,C] matrix is the
+ * column-major [C,R] matrix of its transpose. So y[N,OC] = x[N,IC] @ W[IC,OC] is issued as
+ * y^T (OC x N) = W^T (OC x IC) @ x^T (IC x N), with every buffer passed as it lies.
+ *
+ * Choosing an algorithm (the heuristic query) costs tens of microseconds, as much as a
+ * small GEMM, so each distinct problem is planned once: a small table keyed by shape,
+ * transposes, epilogue, beta and pointer alignment keeps its descriptors and algorithm.
+ * All products run on one workspace; that is safe because only the compute stream
+ * issues them. */
+#include "engine/cuda/cuda_matmul.h"
+
+#include "engine/cuda/cuda_internal.h"
+#include "engine/log.h"
+
+#include <cublasLt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { PLAN_SLOTS = 128, WORKSPACE_BYTES = 32 << 20 };
+
+typedef struct {
+    int used;
+    int ta, tb, m, n, k, lda, ldb, ldc, bias, accumulate;
+    int align[4]; /* bytes: A, B, C, bias */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} plan;
+
+static struct {
+    cublasLtHandle_t lt;
+    void *workspace; /* [WORKSPACE_BYTES] */
+    plan plans[PLAN_SLOTS];
+} g;
+
+static void lt_check(cublasStatus_t rc, const char *what) {
+    if (rc == CUBLAS_STATUS_SUCCESS) return;
+    log_error("rank %d: cuBLASLt error in %s: %s", log_rank(), what, cublasLtGetStatusString(rc));
+    exit(EXIT_FAILURE);
+}
+
+int cuda_matmul_init(char *err, size_t errlen) {
+    cublasStatus_t rc = cublasLtCreate(&g.lt);
+    if (rc != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "train.device = cuda: cuBLASLt failed to start (%s)",
+                 cublasLtGetStatusString(rc));
+        return -1;
+    }
+    if (cudaMalloc(&g.workspace, WORKSPACE_BYTES) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(err, errlen, "train.device = cuda: no GPU memory for the GEMM workspace");
+        return -1;
+    }
+    return 0;
+}
+
+/* The largest power of two (up to 256) dividing the address: cuBLASLt picks its
+ * vectorised kernels by the alignment it is promised. */
+static int alignment(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int bytes = 256;
+    while (bytes > 4 && a % (uintptr_t)bytes) bytes /= 2;
+    return bytes;
+}
+
+static void set_op(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, const void *v,
+                   size_t size) {
+    lt_check(cublasLtMatmulDescSetAttribute(op, attr, v, size), "cublasLtMatmulDescSetAttribute");
+}
+
+static plan *make_plan(const plan *key) {
+    plan *p = NULL;
+    for (int i = 0; i < PLAN_SLOTS; i++) {
+        plan *q = &g.plans[i];
+        if (!q->used) {
+            p = q;
+            break;
+        }
+    }
+    if (!p) { /* full: a run has a few dozen distinct products, so simply start over */
+        for (int i = 0; i < PLAN_SLOTS; i++) {
+            plan *q = &g.plans[i];
+            cublasLtMatmulDescDestroy(q->op);
+            cublasLtMatrixLayoutDestroy(q->a);
+            cublasLtMatrixLayoutDestroy(q->b);
+            cublasLtMatrixLayoutDestroy(q->c);
+            q->used = 0;
+        }
+        p = &g.plans[0];
+    }
+    *p = *key;
+    lt_check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    cublasOperation_t ta = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t tb = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    set_op(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    set_op(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    cublasLtEpilogue_t epi = key->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    /* stored shapes: op(A) is m x k, op(B) is k x n */
+    lt_check(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, key->ta ? key->k : key->m,
+                                        key->ta ? key->m : key->k, key->lda), "layout A");
+    lt_check(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, key->tb ? key->n : key->k,
+                                        key->tb ? key->k : key->n, key->ldb), "layout B");
+    lt_check(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, key->m, key->n, key->ldc), "layout C");
+
+    cublasLtMatmulPreference_t pref;
+    lt_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    size_t ws = WORKSPACE_BYTES;
+    uint32_t al[4] = {(uint32_t)key->align[0], (uint32_t)key->align[1], (uint32_t)key->align[2],
+                      (uint32_t)key->align[3]};
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws, sizeof ws), "preference");
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &al[0], sizeof al[0]), "preference");
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &al[1], sizeof al[1]), "preference");
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &al[2], sizeof al[2]), "preference");
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &al[2], sizeof al[2]), "preference");
+    cublasLtMatmulHeuristicResult_t found;
+    int n_found = 0;
+    lt_check(cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &found,
+                                            &n_found), "cublasLtMatmulAlgoGetHeuristic");
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (n_found == 0) {
+        log_error("rank %d: cuBLASLt has no algorithm for a %d x %d x %d product", log_rank(),
+                  key->m, key->n, key->k);
+        exit(EXIT_FAILURE);
+    }
+    p->algo = found.algo;
+    p->used = 1;
+    return p;
+}
+
+static plan *find_plan(const plan *key) {
+    for (int i = 0; i < PLAN_SLOTS; i++) {
+        plan *q = &g.plans[i];
+        if (q->used && q->ta == key->ta && q->tb == key->tb && q->m == key->m && q->n == key->n &&
+            q->k == key->k && q->lda == key->lda && q->ldb == key->ldb && q->ldc == key->ldc &&
+            q->bias == key->bias && q->accumulate == key->accumulate &&
+            memcmp(q->align, key->align, sizeof q->align) == 0)
+            return q;
+    }
+    return make_plan(key);
+}
+
+/* C (m x n, column-major) = op(A) @ op(B) (+ C when accumulate) (+ bias[m] per column) */
+static void gemm(int ta, int tb, int m, int n, int k, const float *A, int lda, const float *B,
+                 int ldb, float *C, int ldc, int accumulate, const float *bias, cudaStream_t s) {
+    if (m == 0 || n == 0) return;
+    plan key = {0};
+    key.ta = ta, key.tb = tb, key.m = m, key.n = n, key.k = k;
+    key.lda = lda, key.ldb = ldb, key.ldc = ldc, key.bias = bias != NULL;
+    key.accumulate = accumulate;
+    key.align[0] = alignment(A), key.align[1] = alignment(B), key.align[2] = alignment(C);
+    key.align[3] = bias ? alignment(bias) : 0;
+    plan *p = find_plan(&key);
+    if (bias) set_op(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    lt_check(cublasLtMatmul(g.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c,
+                            &p->algo, g.workspace, WORKSPACE_BYTES, s), "cublasLtMatmul");
+}
+
+void cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                         int N, int IC, int OC, int w_rows_out, cudaStream_t s) {
+    /* out^T (OC x N) = W^T (OC x IC) @ inp^T (IC x N) */
+    if (w_rows_out) /* w is [OC,IC]: column-major IC x OC, transposed */
+        gemm(1, 0, OC, N, IC, w, IC, inp, IC, out, OC, 0, bias, s);
+    else            /* w is [IC,OC]: column-major OC x IC as it lies */
+        gemm(0, 0, OC, N, IC, w, OC, inp, IC, out, OC, 0, bias, s);
+}
+
+void cuda_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                          const float *w, int N, int IC, int OC, int w_rows_out, cudaStream_t s) {
+    if (dinp) { /* dinp^T (IC x N) = W (IC x OC) @ dout^T (OC x N) */
+        if (w_rows_out)
+            gemm(0, 0, IC, N, OC, w, IC, dout, OC, dinp, IC, 0, NULL, s);
+        else
+            gemm(1, 0, IC, N, OC, w, OC, dout, OC, dinp, IC, 0, NULL, s);
+    }
+    if (dw) {
+        if (w_rows_out) /* dw [OC,IC] = column-major IC x OC: inp^T (IC x N) @ dout (N x OC) */
+            gemm(0, 1, IC, OC, N, inp, IC, dout, OC, dw, IC, 1, NULL, s);
+        else            /* dw [IC,OC] = column-major OC x IC: dout^T (OC x N) @ inp (N x IC) */
+            gemm(0, 1, OC, IC, N, dout, OC, inp, IC, dw, OC, 1, NULL, s);
+    }
+}

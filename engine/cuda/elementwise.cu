@@ -1,0 +1,208 @@
+/* Elementwise kernels (GELU, add, scale, NaN fill), the bias gradient's column sums,
+ * the host-flag wait and the launch check. Elementwise kernels are grid-stride loops
+ * with size_t indices; when every buffer is 16-byte aligned they move float4s (the
+ * bandwidth-bound case) and finish the last n % 4 elements one by one. */
+#include "engine/cuda/cuda_common.cuh"
+
+#define EW_THREADS 256
+
+static const float GELU_K = 0.7978845608028654f; /* sqrt(2/pi) */
+
+/* same expressions, in the same order, as cpu_gelu_forward / cpu_gelu_backward */
+static __device__ __forceinline__ float gelu_fwd(float x) {
+    return 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+}
+
+static __device__ __forceinline__ float gelu_bwd(float x, float dout) {
+    float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+    float sech2 = 1.0f - th * th;
+    float local = 0.5f * (1.0f + th) +
+                  0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+    return local * dout;
+}
+
+/* Blocks for an elementwise op on n floats, counted in float4 when vec. */
+static unsigned int ew_grid(size_t n, int vec) {
+    return grid_for(vec ? n / 4 + 1 : n, EW_THREADS);
+}
+
+/* ------------------------------------------------------------------ GELU */
+
+/* Grid-stride, float4 body when vec (all pointers 16-byte aligned), scalar tail. */
+__global__ void gelu_forward_kernel(float *out /* [n] */, const float *inp /* [n] */,
+                                    size_t n, int vec) {
+    size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
+    if (vec) {
+        size_t n4 = n / 4;
+        for (size_t i = i0; i < n4; i += stride) {
+            float4 x = ((const float4 *)inp)[i];
+            ((float4 *)out)[i] = make_float4(gelu_fwd(x.x), gelu_fwd(x.y), gelu_fwd(x.z),
+                                             gelu_fwd(x.w));
+        }
+        done = n4 * 4;
+    }
+    for (size_t i = done + i0; i < n; i += stride) out[i] = gelu_fwd(inp[i]);
+}
+
+/* Same layout as gelu_forward_kernel. */
+__global__ void gelu_backward_kernel(float *dinp /* [n] */, const float *inp /* [n] */,
+                                     const float *dout /* [n] */, size_t n, int vec) {
+    size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
+    if (vec) {
+        size_t n4 = n / 4;
+        for (size_t i = i0; i < n4; i += stride) {
+            float4 x = ((const float4 *)inp)[i], d = ((const float4 *)dout)[i];
+            ((float4 *)dinp)[i] = make_float4(gelu_bwd(x.x, d.x), gelu_bwd(x.y, d.y),
+                                              gelu_bwd(x.z, d.z), gelu_bwd(x.w, d.w));
+        }
+        done = n4 * 4;
+    }
+    for (size_t i = done + i0; i < n; i += stride) dinp[i] = gelu_bwd(inp[i], dout[i]);
+}
+
+/* ------------------------------------------------------------------ add, scale, fill */
+
+/* out may alias a or b: each element is read before it is written, by one thread. */
+__global__ void add_kernel(float *out /* [n] */, const float *a /* [n] */,
+                           const float *b /* [n] */, size_t n, int vec) {
+    size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
+    if (vec) {
+        size_t n4 = n / 4;
+        for (size_t i = i0; i < n4; i += stride) {
+            float4 x = ((const float4 *)a)[i], y = ((const float4 *)b)[i];
+            ((float4 *)out)[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+        }
+        done = n4 * 4;
+    }
+    for (size_t i = done + i0; i < n; i += stride) out[i] = a[i] + b[i];
+}
+
+/* In place, same layout as add_kernel. */
+__global__ void scale_kernel(float *x /* [n] */, float a, size_t n, int vec) {
+    size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
+    if (vec) {
+        size_t n4 = n / 4;
+        for (size_t i = i0; i < n4; i += stride) {
+            float4 v = ((float4 *)x)[i];
+            ((float4 *)x)[i] = make_float4(v.x * a, v.y * a, v.z * a, v.w * a);
+        }
+        done = n4 * 4;
+    }
+    for (size_t i = done + i0; i < n; i += stride) x[i] *= a;
+}
+
+/* Quiet NaN 0x7fc00000 everywhere; same layout as add_kernel. */
+__global__ void fill_nan_kernel(float *x /* [n] */, size_t n, int vec) {
+    size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
+    float nan = __int_as_float(0x7fc00000);
+    if (vec) {
+        size_t n4 = n / 4;
+        for (size_t i = i0; i < n4; i += stride)
+            ((float4 *)x)[i] = make_float4(nan, nan, nan, nan);
+        done = n4 * 4;
+    }
+    for (size_t i = done + i0; i < n; i += stride) x[i] = nan;
+}
+
+/* ------------------------------------------------------------------ bias gradient */
+
+#define BB_COLS 32 /* columns per block: one per lane, so each row read is one 128 B line */
+#define BB_WARPS 8 /* warps per block, striding through the block's slice of rows */
+
+/* Column sums are a reduction over N rows. Block (x, y) takes columns [32x, 32x+32) and
+ * row slice y; its 8 warps stride through the slice (lane = column, so reads coalesce),
+ * the 8 per-warp sums are added in shared memory in a fixed order, and one atomicAdd
+ * per column adds the slice's sum into dbias. With one slice (wide OC) the result is
+ * deterministic; with several, only the order of the slices' atomics varies. */
+__global__ void bias_backward_kernel(float *dbias /* [OC] */, const float *dout /* [N,OC] */,
+                                     int N, int OC, int rows_per_slice) {
+    __shared__ float part[BB_WARPS][BB_COLS]; /* per-warp column sums */
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int c = blockIdx.x * BB_COLS + lane;
+    int r0 = blockIdx.y * rows_per_slice;
+    int r1 = r0 + rows_per_slice < N ? r0 + rows_per_slice : N;
+    float acc = 0.0f;
+    if (c < OC)
+        for (int r = r0 + warp; r < r1; r += BB_WARPS) acc += dout[(size_t)r * OC + c];
+    part[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && c < OC) {
+        float s = 0.0f;
+        for (int w = 0; w < BB_WARPS; w++) s += part[w][lane];
+        atomicAdd(dbias + c, s);
+    }
+}
+
+/* ------------------------------------------------------------------ host flag */
+
+/* One thread polls the host-mapped flag: a volatile load every pass (never cached in a
+ * register), a short sleep between passes so the spinning costs the SM almost nothing. */
+__global__ void wait_flag_kernel(const volatile unsigned int *flag /* [1], host-mapped */,
+                                 unsigned int target) {
+    while (*flag < target) __nanosleep(500);
+    /* the host wrote its data before the flag: order our later reads after it */
+    __threadfence_system();
+}
+
+/* ------------------------------------------------------------------ launchers */
+
+extern "C" {
+
+void cuda_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s) {
+    if (n == 0) return;
+    int vec = aligned16(out) && aligned16(inp);
+    gelu_forward_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(out, inp, n, vec);
+}
+
+void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
+                        cudaStream_t s) {
+    if (n == 0) return;
+    int vec = aligned16(dinp) && aligned16(inp) && aligned16(dout);
+    gelu_backward_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(dinp, inp, dout, n, vec);
+}
+
+void cuda_add(float *out, const float *a, const float *b, size_t n, cudaStream_t s) {
+    if (n == 0) return;
+    int vec = aligned16(out) && aligned16(a) && aligned16(b);
+    add_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(out, a, b, n, vec);
+}
+
+void cuda_scale(float *x, float a, size_t n, cudaStream_t s) {
+    if (n == 0) return;
+    int vec = aligned16(x);
+    scale_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(x, a, n, vec);
+}
+
+void cuda_fill_nan(float *x, size_t n, cudaStream_t s) {
+    if (n == 0) return;
+    int vec = aligned16(x);
+    fill_nan_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(x, n, vec);
+}
+
+void cuda_bias_backward(float *dbias, const float *dout, int N, int OC, cudaStream_t s) {
+    if (N <= 0 || OC <= 0) return;
+    int col_blocks = (OC + BB_COLS - 1) / BB_COLS;
+    /* enough row slices for about 4 blocks per SM, each slice at least 64 rows */
+    long want = ((long)cuda_sm_count() * 4 + col_blocks - 1) / col_blocks;
+    long max_slices = (N + 63) / 64;
+    long slices = want < max_slices ? want : max_slices;
+    if (slices > 65535) slices = 65535;
+    if (slices < 1) slices = 1;
+    int rows_per_slice = (int)((N + slices - 1) / slices);
+    slices = (N + rows_per_slice - 1) / rows_per_slice;
+    dim3 grid((unsigned int)col_blocks, (unsigned int)slices);
+    bias_backward_kernel<<<grid, BB_WARPS * 32, 0, s>>>(dbias, dout, N, OC, rows_per_slice);
+}
+
+void cuda_wait_flag(const volatile unsigned int *flag, unsigned int target, cudaStream_t s) {
+    wait_flag_kernel<<<1, 1, 0, s>>>(flag, target);
+}
+
+int cuda_check_launch(void) { return (int)cudaGetLastError(); }
+
+} /* extern "C" */

@@ -1,0 +1,125 @@
+/* The optimizer step (AdamW) and the gradient-norm reduction (sum of squares). */
+#include "engine/cuda/cuda_common.cuh"
+
+#define ADAM_THREADS 256
+#define SUMSQ_THREADS 256
+#define SUMSQ_PARTIALS 1024 /* blocks of the first pass, one double each */
+
+/* ------------------------------------------------------------------ AdamW */
+
+/* cpu_adamw's expressions in its order: moments first, then the decoupled decay
+ * (p * shrink, shrink = 1 - lr*decay) and the bias-corrected step. */
+static __device__ __forceinline__ float adamw_one(float p, float g, float *m, float *v,
+                                                  float beta1, float beta2, float eps,
+                                                  float step_size, float bc2_sqrt,
+                                                  float shrink) {
+    float mi = beta1 * *m + (1.0f - beta1) * g;
+    float vi = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mi;
+    *v = vi;
+    return p * shrink - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+}
+
+/* Grid-stride; float4 body when p, g, m, v are all 16-byte aligned, scalar tail. */
+__global__ void adamw_kernel(float *p /* [n] */, const float *g /* [n] */, float *m /* [n] */,
+                             float *v /* [n] */, size_t n, float beta1, float beta2,
+                             float eps, float step_size, float bc2_sqrt, float shrink,
+                             int vec) {
+    size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
+    if (vec) {
+        size_t n4 = n / 4;
+        for (size_t i = i0; i < n4; i += stride) {
+            float4 p4 = ((float4 *)p)[i], g4 = ((const float4 *)g)[i];
+            float4 m4 = ((float4 *)m)[i], v4 = ((float4 *)v)[i];
+            p4.x = adamw_one(p4.x, g4.x, &m4.x, &v4.x, beta1, beta2, eps, step_size, bc2_sqrt,
+                             shrink);
+            p4.y = adamw_one(p4.y, g4.y, &m4.y, &v4.y, beta1, beta2, eps, step_size, bc2_sqrt,
+                             shrink);
+            p4.z = adamw_one(p4.z, g4.z, &m4.z, &v4.z, beta1, beta2, eps, step_size, bc2_sqrt,
+                             shrink);
+            p4.w = adamw_one(p4.w, g4.w, &m4.w, &v4.w, beta1, beta2, eps, step_size, bc2_sqrt,
+                             shrink);
+            ((float4 *)p)[i] = p4;
+            ((float4 *)m)[i] = m4;
+            ((float4 *)v)[i] = v4;
+        }
+        done = n4 * 4;
+    }
+    for (size_t i = done + i0; i < n; i += stride) {
+        float mi = m[i], vi = v[i];
+        p[i] = adamw_one(p[i], g[i], &mi, &vi, beta1, beta2, eps, step_size, bc2_sqrt,
+                         shrink);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+/* ------------------------------------------------------------------ sum of squares */
+
+/* First pass: each block sums a grid-stride share of x in double (each square formed in
+ * double, as cpu_sum_squares does) and writes one partial. The grid size depends only on
+ * n (not on the device), so the sum is reproducible. */
+__global__ void sum_squares_partial_kernel(double *partial /* [gridDim.x] */,
+                                           const float *x /* [n] */, size_t n, int vec) {
+    __shared__ double sh[32]; /* block_sum_double scratch */
+    size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
+    double acc = 0.0;
+    if (vec) {
+        size_t n4 = n / 4;
+        for (size_t i = i0; i < n4; i += stride) {
+            float4 v = ((const float4 *)x)[i];
+            acc += (double)v.x * v.x;
+            acc += (double)v.y * v.y;
+            acc += (double)v.z * v.z;
+            acc += (double)v.w * v.w;
+        }
+        done = n4 * 4;
+    }
+    for (size_t i = done + i0; i < n; i += stride) acc += (double)x[i] * x[i];
+    acc = block_sum_double(acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+/* Second pass: one block adds the partials in a fixed order; n_partial may be 0. */
+__global__ void sum_squares_final_kernel(double *out /* [1] */,
+                                         const double *partial /* [n_partial] */,
+                                         int n_partial) {
+    __shared__ double sh[32]; /* block_sum_double scratch */
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < n_partial; i += blockDim.x) acc += partial[i];
+    acc = block_sum_double(acc, sh);
+    if (threadIdx.x == 0) *out = acc;
+}
+
+/* ------------------------------------------------------------------ launchers */
+
+extern "C" {
+
+void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                float beta1, float beta2, float eps, float decay, float bc1, float bc2,
+                cudaStream_t s) {
+    if (n == 0) return;
+    float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), shrink = 1.0f - lr * decay;
+    int vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
+    unsigned int grid = grid_for(vec ? n / 4 + 1 : n, ADAM_THREADS);
+    adamw_kernel<<<grid, ADAM_THREADS, 0, s>>>(p, g, m, v, n, beta1, beta2, eps, step_size,
+                                               bc2_sqrt, shrink, vec);
+}
+
+size_t cuda_sum_squares_partials(void) { return SUMSQ_PARTIALS; }
+
+void cuda_sum_squares(double *out, double *partial, const float *x, size_t n, cudaStream_t s) {
+    int vec = aligned16(x);
+    size_t units = vec ? n / 4 + 1 : n;
+    size_t blocks = (units + SUMSQ_THREADS - 1) / SUMSQ_THREADS;
+    if (blocks > SUMSQ_PARTIALS) blocks = SUMSQ_PARTIALS;
+    if (n == 0) blocks = 0; /* nothing to sum: the final pass alone writes 0 */
+    if (blocks > 0)
+        sum_squares_partial_kernel<<<(unsigned int)blocks, SUMSQ_THREADS, 0, s>>>(partial, x,
+                                                                                  n, vec);
+    sum_squares_final_kernel<<<1, SUMSQ_THREADS, 0, s>>>(out, partial, (int)blocks);
+}
+
+} /* extern "C" */

@@ -1,0 +1,31 @@
+/* One communication op as the comm layer carries it from issue to run; shared by the MPI
+ * path (comm.c) and the NCCL path (comm_nccl.c). */
+#ifndef GPTC_COMM_TASK_H
+#define GPTC_COMM_TASK_H
+
+#include "engine/timing.h"
+#include "parallel/comm.h"
+
+typedef enum {
+    OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_REDUCE, OP_SEND, OP_RECV,
+    OP_SENDRECV
+} op_kind;
+
+/* Everything an op needs, copied when it is issued: the caller's stack is gone by the
+ * time a stream thread runs it. Counts are floats for the reductions and gathers, bytes
+ * otherwise. */
+typedef struct {
+    op_kind kind;
+    comm_group *g;
+    const void *send;
+    void *recv;
+    size_t send_n, recv_n;
+    MPI_Op op; /* of the all-reduce */
+    int peer;  /* root (broadcast), destination (send, sendrecv) or source (recv) */
+    int src;   /* source of sendrecv */
+    int tag;
+    timing_ctx ctx; /* what compute was doing when the op was issued */
+    int stream;     /* timing's stream number: 0 when run on the caller */
+} comm_task;
+
+#endif

@@ -1,0 +1,292 @@
+/* Every CUDA op against the CPU op (the reference) on random inputs. Outputs the op
+ * overwrites are poisoned with NaN first, so an element the GPU never wrote fails the
+ * comparison; outputs it accumulates into start from the same random values on both
+ * sides, so a missing or doubled "+=" fails too. Shapes include sizes that are not
+ * multiples of any tile or warp (T = 37, C = 48, a vocabulary of 101 columns of which 97
+ * are real). Exits 77 (ctest: skipped) when there is no GPU.
+ *
+ * The error of an output is max |gpu - cpu| / max |cpu| over the tensor: element-wise
+ * relative error is meaningless for values near zero. fp32 with TF32 off differs from
+ * the CPU only by summation order, so the bound is 1e-5, loosened only where a sum runs
+ * over thousands of terms (noted at the op). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/rng.h"
+
+static const gptc_backend *cpu, *gpu;
+static int g_failures;
+
+static float *host_randn(size_t n, float std, uint64_t key) {
+    float *x = malloc(n * sizeof(float)); /* [n] */
+    for (size_t i = 0; i < n; i++) x[i] = std * rng_normal(key, i);
+    return x;
+}
+
+static float *to_gpu(const float *h, size_t n) {
+    float *d = gpu->alloc(n * sizeof(float)); /* [n] */
+    gpu->copy_from_host(d, h, n * sizeof(float), NULL);
+    return d;
+}
+
+/* a device buffer of n floats, every bit pattern NaN */
+static float *poisoned(size_t n) {
+    float *h = malloc(n * sizeof(float)); /* [n] */
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *d = to_gpu(h, n);
+    free(h);
+    return d;
+}
+
+static int32_t *ints_to_gpu(const int32_t *h, size_t n) {
+    int32_t *d = gpu->alloc(n * sizeof(int32_t)); /* [n] */
+    gpu->copy_from_host(d, h, n * sizeof(int32_t), NULL);
+    return d;
+}
+
+/* Compares the device tensor with the host reference; frees nothing. */
+static void compare(const char *what, const float *dev, const float *ref, size_t n, double tol) {
+    float *got = malloc(n * sizeof(float)); /* [n] */
+    gpu->copy_to_host(got, dev, n * sizeof(float), NULL);
+    double max_ref = 0, max_err = 0;
+    size_t worst = 0;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* a non-finite value on either side must be matched exactly (NaN never is) */
+        if (!(isfinite(got[i]) && isfinite(ref[i])) && !(got[i] == ref[i])) {
+            bad = 1;
+            worst = i;
+            break;
+        }
+        if (!isfinite(ref[i])) continue;
+        double e = fabs((double)got[i] - ref[i]);
+        if (e > max_err) max_err = e, worst = i;
+        if (fabs(ref[i]) > max_ref) max_ref = fabs(ref[i]);
+    }
+    double rel = max_ref > 0 ? max_err / max_ref : max_err;
+    if (bad || !(rel <= tol)) {
+        printf("FAIL %-28s rel err %.3g > %.1g (element %zu: gpu %.9g, cpu %.9g)\n", what,
+               bad ? INFINITY : rel, tol, worst, got[worst], ref[worst]);
+        g_failures++;
+    } else {
+        printf("ok   %-28s rel err %.3g\n", what, rel);
+    }
+    free(got);
+}
+
+static void test_embedding(void) {
+    int B = 3, T = 37, C = 48, N = B * T, V = 101, v_start = 40, v_local = 50;
+    int32_t tok[3 * 37];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)((i * 37 + i / 5) % V); /* repeats, and some outside the shard */
+    float *wte = host_randn((size_t)v_local * C, 1, 1), *wpe = host_randn((size_t)T * C, 1, 2);
+    float *out = malloc((size_t)N * C * sizeof(float));
+    cpu->embedding_forward(out, tok, wte, wpe, N, T, C, v_start, v_local, NULL);
+    int32_t *d_tok = ints_to_gpu(tok, N);
+    float *d_wte = to_gpu(wte, (size_t)v_local * C), *d_wpe = to_gpu(wpe, (size_t)T * C);
+    float *d_out = poisoned((size_t)N * C);
+    gpu->embedding_forward(d_out, d_tok, d_wte, d_wpe, N, T, C, v_start, v_local, NULL);
+    compare("embedding_forward", d_out, out, (size_t)N * C, 1e-6);
+    gpu->embedding_forward(d_out, d_tok, d_wte, NULL, N, T, C, v_start, v_local, NULL);
+    cpu->embedding_forward(out, tok, wte, NULL, N, T, C, v_start, v_local, NULL);
+    compare("embedding_forward (no wpe)", d_out, out, (size_t)N * C, 1e-6);
+
+    float *dout = host_randn((size_t)N * C, 1, 3);
+    float *dwte = host_randn((size_t)v_local * C, 1, 4), *dwpe = host_randn((size_t)T * C, 1, 5);
+    float *d_dout = to_gpu(dout, (size_t)N * C), *d_dwte = to_gpu(dwte, (size_t)v_local * C);
+    float *d_dwpe = to_gpu(dwpe, (size_t)T * C);
+    cpu->embedding_backward(dwte, dwpe, dout, tok, N, T, C, v_start, v_local, NULL);
+    gpu->embedding_backward(d_dwte, d_dwpe, d_dout, d_tok, N, T, C, v_start, v_local, NULL);
+    compare("embedding_backward dwte", d_dwte, dwte, (size_t)v_local * C, 1e-5);
+    compare("embedding_backward dwpe", d_dwpe, dwpe, (size_t)T * C, 1e-5);
+    free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
+    gpu->release(d_tok), gpu->release(d_wte), gpu->release(d_wpe), gpu->release(d_out);
+    gpu->release(d_dout), gpu->release(d_dwte), gpu->release(d_dwpe);
+}
+
+static void test_layernorm(int N, int C) {
+    float *inp = host_randn((size_t)N * C, 2, 10), *w = host_randn(C, 1, 11), *b = host_randn(C, 1, 12);
+    float *out = malloc((size_t)N * C * sizeof(float)), *mean = malloc(N * sizeof(float));
+    float *rstd = malloc(N * sizeof(float));
+    cpu->layernorm_forward(out, mean, rstd, inp, w, b, N, C, NULL);
+    float *d_inp = to_gpu(inp, (size_t)N * C), *d_w = to_gpu(w, C), *d_b = to_gpu(b, C);
+    float *d_out = poisoned((size_t)N * C), *d_mean = poisoned(N), *d_rstd = poisoned(N);
+    gpu->layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C, NULL);
+    char name[64];
+    snprintf(name, sizeof name, "layernorm_forward C=%d", C);
+    compare(name, d_out, out, (size_t)N * C, 1e-5);
+    compare("layernorm_forward mean", d_mean, mean, N, 1e-5);
+    compare("layernorm_forward rstd", d_rstd, rstd, N, 1e-5);
+
+    float *dout = host_randn((size_t)N * C, 1, 13);
+    float *dinp = host_randn((size_t)N * C, 1, 14), *dw = host_randn(C, 1, 15), *db = host_randn(C, 1, 16);
+    float *d_dout = to_gpu(dout, (size_t)N * C), *d_dinp = to_gpu(dinp, (size_t)N * C);
+    float *d_dw = to_gpu(dw, C), *d_db = to_gpu(db, C);
+    cpu->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, NULL);
+    gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C, NULL);
+    compare("layernorm_backward dinp", d_dinp, dinp, (size_t)N * C, 1e-5);
+    compare("layernorm_backward dw", d_dw, dw, C, 1e-5);
+    compare("layernorm_backward db", d_db, db, C, 1e-5);
+    free(inp), free(w), free(b), free(out), free(mean), free(rstd), free(dout), free(dinp);
+    free(dw), free(db);
+    gpu->release(d_inp), gpu->release(d_w), gpu->release(d_b), gpu->release(d_out);
+    gpu->release(d_mean), gpu->release(d_rstd), gpu->release(d_dout), gpu->release(d_dinp);
+    gpu->release(d_dw), gpu->release(d_db);
+}
+
+static void test_matmul(int N, int IC, int OC, int w_rows_out, int with_bias) {
+    size_t nw = (size_t)IC * OC;
+    float *inp = host_randn((size_t)N * IC, 1, 20), *w = host_randn(nw, 0.1f, 21);
+    float *bias = with_bias ? host_randn(OC, 1, 22) : NULL;
+    float *out = malloc((size_t)N * OC * sizeof(float));
+    cpu->matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, NULL);
+    float *d_inp = to_gpu(inp, (size_t)N * IC), *d_w = to_gpu(w, nw);
+    float *d_bias = bias ? to_gpu(bias, OC) : NULL, *d_out = poisoned((size_t)N * OC);
+    gpu->matmul_forward(d_out, d_inp, d_w, d_bias, N, IC, OC, w_rows_out, NULL);
+    char name[96];
+    snprintf(name, sizeof name, "matmul_forward %dx%dx%d%s%s", N, IC, OC,
+             w_rows_out ? " W^T" : "", with_bias ? " +b" : "");
+    compare(name, d_out, out, (size_t)N * OC, 1e-5);
+
+    float *dout = host_randn((size_t)N * OC, 1, 23), *dw = host_randn(nw, 1, 24);
+    float *dbias = host_randn(OC, 1, 25), *dinp = malloc((size_t)N * IC * sizeof(float));
+    float *d_dout = to_gpu(dout, (size_t)N * OC), *d_dw = to_gpu(dw, nw);
+    float *d_dbias = to_gpu(dbias, OC), *d_dinp = poisoned((size_t)N * IC);
+    cpu->matmul_backward(dinp, dw, with_bias ? dbias : NULL, dout, inp, w, N, IC, OC, w_rows_out, NULL);
+    gpu->matmul_backward(d_dinp, d_dw, with_bias ? d_dbias : NULL, d_dout, d_inp, d_w, N, IC, OC,
+                         w_rows_out, NULL);
+    compare("matmul_backward dinp", d_dinp, dinp, (size_t)N * IC, 1e-5);
+    compare("matmul_backward dw", d_dw, dw, nw, 1e-5);
+    if (with_bias) compare("matmul_backward dbias", d_dbias, dbias, OC, 1e-5);
+    free(inp), free(w), free(bias), free(out), free(dout), free(dw), free(dbias), free(dinp);
+    gpu->release(d_inp), gpu->release(d_w), gpu->release(d_out), gpu->release(d_dout);
+    gpu->release(d_dw), gpu->release(d_dbias), gpu->release(d_dinp);
+    if (d_bias) gpu->release(d_bias);
+}
+
+static void test_attention(int B, int T, int C, int NH) {
+    size_t nqkv = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
+    float *qkv = host_randn(nqkv, 1, 30), *out = malloc(ny * sizeof(float));
+    float *att = malloc(cpu->attention_state_floats(B, T, NH) * sizeof(float));
+    float *datt = malloc(cpu->attention_state_floats(B, T, NH) * sizeof(float));
+    cpu->attention_forward(out, att, qkv, B, T, C, NH, NULL);
+    float *d_qkv = to_gpu(qkv, nqkv), *d_out = poisoned(ny);
+    size_t ns = gpu->attention_state_floats(B, T, NH);
+    float *d_att = poisoned(ns), *d_datt = poisoned(ns);
+    gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, NULL);
+    char name[96];
+    snprintf(name, sizeof name, "attention_forward T=%d hs=%d", T, C / NH);
+    compare(name, d_out, out, ny, 1e-5);
+
+    float *dout = host_randn(ny, 1, 31), *dqkv = malloc(nqkv * sizeof(float));
+    float *d_dout = to_gpu(dout, ny), *d_dqkv = poisoned(nqkv);
+    cpu->attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, NULL);
+    gpu->attention_backward(d_dqkv, d_datt, d_dout, d_out, d_qkv, d_att, B, T, C, NH, NULL);
+    compare("attention_backward dqkv", d_dqkv, dqkv, nqkv, 1e-5);
+    free(qkv), free(out), free(att), free(datt), free(dout), free(dqkv);
+    gpu->release(d_qkv), gpu->release(d_out), gpu->release(d_att), gpu->release(d_datt);
+    gpu->release(d_dout), gpu->release(d_dqkv);
+}
+
+static void test_elementwise(size_t n) {
+    float *a = host_randn(n, 2, 40), *b = host_randn(n, 1, 41), *out = malloc(n * sizeof(float));
+    float *d_a = to_gpu(a, n), *d_b = to_gpu(b, n), *d_out = poisoned(n);
+    cpu->gelu_forward(out, a, n, NULL);
+    gpu->gelu_forward(d_out, d_a, n, NULL);
+    compare("gelu_forward", d_out, out, n, 1e-6);
+    gpu->release(d_out), d_out = poisoned(n);
+    cpu->gelu_backward(out, a, b, n, NULL);
+    gpu->gelu_backward(d_out, d_a, d_b, n, NULL);
+    compare("gelu_backward", d_out, out, n, 1e-6);
+    gpu->release(d_out), d_out = poisoned(n);
+    cpu->add(out, a, b, n, NULL);
+    gpu->add(d_out, d_a, d_b, n, NULL);
+    compare("add", d_out, out, n, 0);
+    cpu->scale(a, 0.37f, n, NULL);
+    gpu->scale(d_a, 0.37f, n, NULL);
+    compare("scale", d_a, a, n, 0);
+    double s_cpu = cpu->sum_squares(b, n, NULL), s_gpu = gpu->sum_squares(d_b, n, NULL);
+    double rel = fabs(s_gpu - s_cpu) / s_cpu;
+    printf("%s sum_squares n=%zu                rel err %.3g\n", rel <= 1e-12 ? "ok  " : "FAIL", n, rel);
+    if (!(rel <= 1e-12)) g_failures++;
+    free(a), free(b), free(out);
+    gpu->release(d_a), gpu->release(d_b), gpu->release(d_out);
+}
+
+static void test_cross_entropy(int N, int Vl, int v_valid, int v_start) {
+    size_t n = (size_t)N * Vl;
+    float *logits = host_randn(n, 3, 50), *mx = malloc(N * sizeof(float));
+    float *stats = malloc(2 * (size_t)N * sizeof(float)), *losses = malloc(N * sizeof(float));
+    int32_t *tgt = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++) tgt[i] = (int32_t)((i * 53) % (v_start + v_valid + 20)); /* some on other ranks */
+    float *d_logits = to_gpu(logits, n), *d_mx = poisoned(N), *d_stats = poisoned(2 * (size_t)N);
+    float *d_losses = poisoned(N);
+    int32_t *d_tgt = ints_to_gpu(tgt, N);
+    cpu->vocab_max(mx, logits, N, Vl, v_valid, NULL);
+    gpu->vocab_max(d_mx, d_logits, N, Vl, v_valid, NULL);
+    compare("vocab_max", d_mx, mx, N, 0);
+    cpu->vocab_expsum(stats, logits, mx, tgt, N, Vl, v_valid, v_start, NULL);
+    gpu->vocab_expsum(d_stats, d_logits, d_mx, d_tgt, N, Vl, v_valid, v_start, NULL);
+    compare("vocab_expsum stats", d_stats, stats, 2 * (size_t)N, 1e-5);
+    compare("vocab_expsum exp(logits)", d_logits, logits, n, 1e-6);
+    cpu->vocab_ce_finish(losses, logits, stats, tgt, N, Vl, v_valid, v_start, 0.01f, NULL);
+    gpu->vocab_ce_finish(d_losses, d_logits, d_stats, d_tgt, N, Vl, v_valid, v_start, 0.01f, NULL);
+    compare("vocab_ce_finish losses", d_losses, losses, N, 1e-6);
+    compare("vocab_ce_finish dlogits", d_logits, logits, n, 1e-6);
+    free(logits), free(mx), free(stats), free(losses), free(tgt);
+    gpu->release(d_logits), gpu->release(d_mx), gpu->release(d_stats), gpu->release(d_losses);
+    gpu->release(d_tgt);
+}
+
+static void test_adamw(size_t n) {
+    float *p = host_randn(n, 1, 60), *g = host_randn(n, 1, 61), *m = host_randn(n, 0.1f, 62);
+    float *v = host_randn(n, 0.1f, 63);
+    for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
+    float *d_p = to_gpu(p, n), *d_g = to_gpu(g, n), *d_m = to_gpu(m, n), *d_v = to_gpu(v, n);
+    float bc1 = 1 - powf(0.9f, 3), bc2 = 1 - powf(0.95f, 3);
+    cpu->adamw(p, g, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2, NULL);
+    gpu->adamw(d_p, d_g, d_m, d_v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2, NULL);
+    compare("adamw p", d_p, p, n, 1e-6);
+    compare("adamw m", d_m, m, n, 1e-6);
+    compare("adamw v", d_v, v, n, 1e-6);
+    free(p), free(g), free(m), free(v);
+    gpu->release(d_p), gpu->release(d_g), gpu->release(d_m), gpu->release(d_v);
+}
+
+int main(void) {
+    char err[256];
+    if (cuda_device_count() == 0) {
+        printf("skipped: no GPU visible (test_cuda_ops needs one)\n");
+        return 77;
+    }
+    cpu = cpu_backend();
+    gpu = cuda_backend(0, err, sizeof err);
+    if (!cpu || !gpu) {
+        printf("FAIL: backend did not start: %s\n", gpu ? "cpu" : err);
+        return 1;
+    }
+    test_embedding();
+    test_layernorm(37, 48);
+    test_layernorm(64, 768);
+    test_matmul(37, 48, 144, 0, 1);
+    test_matmul(37, 48, 101, 1, 0); /* the tied LM head: W is [OC,IC] */
+    test_matmul(128, 256, 64, 0, 1);
+    test_matmul(33, 7, 5, 0, 1);    /* no dimension a multiple of 4: unaligned views */
+    test_attention(2, 37, 64, 4);   /* hs 16 */
+    test_attention(1, 130, 128, 2); /* hs 64, T beyond one tile */
+    test_attention(2, 64, 256, 2);  /* hs 128 */
+    test_elementwise(1000003);
+    test_cross_entropy(37, 101, 97, 0);
+    test_cross_entropy(37, 101, 0, 101); /* a rank holding padding only */
+    test_cross_entropy(19, 4096, 4096, 4096);
+    test_adamw(100003);
+    if (g_failures) {
+        printf("%d comparison(s) failed\n", g_failures);
+        return 1;
+    }
+    printf("all CUDA ops match the CPU ops\n");
+    return 0;
+}

@@ -1,0 +1,113 @@
+"""A GPU training run equals the CPU run: the tiny GPT-2 of test_layouts (4 layers,
+d_model 64, 4 heads, vocab 251 so that the padded vocabulary is exercised) for 5 steps,
+fp32, on one rank and on multi-rank layouts sharing the one GPU (which run on NCCL when it
+allows several ranks per GPU, else on MPI with host staging). Losses and grad norms must
+match the single-rank CPU run to 1e-4 relative; the final checkpoints' parameters too.
+Exits 77 (skipped) when no GPU is visible."""
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gptc_testlib import fail, gpu_present, read_metrics, run_train, write_tokens  # noqa: E402
+
+RTOL = 1e-4
+D = tempfile.mkdtemp(prefix="gptc_cuda_train_")
+VOCAB = 251
+
+
+def train(name, ranks, device, extra):
+    log = f"{D}/{name}.jsonl"
+    args = ["--model.n_layer=4", "--model.n_head=4", "--model.d_model=64", "--model.n_ctx=32",
+            f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", "--train.steps=5",
+            "--train.global_batch=8", "--train.micro_batch=2", "--train.seq_len=32",
+            "--train.lr=3e-3", "--train.warmup_steps=1", "--train.lr_schedule=cosine",
+            "--train.grad_clip=0.5", f"--train.log_file={log}", f"--train.device={device}",
+            f"--train.save={D}/{name}.h5"] + extra
+    r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=600)
+    if r.returncode:
+        fail(f"{name}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    for line in r.stdout.splitlines():
+        if line.startswith("backend:") or line.startswith("overlap policies"):
+            print(f"     {name}: {line}")
+    return read_metrics(log)
+
+
+def compare(name, key, ref, got):
+    if [m["step"] for m in got] != [m["step"] for m in ref]:
+        fail(f"{name}: steps {[m['step'] for m in got]} != {[m['step'] for m in ref]}")
+    worst = 0.0
+    for a, b in zip(ref, got):
+        for k in ("loss", "grad_norm"):
+            rel = abs(a[k] - b[k]) / abs(a[k])
+            worst = max(worst, rel)
+            if not rel <= RTOL:
+                fail(f"{name}: step {a['step']} {k} {b[k]!r} vs CPU {a[k]!r} (rel {rel:.2e})")
+    import h5py
+    with h5py.File(f"{D}/cpu.h5") as fr, h5py.File(f"{D}/{key}.h5") as fg:
+        for t in fr["model"]:
+            a, b = fr["model"][t][...], fg["model"][t][...]
+            err = float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-30))
+            if not err <= RTOL:
+                fail(f"{name}: final {t} differs from the CPU run by {err:.2e} (relative to its max)")
+    print(f"ok   {name:<36} worst relative difference {worst:.2e}")
+
+
+LAYOUTS = [
+    ("cuda", 1, []),
+    ("cuda dp2", 2, ["--parallel.dp=2"]),
+    ("cuda tp2", 2, ["--parallel.tp=2"]),
+    ("cuda pp2 1f1b", 2, ["--parallel.pp=2"]),
+    ("cuda tp2 x pp2 x dp2 bucket", 8, ["--parallel.tp=2", "--parallel.pp=2", "--parallel.dp=2",
+                                        "--overlap.dp=bucket", "--overlap.dp_bucket_mb=0.01"]),
+    ("cuda dp2 ZeRO-1 bucket", 2, ["--parallel.dp=2", "--overlap.dp=bucket",
+                                   "--overlap.dp_shard=optimizer", "--overlap.dp_bucket_mb=0.01"]),
+    ("cuda tp2 SP chunked", 2, ["--parallel.tp=2", "--parallel.sequence_parallel=true",
+                                "--overlap.tp=chunked"]),
+    ("cuda pp2 interleaved async", 2, ["--parallel.pp=2", "--parallel.schedule=interleaved",
+                                       "--parallel.virtual_stages=2", "--overlap.pp=async"]),
+]
+
+
+def main():
+    if not gpu_present():
+        print("skipped: no GPU visible (test_cuda_train needs one)")
+        sys.exit(77)
+    rng = np.random.default_rng(7)
+    write_tokens(f"{D}/tok.h5", rng.integers(0, VOCAB, 4000), VOCAB)
+    ref = train("cpu", 1, "cpu", [])
+    for name, ranks, extra in LAYOUTS:
+        key = name.replace(" ", "_")
+        compare(name, key, ref, train(key, ranks, "cuda", extra))
+    # kernel timing with CUDA events, and NVML power: the same losses, and a report that
+    # holds every op with a positive device time and every step with its GPU readings
+    import json
+    timed = ["--profile.timing=kernel", f"--profile.report={D}/report.json",
+             f"--profile.trace={D}/trace.json", "--profile.power=true"]
+    got = train("cuda_timed", 2, "cuda", ["--parallel.dp=2", "--overlap.dp=bucket"] + timed)
+    compare("cuda dp2 timed + power", "cuda_timed", ref, got)
+    for m in got:
+        for k in ("energy_j", "power_w", "sm_clock_mhz"):
+            if not (isinstance(m.get(k), (int, float)) and m[k] > 0):
+                fail(f"metrics of step {m['step']}: {k} = {m.get(k)!r}, expected > 0")
+    rep = json.load(open(f"{D}/report.json"))
+    names = {k["name"]: k for k in rep["kernels"]}
+    for op in ("attention_fwd", "attention_bwd", "qkv_fwd", "layernorm_fwd", "adamw", "allreduce"):
+        if op not in names or not names[op]["count"] > 0 or not names[op]["mean_us"] > 0:
+            fail(f"report: {op} missing or without time: {names.get(op)}")
+    for st in rep["steps"]:
+        if not (st["compute_ms"] > 0 and st["comm_ms"] > 0 and st["iter_ms"] >= st["compute_ms"] * 0.5):
+            fail(f"report step {st}: implausible times")
+        if not st.get("power_w", 0) > 0:
+            fail(f"report step {st}: no power reading")
+    trace = json.load(open(f"{D}/trace.json"))["traceEvents"]
+    if not any(e.get("cat") == "comm" for e in trace):
+        fail("trace: no communication events")
+    print(f"ok   kernel timing: {len(names)} op names, {len(rep['steps'])} step entries with power")
+    print(f"PASS: {len(LAYOUTS) + 1} GPU runs match the CPU run")
+
+
+if __name__ == "__main__":
+    main()
