@@ -64,14 +64,17 @@ typedef struct gptc_backend {
     /* Runs fn(arg) in s's order (CPU: on the stream's thread; CUDA: cudaLaunchHostFunc). */
     void (*launch_host_func)(gptc_stream *s, void (*fn)(void *), void *arg);
 
-    /* Device-side timestamps for per-kernel timing. NULL on the CPU, whose ops run inline
-     * so that two host clock readings bracket each one. timer_reset starts a step (the
-     * device must be idle; earlier marks are dropped); timer_mark records the point s has
-     * reached and returns its handle; timer_read gives a mark's time on
-     * timing_now_ms()'s clock, once the work before it has completed. */
+    /* Device-side timing of ops for profile.timing = kernel. NULL on the CPU, whose ops
+     * run inline so that two host clock readings bracket each one. timer_reset starts a
+     * step (the device must be idle; earlier handles are dropped). timer_begin and
+     * timer_end bracket the calls that enqueue one op on s (kernels it launches on other
+     * streams count too where the timer can see them); timer_read, once the step's work
+     * has completed, gives the op's device interval on timing_now_ms()'s clock and
+     * returns 0, or -1 when the op ran nothing on the device. */
     void (*timer_reset)(void);
-    int (*timer_mark)(gptc_stream *s);
-    double (*timer_read)(int mark);
+    int (*timer_begin)(gptc_stream *s);
+    void (*timer_end)(int op, gptc_stream *s);
+    int (*timer_read)(int op, double *start_ms, double *end_ms);
 
     /* out[N,C] = wte[tokens[n] - v_start] (0 unless v_start <= token < v_start + v_local:
      * the rows this rank holds of a vocab-parallel wte) + wpe[n % T] (skipped if NULL) */

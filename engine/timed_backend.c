@@ -21,25 +21,26 @@ static const gptc_backend *g_inner;
 static int g_hunt;
 static timing_finite_report g_first;
 
-/* Where an op began: a host clock reading, or a mark of the device's timer when the inner
- * backend has one (its ops return before they run). */
+/* Where an op began: a host clock reading, or the handle of the device's timer when the
+ * inner backend has one (its ops return before they run). */
 typedef struct {
     double ms;
-    int mark;
+    int op;
 } op_start;
 
 static op_start begin(const char *name, gptc_stream *s) {
     nvtx_push(name);
-    if (g_inner->timer_mark) return (op_start){0, g_inner->timer_mark(s)};
+    if (g_inner->timer_begin) return (op_start){0, g_inner->timer_begin(s)};
     return (op_start){timing_now_ms(), -1};
 }
 
 static void done(const char *name, op_start t0, gptc_stream *s) {
-    if (t0.mark >= 0)
-        timing_record_marks(name, TK_COMPUTE, TP_NONE, 0, timing_context(), t0.mark,
-                            g_inner->timer_mark(s));
-    else
+    if (t0.op >= 0) {
+        g_inner->timer_end(t0.op, s);
+        timing_record_device(name, TK_COMPUTE, TP_NONE, 0, timing_context(), t0.op);
+    } else {
         timing_record_op(name, TK_COMPUTE, TP_NONE, 0, timing_context(), t0.ms, timing_now_ms());
+    }
     nvtx_pop();
 }
 

@@ -28,7 +28,7 @@ static struct {
     int probe;
     double step_start_ms;
     timing_record *rec;        /* [capacity] this step's records */
-    int32_t (*marks)[2];       /* [capacity] device timer marks of rec, or -1 (host times) */
+    int32_t *ops;              /* [capacity] device timer handle of rec, or -1 (host times) */
     size_t capacity;
     atomic_size_t n;
     atomic_long dropped;
@@ -47,11 +47,11 @@ int timing_init(int kernel_level, size_t capacity) {
     if (!kernel_level) return 0;
     T.capacity = capacity;
     T.rec = calloc(capacity, sizeof(timing_record));
-    T.marks = calloc(capacity, sizeof *T.marks);
+    T.ops = calloc(capacity, sizeof *T.ops);
     T.work = calloc(capacity, sizeof(span));
     T.merged_comp = calloc(capacity, sizeof(span));
     T.merged_comm = calloc(capacity, sizeof(span));
-    if (!T.rec || !T.marks || !T.work || !T.merged_comp || !T.merged_comm) {
+    if (!T.rec || !T.ops || !T.work || !T.merged_comp || !T.merged_comm) {
         timing_shutdown();
         return -1;
     }
@@ -62,7 +62,7 @@ int timing_init(int kernel_level, size_t capacity) {
 
 void timing_shutdown(void) {
     free(T.rec);
-    free(T.marks);
+    free(T.ops);
     free(T.work);
     free(T.merged_comp);
     free(T.merged_comm);
@@ -111,11 +111,11 @@ void timing_record_op(const char *name, timing_kind kind, timing_par par, int st
     T.rec[i] = (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
                                ctx.layer, ctx.micro, (int32_t)T.step,
                                (start_ms - T.origin_ms) * 1e3, (end_ms - T.origin_ms) * 1e3};
-    T.marks[i][0] = T.marks[i][1] = -1;
+    T.ops[i] = -1;
 }
 
-void timing_record_marks(const char *name, timing_kind kind, timing_par par, int stream,
-                         timing_ctx ctx, int start_mark, int end_mark) {
+void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
+                          timing_ctx ctx, int op) {
     if (!T.on) return;
     size_t i = atomic_fetch_add(&T.n, 1);
     if (i >= T.capacity) {
@@ -124,20 +124,24 @@ void timing_record_marks(const char *name, timing_kind kind, timing_par par, int
     }
     T.rec[i] = (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
                                ctx.layer, ctx.micro, (int32_t)T.step, 0, 0};
-    T.marks[i][0] = start_mark;
-    T.marks[i][1] = end_mark;
+    T.ops[i] = op;
 }
 
-void timing_resolve_marks(double (*read_ms)(int mark)) {
+void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)) {
     if (!T.on) return;
-    size_t n = atomic_load(&T.n);
+    size_t n = atomic_load(&T.n), kept = 0;
     if (n > T.capacity) n = T.capacity;
     for (size_t i = 0; i < n; i++) {
-        if (T.marks[i][0] < 0) continue;
-        T.rec[i].start_us = (read_ms(T.marks[i][0]) - T.origin_ms) * 1e3;
-        T.rec[i].end_us = (read_ms(T.marks[i][1]) - T.origin_ms) * 1e3;
-        T.marks[i][0] = T.marks[i][1] = -1;
+        double a, b;
+        if (T.ops[i] >= 0) {
+            if (read(T.ops[i], &a, &b) != 0) continue;
+            T.rec[i].start_us = (a - T.origin_ms) * 1e3;
+            T.rec[i].end_us = (b - T.origin_ms) * 1e3;
+            T.ops[i] = -1;
+        }
+        T.rec[kept++] = T.rec[i];
     }
+    atomic_store(&T.n, kept);
 }
 
 void timing_begin_step(long step, int probe) {

@@ -52,13 +52,14 @@ timing_ctx timing_context(void);
 /* Thread-safe, allocation-free; dropped (and counted) when the step's storage is full. */
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
                       timing_ctx ctx, double start_ms, double end_ms);
-/* The same for an op timed on a device: its start and end are marks of the backend's
- * timer (engine/backend.h), resolved after the step by timing_resolve_marks. */
-void timing_record_marks(const char *name, timing_kind kind, timing_par par, int stream,
-                         timing_ctx ctx, int start_mark, int end_mark);
-/* Turns the step's marks into times (read_ms: the backend's timer_read); call after the
- * step's work has completed and before timing_end_step. */
-void timing_resolve_marks(double (*read_ms)(int mark));
+/* The same for an op timed on a device: op is its handle from the backend's timer
+ * (engine/backend.h), resolved into times after the step by timing_resolve_device. */
+void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
+                          timing_ctx ctx, int op);
+/* Turns the step's device handles into times (read: the backend's timer_read); ops that
+ * ran nothing on the device are dropped. Call after the step's work has completed and
+ * before timing_end_step. */
+void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms));
 /* probe: this step runs with every overlap policy forced to none (the contention probe),
  * and its kernels go to separate statistics: the serialized baseline. */
 void timing_begin_step(long step, int probe);

@@ -623,14 +623,14 @@ static void issue(comm_task t, gptc_stream *s) {
     if (t.g->nccl) {
         /* enqueued, not run: timed by device marks around it, like a compute op */
         const gptc_backend *be = t.g->be;
-        int timed = timing_on() && be->timer_mark;
+        int op = timing_on() && be->timer_begin ? be->timer_begin(s) : -1;
         nvtx_push(op_name(&t));
-        int m0 = timed ? be->timer_mark(s) : -1;
         comm_nccl_issue(&t, s);
-        if (timed)
-            timing_record_marks(op_name(&t), TK_COMM, par_of(t.g), t.stream, t.ctx, m0,
-                                be->timer_mark(s));
         nvtx_pop();
+        if (op >= 0) {
+            be->timer_end(op, s);
+            timing_record_device(op_name(&t), TK_COMM, par_of(t.g), t.stream, t.ctx, op);
+        }
         watchdog_beat();
         return;
     }

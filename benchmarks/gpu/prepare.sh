@@ -309,7 +309,9 @@ ENV_SH=$PREFIX/env.sh
   # first: only what the system lacks was unpacked (a system mpicc without a working
   # mpirun counts as lacking, and must lose)
   [ "$NEED_PREFIX" = 1 ] && echo "export PATH=\"$U/bin:\$PATH\""
-  echo "export LD_LIBRARY_PATH=\"$LIBDIRS\${LD_LIBRARY_PATH:-}\""
+  # no empty element: an empty entry in LD_LIBRARY_PATH means the current directory
+  LIBDIRS=${LIBDIRS%:}
+  [ -n "$LIBDIRS" ] && echo "export LD_LIBRARY_PATH=\"$LIBDIRS\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\""
   if [ "$NEED_PREFIX" = 1 ]; then
     echo "export PKG_CONFIG_PATH=\"$ULIB/pkgconfig:$U/share/pkgconfig\${PKG_CONFIG_PATH:+:\$PKG_CONFIG_PATH}\""
     echo "export CMAKE_PREFIX_PATH=\"$U\${CMAKE_PREFIX_PATH:+:\$CMAKE_PREFIX_PATH}\""

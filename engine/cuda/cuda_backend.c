@@ -230,6 +230,38 @@ static void cu_adamw(float *p, const float *gr, float *m, float *v, size_t n, fl
     check_launch("adamw");
 }
 
+/* ---- device timing: CUPTI where it starts, else CUDA events ---- */
+
+static int g_cupti = -1; /* -1 undecided, 0 events, 1 CUPTI */
+
+/* Decided at the first step that is timed, so that runs without kernel timing never pay
+ * for CUPTI's activity tracing. GPTC_TIMER=events forces the fallback (e.g. under nsys,
+ * which owns CUPTI). */
+static void cu_timer_reset(void) {
+    if (g_cupti < 0) {
+        char why[160] = "GPTC_TIMER=events";
+        const char *env = getenv("GPTC_TIMER");
+        g_cupti = !(env && strcmp(env, "events") == 0) && cupti_timer_start(why, sizeof why) == 0;
+        if (g_cupti)
+            log_info("kernel timing: CUPTI activity records of every kernel, copy and set\n");
+        else
+            log_info("kernel timing: CUDA events around each op (CUPTI: %s)\n", why);
+    }
+    if (g_cupti) cupti_timer_reset();
+    else event_timer_reset();
+}
+static int cu_timer_begin(gptc_stream *s) {
+    return g_cupti == 1 ? cupti_timer_begin(s) : event_timer_begin(s);
+}
+static void cu_timer_end(int op, gptc_stream *s) {
+    if (g_cupti == 1) cupti_timer_end(op, s);
+    else event_timer_end(op, s);
+}
+static int cu_timer_read(int op, double *start_ms, double *end_ms) {
+    return g_cupti == 1 ? cupti_timer_read(op, start_ms, end_ms)
+                        : event_timer_read(op, start_ms, end_ms);
+}
+
 static const gptc_backend CUDA = {
     .name = "cuda",
     .on_device = 1,
@@ -248,9 +280,10 @@ static const gptc_backend CUDA = {
     .event_synchronize = cu_event_synchronize,
     .stream_synchronize = cu_stream_synchronize,
     .launch_host_func = cu_launch_host_func,
-    .timer_reset = cuda_timer_reset,
-    .timer_mark = cuda_timer_mark,
-    .timer_read = cuda_timer_read,
+    .timer_reset = cu_timer_reset,
+    .timer_begin = cu_timer_begin,
+    .timer_end = cu_timer_end,
+    .timer_read = cu_timer_read,
     .embedding_forward = cu_embedding_forward,
     .embedding_backward = cu_embedding_backward,
     .layernorm_forward = cu_layernorm_forward,

@@ -6,6 +6,7 @@
 #include "engine/backend.h"
 
 #include <cuda_runtime_api.h>
+#include <stddef.h>
 
 /* The CUDA stream behind a backend stream (NULL: the compute stream). */
 cudaStream_t cuda_stream_of(gptc_stream *s);
@@ -13,9 +14,17 @@ cudaStream_t cuda_stream_of(gptc_stream *s);
  * failed CUDA call leaves the context unusable, and mpirun then stops the other ranks. */
 void cuda_check(cudaError_t rc, const char *what);
 
-/* The device timer of the op table (engine/cuda/cuda_timer.c). */
-void cuda_timer_reset(void);
-int cuda_timer_mark(gptc_stream *s);
-double cuda_timer_read(int mark);
+/* The op table's device timer (engine/backend.h), two ways: CUPTI activity records of the
+ * kernels each op launched (timer_cupti.c), or CUDA events around the op's launches
+ * (timer_events.c). cupti_timer_start returns -1 where CUPTI cannot run. */
+void event_timer_reset(void);
+int event_timer_begin(gptc_stream *s);
+void event_timer_end(int op, gptc_stream *s);
+int event_timer_read(int op, double *start_ms, double *end_ms);
+int cupti_timer_start(char *why, size_t whylen);
+void cupti_timer_reset(void);
+int cupti_timer_begin(gptc_stream *s);
+void cupti_timer_end(int op, gptc_stream *s);
+int cupti_timer_read(int op, double *start_ms, double *end_ms);
 
 #endif
