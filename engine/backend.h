@@ -40,6 +40,12 @@ typedef struct gptc_backend {
     void (*zero)(void *p, size_t bytes, gptc_stream *s);
     void (*copy_from_host)(void *dst, const void *src, size_t bytes, gptc_stream *s);
     void (*copy_to_host)(void *dst, const void *src, size_t bytes, gptc_stream *s);
+    /* Host memory the device copies from and to at full speed (CUDA: pinned), for staging. */
+    void *(*alloc_host)(size_t bytes);
+    void (*release_host)(void *p);
+    /* A copy in s's order that does not wait for it (host memory from alloc_host, or
+     * device memory, either side); the CPU copies at once. */
+    void (*copy_async)(void *dst, const void *src, size_t bytes, gptc_stream *s);
     /* older name of stream_synchronize, kept for existing callers; the CPU table still
      * points it at a no-op, which is right only for the NULL stream */
     void (*synchronize)(gptc_stream *s);
@@ -61,7 +67,9 @@ typedef struct gptc_backend {
     void (*event_synchronize)(gptc_event *e);
     /* The host blocks until the work enqueued on s before this call has finished. */
     void (*stream_synchronize)(gptc_stream *s);
-    /* Runs fn(arg) in s's order (CPU: on the stream's thread; CUDA: cudaLaunchHostFunc). */
+    /* Runs fn(arg) on a host thread in s's order; s's later work waits until it returned
+     * (CPU: on the stream's thread; CUDA: on a worker thread of the stream's own, so fn
+     * may block, e.g. in MPI, without holding back other streams). */
     void (*launch_host_func)(gptc_stream *s, void (*fn)(void *), void *arg);
 
     /* Device-side timing of ops for profile.timing = kernel. NULL on the CPU, whose ops

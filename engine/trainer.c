@@ -576,15 +576,6 @@ int train_run(const gptc_config *c, const grid *g) {
     r.policy_dp = r.dpc.overlap;
     r.policy_pp = r.ppc.async;
     r.policy_tp_chunks = m->tp.chunks;
-    if (comm_backend_in_use() == COMM_MPI_STAGED) {
-        /* staged ops run on the host once their stream has drained: nothing can overlap,
-         * and transfers issued ahead (pp async) would block the compute they wait for */
-        if (r.policy_dp || r.policy_pp || r.policy_tp_chunks > 1)
-            log_info("overlap policies run as none: %s\n", comm_backend_description());
-        r.policy_dp = r.policy_pp = 0;
-        r.policy_tp_chunks = 1;
-        set_policies(&r, 1);
-    }
     if (c->save[0] && g->rank == 0) remove_stale_temporaries(c->save);
     print_model(m, &bp, first, c->steps);
     if (g->dp > 1)

@@ -13,6 +13,7 @@
 #include "engine/watchdog.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -565,55 +566,109 @@ static int contains(const region *outer, const region *inner) {
     return inner->bytes > 0 && i >= o && i + inner->bytes <= o + outer->bytes;
 }
 
-/* Staged ops run one at a time on the issuing (main) thread, so one growing host buffer
- * serves them all. */
-static char *g_stage;
-static size_t g_stage_bytes;
+/* Staging buffers in host memory the device copies at full speed, reused op after op: an
+ * op takes one when it is issued and gives it back from its stream once its copies back
+ * have completed. The main thread takes; stream workers give back. */
+enum { STAGE_SLOTS = 256 };
+typedef struct {
+    char *p;
+    size_t bytes;
+    int busy;
+} stage_buf;
+static stage_buf g_stages[STAGE_SLOTS];
+static pthread_mutex_t g_stage_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_stage_freed = PTHREAD_COND_INITIALIZER;
 
-static char *stage(size_t bytes) {
-    if (bytes <= g_stage_bytes) return g_stage;
-    char *p = realloc(g_stage, bytes);
-    if (!p) return NULL;
-    g_stage = p;
-    g_stage_bytes = bytes;
-    return p;
+/* The smallest free buffer that fits, else a free slot grown to fit. When all are in
+ * flight this waits for one: they come back as their ops complete, which needs nothing
+ * from this thread. */
+static stage_buf *stage_take(const gptc_backend *be, size_t bytes) {
+    pthread_mutex_lock(&g_stage_mu);
+    for (;;) {
+        stage_buf *fit = NULL, *spare = NULL;
+        for (int i = 0; i < STAGE_SLOTS; i++) {
+            stage_buf *b = &g_stages[i];
+            if (b->busy) continue;
+            if (b->bytes >= bytes && (!fit || b->bytes < fit->bytes)) fit = b;
+            if (!spare || b->bytes < spare->bytes) spare = b;
+        }
+        if (!fit && spare) {
+            if (spare->p) be->release_host(spare->p);
+            spare->p = be->alloc_host(bytes);
+            spare->bytes = spare->p ? bytes : 0;
+            if (spare->p) fit = spare;
+        }
+        if (fit) {
+            fit->busy = 1;
+            pthread_mutex_unlock(&g_stage_mu);
+            return fit;
+        }
+        if (!spare) { /* every slot in flight */
+            pthread_cond_wait(&g_stage_freed, &g_stage_mu);
+            continue;
+        }
+        pthread_mutex_unlock(&g_stage_mu); /* out of host memory */
+        return NULL;
+    }
 }
 
-/* Waits for the stream's earlier work, copies the regions the op reads to the host, runs
- * the MPI op there and copies back what it wrote. An in-place op's two buffers overlap:
- * the outer one is staged and the inner one points into its copy. */
+static void stage_give_back(void *arg) {
+    stage_buf *b = arg;
+    pthread_mutex_lock(&g_stage_mu);
+    b->busy = 0;
+    pthread_cond_signal(&g_stage_freed);
+    pthread_mutex_unlock(&g_stage_mu);
+}
+
+/* Copies the regions the op reads to a staging buffer, runs the MPI op on the host and
+ * copies back what it wrote, all in s's order: on NULL now, on the caller; on a stream,
+ * with the MPI call on the stream's host worker while the caller goes on issuing compute.
+ * An in-place op's two buffers overlap: the outer one is staged and the inner one points
+ * into its copy. */
 static void run_staged(comm_task t, gptc_stream *s) {
     const gptc_backend *be = t.g->be;
-    be->stream_synchronize(s);
     region r[2];
     regions_of(&t, r);
     int inner = -1; /* which region lies inside the other, if any */
     if (contains(&r[1], &r[0])) inner = 0;
     else if (contains(&r[0], &r[1])) inner = 1;
     size_t total = (inner == 0 ? 0 : r[0].bytes) + (inner == 1 ? 0 : r[1].bytes);
-    char *host = stage(total ? total : 1);
-    if (!host) {
+    stage_buf *buf = stage_take(be, total ? total : 1);
+    if (!buf) {
         record_message(t.g, "host staging", "out of memory");
         return;
     }
     char *h[2];
-    h[0] = host;
-    h[1] = host + (inner == 0 ? 0 : r[0].bytes);
+    h[0] = buf->p;
+    h[1] = buf->p + (inner == 0 ? 0 : r[0].bytes);
     if (inner >= 0) {
         int outer = 1 - inner;
-        h[outer] = host;
-        h[inner] = host + ((char *)r[inner].dev - (char *)r[outer].dev);
+        h[outer] = buf->p;
+        h[inner] = buf->p + ((char *)r[inner].dev - (char *)r[outer].dev);
         r[outer].read |= r[inner].read;
         r[outer].written |= r[inner].written;
         r[inner].read = r[inner].written = 0;
     }
     for (int k = 0; k < 2; k++)
-        if (r[k].read && r[k].bytes) be->copy_to_host(h[k], r[k].dev, r[k].bytes, s);
+        if (r[k].read && r[k].bytes) be->copy_async(h[k], r[k].dev, r[k].bytes, s);
     if (t.send) t.send = h[0];
     if (t.recv) t.recv = h[1];
-    run_task(&t);
+    comm_task *copy = s ? malloc(sizeof *copy) : NULL;
+    if (copy) {
+        *copy = t;
+        be->launch_host_func(s, run_and_free, copy);
+    } else {
+        be->stream_synchronize(s);
+        run_task(&t);
+    }
     for (int k = 0; k < 2; k++)
-        if (r[k].written && r[k].bytes) be->copy_from_host(r[k].dev, h[k], r[k].bytes, s);
+        if (r[k].written && r[k].bytes) be->copy_async(r[k].dev, h[k], r[k].bytes, s);
+    if (s) {
+        be->launch_host_func(s, stage_give_back, buf);
+    } else {
+        be->stream_synchronize(s);
+        stage_give_back(buf);
+    }
 }
 
 static void issue(comm_task t, gptc_stream *s) {

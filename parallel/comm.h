@@ -1,8 +1,9 @@
 /* Communication on a group of ranks, issued on a backend stream so that it can overlap
  * with compute. Three implementations sit behind these functions: MPI on host buffers
  * (the CPU backend), NCCL on device buffers (parallel/comm_nccl.c), and MPI on host copies
- * of device buffers (the fallback for GPUs where NCCL cannot run; ops then run on the
- * caller once their stream has drained, so nothing overlaps).
+ * of device buffers (the fallback for GPUs where NCCL cannot run: copies on the op's
+ * stream, the MPI call on that stream's host worker, so it overlaps with compute as the
+ * CPU's does).
  *
  * Rules the callers rely on:
  * - An op issued on stream s runs in s's order (CPU: on s's worker thread); on NULL it

@@ -108,6 +108,8 @@ wanted() {
 }
 NEED_PREFIX=0
 for c in mpi hdf5 inih blas pkgconf make; do wanted $c && NEED_PREFIX=1; done
+# cmake is carried only on request (GPTC_DEBS_EXTRA=cmake in fetch_debs.sh)
+ls "$DEBS"/cmake_*.deb >/dev/null 2>&1 && wanted cmake && NEED_PREFIX=1
 
 # ---------------------------------------------------------------------------- unpack
 LDCACHE=$( (ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null) | awk '/x86-64/ { print $1, $NF }')
@@ -135,8 +137,15 @@ if [ "$NEED_PREFIX" = 1 ]; then
   elif [ "$(cat "$PREFIX/.stamp" 2>/dev/null)" = "$STAMP_WANT" ]; then
     say "prefix $PREFIX is up to date"
   else
+    # Wiped first, but only a folder this script made (a stamp) or an empty one: a
+    # mistyped GPTC_GPU_PREFIX must not cost anybody their files. (.made-by-prepare marks ours.)
+    if [ ! -f "$PREFIX/.made-by-prepare" ] && [ -n "$(find "$PREFIX" -mindepth 1 -maxdepth 1 ! -name prepare-summary.txt -print -quit)" ]; then
+      echo "prepare: $PREFIX is not empty and was not made by prepare.sh; not touching it" >&2
+      exit 1
+    fi
     say "unpacking into $PREFIX"
     find "$PREFIX" -mindepth 1 -maxdepth 1 ! -name prepare-summary.txt -exec rm -rf {} +
+    touch "$PREFIX/.made-by-prepare"
     DEDUP_CANDIDATES=()
     ALT_PAIRS=""
     n=0

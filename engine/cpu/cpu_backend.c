@@ -21,6 +21,7 @@ static void cpu_zero(void *p, size_t bytes, gptc_stream *s) { memset(p, 0, bytes
 static void cpu_copy(void *dst, const void *src, size_t bytes, gptc_stream *s) {
     memcpy(dst, src, bytes);
 }
+static void *cpu_alloc_host(size_t bytes) { return malloc(bytes ? bytes : 1); }
 
 static const gptc_backend CPU = {
     .name = "cpu",
@@ -29,6 +30,9 @@ static const gptc_backend CPU = {
     .zero = cpu_zero,
     .copy_from_host = cpu_copy,
     .copy_to_host = cpu_copy,
+    .alloc_host = cpu_alloc_host,
+    .release_host = cpu_release,
+    .copy_async = cpu_copy,
     .synchronize = cpu_stream_synchronize,
     .stream_create = cpu_stream_create,
     .stream_destroy = cpu_stream_destroy,

@@ -23,6 +23,7 @@
 
 struct gptc_stream {
     cudaStream_t s;
+    host_worker *worker; /* made at the first launch_host_func */
 };
 struct gptc_event {
     cudaEvent_t e;
@@ -31,6 +32,7 @@ struct gptc_event {
 static struct {
     int device;
     cudaStream_t compute;
+    host_worker *compute_worker; /* launch_host_func on the NULL stream */
     double *sumsq_out;     /* [1] device result of sum_squares */
     double *sumsq_partial; /* [cuda_sum_squares_partials()] device scratch */
     double *sumsq_host;    /* [1] pinned host copy */
@@ -77,6 +79,21 @@ static void cu_copy_to_host(void *dst, const void *src, size_t bytes, gptc_strea
     cuda_check(cudaStreamSynchronize(cu(s)), "copy_to_host");
 }
 
+static void *cu_alloc_host(size_t bytes) {
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+static void cu_release_host(void *p) {
+    if (p) cuda_check(cudaFreeHost(p), "cudaFreeHost");
+}
+static void cu_copy_async(void *dst, const void *src, size_t bytes, gptc_stream *s) {
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cu(s)), "copy_async");
+}
+
 /* ---- streams and events ---- */
 
 static gptc_stream *cu_stream_create(int high_priority) {
@@ -84,6 +101,7 @@ static gptc_stream *cu_stream_create(int high_priority) {
     if (!st) return NULL;
     int least = 0, greatest = 0; /* numerically, "greatest" priority is the lowest number */
     cuda_check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    st->worker = NULL;
     if (cudaStreamCreateWithPriority(&st->s, cudaStreamNonBlocking,
                                      high_priority ? greatest : least) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -95,6 +113,7 @@ static gptc_stream *cu_stream_create(int high_priority) {
 static void cu_stream_destroy(gptc_stream *st) {
     if (!st) return;
     cuda_check(cudaStreamSynchronize(st->s), "stream_destroy");
+    host_worker_destroy(st->worker);
     cuda_check(cudaStreamDestroy(st->s), "cudaStreamDestroy");
     free(st);
 }
@@ -127,7 +146,10 @@ static void cu_event_synchronize(gptc_event *ev) {
     cuda_check(cudaEventSynchronize(ev->e), "cudaEventSynchronize");
 }
 static void cu_launch_host_func(gptc_stream *s, void (*fn)(void *), void *arg) {
-    cuda_check(cudaLaunchHostFunc(cu(s), fn, arg), "cudaLaunchHostFunc");
+    host_worker **w = s ? &s->worker : &g.compute_worker;
+    if (!*w && !(*w = host_worker_create(g.device)))
+        cuda_check(cudaErrorMemoryAllocation, "launch_host_func (worker thread)");
+    host_worker_launch(*w, cu(s), fn, arg);
 }
 
 /* ---- compute ops ---- */
@@ -270,6 +292,9 @@ static const gptc_backend CUDA = {
     .zero = cu_zero,
     .copy_from_host = cu_copy_from_host,
     .copy_to_host = cu_copy_to_host,
+    .alloc_host = cu_alloc_host,
+    .release_host = cu_release_host,
+    .copy_async = cu_copy_async,
     .synchronize = cu_stream_synchronize,
     .stream_create = cu_stream_create,
     .stream_destroy = cu_stream_destroy,

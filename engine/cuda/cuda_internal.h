@@ -14,6 +14,13 @@ cudaStream_t cuda_stream_of(gptc_stream *s);
  * failed CUDA call leaves the context unusable, and mpirun then stops the other ranks. */
 void cuda_check(cudaError_t rc, const char *what);
 
+/* A stream's host worker (engine/cuda/host_tasks.c): runs host functions in the stream's
+ * order on a thread of its own. */
+typedef struct host_worker host_worker;
+host_worker *host_worker_create(int device);
+void host_worker_destroy(host_worker *w);
+void host_worker_launch(host_worker *w, cudaStream_t s, void (*fn)(void *), void *arg);
+
 /* The op table's device timer (engine/backend.h), two ways: CUPTI activity records of the
  * kernels each op launched (timer_cupti.c), or CUDA events around the op's launches
  * (timer_events.c). cupti_timer_start returns -1 where CUPTI cannot run. */

@@ -1,0 +1,135 @@
+/* Test tool, not part of the engine: the device side of CUDA for the CPU emulator of
+ * tests/cuda_emu. When the emulated kernels are compiled, this header stands in for the
+ * toolkit's <cuda_runtime.h>. It has two parts:
+ *   - the emulator runtime's C interface (emu_runtime.c implements it), and
+ *   - under C++ only, the CUDA built-ins the kernels use (threadIdx, __syncthreads,
+ *     __shfl_xor_sync, atomicAdd, float4, dim3, ...), each mapped onto that runtime.
+ * The kernels are compiled as C++ (nvcc compiles .cu files as C++ too); the few C++
+ * features used here are those CUDA's own API needs, each noted where it is used. A
+ * built-in a kernel uses and this header lacks is a compile error: add it here. */
+#ifndef GPTC_CUDA_EMU_RUNTIME_H
+#define GPTC_CUDA_EMU_RUNTIME_H
+
+#include "cuda_runtime_api.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ runtime (C) */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct emu_uint3 {
+    unsigned int x, y, z;
+} emu_uint3;
+
+/* threadIdx and blockIdx of the calling CUDA thread (each one is a host thread) */
+extern __thread emu_uint3 emu_thread_idx, emu_block_idx;
+extern emu_uint3 emu_block_dim, emu_grid_dim;
+extern void *emu_dyn_smem; /* the block's dynamic shared memory (extern __shared__) */
+
+void emu_syncthreads(void);
+/* One step of a warp shuffle: every lane of the warp passes its value (size bytes) in
+ * `in` and receives lane src_lane's in `out`. */
+void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane);
+float emu_atomic_add(float *p, float v);
+/* Prints "cuda_emu: " msg, with the calling CUDA thread if any, and aborts. */
+void emu_fail(const char *msg);
+
+/* Runs body(ctx) once per thread of every block of grid, as block threads at a time;
+ * returns when all are done. kernel (its address) only identifies the kernel for the
+ * shared memory limit and messages. A bad configuration sets the last error instead. */
+typedef void (*emu_body_fn)(void *ctx);
+void emu_run_grid(const void *kernel, const char *name, emu_uint3 grid, emu_uint3 block,
+                  size_t dyn_smem, emu_body_fn body, void *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ------------------------------------------------------------------ built-ins (C++) */
+
+#ifdef __cplusplus
+
+/* Every function is a host function. A __shared__ variable (the kernels declare them
+ * inside kernels only) becomes a function-level static placed in the section emu_shared,
+ * which the runtime fills with 0xff bytes (NaN as float and as double) before each
+ * block: one block runs at a time, so one static per kernel is the block's copy, and a
+ * read of shared memory the block has not written gives NaN. */
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ __attribute__((section("emu_shared"))) static
+
+#define threadIdx emu_thread_idx
+#define blockIdx emu_block_idx
+#define blockDim emu_block_dim
+#define gridDim emu_grid_dim
+
+/* C++: CUDA's dim3 has this constructor; the launchers write dim3 grid(x, y) and pass
+ * plain integers where a dim3 is expected. */
+struct dim3 {
+    unsigned int x, y, z;
+    dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+/* 16-byte aligned as on the GPU, where a misaligned float4 access faults: here it is
+ * undefined behaviour that UBSan (the GPTC_SANITIZE=address build) reports. */
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+static inline float4 make_float4(float x, float y, float z, float w) {
+    float4 r = {x, y, z, w};
+    return r;
+}
+
+static inline void __syncthreads(void) { emu_syncthreads(); }
+
+/* C++ overloads: CUDA overloads these on the value type. Only full-warp masks exist in
+ * the kernels; a partial mask stops the test (it is not emulated). */
+#define EMU_SHFL_XOR(T)                                                                   \
+    static inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask) {              \
+        T r;                                                                              \
+        if (mask != 0xffffffffu) emu_fail("__shfl_xor_sync: partial masks are not emulated"); \
+        emu_warp_exchange(&v, &r, sizeof v, (int)(threadIdx.x & 31u) ^ lane_mask);        \
+        return r;                                                                         \
+    }
+EMU_SHFL_XOR(float)
+EMU_SHFL_XOR(double)
+#undef EMU_SHFL_XOR
+
+static inline float atomicAdd(float *p, float v) { return emu_atomic_add(p, v); }
+static inline float __ldg(const float *p) { return *p; }
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline float __int_as_float(int i) {
+    float f;
+    memcpy(&f, &i, sizeof f);
+    return f;
+}
+static inline void __nanosleep(unsigned int ns) { (void)ns; }
+static inline void __threadfence_system(void) { __sync_synchronize(); }
+
+/* xform.py turns kernel<<<grid, block, smem, stream>>>(args) into
+ *   emu_launch((const void *)kernel, "kernel", [=]() { kernel(args); }, grid, block, smem, stream)
+ * C++: the lambda carries the kernel's arguments (copied, as a launch copies them), and
+ * a template is the only way to name its type; emu_call turns it into the plain
+ * function pointer + context that the C runtime takes. */
+template <typename F> static void emu_call(void *ctx) { (*(F *)ctx)(); }
+
+template <typename F>
+static void emu_launch(const void *kernel, const char *name, F body, dim3 grid, dim3 block,
+                       size_t dyn_smem = 0, cudaStream_t stream = 0) {
+    emu_uint3 g = {grid.x, grid.y, grid.z}, b = {block.x, block.y, block.z};
+    (void)stream; /* launches run to completion in issue order */
+    emu_run_grid(kernel, name, g, b, dyn_smem, emu_call<F>, &body);
+}
+
+#endif /* __cplusplus */
+
+#endif
