@@ -11,3 +11,4 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
 }
 int cuda_backend_device(void) { return -1; }
 int cuda_device_count(void) { return 0; }
+const char *cuda_backend_pci_bus_id(char *buf, int len) { return NULL; }

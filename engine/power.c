@@ -18,6 +18,7 @@ enum { NVML_SUCCESS = 0, NVML_CLOCK_SM = 1 };
 typedef nvmlReturn_t (*nvml_init_fn)(void);
 typedef nvmlReturn_t (*nvml_shutdown_fn)(void);
 typedef nvmlReturn_t (*nvml_handle_fn)(unsigned int, nvmlDevice_t *);
+typedef nvmlReturn_t (*nvml_handle_pci_fn)(const char *, nvmlDevice_t *);
 typedef nvmlReturn_t (*nvml_energy_fn)(nvmlDevice_t, unsigned long long *);
 typedef nvmlReturn_t (*nvml_power_fn)(nvmlDevice_t, unsigned int *);
 typedef nvmlReturn_t (*nvml_clock_fn)(nvmlDevice_t, int, unsigned int *);
@@ -74,7 +75,7 @@ void power_close(void) {
     memset(&P, 0, sizeof(P));
 }
 
-int power_open(int device_index, char *err, size_t errlen) {
+int power_open(int device_index, const char *pci_bus_id, char *err, size_t errlen) {
     power_close();
     const char *path = getenv("GPTC_NVML_PATH");
     if (!path || !*path) path = "libnvidia-ml.so.1";
@@ -88,6 +89,7 @@ int power_open(int device_index, char *err, size_t errlen) {
     P.init = (nvml_init_fn)dlsym(P.lib, "nvmlInit_v2");
     P.shutdown = (nvml_shutdown_fn)dlsym(P.lib, "nvmlShutdown");
     P.handle = (nvml_handle_fn)dlsym(P.lib, "nvmlDeviceGetHandleByIndex_v2");
+    nvml_handle_pci_fn by_pci = (nvml_handle_pci_fn)dlsym(P.lib, "nvmlDeviceGetHandleByPciBusId_v2");
     P.energy = (nvml_energy_fn)dlsym(P.lib, "nvmlDeviceGetTotalEnergyConsumption");
     P.power = (nvml_power_fn)dlsym(P.lib, "nvmlDeviceGetPowerUsage");
     P.clock = (nvml_clock_fn)dlsym(P.lib, "nvmlDeviceGetClockInfo");
@@ -95,6 +97,7 @@ int power_open(int device_index, char *err, size_t errlen) {
     const char *missing = !P.init ? "nvmlInit_v2"
                         : !P.shutdown ? "nvmlShutdown"
                         : !P.handle ? "nvmlDeviceGetHandleByIndex_v2"
+                        : pci_bus_id && !by_pci ? "nvmlDeviceGetHandleByPciBusId_v2"
                         : !P.power ? "nvmlDeviceGetPowerUsage"
                         : !P.clock ? "nvmlDeviceGetClockInfo"
                         : NULL;
@@ -110,13 +113,22 @@ int power_open(int device_index, char *err, size_t errlen) {
         return -1;
     }
     P.initialized = 1;
-    if (device_index < 0) {
+    if (!pci_bus_id && device_index < 0) {
         fail(err, errlen, "nvmlDeviceGetHandleByIndex_v2(%d): negative device index", device_index);
         power_close();
         return -1;
     }
-    r = P.handle((unsigned int)device_index, &P.dev);
-    if (r != NVML_SUCCESS) {
+    if (pci_bus_id) {
+        /* CUDA and NVML number GPUs differently (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER);
+         * the PCI bus id names the same board in both */
+        r = by_pci(pci_bus_id, &P.dev);
+        if (r != NVML_SUCCESS) {
+            fail(err, errlen, "nvmlDeviceGetHandleByPciBusId_v2(%s) failed: %s", pci_bus_id,
+                 nvml_error(r));
+            power_close();
+            return -1;
+        }
+    } else if ((r = P.handle((unsigned int)device_index, &P.dev)) != NVML_SUCCESS) {
         fail(err, errlen, "nvmlDeviceGetHandleByIndex_v2(%d) failed: %s", device_index, nvml_error(r));
         power_close();
         return -1;

@@ -11,10 +11,11 @@
 
 #include <stddef.h>
 
-/* 0 on success; on failure -1 and a one-line reason in err, e.g.
+/* The GPU is pci_bus_id (as CUDA writes it, e.g. "0000:19:00.0") when not NULL, else
+ * NVML's device_index. 0 on success; on failure -1 and a one-line reason in err, e.g.
  * "profile.power = true: cannot load libnvidia-ml.so.1 (...dlerror...)". Reads every
  * quantity once, so that a GPU that cannot report them fails here, not in every step. */
-int power_open(int device_index, char *err, size_t errlen);
+int power_open(int device_index, const char *pci_bus_id, char *err, size_t errlen);
 /* Safe to call when not open; power_open may be called again afterwards. */
 void power_close(void);
 /* "energy_counter" or "power_samples" (see above); "none" when not open. */

@@ -90,7 +90,10 @@ static const gptc_backend *start_backend(const gptc_config *c, const grid *g, ch
         be = cpu_backend();
         if (!be) snprintf(err, n, "train.device = cpu: the CPU backend could not start (see above)");
     }
-    if (be && c->power && power_open(cuda_backend_device(), err, n) != 0) be = NULL;
+    char bus[32];
+    if (be && c->power &&
+        power_open(cuda_backend_device(), cuda_backend_pci_bus_id(bus, sizeof bus), err, n) != 0)
+        be = NULL;
     /* the lowest failing rank speaks for all: one line, naming it */
     int first = be ? g->world : g->rank;
     if (g->world > 1) MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

@@ -13,6 +13,7 @@
  * fake_nvml_init_depth() is for the test: nvmlInit_v2 calls not yet shut down. */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 enum {
     NVML_SUCCESS = 0,
@@ -70,6 +71,15 @@ const char *nvmlErrorString(int r) {
 
 int nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     if (mode_is("bad_index") || index != 0 || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &device0;
+    return NVML_SUCCESS;
+}
+
+/* device 0 sits at bus 19 (CUDA writes "0000:19:00.0", NVML "00000000:19:00.0") */
+int nvmlDeviceGetHandleByPciBusId_v2(const char *bus, nvmlDevice_t *device) {
+    if (!bus || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strcasecmp(bus, "0000:19:00.0") != 0 && strcasecmp(bus, "00000000:19:00.0") != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
     *device = &device0;
     return NVML_SUCCESS;
 }

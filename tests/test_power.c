@@ -75,11 +75,14 @@ static void check_depth(const char *what, int want) {
     check(got == want, "%s: NVML initialized %d time(s) not shut down, expected %d", what, got, want);
 }
 
+/* The GPU by PCI bus id when set (as the trainer opens it), else by index. */
+static const char *g_bus;
+
 /* Energy counter: energy is the counter's delta in joules, power = energy / step time. */
 static void check_energy_counter(void) {
     set_env("FAKE_NVML_MODE", "ok");
     char err[256] = "";
-    int rc = power_open(0, err, sizeof(err));
+    int rc = power_open(0, g_bus, err, sizeof(err));
     check(rc == 0, "ok: power_open = %d, expected 0 (err: %s)", rc, err);
     if (rc != 0) return;
     check_method("ok", "energy_counter");
@@ -148,7 +151,7 @@ static void check_energy_counter(void) {
 static void check_power_samples(void) {
     set_env("FAKE_NVML_MODE", "no_energy");
     char err[256] = "";
-    int rc = power_open(0, err, sizeof(err));
+    int rc = power_open(0, g_bus, err, sizeof(err));
     check(rc == 0, "no_energy: power_open = %d, expected 0 (err: %s)", rc, err);
     if (rc != 0) return;
     check_method("no_energy", "power_samples");
@@ -191,7 +194,7 @@ static void check_open_fails(const char *what, const char *mode, const char *pat
         setenv("GPTC_NVML_PATH", path, 1);
     }
     char err[256] = "";
-    int rc = power_open(index, err, sizeof(err));
+    int rc = power_open(index, g_bus, err, sizeof(err));
     if (saved) {
         setenv("GPTC_NVML_PATH", saved, 1);
         free(saved);
@@ -237,6 +240,13 @@ int main(int argc, char **argv) {
                      "cannot load /nonexistent/libnvidia-ml.so.1 (");
     /* After close and after failed opens, a new open works as the first did. */
     check_energy_counter();
+    /* by PCI bus id, as CUDA names the GPU: the fake's device 0 is at bus 19 */
+    g_bus = "0000:19:00.0";
+    check_energy_counter();
+    g_bus = "0000:42:00.0";
+    check_open_fails("unknown bus id", "ok", NULL, 0,
+                     "nvmlDeviceGetHandleByPciBusId_v2(0000:42:00.0) failed: Invalid Argument");
+    g_bus = NULL;
 
     power_close();
     dlclose(fake);

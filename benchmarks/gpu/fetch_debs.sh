@@ -7,13 +7,15 @@
 # with dpkg -x into a private prefix, so nothing is installed and no dependency is checked
 # at unpack time: the closure computed here is the only thing that makes the set complete.
 #
-# The closure is walked one package at a time with `apt-cache depends` (not with
+# The closure is walked one level at a time with `apt-cache depends` (not with
 # --recurse): --recurse follows every branch of every "a | b" alternative and walks on
 # through the packages we exclude, which drags in gcc, gfortran, flang, LLVM and perl
 # (over 200 packages). Here an excluded package ends the walk along that edge, and of an
 # alternative group only one member is taken (one we already take, else the first real one).
 #
 # Usage: bash benchmarks/gpu/fetch_debs.sh [--list]   (--list: print the closure only)
+# Environment: GPTC_DEBS_EXTRA="pkg ..." adds packages (e.g. cmake);
+#              GPTC_DEBS_NO_BULLSEYE=1 keeps bookworm packages that need glibc 2.36.
 set -u
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

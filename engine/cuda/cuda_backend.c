@@ -369,3 +369,11 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
 }
 
 int cuda_backend_device(void) { return g.device; }
+
+const char *cuda_backend_pci_bus_id(char *buf, int len) {
+    if (cudaDeviceGetPCIBusId(buf, len, g.device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return buf;
+}

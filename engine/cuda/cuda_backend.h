@@ -13,6 +13,8 @@
 const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen);
 /* The GPU index this process uses (after cuda_backend succeeded). */
 int cuda_backend_device(void);
+/* The PCI bus id of that GPU in buf (NVML finds the same board by it); NULL if unknown. */
+const char *cuda_backend_pci_bus_id(char *buf, int len);
 /* GPUs visible to this process; 0 when there is none or no working driver. */
 int cuda_device_count(void);
 /* Builds without CUDA link engine/cuda_none.c, whose cuda_backend says so in err. */

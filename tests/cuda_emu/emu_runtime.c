@@ -233,9 +233,10 @@ static void *cuda_thread(void *arg) {
 void emu_run_grid(const void *kernel, const char *name, emu_uint3 grid, emu_uint3 block,
                   size_t dyn_smem, emu_body_fn body, void *ctx) {
     static pthread_t threads[EMU_MAX_THREADS];
+    char msg[200];
     if (block.y != 1 || block.z != 1 || grid.z != 1) {
-        fprintf(stderr, "cuda_emu: %s: ", name);
-        emu_fail("only 1-D blocks and 1- or 2-D grids are emulated");
+        snprintf(msg, sizeof msg, "%s: only 1-D blocks and 1- or 2-D grids are emulated", name);
+        emu_fail(msg);
     }
     if (grid.x == 0 || grid.y == 0 || grid.y > EMU_MAX_GRID_Y || block.x == 0 ||
         block.x > EMU_MAX_THREADS) {
@@ -268,8 +269,8 @@ void emu_run_grid(const void *kernel, const char *name, emu_uint3 grid, emu_uint
     for (unsigned int t = 0; t < nt; t++) {
         int rc = pthread_create(&threads[t], &attr, cuda_thread, (void *)(uintptr_t)t);
         if (rc != 0) {
-            fprintf(stderr, "cuda_emu: %s: pthread_create: %s\n", name, strerror(rc));
-            emu_fail("cannot start the block's threads");
+            snprintf(msg, sizeof msg, "%s: pthread_create: %s", name, strerror(rc));
+            emu_fail(msg);
         }
     }
     pthread_attr_destroy(&attr);
