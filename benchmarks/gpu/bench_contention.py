@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Contention on one GPU: two data-parallel ranks share the GPU, overlap.dp = none vs
+bucket, per-kernel timing on, every 4th step a contention probe (serialized) as the
+baseline. For each run: step time, communication and its exposed part, and each big
+kernel's mean time alone vs beside communication (the report's slowdown), in
+$GPTC_BENCH_OUT/contention.md (+ the two report.json files and traces).
+
+The ranks talk over NCCL when it allows two ranks on one GPU (>= 2.30 with
+NCCL_MULTI_RANK_GPU_ENABLE=1, set here), else over MPI with host staging: the start-up
+line, copied into the table, says which. Model: GPT-2 124M's layer shape, 6 layers,
+T = 1024, micro-batch 4 per rank."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.environ.get("GPTC_BUILD", os.path.join(ROOT, "build"))
+# smoke tests on a CPU machine: GPTC_BENCH_EXTRA="--train.device=cpu --model.n_layer=1 ..."
+EXTRA = os.environ.get("GPTC_BENCH_EXTRA", "").split()
+OUT = os.environ.get("GPTC_BENCH_OUT", os.path.join(ROOT, "gpu-results", "bench_contention"))
+
+
+def run(policy):
+    rep, trace = f"{OUT}/report_{policy}.json", f"{OUT}/trace_{policy}.json"
+    args = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2",
+            os.path.join(BUILD, "gptc-train"), os.path.join(ROOT, "configs", "gpt2-124m.ini"),
+            "--model.n_layer=6", "--parallel.dp=2", "--train.global_batch=8", "--train.micro_batch=4",
+            "--train.steps=9", f"--overlap.dp={policy}", "--overlap.dp_bucket_mb=25",
+            "--profile.timing=kernel", "--profile.contention_probe=4", f"--profile.report={rep}",
+            f"--profile.trace={trace}", f"--data.path={OUT}/tokens.h5"] + EXTRA
+    env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    r = subprocess.run(args, capture_output=True, text=True, timeout=150, env=env)
+    with open(f"{OUT}/gptc_{policy}.log", "w") as f:
+        f.write(r.stdout + r.stderr)
+    if r.returncode:
+        raise SystemExit(f"dp={policy}: exit {r.returncode}: {r.stderr.strip()[-500:]}")
+    backend = re.search(r"^backend: .*$", r.stdout, re.M)
+    return json.load(open(rep)), backend.group(0) if backend else "?"
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    srcs = [os.path.join(ROOT, "engine", f) for f in sorted(os.listdir(os.path.join(ROOT, "engine")))
+            if f.endswith(".c")]
+    subprocess.run([os.path.join(BUILD, "gptc-data"), "--vocab", "50257", "--out",
+                    f"{OUT}/tokens.h5"] + srcs, check=True, capture_output=True)
+    lines = ["# Two DP ranks on one GPU: overlap.dp = none vs bucket\n"]
+    for policy in ("none", "bucket"):
+        rep, backend = run(policy)
+        steps = [s for s in rep["steps"] if not s["probe"] and s["step"] > 1]
+        mean = lambda k: sum(s[k] for s in steps) / max(len(steps), 1)  # noqa: E731
+        lines.append(f"\n## dp = {policy}\n\n{backend}\n\n"
+                     f"iter {mean('iter_ms'):.1f} ms, compute {mean('compute_ms'):.1f} ms, "
+                     f"comm {mean('comm_ms'):.1f} ms, exposed comm {mean('exposed_comm_ms'):.1f} ms "
+                     f"(mean over ranks and non-probe steps after the first)\n\n")
+        lines.append("| kernel | count | mean us | alone us | beside comm us | slowdown |\n"
+                     "|---|---|---|---|---|---|\n")
+        kernels = sorted(rep["kernels"], key=lambda k: -k["count"] * k["mean_us"])[:14]
+        for k in kernels:
+            fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
+            sd = "" if k["slowdown"] is None else f"{k['slowdown']:.3f}"
+            lines.append(f"| {k['name']} | {k['count']} | {k['mean_us']:.1f} | "
+                         f"{fmt(k['isolated_mean_us'])} | {fmt(k['overlapped_mean_us'])} | {sd} |\n")
+    text = "".join(lines)
+    with open(f"{OUT}/contention.md", "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

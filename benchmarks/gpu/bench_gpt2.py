@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""GPT-2 124M, T = 1024, on one GPU: gptc against PyTorch in the same run, and the cost
+of gptc's per-kernel timing.
+
+Rows (one JSON line each in $GPTC_BENCH_OUT/gpt2.jsonl, a table in gpt2.md):
+  gptc fp32 at the largest micro-batch of --batches that fits, timing off;
+  the same with profile.timing = kernel (CUPTI) and with GPTC_TIMER=events: the overhead;
+  PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at that micro-batch.
+MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
+the card's dense peak for the precision (H100/H200: fp32 67, bf16 989 TFLOP/s).
+gptc's ms/step is its own mean over the steps after the first.
+
+Needs: $GPTC_BUILD (gptc-train, gptc-data), python3 with torch for the peer rows.
+Every run has a time limit; a failed or timed-out row is recorded as such."""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.environ.get("GPTC_BUILD", os.path.join(ROOT, "build"))
+# smoke tests on a CPU machine: GPTC_BENCH_EXTRA="--train.device=cpu --model.n_layer=1 ..."
+EXTRA = os.environ.get("GPTC_BENCH_EXTRA", "").split()
+OUT = os.environ.get("GPTC_BENCH_OUT", os.path.join(ROOT, "gpu-results", "bench_gpt2"))
+BUDGET_S = float(os.environ.get("GPTC_BENCH_BUDGET_S", "170"))
+START = time.time()
+N_LAYER, D_MODEL, T, VOCAB = 12, 768, 1024, 50257
+PARAMS = 124475904  # every parameter, the padded wte (50304 rows) included
+PEAK = {"fp32": 67e12, "bf16": 989e12}
+
+
+def left():
+    return BUDGET_S - (time.time() - START)
+
+
+def record(row):
+    print(json.dumps(row), flush=True)
+    with open(os.path.join(OUT, "gpt2.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def gptc(tag, micro, steps, extra, env_extra=None, timeout=120):
+    cfg = os.path.join(ROOT, "configs", "gpt2-124m.ini")
+    args = [os.path.join(BUILD, "gptc-train"), cfg, f"--train.micro_batch={micro}",
+            f"--train.global_batch={micro}", f"--train.steps={steps}",
+            f"--data.path={OUT}/tokens.h5"] + extra + EXTRA
+    env = dict(os.environ, **(env_extra or {}))
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=min(timeout, max(left(), 5)),
+                           env=env)
+    except subprocess.TimeoutExpired:
+        return {"impl": "gptc", "row": tag, "micro_batch": micro, "error": "timeout"}
+    with open(os.path.join(OUT, f"gptc_{tag}_b{micro}.log"), "w") as f:
+        f.write(r.stdout + r.stderr)
+    m = re.search(r"mean ([0-9.]+) ms/step, ([0-9.]+) tok/s", r.stdout)
+    if r.returncode or not m:
+        err = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]
+        return {"impl": "gptc", "row": tag, "micro_batch": micro, "error": err[:300]}
+    ms, tps = float(m.group(1)), float(m.group(2))
+    flops = (6 * PARAMS + 12 * N_LAYER * T * D_MODEL) * tps
+    return {"impl": "gptc", "row": tag, "precision": "fp32", "micro_batch": micro, "T": T,
+            "ms_per_step": ms, "tokens_per_s": tps, "mfu": flops / PEAK["fp32"]}
+
+
+def torch_row(precision, compile_, micro, timeout=150):
+    args = [sys.executable, os.path.join(HERE, "torch_gpt2.py"), "--precision", precision,
+            "--micro-batch", str(micro), "--warmup", "3", "--steps", "8"]
+    if compile_:
+        args.append("--compile")
+    tag = f"torch_{precision}{'_compile' if compile_ else ''}"
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=min(timeout, max(left(), 5)))
+    except subprocess.TimeoutExpired:
+        return {"impl": "torch", "row": tag, "micro_batch": micro, "error": "timeout"}
+    with open(os.path.join(OUT, f"{tag}_b{micro}.log"), "w") as f:
+        f.write(r.stdout + r.stderr)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode or not lines:
+        err = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]
+        return {"impl": "torch", "row": tag, "micro_batch": micro, "error": err[:300]}
+    row = json.loads(lines[-1])
+    row["row"] = tag
+    return row
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    sources = sorted(os.path.join(d, f) for d in ("engine", "layers", "parallel")
+                     for f in os.listdir(os.path.join(ROOT, d)) if f.endswith(".c"))
+    subprocess.run([os.path.join(BUILD, "gptc-data"), "--vocab", str(VOCAB), "--out",
+                    f"{OUT}/tokens.h5"] + [os.path.join(ROOT, s) for s in sources], check=True,
+                   capture_output=True)
+    rows = []
+    micro = None
+    for b in [int(x) for x in os.environ.get("GPTC_BENCH_BATCHES", "32,16,8,4").split(",")]:
+        if left() < 30:
+            break
+        row = gptc("fp32", b, 6, [])
+        record(row)
+        if "error" not in row:
+            rows.append(row)
+            micro = b
+            break
+    if micro is None:
+        print("no micro-batch ran; see the logs", file=sys.stderr)
+        return 1
+    for tag, extra, env in (("fp32_timing_cupti", ["--profile.timing=kernel"], None),
+                            ("fp32_timing_events", ["--profile.timing=kernel"], {"GPTC_TIMER": "events"})):
+        if left() < 30:
+            break
+        row = gptc(tag, micro, 6, extra, env)
+        if "ms_per_step" in row:
+            row["overhead_vs_off"] = row["ms_per_step"] / rows[0]["ms_per_step"] - 1
+        record(row)
+        rows.append(row)
+    for precision, compile_ in (("fp32", False), ("bf16", False), ("bf16", True)):
+        if left() < 40:
+            break
+        row = torch_row(precision, compile_, micro)
+        record(row)
+        rows.append(row)
+    base = rows[0].get("tokens_per_s")
+    with open(os.path.join(OUT, "gpt2.md"), "w") as f:
+        gpu = next((r["gpu"] for r in rows if "gpu" in r), "see nvidia-smi in the summary")
+        f.write(f"GPT-2 124M, T={T}, micro-batch {micro}, one GPU ({gpu})\n\n")
+        f.write("| row | ms/step | tokens/s | MFU | vs gptc fp32 | note |\n|---|---|---|---|---|---|\n")
+        for r in rows:
+            if "error" in r:
+                f.write(f"| {r['row']} | | | | | {r['error']} |\n")
+                continue
+            ratio = r["tokens_per_s"] / base if base else float("nan")
+            note = f"timing overhead {r['overhead_vs_off']:+.1%}" if "overhead_vs_off" in r else ""
+            mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else ""
+            f.write(f"| {r['row']} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:.0f} | {mfu} | "
+                    f"{ratio:.2f}x | {note} |\n")
+    print(open(os.path.join(OUT, "gpt2.md")).read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
