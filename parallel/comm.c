@@ -130,7 +130,11 @@ static void decide_backend(comm_group *g) {
     const char *multi = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
     int multi_ok = version >= 23000 && multi && strcmp(multi, "1") == 0;
     int v1 = version / 10000, v2 = version / 100 % 100, v3 = version % 100;
-    if (version == 0) {
+    const char *force = getenv("GPTC_COMM");
+    if (force && strcmp(force, "mpi") == 0) {
+        g_backend = COMM_MPI_STAGED;
+        snprintf(g_backend_text, sizeof g_backend_text, "mpi with host staging: GPTC_COMM=mpi");
+    } else if (version == 0) {
         g_backend = COMM_MPI_STAGED;
         snprintf(g_backend_text, sizeof g_backend_text, "mpi with host staging: this build has no NCCL");
     } else if (shared && !multi_ok) {

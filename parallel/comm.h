@@ -42,7 +42,8 @@ typedef struct comm_group {
 
 /* How a device backend's groups communicate (decided once, by the first comm_world):
  * NCCL on the device's streams; or MPI on host copies when NCCL cannot serve (a build
- * without NCCL, or several ranks on one GPU with NCCL < 2.30). Host backends use MPI. */
+ * without NCCL, or several ranks on one GPU with NCCL < 2.30; or GPTC_COMM=mpi, which
+ * tests use to run the staged path anywhere). Host backends use MPI. */
 typedef enum { COMM_MPI, COMM_NCCL, COMM_MPI_STAGED } comm_backend;
 /* Options of the NCCL communicators ([overlap] comm_max_ctas, comm_cta_policy); set them
  * before comm_world. cta_policy: 0 default, 1 efficiency, 2 zero. */

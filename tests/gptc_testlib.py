@@ -21,11 +21,12 @@ def env(ranks=1):
     return e
 
 
-def run_train(args, np_ranks=None, timeout=600):
+def run_train(args, np_ranks=None, timeout=600, extra_env=None):
     """Runs gptc-train (under mpirun when np_ranks is given); returns CompletedProcess."""
     cmd = ([*MPIRUN, "-np", str(np_ranks)] if np_ranks else []) + [TRAIN, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=env(np_ranks or 1))
+    e = env(np_ranks or 1)
+    e.update(extra_env or {})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
 
 
 def gpu_present():

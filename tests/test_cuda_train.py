@@ -18,7 +18,7 @@ D = tempfile.mkdtemp(prefix="gptc_cuda_train_")
 VOCAB = 251
 
 
-def train(name, ranks, device, extra):
+def train(name, ranks, device, extra, extra_env=None):
     log = f"{D}/{name}.jsonl"
     args = ["--model.n_layer=4", "--model.n_head=4", "--model.d_model=64", "--model.n_ctx=32",
             f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", "--train.steps=5",
@@ -26,7 +26,7 @@ def train(name, ranks, device, extra):
             "--train.lr=3e-3", "--train.warmup_steps=1", "--train.lr_schedule=cosine",
             "--train.grad_clip=0.5", f"--train.log_file={log}", f"--train.device={device}",
             f"--train.save={D}/{name}.h5"] + extra
-    r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=600)
+    r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=600, extra_env=extra_env)
     if r.returncode:
         fail(f"{name}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     for line in r.stdout.splitlines():
@@ -81,6 +81,11 @@ def main():
     for name, ranks, extra in LAYOUTS:
         key = name.replace(" ", "_")
         compare(name, key, ref, train(key, ranks, "cuda", extra))
+    # the host-staged MPI path, whichever the machine would pick
+    for name, ranks, extra in [l for l in LAYOUTS if l[0] in ("cuda tp2 x pp2 x dp2 bucket",
+                                                           "cuda pp2 interleaved async")]:
+        key = name.replace(" ", "_") + "_staged"
+        compare(name + " (staged)", key, ref, train(key, ranks, "cuda", extra, {"GPTC_COMM": "mpi"}))
     # kernel timing with CUDA events, and NVML power: the same losses, and a report that
     # holds every op with a positive device time and every step with its GPU readings
     import json
@@ -106,7 +111,7 @@ def main():
     if not any(e.get("cat") == "comm" for e in trace):
         fail("trace: no communication events")
     print(f"ok   kernel timing: {len(names)} op names, {len(rep['steps'])} step entries with power")
-    print(f"PASS: {len(LAYOUTS) + 1} GPU runs match the CPU run")
+    print(f"PASS: {len(LAYOUTS) + 3} GPU runs match the CPU run")
 
 
 if __name__ == "__main__":

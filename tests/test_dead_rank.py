@@ -1,6 +1,8 @@
 """A rank that dies (SIGKILL) or hangs (SIGSTOP) mid-run: the job ends, nonzero, within
 train.comm_timeout_s plus a margin, and a surviving rank says which rank it is, that a peer
-died or hung, and what it was waiting in."""
+died or hung, and what it was waiting in. Argument: the device (cpu, or cuda: the ranks
+then share a GPU over NCCL or host-staged MPI, and the watchdog also aborts NCCL's
+communicators); cuda exits 77 (skipped) without a GPU."""
 import os
 import signal
 import subprocess
@@ -11,7 +13,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import MPIRUN, TRAIN, env, fail, read_metrics, write_tokens  # noqa: E402
+from gptc_testlib import MPIRUN, TRAIN, env, fail, gpu_present, read_metrics, write_tokens  # noqa: E402
+
+DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cpu"
 
 D = tempfile.mkdtemp(prefix="gptc_dead_")
 TIMEOUT = 4
@@ -22,7 +26,8 @@ def run(name, sig):
     args = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.n_ctx=32",
             "--model.vocab_size=64", f"--data.path={D}/tok.h5", "--train.steps=100000",
             "--train.global_batch=8", "--train.seq_len=32", "--parallel.tp=2",
-            f"--train.comm_timeout_s={TIMEOUT}", f"--train.log_file={log}"]
+            f"--train.comm_timeout_s={TIMEOUT}", f"--train.log_file={log}",
+            f"--train.device={DEVICE}"]
     p = subprocess.Popen([*MPIRUN, "-np", "2", TRAIN, *args], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env(2))
     deadline = time.time() + 60
@@ -58,6 +63,9 @@ def run(name, sig):
 
 
 def main():
+    if DEVICE == "cuda" and not gpu_present():
+        print("skipped: no GPU visible")
+        sys.exit(77)
     write_tokens(f"{D}/tok.h5", np.random.default_rng(8).integers(0, 64, 20000), 64)
     took, err = run("kill", signal.SIGKILL)
     print(f"ok   SIGKILL of one rank: the job ended nonzero after {took:.1f} s")

@@ -40,17 +40,21 @@
  *    follows the host compiler, so results agree with the GPU only to rounding.
  * Limits: 1-D blocks, 1- or 2-D grids, full-warp shuffles of float and double; anything
  * else stops with a message (or does not compile), and cuda_runtime.h is where to add it. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* syscall */
 
 #include "cuda_runtime.h"
 
-#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #define EMU_MAX_THREADS 1024          /* threads per block */
 #define EMU_MAX_GRID_Y 65535
@@ -88,62 +92,63 @@ void emu_fail(const char *msg) {
 enum { AT_SYNCTHREADS, AT_SHUFFLE, AT_BLOCK_END };
 static const char *const at_name[] = {"__syncthreads", "a warp shuffle", "the end of its block"};
 
+/* A futex barrier (Linux): hundreds of threads on a few cores make every wait a context
+ * switch, and a mutex + condition variable costs several times more per wait. */
 typedef struct barrier {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    unsigned int count, arrived, generation;
-    int at; /* the kind the first arrival waits at */
+    _Atomic unsigned int state;      /* arrivals << 2 | the kind the first one waits at */
+    _Atomic unsigned int generation; /* the futex word: +1 each time all have arrived */
+    unsigned int count;
 } barrier;
 
-static barrier block_barrier;                         /* all threads of the block */
-static barrier warp_barrier[EMU_MAX_THREADS / 32];    /* the threads of each warp */
-static double warp_slot[EMU_MAX_THREADS];             /* a shuffle value per thread */
+static barrier block_barrier;                      /* all threads of the block */
+static barrier warp_barrier[EMU_MAX_THREADS / 32]; /* the threads of each warp */
+static double warp_slot[EMU_MAX_THREADS];          /* a shuffle value per thread */
 static pthread_mutex_t atomic_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void barrier_init(barrier *b, unsigned int count) {
-    pthread_mutex_init(&b->mu, NULL);
-    pthread_cond_init(&b->cv, NULL);
+    atomic_store(&b->state, 0);
+    atomic_store(&b->generation, 0);
     b->count = count;
-    b->arrived = b->generation = 0;
-    b->at = AT_SYNCTHREADS;
 }
 
-static void barrier_destroy(barrier *b) {
-    pthread_mutex_destroy(&b->mu);
-    pthread_cond_destroy(&b->cv);
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* Waits until all count threads have arrived; the last one runs on_last (if any) first,
  * while the others still wait. */
 static void barrier_wait(barrier *b, int at, void (*on_last)(void)) {
     char msg[200];
-    pthread_mutex_lock(&b->mu);
-    if (b->arrived == 0) {
-        b->at = at;
-    } else if (b->at != at) {
-        snprintf(msg, sizeof msg, "reached %s while other threads wait at %s: a barrier "
-                 "or shuffle that not every thread reaches", at_name[at], at_name[b->at]);
-        emu_fail(msg);
-    }
-    if (++b->arrived == b->count) {
+    unsigned int gen = atomic_load(&b->generation); /* cannot move on before we arrive */
+    unsigned int s = atomic_load(&b->state), next;
+    do {
+        if (s >> 2 != 0 && (int)(s & 3u) != at) {
+            snprintf(msg, sizeof msg, "reached %s while other threads wait at %s: a barrier "
+                     "or shuffle that not every thread reaches", at_name[at], at_name[s & 3u]);
+            emu_fail(msg);
+        }
+        next = s >> 2 == 0 ? (1u << 2) | (unsigned int)at : s + (1u << 2);
+    } while (!atomic_compare_exchange_weak(&b->state, &s, next));
+    if (next >> 2 == b->count) {
         if (on_last) on_last();
-        b->arrived = 0;
-        b->generation++;
-        pthread_cond_broadcast(&b->cv);
-    } else {
-        unsigned int gen = b->generation;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += EMU_BARRIER_TIMEOUT_S;
-        while (gen == b->generation)
-            if (pthread_cond_timedwait(&b->cv, &b->mu, &until) == ETIMEDOUT) {
-                snprintf(msg, sizeof msg, "waited %d s at %s for %u more thread(s): a "
-                         "deadlock (a barrier or shuffle that not every thread reaches)",
-                         EMU_BARRIER_TIMEOUT_S, at_name[at], b->count - b->arrived);
-                emu_fail(msg);
-            }
+        atomic_store(&b->state, 0);
+        atomic_fetch_add(&b->generation, 1);
+        syscall(SYS_futex, &b->generation, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+        return;
     }
-    pthread_mutex_unlock(&b->mu);
+    double start = now_s();
+    while (atomic_load(&b->generation) == gen) {
+        struct timespec one_s = {1, 0};
+        syscall(SYS_futex, &b->generation, FUTEX_WAIT_PRIVATE, gen, &one_s, NULL, 0);
+        if (atomic_load(&b->generation) == gen && now_s() - start > EMU_BARRIER_TIMEOUT_S) {
+            snprintf(msg, sizeof msg, "waited %d s at %s for %u more thread(s): a deadlock "
+                     "(a barrier or shuffle that not every thread reaches)",
+                     EMU_BARRIER_TIMEOUT_S, at_name[at], b->count - (atomic_load(&b->state) >> 2));
+            emu_fail(msg);
+        }
+    }
 }
 
 void emu_syncthreads(void) { barrier_wait(&block_barrier, AT_SYNCTHREADS, NULL); }
@@ -276,8 +281,6 @@ void emu_run_grid(const void *kernel, const char *name, emu_uint3 grid, emu_uint
     pthread_attr_destroy(&attr);
     for (unsigned int t = 0; t < nt; t++) pthread_join(threads[t], NULL);
 
-    barrier_destroy(&block_barrier);
-    for (unsigned int w = 0; w < nwarps; w++) barrier_destroy(&warp_barrier[w]);
     free(emu_dyn_smem);
     emu_dyn_smem = NULL;
     dyn_smem_bytes = 0;

@@ -293,6 +293,7 @@ static void test_wait_flag(void) {
 }
 
 int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* in order with the emulator's messages on stderr */
     const char *q = getenv("GPTC_EMU_QUICK");
     g_quick = q && *q && strcmp(q, "0") != 0;
     cpu = cpu_backend();
