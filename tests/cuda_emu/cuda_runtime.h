@@ -91,18 +91,20 @@ static inline float4 make_float4(float x, float y, float z, float w) {
 
 static inline void __syncthreads(void) { emu_syncthreads(); }
 
-/* C++ overloads: CUDA overloads these on the value type. Only full-warp masks exist in
- * the kernels; a partial mask stops the test (it is not emulated). */
-#define EMU_SHFL_XOR(T)                                                                   \
-    static inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask) {              \
-        T r;                                                                              \
-        if (mask != 0xffffffffu) emu_fail("__shfl_xor_sync: partial masks are not emulated"); \
-        emu_warp_exchange(&v, &r, sizeof v, (int)(threadIdx.x & 31u) ^ lane_mask);        \
-        return r;                                                                         \
-    }
-EMU_SHFL_XOR(float)
-EMU_SHFL_XOR(double)
-#undef EMU_SHFL_XOR
+/* C++ overloads: CUDA overloads the shuffle on the value type. Only full-warp masks
+ * exist in the kernels; a partial mask stops the test (it is not emulated). */
+static inline float __shfl_xor_sync(unsigned int mask, float v, int lane_mask) {
+    float r;
+    if (mask != 0xffffffffu) emu_fail("__shfl_xor_sync: partial masks are not emulated");
+    emu_warp_exchange(&v, &r, sizeof v, (int)(threadIdx.x & 31u) ^ lane_mask);
+    return r;
+}
+static inline double __shfl_xor_sync(unsigned int mask, double v, int lane_mask) {
+    double r;
+    if (mask != 0xffffffffu) emu_fail("__shfl_xor_sync: partial masks are not emulated");
+    emu_warp_exchange(&v, &r, sizeof v, (int)(threadIdx.x & 31u) ^ lane_mask);
+    return r;
+}
 
 static inline float atomicAdd(float *p, float v) { return emu_atomic_add(p, v); }
 static inline float __ldg(const float *p) { return *p; }
@@ -119,7 +121,8 @@ static inline void __threadfence_system(void) { __sync_synchronize(); }
  *   emu_launch((const void *)kernel, "kernel", [=]() { kernel(args); }, grid, block, smem, stream)
  * C++: the lambda carries the kernel's arguments (copied, as a launch copies them), and
  * a template is the only way to name its type; emu_call turns it into the plain
- * function pointer + context that the C runtime takes. */
+ * function pointer + context that the C runtime takes. The default arguments let a
+ * launch leave out smem and stream, as <<<...>>> does. */
 template <typename F> static void emu_call(void *ctx) { (*(F *)ctx)(); }
 
 template <typename F>

@@ -8,7 +8,8 @@
  * thread has its own registers and stack, as on the GPU), all blocks of the grid in turn
  * on those same threads, the launch finishing before it returns. __syncthreads is a real
  * barrier of the block's threads, a warp shuffle an exchange through per-thread slots
- * between two barriers of the warp's 32 threads, atomicAdd a locked add.
+ * around a barrier of the warp's 32 threads, atomicAdd a locked add. Linux only (the
+ * barriers are futexes); the cost is about a context switch per thread per barrier.
  *
  * What it catches:
  *  - wrong results: indexing, masking, tails of sizes that are not multiples of a tile,
@@ -27,19 +28,24 @@
  *    size the launch asked for), misaligned float4 accesses (UBSan), undefined behaviour
  *    in kernel code.
  * What it cannot catch:
- *  - races in general: threads run truly concurrently, but on a few cores and at OS
- *    scheduling granularity, so a missing barrier shows only when the scheduler happens
- *    to run a reader before the writer (then it reads NaN shared memory); no GPU memory
- *    model is emulated (every access is a host access, barriers order everything), nor
- *    warp-synchronous code that relies on lockstep execution without __syncwarp or a
- *    shuffle (none of the kernels does);
+ *  - races in general. Within a block, threads run truly concurrently but on a few cores
+ *    at OS scheduling granularity, so a missing barrier shows only when the scheduler
+ *    happens to run a reader before the writer (it then reads NaN shared memory).
+ *    Between blocks there is no concurrency at all: blocks run one after another, so a
+ *    plain += where blocks collide (and atomicAdd is needed) passes;
+ *  - memory-model and warp-synchronous bugs: every access is a host access ordered by
+ *    the barriers, and the lanes of a warp are independent threads that meet only at
+ *    shuffles, so code relying on lockstep execution (or on __syncwarp, which is not
+ *    provided) is neither emulated nor reliably exposed;
  *  - anything about streams, events, concurrency between kernels or host/device
  *    copies: launches run synchronously in issue order;
  *  - timing, occupancy, register or shared memory pressure, bank conflicts;
  *  - exact device arithmetic: expf, tanhf, ... are the host's, and contraction into FMA
  *    follows the host compiler, so results agree with the GPU only to rounding.
- * Limits: 1-D blocks, 1- or 2-D grids, full-warp shuffles of float and double; anything
- * else stops with a message (or does not compile), and cuda_runtime.h is where to add it. */
+ * Limits: 1-D blocks, 1- or 2-D grids, full-warp shuffles of float and double, launches
+ * from one host thread at a time; anything else stops with a message (or does not
+ * compile), and cuda_runtime.h is where to add it. A test tool can hide bugs of its own:
+ * tests/test_cuda_ops.c on a real GPU remains the reference check of the kernels. */
 #define _GNU_SOURCE /* syscall */
 
 #include "cuda_runtime.h"
@@ -102,7 +108,7 @@ typedef struct barrier {
 
 static barrier block_barrier;                      /* all threads of the block */
 static barrier warp_barrier[EMU_MAX_THREADS / 32]; /* the threads of each warp */
-static double warp_slot[EMU_MAX_THREADS];          /* a shuffle value per thread */
+static double warp_slot[2][EMU_MAX_THREADS];       /* shuffle values, 2 sets */
 static pthread_mutex_t atomic_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void barrier_init(barrier *b, unsigned int count) {
@@ -153,16 +159,20 @@ static void barrier_wait(barrier *b, int at, void (*on_last)(void)) {
 
 void emu_syncthreads(void) { barrier_wait(&block_barrier, AT_SYNCTHREADS, NULL); }
 
+/* One barrier per shuffle: slots alternate between two sets, so a lane that is already
+ * one shuffle ahead writes the other set while its warp still reads this one (it cannot
+ * get further ahead: the next barrier waits for them). */
 void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane) {
+    static __thread unsigned int parity;
     unsigned int tid = emu_thread_idx.x, base = tid & ~31u;
     unsigned int width = emu_block_dim.x - base < 32 ? emu_block_dim.x - base : 32;
-    barrier *b = &warp_barrier[tid / 32];
-    if (size > sizeof warp_slot[0] || src_lane < 0 || (unsigned int)src_lane >= width)
+    double *slot = warp_slot[parity];
+    parity ^= 1u;
+    if (size > sizeof slot[0] || src_lane < 0 || (unsigned int)src_lane >= width)
         emu_fail("shuffle from a lane outside the warp");
-    memcpy(&warp_slot[tid], in, size);
-    barrier_wait(b, AT_SHUFFLE, NULL); /* every lane has stored */
-    memcpy(out, &warp_slot[base + (unsigned int)src_lane], size);
-    barrier_wait(b, AT_SHUFFLE, NULL); /* every lane has read: slots free again */
+    memcpy(&slot[tid], in, size);
+    barrier_wait(&warp_barrier[tid / 32], AT_SHUFFLE, NULL); /* every lane has stored */
+    memcpy(out, &slot[base + (unsigned int)src_lane], size);
 }
 
 float emu_atomic_add(float *p, float v) {
