@@ -202,9 +202,11 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
              "activations %.1f MiB\n", m->n_params * sizeof(float) / 1048576.0,
              m->n_params * sizeof(float) / 1048576.0, 2.0 * m->n_opt * sizeof(float) / 1048576.0,
              m->act_floats * sizeof(float) / 1048576.0);
-    if (m->be->on_device)
+    if (strcmp(m->be->name, "cuda") == 0)
         log_info("backend: %s on GPU %d (rank 0), communication: %s\n", m->be->name,
                  cuda_backend_device(), comm_backend_description());
+    else if (m->be->on_device)
+        log_info("backend: %s, communication: %s\n", m->be->name, comm_backend_description());
     else
         log_info("backend: %s, %d OpenMP thread(s), OpenBLAS kernels %s\n", m->be->name,
                  omp_get_max_threads(), cpu_blas_corename());
@@ -280,8 +282,8 @@ typedef struct {
 } run_state;
 
 static void run_free(run_state *r) {
-    watchdog_stop();
-    /* streams first: communication still queued reads and writes the buffers below */
+    /* the watchdog stays until the end: draining a lane or freeing a group waits for peers
+     * too, and a dead peer must not hang that. Streams first: communication still queued reads and writes the buffers below */
     dp_params_settle(&r->dpc, &r->model);
     comm_lane_free(&r->tp_lane);
     comm_lane_free(&r->pp_lane);
@@ -303,6 +305,7 @@ static void run_free(run_state *r) {
         comm_group_free(&r->embedding);
         comm_group_free(&r->world);
     }
+    watchdog_stop();
 }
 
 /* Ranks that failed alone (a file one rank could not read) make every rank stop here:
@@ -636,7 +639,14 @@ int train_run(const gptc_config *c, const grid *g) {
         m->be->synchronize(m->stream);
         double ms = timing_now_ms() - t0;
         nvtx_pop();
-        if (kernel_timing && m->be->timer_read) timing_resolve_device(m->be->timer_read);
+        if (kernel_timing && m->be->timer_read) {
+            /* work still queued on a lane (ZeRO-1's prefetched gathers for the next step)
+             * belongs to this step's records and must finish before they are read */
+            comm_lane *lanes[3] = {&r.tp_lane, &r.pp_lane, &r.dp_lane};
+            for (int i = 0; i < 3; i++)
+                if (lanes[i]->stream) m->be->stream_synchronize(lanes[i]->stream);
+            timing_resolve_device(m->be->timer_read);
+        }
         timing_end_step(ms);
         power_sample pw = {NAN, NAN, NAN};
         if (c->power) {

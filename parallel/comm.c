@@ -60,6 +60,7 @@ const char *comm_error(const comm_group *g) {
 static void group_init(comm_group *g, const char *name, const gptc_backend *be) {
     g->comm = MPI_COMM_NULL;
     g->nccl = NULL;
+    atomic_init(&g->nccl_aborted, 0);
     g->size = 0;
     g->rank = -1;
     snprintf(g->name, sizeof g->name, "%s", name);
@@ -116,14 +117,19 @@ static void decide_backend(comm_group *g) {
     int shared = 0, other = -1;
     if (MPI_Comm_split_type(g->comm, MPI_COMM_TYPE_SHARED, g->rank, MPI_INFO_NULL, &node) ==
         MPI_SUCCESS) {
-        int n = 0, me = 0, dev = cuda_backend_device();
+        /* the board by its PCI bus id: ordinals say nothing when every rank has its own
+         * CUDA_VISIBLE_DEVICES */
+        enum { ID = 32 };
+        char mine[ID] = "";
+        if (!cuda_backend_pci_bus_id(mine, ID)) snprintf(mine, ID, "device %d", cuda_backend_device());
+        int n = 0, me = 0;
         MPI_Comm_size(node, &n);
         MPI_Comm_rank(node, &me);
-        int *devs = calloc((size_t)n, sizeof(int)); /* [ranks on this node] their GPU */
-        if (devs && MPI_Allgather(&dev, 1, MPI_INT, devs, 1, MPI_INT, node) == MPI_SUCCESS)
+        char *ids = calloc((size_t)n, ID); /* [ranks on this node][ID] their GPU */
+        if (ids && MPI_Allgather(mine, ID, MPI_CHAR, ids, ID, MPI_CHAR, node) == MPI_SUCCESS)
             for (int r = 0; r < n; r++)
-                if (r != me && devs[r] == dev) shared = 1, other = r;
-        free(devs);
+                if (r != me && strncmp(ids + (size_t)r * ID, mine, ID) == 0) shared = 1, other = r;
+        free(ids);
         MPI_Comm_free(&node);
     }
     shared = comm_max_int(g, shared);
@@ -148,6 +154,12 @@ static void decide_backend(comm_group *g) {
         g_backend = COMM_NCCL;
         snprintf(g_backend_text, sizeof g_backend_text, "nccl %d.%d.%d%s", v1, v2, v3,
                  shared ? " (several ranks per GPU)" : "");
+    }
+    /* NCCL only if every rank can: versions or environments may differ between nodes */
+    if (comm_max_int(g, g_backend == COMM_MPI_STAGED) && g_backend != COMM_MPI_STAGED) {
+        g_backend = COMM_MPI_STAGED;
+        snprintf(g_backend_text, sizeof g_backend_text,
+                 "mpi with host staging: another rank cannot use NCCL");
     }
 }
 
@@ -583,39 +595,6 @@ static stage_buf g_stages[STAGE_SLOTS];
 static pthread_mutex_t g_stage_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_stage_freed = PTHREAD_COND_INITIALIZER;
 
-/* The smallest free buffer that fits, else a free slot grown to fit. When all are in
- * flight this waits for one: they come back as their ops complete, which needs nothing
- * from this thread. */
-static stage_buf *stage_take(const gptc_backend *be, size_t bytes) {
-    pthread_mutex_lock(&g_stage_mu);
-    for (;;) {
-        stage_buf *fit = NULL, *spare = NULL;
-        for (int i = 0; i < STAGE_SLOTS; i++) {
-            stage_buf *b = &g_stages[i];
-            if (b->busy) continue;
-            if (b->bytes >= bytes && (!fit || b->bytes < fit->bytes)) fit = b;
-            if (!spare || b->bytes < spare->bytes) spare = b;
-        }
-        if (!fit && spare) {
-            if (spare->p) be->release_host(spare->p);
-            spare->p = be->alloc_host(bytes);
-            spare->bytes = spare->p ? bytes : 0;
-            if (spare->p) fit = spare;
-        }
-        if (fit) {
-            fit->busy = 1;
-            pthread_mutex_unlock(&g_stage_mu);
-            return fit;
-        }
-        if (!spare) { /* every slot in flight */
-            pthread_cond_wait(&g_stage_freed, &g_stage_mu);
-            continue;
-        }
-        pthread_mutex_unlock(&g_stage_mu); /* out of host memory */
-        return NULL;
-    }
-}
-
 static void stage_give_back(void *arg) {
     stage_buf *b = arg;
     pthread_mutex_lock(&g_stage_mu);
@@ -623,6 +602,37 @@ static void stage_give_back(void *arg) {
     pthread_cond_signal(&g_stage_freed);
     pthread_mutex_unlock(&g_stage_mu);
 }
+
+/* The smallest free buffer that fits, else a free slot (the emptiest) reallocated to
+ * fit. When all are in flight this waits for one: they come back as their ops complete,
+ * which needs nothing from this thread. Pinned memory is allocated and freed outside the
+ * lock: those calls may wait for the whole device, including a spin kernel whose host
+ * function is about to take the lock to give its buffer back. */
+static stage_buf *stage_take(const gptc_backend *be, size_t bytes) {
+    pthread_mutex_lock(&g_stage_mu);
+    stage_buf *fit = NULL, *spare = NULL;
+    for (;;) {
+        for (int i = 0; i < STAGE_SLOTS; i++) {
+            stage_buf *b = &g_stages[i];
+            if (b->busy) continue;
+            if (b->bytes >= bytes && (!fit || b->bytes < fit->bytes)) fit = b;
+            if (!spare || b->bytes < spare->bytes) spare = b;
+        }
+        if (fit || spare) break;
+        pthread_cond_wait(&g_stage_freed, &g_stage_mu); /* every slot in flight */
+    }
+    stage_buf *b = fit ? fit : spare;
+    b->busy = 1;
+    pthread_mutex_unlock(&g_stage_mu);
+    if (fit) return b;
+    if (b->p) be->release_host(b->p);
+    b->p = be->alloc_host(bytes);
+    b->bytes = b->p ? bytes : 0;
+    if (b->p) return b;
+    stage_give_back(b); /* out of host memory */
+    return NULL;
+}
+
 
 /* Copies the regions the op reads to a staging buffer, runs the MPI op on the host and
  * copies back what it wrote, all in s's order: on NULL now, on the caller; on a stream,

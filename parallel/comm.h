@@ -38,6 +38,7 @@ typedef struct comm_group {
     atomic_int err_state;   /* 0: no error, 1: being written, 2: err holds the first one */
     char err[MPI_MAX_ERROR_STRING + 64];
     void *nccl;             /* ncclComm_t when the group's ops run on NCCL; NULL: on MPI */
+    atomic_int nccl_aborted; /* the watchdog aborted it: not to be destroyed again */
 } comm_group;
 
 /* How a device backend's groups communicate (decided once, by the first comm_world):

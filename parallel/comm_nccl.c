@@ -24,8 +24,14 @@ static ncclConfig_t make_config(const comm_options *o) {
     ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
     if (o && o->max_ctas > 0) c.maxCTAs = o->max_ctas;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    /* "zero" arrived in NCCL 2.28; with 2.27 it falls back to efficiency */
+#ifdef NCCL_CTA_POLICY_ZERO
     static const int policy[] = {NCCL_CTA_POLICY_DEFAULT, NCCL_CTA_POLICY_EFFICIENCY,
                                  NCCL_CTA_POLICY_ZERO};
+#else
+    static const int policy[] = {NCCL_CTA_POLICY_DEFAULT, NCCL_CTA_POLICY_EFFICIENCY,
+                                 NCCL_CTA_POLICY_EFFICIENCY};
+#endif
     if (o && o->cta_policy > 0 && o->cta_policy < 3) c.CTAPolicy = policy[o->cta_policy];
 #endif
     return c;
@@ -141,14 +147,15 @@ const char *comm_nccl_async_error(comm_group *g) {
     return comm_error(g);
 }
 
+/* From the watchdog thread: the pointer stays (the main thread may be reading it); the
+ * flag tells comm_nccl_free that the communicator is gone already. */
 void comm_nccl_abort(comm_group *g) {
-    if (!g->nccl) return;
+    if (!g->nccl || atomic_exchange(&g->nccl_aborted, 1)) return;
     ncclCommAbort((ncclComm_t)g->nccl);
-    g->nccl = NULL;
 }
 
 void comm_nccl_free(comm_group *g) {
     if (!g->nccl) return;
-    ncclCommDestroy((ncclComm_t)g->nccl);
+    if (!atomic_load(&g->nccl_aborted)) ncclCommDestroy((ncclComm_t)g->nccl);
     g->nccl = NULL;
 }

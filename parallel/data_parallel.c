@@ -94,8 +94,10 @@ void dp_free(dp_context *dp) {
     dp->gathered = NULL;
 }
 
-/* The state of a sharded bucket is gathered on the host: the CPU backend's memory is host
- * memory (a device backend stages it). */
+/* The state of a sharded bucket is gathered where the backend keeps memory: the CPU's
+ * straight into the host arrays; a device's into the gradient buffer (unused between
+ * steps, and laid out like the parameters) and then copied to the host, since NCCL
+ * reads and writes device memory only. */
 void dp_gather_state(dp_context *dp, gpt_model *m, float *m_full, float *v_full) {
     for (int b = 0; b < m->n_buckets; b++) {
         const grad_bucket *bk = &m->buckets[b];
@@ -106,8 +108,17 @@ void dp_gather_state(dp_context *dp, gpt_model *m, float *m_full, float *v_full)
             m->be->copy_to_host(v_full + lo, m->opt_v + state, (hi - lo) * sizeof(float), NULL);
             continue;
         }
-        comm_allgather(dp->group, m->opt_m + state, m_full + bk->offset, hi - lo, NULL);
-        comm_allgather(dp->group, m->opt_v + state, v_full + bk->offset, hi - lo, NULL);
+        size_t all = (size_t)dp->size * (hi - lo);
+        if (!m->be->on_device) {
+            comm_allgather(dp->group, m->opt_m + state, m_full + bk->offset, hi - lo, NULL);
+            comm_allgather(dp->group, m->opt_v + state, v_full + bk->offset, hi - lo, NULL);
+            continue;
+        }
+        float *scratch = m->grads + bk->offset; /* [dp * (hi - lo)] */
+        comm_allgather(dp->group, m->opt_m + state, scratch, hi - lo, NULL);
+        m->be->copy_to_host(m_full + bk->offset, scratch, all * sizeof(float), NULL);
+        comm_allgather(dp->group, m->opt_v + state, scratch, hi - lo, NULL);
+        m->be->copy_to_host(v_full + bk->offset, scratch, all * sizeof(float), NULL);
     }
 }
 

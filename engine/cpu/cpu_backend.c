@@ -23,6 +23,30 @@ static void cpu_copy(void *dst, const void *src, size_t bytes, gptc_stream *s) {
 }
 static void *cpu_alloc_host(size_t bytes) { return malloc(bytes ? bytes : 1); }
 
+/* In a stream's order: on NULL at once, on a stream by its worker thread. */
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} copy_task;
+
+static void run_copy(void *arg) {
+    copy_task *t = arg;
+    memcpy(t->dst, t->src, t->bytes);
+    free(t);
+}
+
+static void cpu_copy_async(void *dst, const void *src, size_t bytes, gptc_stream *s) {
+    copy_task *t = s ? malloc(sizeof *t) : NULL;
+    if (!t) {
+        if (s) cpu_stream_synchronize(s); /* no memory for the task: copy in order, now */
+        memcpy(dst, src, bytes);
+        return;
+    }
+    *t = (copy_task){dst, src, bytes};
+    cpu_launch_host_func(s, run_copy, t);
+}
+
 static const gptc_backend CPU = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -32,7 +56,7 @@ static const gptc_backend CPU = {
     .copy_to_host = cpu_copy,
     .alloc_host = cpu_alloc_host,
     .release_host = cpu_release,
-    .copy_async = cpu_copy,
+    .copy_async = cpu_copy_async,
     .synchronize = cpu_stream_synchronize,
     .stream_create = cpu_stream_create,
     .stream_destroy = cpu_stream_destroy,
@@ -63,6 +87,16 @@ static const gptc_backend CPU = {
     .adamw = cpu_adamw,
 };
 
+/* Tests only: GPTC_TEST_STAGED=1 gives a table that claims device memory, so that the
+ * comm layer's host-staging path (the GPU fallback) runs, and is checked, on the CPU. */
+static gptc_backend CPU_STAGED;
+
 const gptc_backend *cpu_backend(void) {
-    return cpu_blas_init() == 0 ? &CPU : NULL;
+    if (cpu_blas_init() != 0) return NULL;
+    const char *staged = getenv("GPTC_TEST_STAGED");
+    if (!staged || strcmp(staged, "1") != 0) return &CPU;
+    CPU_STAGED = CPU;
+    CPU_STAGED.name = "cpu (device memory simulated: GPTC_TEST_STAGED)";
+    CPU_STAGED.on_device = 1;
+    return &CPU_STAGED;
 }

@@ -60,8 +60,10 @@ static void *cu_alloc(size_t bytes) {
         (void)cudaGetLastError(); /* an allocation failure is reported by the caller */
         return NULL;
     }
-    /* the CPU backend hands out zeroed memory and layers rely on it */
-    cuda_check(cudaMemset(p, 0, bytes), "cudaMemset");
+    /* the CPU backend hands out zeroed memory and layers rely on it; cudaMemset would go
+     * on the legacy stream, which our non-blocking streams do not wait for */
+    cuda_check(cudaMemsetAsync(p, 0, bytes, g.compute), "cudaMemsetAsync");
+    cuda_check(cudaStreamSynchronize(g.compute), "alloc");
     return p;
 }
 static void cu_release(void *p) {
@@ -108,6 +110,13 @@ static gptc_stream *cu_stream_create(int high_priority) {
         free(st);
         return NULL;
     }
+    /* made now, not at the first host function: its pinned counter must not be
+     * allocated mid-step (pinned allocation may wait for the whole device) */
+    if (!(st->worker = host_worker_create(g.device))) {
+        cudaStreamDestroy(st->s);
+        free(st);
+        return NULL;
+    }
     return st;
 }
 static void cu_stream_destroy(gptc_stream *st) {
@@ -146,10 +155,7 @@ static void cu_event_synchronize(gptc_event *ev) {
     cuda_check(cudaEventSynchronize(ev->e), "cudaEventSynchronize");
 }
 static void cu_launch_host_func(gptc_stream *s, void (*fn)(void *), void *arg) {
-    host_worker **w = s ? &s->worker : &g.compute_worker;
-    if (!*w && !(*w = host_worker_create(g.device)))
-        cuda_check(cudaErrorMemoryAllocation, "launch_host_func (worker thread)");
-    host_worker_launch(*w, cu(s), fn, arg);
+    host_worker_launch(s ? s->worker : g.compute_worker, cu(s), fn, arg);
 }
 
 /* ---- compute ops ---- */
@@ -361,6 +367,10 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
         snprintf(err, errlen, "train.device = cuda: GPU %d failed to start (%s)", g.device,
                  cudaGetErrorString(rc));
         (void)cudaGetLastError();
+        return NULL;
+    }
+    if (!(g.compute_worker = host_worker_create(g.device))) {
+        snprintf(err, errlen, "train.device = cuda: could not start the compute stream's host worker");
         return NULL;
     }
     if (cuda_matmul_init(err, errlen) != 0) return NULL;

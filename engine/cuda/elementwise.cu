@@ -144,7 +144,8 @@ __global__ void bias_backward_kernel(float *dbias /* [OC] */, const float *dout 
  * register), a short sleep between passes so the spinning costs the SM almost nothing. */
 __global__ void wait_flag_kernel(const volatile unsigned int *flag /* [1], host-mapped */,
                                  unsigned int target) {
-    while (*flag < target) __nanosleep(500);
+    /* wrap-safe: the counter is compared as a distance, not as a magnitude */
+    while ((int)(*flag - target) < 0) __nanosleep(500);
     /* the host wrote its data before the flag: order our later reads after it */
     __threadfence_system();
 }

@@ -7,7 +7,11 @@
  * and can deadlock ranks whose streams wait on each other. Here each stream has a worker
  * that waits for an event marking the point the stream reached, runs the function, then
  * bumps a counter in host-mapped memory; a one-thread kernel queued on the stream spins
- * until the counter reaches the task's number. The functions may call CUDA. */
+ * until the counter reaches the task's number. The functions may call CUDA, but nothing
+ * that waits for the whole device (cudaFree, cudaFreeHost, cudaDeviceSynchronize): that
+ * would wait for the spin kernel, which waits for the function.
+ * With CUDA_DEVICE_MAX_CONNECTIONS=1 every stream shares one hardware queue, and work
+ * queued behind a spinning kernel waits for it: leave that variable unset. */
 #include "engine/cuda/cuda_internal.h"
 
 #include "engine/cuda/cuda_kernels.h"
@@ -96,7 +100,9 @@ void host_worker_launch(host_worker *w, cudaStream_t s, void (*fn)(void *), void
     t->fn = fn;
     t->arg = arg;
     t->next = NULL;
-    cuda_check(cudaEventCreateWithFlags(&t->reached, cudaEventDisableTiming), "host task (event)");
+    /* blocking sync: the worker sleeps rather than spins beside MPI's progress threads */
+    cuda_check(cudaEventCreateWithFlags(&t->reached, cudaEventDisableTiming | cudaEventBlockingSync),
+               "host task (event)");
     cuda_check(cudaEventRecord(t->reached, s), "host task (event)");
     unsigned int number = ++w->issued;
     pthread_mutex_lock(&w->mu);

@@ -69,6 +69,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
 }
 
 static void keep_activity(uint32_t corr, uint64_t start, uint64_t end) {
+    if (start == 0 || end < start) return; /* flushed before it finished */
     if (grow((void **)&g.acts, &g.cap_acts, g.n_acts + 1, sizeof(activity)) != 0) {
         g.dropped++;
         return;
@@ -122,9 +123,12 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 int cupti_timer_start(char *why, size_t whylen) {
     const char *call = "cuptiActivityRegisterCallbacks";
     CUptiResult rc = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+    /* EXTERNAL_CORRELATION records are emitted for API records only, so the runtime and
+     * driver API kinds must be on too (their own records are skipped when read) */
     static const CUpti_ActivityKind kinds[] = {
         CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-        CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
+        CUPTI_ACTIVITY_KIND_MEMSET,            CUPTI_ACTIVITY_KIND_RUNTIME,
+        CUPTI_ACTIVITY_KIND_DRIVER,            CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
     for (size_t i = 0; rc == CUPTI_SUCCESS && i < sizeof kinds / sizeof kinds[0]; i++) {
         call = "cuptiActivityEnable";
         rc = cuptiActivityEnable(kinds[i]);

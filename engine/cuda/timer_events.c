@@ -53,6 +53,10 @@ void event_timer_end(int op, gptc_stream *s) {
 
 int event_timer_read(int op, double *start_ms, double *end_ms) {
     float a = 0, b = 0;
+    if (cudaEventQuery(g.events[2 * op + 1]) != cudaSuccess) { /* not reached (yet) */
+        (void)cudaGetLastError();
+        return -1;
+    }
     cuda_check(cudaEventElapsedTime(&a, g.origin, g.events[2 * op]), "cudaEventElapsedTime");
     cuda_check(cudaEventElapsedTime(&b, g.origin, g.events[2 * op + 1]), "cudaEventElapsedTime");
     *start_ms = g.origin_ms + a;
