@@ -114,9 +114,15 @@ else
 fi
 
 # ------------------------------------------------------------------------ GPU tests
-if [ "$BUILD_OK" = 1 ]; then
-  # (cd; ctest) rather than --test-dir, which needs CMake 3.20
-  stage ctest_gpu 30 240 bash -c "cd '$BUILD' && ctest --output-on-failure -L gpu --timeout 150"
+# GPTC_GPU_ONLY=tests runs the tests and no benchmarks, =bench the benchmarks and no tests
+# (to split the work over two device calls; the build is reused while the machine is warm)
+ONLY=${GPTC_GPU_ONLY:-all}
+if [ "$BUILD_OK" = 1 ] && [ "$ONLY" = bench ]; then
+  skip ctest_gpu "GPTC_GPU_ONLY=bench"
+elif [ "$BUILD_OK" = 1 ]; then
+  # (cd; ctest) rather than --test-dir, which needs CMake 3.20; the compute-sanitizer runs
+  # (label sanitizer) come after the benchmarks
+  stage ctest_gpu 30 300 bash -c "cd '$BUILD' && ctest --output-on-failure -L gpu -LE sanitizer --timeout 240"
   if grep -q 'No tests were found' "$RES/ctest_gpu.log" 2>/dev/null; then
     note "               (no test carries the gpu label yet)"
   fi
@@ -142,6 +148,7 @@ shopt -s nullglob
 BENCHES=("$BENCH_DIR"/bench_*.sh "$BENCH_DIR"/bench_*.py)
 shopt -u nullglob
 [ "${#BENCHES[@]}" = 0 ] && note "$(printf '%-14s none      no benchmarks/gpu/bench_*.sh or bench_*.py yet' benchmarks)"
+[ "$ONLY" = tests ] && BENCHES=()
 for b in $(printf '%s\n' "${BENCHES[@]}" | sort); do
   name=$(basename "$b"); name=${name%.*}
   mkdir -p "$RES/$name"
@@ -153,9 +160,16 @@ for b in $(printf '%s\n' "${BENCHES[@]}" | sort); do
     stage "$name" 30 "${GPTC_GPU_BENCH_TIMEOUT_S:-180}" "$runner" "$b"
 done
 
+# compute-sanitizer memcheck and racecheck on the op tests (slow: after the benchmarks)
+if [ "$BUILD_OK" = 1 ] && [ "$ONLY" != bench ]; then
+  stage ctest_sanitizer 60 400 bash -c "cd '$BUILD' && ctest --output-on-failure -L sanitizer --timeout 380"
+  grep -q 'No tests were found' "$RES/ctest_sanitizer.log" 2>/dev/null &&
+    note "               (no compute-sanitizer found at configure time)"
+fi
+
 # A few steps of the PyTorch peer: proves torch_gpt2.py runs on this GPU and gives a
 # first bf16 number. Last, so that it never takes time from the stages above.
-if [ "${GPTC_GPU_TORCH_SMOKE:-1}" = 1 ]; then
+if [ "${GPTC_GPU_TORCH_SMOKE:-1}" = 1 ] && [ "$ONLY" != tests ]; then
   stage torch_smoke 60 120 python3 "$HERE/torch_gpt2.py" --precision bf16 --micro-batch 8 \
     --warmup 3 --steps 5
   grep '^{' "$RES/torch_smoke.log" 2>/dev/null | tail -1 > "$RES/torch_smoke.json"
