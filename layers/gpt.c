@@ -616,9 +616,12 @@ void gpt_sequence_parallel_grads(gpt_model *m, size_t lo, size_t hi) {
     }
 }
 
+/* Adjacent counted tensors are summed as one run: on a GPU each sum is a round trip to
+ * the host, so one per run rather than one per tensor. */
 double gpt_grad_sum_squares(gpt_model *m, int shard_rank) {
     int shards = m->place.shards > 0 ? m->place.shards : 1;
     double sum = 0.0;
+    size_t run_lo = 0, run_hi = 0; /* the run of counted elements not yet summed */
     for (int b = 0; b < m->n_buckets; b++) {
         const grad_bucket *bk = &m->buckets[b];
         size_t piece = bk->count / (size_t)shards, a = bk->offset + (size_t)shard_rank * piece;
@@ -629,9 +632,17 @@ double gpt_grad_sum_squares(gpt_model *m, int shard_rank) {
             if (m->tied_copy && strcmp(t->name, "wte") == 0) continue;
             size_t lo = t->offset > a ? t->offset : a;
             size_t hi = t->offset + t->numel < z ? t->offset + t->numel : z;
-            if (lo < hi) sum += m->be->sum_squares(m->grads + lo, hi - lo, m->stream);
+            if (lo >= hi) continue;
+            if (lo == run_hi && run_hi > run_lo) {
+                run_hi = hi;
+                continue;
+            }
+            if (run_hi > run_lo) sum += m->be->sum_squares(m->grads + run_lo, run_hi - run_lo, m->stream);
+            run_lo = lo;
+            run_hi = hi;
         }
     }
+    if (run_hi > run_lo) sum += m->be->sum_squares(m->grads + run_lo, run_hi - run_lo, m->stream);
     return sum;
 }
 

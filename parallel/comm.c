@@ -656,12 +656,13 @@ static void run_staged(comm_task t, gptc_stream *s) {
     h[0] = buf->p;
     h[1] = buf->p + (inner == 0 ? 0 : r[0].bytes);
     if (inner >= 0) {
+        /* one copy over both: only the inner part travels where only it is read (an
+         * in-place all-gather's own block) or written (an in-place reduce-scatter's) */
         int outer = 1 - inner;
         h[outer] = buf->p;
         h[inner] = buf->p + ((char *)r[inner].dev - (char *)r[outer].dev);
-        r[outer].read |= r[inner].read;
-        r[outer].written |= r[inner].written;
-        r[inner].read = r[inner].written = 0;
+        if (r[outer].read) r[inner].read = 0;
+        if (r[outer].written) r[inner].written = 0;
     }
     for (int k = 0; k < 2; k++)
         if (r[k].read && r[k].bytes) be->copy_async(h[k], r[k].dev, r[k].bytes, s);
