@@ -449,6 +449,7 @@ int train_run(const gptc_config *c, const grid *g) {
     ckpt_file *init = NULL;
     ckpt_meta meta;
     int has_optim = 0, rc = 0, silent = 0;
+    long current_step = 0; /* what the watchdog reports */
     long optim_t = 0;
     gpt_shape shape;
     batch_plan bp;
@@ -496,7 +497,14 @@ int train_run(const gptc_config *c, const grid *g) {
         be = timed_backend(be);
     }
 
-    /* from here on a rank may fail alone: it reports, and every rank agrees to stop */
+    /* From here on a rank may fail alone: it reports, and every rank agrees to stop. The
+     * watchdog runs from here, so that a rank hanging in communicator set-up (NCCL's
+     * init waits for every rank) ends the job too; step 0 is the set-up. */
+    watchdog_set_comm_hooks(comm_poll_async_errors, comm_abort_all);
+    if (watchdog_start(c->comm_timeout_s, g->rank, &current_step) != 0) {
+        snprintf(err, sizeof(err), "could not start the watchdog thread");
+        goto fail;
+    }
     comm_options copt = {c->comm_max_ctas, strcmp(c->comm_cta_policy, "efficiency") == 0 ? 1
                                            : strcmp(c->comm_cta_policy, "zero") == 0     ? 2
                                                                                          : 0};
@@ -593,13 +601,7 @@ int train_run(const gptc_config *c, const grid *g) {
                        c->weight_decay, c->grad_clip};
     int skip_bad = strcmp(c->nan_policy, "skip") == 0;
     catch_stop_signals();
-    long current_step = first;
-    watchdog_set_comm_hooks(comm_backend_in_use() == COMM_NCCL ? comm_poll_async_errors : NULL,
-                            comm_backend_in_use() == COMM_NCCL ? comm_abort_all : NULL);
-    if (watchdog_start(c->comm_timeout_s, g->rank, &current_step) != 0) {
-        snprintf(err, sizeof(err), "could not start the watchdog thread");
-        goto fail;
-    }
+    current_step = first;
     if (kernel_timing) {
         /* one time origin for all ranks, so their traces line up */
         if (g->world > 1) MPI_Barrier(r.world.comm);

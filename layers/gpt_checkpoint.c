@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/watchdog.h"
 #include "parallel/comm.h"
 
 static const char *GROUPS[3] = {"model", "optim/m", "optim/v"};
@@ -175,6 +176,7 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
             m->be->synchronize(m->stream);
         }
         for (int i = 0; i < n_full && rc == 0; i++) {
+            watchdog_beat(); /* a big model's save takes a while, tensor by tensor */
             const param_tensor *t = gpt_find_tensor(m, full[i].name);
             rc = gather_and_write(m, world, f, GROUPS[which], &full[i], t,
                                   t ? src + t->offset : NULL, writer, err, errlen);
@@ -202,9 +204,11 @@ int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, char *err, 
     int rc = 0;
     for (int which = 0; which < (opt_m && opt_v ? 3 : 1) && rc == 0; which++) {
         float *dst = which == 1 ? opt_m : which == 2 ? opt_v : host;
-        for (int i = 0; i < m->n_tensors && rc == 0; i++)
+        for (int i = 0; i < m->n_tensors && rc == 0; i++) {
+            watchdog_beat();
             rc = move_tensor(m, &m->tensors[i], f, GROUPS[which], dst + m->tensors[i].offset, 1,
                              err, errlen);
+        }
         if (rc == 0 && which == 0)
             m->be->copy_from_host(m->params, host, m->n_params * sizeof(float), m->stream);
     }
