@@ -332,14 +332,22 @@ int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_ba
     arena count = {NULL, 0};
     layout_acts(m, &count);
     m->act_memory = be->alloc(count.used);
-    if (!m->act_memory) goto oom;
+    if (!m->act_memory) {
+        snprintf(err, errlen, "out of %s memory for the activations: %.1f MiB on top of %.1f MiB "
+                 "of parameters, gradients and optimizer state (lower train.micro_batch)",
+                 be->name, count.used / 1048576.0,
+                 (2.0 * bytes + 2.0 * m->n_opt * sizeof(float)) / 1048576.0);
+        gpt_destroy(m);
+        return -1;
+    }
     m->act_floats = count.used / sizeof(float);
     arena real = {(char *)m->act_memory, 0};
     layout_acts(m, &real);
     return 0;
 oom:
-    snprintf(err, errlen, "out of memory allocating a model of %zu parameters (%s backend)",
-             m->n_params, be->name);
+    snprintf(err, errlen, "out of %s memory allocating a model of %zu parameters (%.1f MiB with "
+             "gradients and optimizer state)", be->name, m->n_params,
+             (2.0 * m->n_params + 2.0 * m->n_opt) * sizeof(float) / 1048576.0);
     gpt_destroy(m);
     return -1;
 }
