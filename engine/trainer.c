@@ -510,7 +510,7 @@ int train_run(const gptc_config *c, const grid *g) {
                                                                                          : 0};
     comm_set_options(&copt);
     if (comm_world(&r.world, be) != 0 ||
-        comm_grid_groups(g, be, &r.tp, &r.pp, &r.dp, err, sizeof(err)) != 0) {
+        comm_grid_groups(&r.world, g, &r.tp, &r.pp, &r.dp, err, sizeof(err)) != 0) {
         if (!err[0]) snprintf(err, sizeof(err), "%s", comm_error(&r.world));
         goto fail;
     }

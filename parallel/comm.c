@@ -264,34 +264,26 @@ static int split_group(comm_group *parent, comm_group *g, int color, int key, in
     return 0;
 }
 
-int comm_grid_groups(const grid *gr, const gptc_backend *be, comm_group *tp, comm_group *pp,
+int comm_grid_groups(comm_group *world, const grid *gr, comm_group *tp, comm_group *pp,
                      comm_group *dp, char *err, size_t errlen) {
-    group_init(tp, "tp", be);
-    group_init(pp, "pp", be);
-    group_init(dp, "dp", be);
-    /* The splits inherit the parent's MPI_ERRORS_RETURN, so a failing split reports too. */
-    comm_group world;
-    if (comm_world(&world, be) != 0) {
-        snprintf(err, errlen, "comm: %s", comm_error(&world));
-        comm_group_free(&world);
-        return -1;
-    }
-    if (world.size != gr->world || world.rank != gr->rank) {
+    group_init(tp, "tp", world->be);
+    group_init(pp, "pp", world->be);
+    group_init(dp, "dp", world->be);
+    if (world->size != gr->world || world->rank != gr->rank) {
         snprintf(err, errlen, "comm: the grid is for rank %d of %d, but this is MPI rank %d of %d",
-                 gr->rank, gr->world, world.rank, world.size);
-        comm_group_free(&world);
+                 gr->rank, gr->world, world->rank, world->size);
         return -1;
     }
-    /* colors number the other two coordinates; keys order the group along its own */
-    int rc = split_group(&world, tp, gr->pp_rank * gr->dp + gr->dp_rank, gr->tp_rank, gr->tp,
+    /* The splits inherit the parent's MPI_ERRORS_RETURN, so a failing split reports too;
+     * colors number the other two coordinates, keys order the group along its own. */
+    int rc = split_group(world, tp, gr->pp_rank * gr->dp + gr->dp_rank, gr->tp_rank, gr->tp,
                          err, errlen);
     if (rc == 0)
-        rc = split_group(&world, pp, gr->dp_rank * gr->tp + gr->tp_rank, gr->pp_rank, gr->pp,
+        rc = split_group(world, pp, gr->dp_rank * gr->tp + gr->tp_rank, gr->pp_rank, gr->pp,
                          err, errlen);
     if (rc == 0)
-        rc = split_group(&world, dp, gr->pp_rank * gr->tp + gr->tp_rank, gr->dp_rank, gr->dp,
+        rc = split_group(world, dp, gr->pp_rank * gr->tp + gr->tp_rank, gr->dp_rank, gr->dp,
                          err, errlen);
-    comm_group_free(&world);
     if (rc != 0) {
         comm_group_free(tp);
         comm_group_free(pp);

@@ -62,9 +62,10 @@ const char *comm_backend_description(void);
 int comm_world(comm_group *g, const gptc_backend *be);
 /* The groups of the process grid (Megatron order): tp = ranks with the same
  * (pp_rank, dp_rank); dp = same (pp_rank, tp_rank); pp = same (tp_rank, dp_rank). Group
- * rank = the rank's coordinate along that dimension. Collective over MPI_COMM_WORLD;
- * gr must describe this process in a world of the MPI world's size. */
-int comm_grid_groups(const grid *gr, const gptc_backend *be, comm_group *tp, comm_group *pp,
+ * rank = the rank's coordinate along that dimension. Collective over world (from
+ * comm_world; the groups are split from it, NCCL's too, and take its backend); gr must
+ * describe this process in a world of world's size. */
+int comm_grid_groups(comm_group *world, const grid *gr, comm_group *tp, comm_group *pp,
                      comm_group *dp, char *err, size_t errlen);
 /* Collective over parent: the ranks passing the same color >= 0 form a group ordered by
  * key; a rank passing color < 0 joins none (out->size is then 0). */

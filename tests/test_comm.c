@@ -244,8 +244,9 @@ static void test_layout(const gptc_backend *be, int tp, int pp, int dp, gptc_str
         check(0, "grid_layout: %s", err);
         return;
     }
-    comm_group tpg, ppg, dpg;
-    if (comm_grid_groups(&gr, be, &tpg, &ppg, &dpg, err, sizeof err) != 0) {
+    comm_group world, tpg, ppg, dpg;
+    if (comm_world(&world, be) != 0 ||
+        comm_grid_groups(&world, &gr, &tpg, &ppg, &dpg, err, sizeof err) != 0) {
         check(0, "comm_grid_groups: %s", err);
         return;
     }
@@ -284,15 +285,18 @@ static void test_layout(const gptc_backend *be, int tp, int pp, int dp, gptc_str
     comm_group_free(&tpg);
     comm_group_free(&ppg);
     comm_group_free(&dpg);
+    comm_group_free(&world);
 }
 
 static void test_bad_grid(const gptc_backend *be) {
     grid gr;
     char err[256] = "";
     grid_layout(&gr, 8, world_rank, 2, 2, 2, err, sizeof err);
-    comm_group tpg, ppg, dpg;
-    int rc = comm_grid_groups(&gr, be, &tpg, &ppg, &dpg, err, sizeof err);
+    comm_group world, tpg, ppg, dpg;
+    int rc = comm_world(&world, be);
+    if (rc == 0) rc = comm_grid_groups(&world, &gr, &tpg, &ppg, &dpg, err, sizeof err);
     check(rc != 0 && strstr(err, "MPI rank") != NULL, "a grid for 8 ranks is refused: '%s'", err);
+    comm_group_free(&world);
 }
 
 /* ---- streams ---- */
