@@ -46,12 +46,20 @@ def compare(name, key, ref, got):
             if not rel <= RTOL:
                 fail(f"{name}: step {a['step']} {k} {b[k]!r} vs CPU {a[k]!r} (rel {rel:.2e})")
     import h5py
+    # normwise, not element by element: parts of c_attn.bias have a gradient that is zero
+    # in exact arithmetic, and AdamW turns its rounding noise into steps of ~lr, so even
+    # two CPU layouts differ there by ~1e-4 of the tensor's largest value
     with h5py.File(f"{D}/cpu.h5") as fr, h5py.File(f"{D}/{key}.h5") as fg:
+        num = den = 0.0
         for t in fr["model"]:
-            a, b = fr["model"][t][...], fg["model"][t][...]
-            err = float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-30))
-            if not err <= RTOL:
-                fail(f"{name}: final {t} differs from the CPU run by {err:.2e} (relative to its max)")
+            a, b = fr["model"][t][...].astype(np.float64), fg["model"][t][...].astype(np.float64)
+            num += float(np.sum((a - b) ** 2))
+            den += float(np.sum(a ** 2))
+            err = float(np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-30))
+            if not err <= 1e-3:
+                fail(f"{name}: final {t} differs from the CPU run by {err:.2e} (normwise)")
+        if not (num / den) ** 0.5 <= RTOL:
+            fail(f"{name}: final model differs from the CPU run by {(num / den) ** 0.5:.2e} (normwise)")
     print(f"ok   {name:<36} worst relative difference {worst:.2e}")
 
 

@@ -26,9 +26,11 @@ static cudaEvent_t new_event(void) {
 
 void event_timer_reset(void) {
     if (!g.origin) g.origin = new_event();
+    /* the host clock first: the device is idle, so the origin completes at once; read
+     * after the synchronize, the host's wake-up would push every time of the step later */
+    g.origin_ms = timing_now_ms();
     cuda_check(cudaEventRecord(g.origin, cuda_stream_of(NULL)), "cudaEventRecord (timer)");
     cuda_check(cudaEventSynchronize(g.origin), "cudaEventSynchronize (timer)");
-    g.origin_ms = timing_now_ms();
     g.used = 0;
 }
 
