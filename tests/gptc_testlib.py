@@ -50,6 +50,21 @@ def read_metrics(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def compare_metrics(name, ref, got, rtol, ref_name):
+    """Fails unless got has ref's steps, and each loss and grad norm within rtol relative
+    of ref's; returns the worst relative difference."""
+    if [m["step"] for m in got] != [m["step"] for m in ref]:
+        fail(f"{name}: steps {[m['step'] for m in got]} != {[m['step'] for m in ref]}")
+    worst = 0.0
+    for a, b in zip(ref, got):
+        for k in ("loss", "grad_norm"):
+            rel = abs(a[k] - b[k]) / abs(a[k])
+            worst = max(worst, rel)
+            if not rel <= rtol:
+                fail(f"{name}: step {a['step']} {k} {b[k]!r} vs {ref_name} {a[k]!r} (rel {rel:.2e})")
+    return worst
+
+
 def fail(msg):
     print("FAIL: " + msg)
     sys.exit(1)

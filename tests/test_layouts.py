@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import fail, read_metrics, run_train, write_tokens  # noqa: E402
+from gptc_testlib import compare_metrics, fail, read_metrics, run_train, write_tokens  # noqa: E402
 
 RTOL = 1e-5
 D = tempfile.mkdtemp(prefix="gptc_layouts_")
@@ -33,15 +33,7 @@ def train(name, ranks, vocab, extra, extra_env=None):
 
 
 def compare(name, ref, got):
-    if [m["step"] for m in got] != [m["step"] for m in ref]:
-        fail(f"{name}: steps {[m['step'] for m in got]} != {[m['step'] for m in ref]}")
-    worst = 0.0
-    for a, b in zip(ref, got):
-        for k in ("loss", "grad_norm"):
-            rel = abs(a[k] - b[k]) / abs(a[k])
-            worst = max(worst, rel)
-            if rel > RTOL:
-                fail(f"{name}: step {a['step']} {k} {b[k]!r} vs single rank {a[k]!r} (rel {rel:.2e})")
+    worst = compare_metrics(name, ref, got, RTOL, "single rank")
     print(f"ok   {name:<32} worst relative difference {worst:.2e}")
 
 
