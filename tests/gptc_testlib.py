@@ -7,7 +7,9 @@ import sys
 import numpy as np
 
 BUILD = os.environ.get("GPTC_BUILD", os.path.join(os.path.dirname(__file__), "..", "build"))
-TRAIN = os.path.join(BUILD, "gptc-train")
+# GPTC_TRAIN: another trainer binary (e.g. build/tests/gptc-train-emu, the CUDA host code
+# on a fake CUDA runtime); run_train's train= argument picks one per call
+TRAIN = os.environ.get("GPTC_TRAIN", os.path.join(BUILD, "gptc-train"))
 MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
 
 
@@ -21,9 +23,10 @@ def env(ranks=1):
     return e
 
 
-def run_train(args, np_ranks=None, timeout=600, extra_env=None):
-    """Runs gptc-train (under mpirun when np_ranks is given); returns CompletedProcess."""
-    cmd = ([*MPIRUN, "-np", str(np_ranks)] if np_ranks else []) + [TRAIN, *args]
+def run_train(args, np_ranks=None, timeout=600, extra_env=None, train=None):
+    """Runs gptc-train, or the binary train (under mpirun when np_ranks is given); returns
+    CompletedProcess."""
+    cmd = ([*MPIRUN, "-np", str(np_ranks)] if np_ranks else []) + [train or TRAIN, *args]
     e = env(np_ranks or 1)
     e.update(extra_env or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)

@@ -29,8 +29,8 @@ typedef struct emu_uint3 {
 
 /* threadIdx and blockIdx of the calling CUDA thread (each one is a host thread) */
 extern __thread emu_uint3 emu_thread_idx, emu_block_idx;
-extern emu_uint3 emu_block_dim, emu_grid_dim;
-extern void *emu_dyn_smem; /* the block's dynamic shared memory (extern __shared__) */
+extern __thread emu_uint3 emu_block_dim, emu_grid_dim;
+extern __thread void *emu_dyn_smem; /* the block's dynamic shared memory (extern __shared__) */
 
 void emu_syncthreads(void);
 /* One step of a warp shuffle: every lane of the warp passes its value (size bytes) in
@@ -40,12 +40,16 @@ float emu_atomic_add(float *p, float v);
 /* Prints "cuda_emu: " msg, with the calling CUDA thread if any, and aborts. */
 void emu_fail(const char *msg);
 
-/* Runs body(ctx) once per thread of every block of grid, as block threads at a time;
- * returns when all are done. kernel (its address) only identifies the kernel for the
- * shared memory limit and messages. A bad configuration sets the last error instead. */
+/* A launch: body(ctx) runs once per thread of every block of grid, as block threads at a
+ * time, in stream's order (NULL: before this returns); then free_ctx(ctx). ctx (the
+ * kernel's arguments) is ctx_bytes long. kernel (its
+ * address) only identifies the kernel for the shared memory limit, name for messages.
+ * A bad configuration sets the calling thread's last error instead (ctx is freed). */
 typedef void (*emu_body_fn)(void *ctx);
-void emu_run_grid(const void *kernel, const char *name, emu_uint3 grid, emu_uint3 block,
-                  size_t dyn_smem, emu_body_fn body, void *ctx);
+void emu_launch_kernel(const void *kernel, const char *name, emu_uint3 grid, emu_uint3 block,
+                       size_t dyn_smem, cudaStream_t stream, emu_body_fn body, void *ctx,
+                       size_t ctx_bytes, void (*free_ctx)(void *));
+void emu_nanosleep(unsigned int ns);
 
 #ifdef __cplusplus
 }
@@ -114,23 +118,28 @@ static inline float __int_as_float(int i) {
     memcpy(&f, &i, sizeof f);
     return f;
 }
-static inline void __nanosleep(unsigned int ns) { (void)ns; }
+/* a real sleep: a kernel polling the host (wait_flag_kernel) must leave the few cores to
+ * the threads it waits for */
+static inline void __nanosleep(unsigned int ns) { emu_nanosleep(ns); }
 static inline void __threadfence_system(void) { __sync_synchronize(); }
 
 /* xform.py turns kernel<<<grid, block, smem, stream>>>(args) into
  *   emu_launch((const void *)kernel, "kernel", [=]() { kernel(args); }, grid, block, smem, stream)
  * C++: the lambda carries the kernel's arguments (copied, as a launch copies them), and
  * a template is the only way to name its type; emu_call turns it into the plain
- * function pointer + context that the C runtime takes. The default arguments let a
- * launch leave out smem and stream, as <<<...>>> does. */
+ * function pointer + context that the C runtime takes. The launch runs later, on its
+ * stream's thread, so the lambda is copied to the heap (new) and deleted by emu_free
+ * once the grid ran. The default arguments let a launch leave out smem and stream, as
+ * <<<...>>> does. */
 template <typename F> static void emu_call(void *ctx) { (*(F *)ctx)(); }
+template <typename F> static void emu_free(void *ctx) { delete (F *)ctx; }
 
 template <typename F>
 static void emu_launch(const void *kernel, const char *name, F body, dim3 grid, dim3 block,
                        size_t dyn_smem = 0, cudaStream_t stream = 0) {
     emu_uint3 g = {grid.x, grid.y, grid.z}, b = {block.x, block.y, block.z};
-    (void)stream; /* launches run to completion in issue order */
-    emu_run_grid(kernel, name, g, b, dyn_smem, emu_call<F>, &body);
+    emu_launch_kernel(kernel, name, g, b, dyn_smem, stream, emu_call<F>, new F(body), sizeof(F),
+                      emu_free<F>);
 }
 
 #endif /* __cplusplus */

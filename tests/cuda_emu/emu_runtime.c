@@ -1,15 +1,27 @@
 /* Test tool, not part of the engine: a CPU emulator of the CUDA execution model, just
  * enough to run the kernels of engine/cuda/ (the .cu files) without a GPU, so that the
- * test suite checks them on every run (tests/cuda_emu/test_cuda_emu.c).
+ * test suite checks them on every run (tests/cuda_emu/test_cuda_emu.c) and so that the
+ * real host code of engine/cuda/ trains on it (gptc-train-emu; fake_runtime.c is the rest
+ * of the CUDA runtime: memory, streams, events, copies).
  *
  * How: xform.py rewrites each .cu file's launches (kernel<<<...>>>(args)) and
  * `extern __shared__` arrays into plain C++, cuda_runtime.h supplies the built-ins, and
- * this file runs a launch: one host thread per CUDA thread of a block (so every CUDA
- * thread has its own registers and stack, as on the GPU), all blocks of the grid in turn
- * on those same threads, the launch finishing before it returns. __syncthreads is a real
- * barrier of the block's threads, a warp shuffle an exchange through per-thread slots
- * around a barrier of the warp's 32 threads, atomicAdd a locked add. Linux only (the
- * barriers are futexes); the cost is about a context switch per thread per barrier.
+ * this file runs a launch. Every CUDA thread of a block is a fiber (so it has its own
+ * registers and stack, as on the GPU) and all blocks of the grid run in turn on those
+ * same fibers, on the one host thread that runs the grid: a fiber runs until it reaches
+ * a barrier, then the next one runs. __syncthreads is a barrier of the block's fibers, a
+ * warp shuffle an exchange through per-thread slots around a barrier of the warp's 32,
+ * atomicAdd a locked add. A switch between fibers costs tens of nanoseconds (it was a
+ * futex wake and an OS context switch when CUDA threads were host threads, 20 to 30
+ * times slower on the training runs of gptc-train-emu). Linux/glibc only (ucontext).
+ * A launch is checked (configuration, shared memory) when it is made, on the launching
+ * thread, whose cudaGetLastError then reports it, as in CUDA. It runs in its stream's
+ * order on the stream's thread (fake_runtime.c), so the host goes on at once; on the NULL
+ * stream it runs before the launch returns. Grids run one at a time (a device lock), so
+ * shared memory and barriers are those of one kernel; kernels that wait for the host
+ * (HOST_WAITING below: the engine's wait_flag_kernel, which spins until a host thread
+ * bumps a counter) instead run on their stream's thread beside the others, one thread,
+ * as they would spin on an SM of their own.
  *
  * What it catches:
  *  - wrong results: indexing, masking, tails of sizes that are not multiples of a tile,
@@ -18,9 +30,9 @@
  *  - elements a kernel never writes (the test poisons outputs with NaN), and shared
  *    memory read before the block wrote it (it is refilled with 0xff bytes, a NaN, before
  *    every block, for __shared__ and dynamic shared memory alike);
- *  - a __syncthreads or shuffle that not every thread of the block (warp) reaches: at
- *    once when a thread finishes its block while others wait at a barrier, otherwise
- *    after EMU_BARRIER_TIMEOUT_S of waiting (both stop the test with a message);
+ *  - a __syncthreads or shuffle that not every thread of the block (warp) reaches, at
+ *    once: a thread that arrives at another barrier than the ones waiting there, or
+ *    every live thread waiting with no barrier able to complete (a message, then abort);
  *  - launch configuration errors (block size, grid, dynamic shared memory above 48 KiB
  *    without cudaFuncSetAttribute, or above 227 KiB), as cudaGetLastError reports them;
  *  - under GPTC_SANITIZE=address: out-of-bounds reads and writes of global memory (each
@@ -28,57 +40,68 @@
  *    size the launch asked for), misaligned float4 accesses (UBSan), undefined behaviour
  *    in kernel code.
  * What it cannot catch:
- *  - races in general. Within a block, threads run truly concurrently but on a few cores
- *    at OS scheduling granularity, so a missing barrier shows only when the scheduler
- *    happens to run a reader before the writer (it then reads NaN shared memory).
+ *  - races in general. Within a block, the threads between two barriers run one after
+ *    another, upwards through the thread indices after one barrier and downwards after
+ *    the next (run_fibers), so a missing barrier between a write of shared memory and a
+ *    read by another thread shows (the read gets NaN) in the phases where the reader
+ *    runs first, and not in the others: deterministic, but not every pattern.
  *    Between blocks there is no concurrency at all: blocks run one after another, so a
- *    plain += where blocks collide (and atomicAdd is needed) passes;
+ *    plain += where blocks collide (and atomicAdd is needed) passes; nor between kernels
+ *    of different streams (one grid at a time);
  *  - memory-model and warp-synchronous bugs: every access is a host access ordered by
  *    the barriers, and the lanes of a warp are independent threads that meet only at
  *    shuffles, so code relying on lockstep execution (or on __syncwarp, which is not
  *    provided) is neither emulated nor reliably exposed;
- *  - anything about streams, events, concurrency between kernels or host/device
- *    copies: launches run synchronously in issue order;
  *  - timing, occupancy, register or shared memory pressure, bank conflicts;
  *  - exact device arithmetic: expf, tanhf, ... are the host's, and contraction into FMA
  *    follows the host compiler, so results agree with the GPU only to rounding.
- * Limits: 1-D blocks, 1- or 2-D grids, full-warp shuffles of float and double, launches
- * from one host thread at a time; anything else stops with a message (or does not
- * compile), and cuda_runtime.h is where to add it. A test tool can hide bugs of its own:
- * tests/test_cuda_ops.c on a real GPU remains the reference check of the kernels. */
-#define _GNU_SOURCE /* syscall */
+ * Limits: 1-D blocks, 1- or 2-D grids, full-warp shuffles of float and double; anything
+ * else stops with a message (or does not compile), and cuda_runtime.h is where to add it.
+ * A test tool can hide bugs of its own: tests/test_cuda_ops.c on a real GPU remains the
+ * reference check of the kernels. */
+/* _longjmp between the stacks of fibers: _FORTIFY_SOURCE's longjmp check would take it
+ * for a jump into a dead frame */
+#undef _FORTIFY_SOURCE
+#define _GNU_SOURCE /* MAP_NORESERVE */
 
 #include "cuda_runtime.h"
+#include "emu_internal.h"
 
-#include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
-#include <stdatomic.h>
+#include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #define EMU_MAX_THREADS 1024          /* threads per block */
 #define EMU_MAX_GRID_Y 65535
 #define EMU_SMEM_DEFAULT (48 * 1024)  /* dynamic shared memory without an opt-in */
 #define EMU_SMEM_OPTIN (227 * 1024)   /* the most an opt-in allows (sm_90) */
-#define EMU_BARRIER_TIMEOUT_S 30      /* a barrier not complete by then is a deadlock */
-#define EMU_STACK_BYTES (512 * 1024)  /* per emulated thread */
 
 __thread emu_uint3 emu_thread_idx, emu_block_idx;
-emu_uint3 emu_block_dim, emu_grid_dim;
-void *emu_dyn_smem;
+/* per thread: the CUDA threads of the grid that runs and a host-waiting kernel running
+ * beside it on its stream's thread each see their own launch */
+__thread emu_uint3 emu_block_dim, emu_grid_dim;
+__thread void *emu_dyn_smem;
 
-static cudaError_t last_error;
 static __thread int in_kernel; /* 1 on the emulated CUDA threads */
-static const char *kernel_name;
-static size_t dyn_smem_bytes;
-static emu_body_fn kernel_body;
-static void *kernel_ctx;
+static __thread const char *kernel_name; /* of the kernel this thread runs */
+
+/* The grid that runs (one at a time: device_mu). */
+static pthread_mutex_t device_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    const char *name;
+    emu_body_fn body;
+    void *ctx;
+    emu_uint3 grid, block;
+    void *smem; /* [smem_bytes] dynamic shared memory */
+    size_t smem_bytes;
+} cur;
 
 /* ------------------------------------------------------------------ failures */
 
@@ -92,69 +115,180 @@ void emu_fail(const char *msg) {
     abort();
 }
 
-/* ------------------------------------------------------------------ barriers */
+/* ------------------------------------------------------------------ fibers */
+
+/* Every CUDA thread of the grid that runs is a fiber: its own stack and registers, run on
+ * the thread that runs the grid (the stream's) until it reaches a barrier, where it
+ * yields to the scheduler (run_fibers), which resumes the next one. A switch is a
+ * _setjmp/_longjmp pair, tens of nanoseconds (ucontext's swapcontext makes a system call
+ * each time, ten times that, and a futex wake of a real thread costs more still); only a
+ * fiber's first start goes through makecontext/setcontext. Under a sanitizer every
+ * switch is announced to it (ASan's and TSan's fiber API); under TSan, whose longjmp
+ * checks the jump against its own record of the thread's setjmps, every switch is a
+ * swapcontext. */
+#if defined(__SANITIZE_THREAD__)
+#define EMU_SWAPCONTEXT 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_SWAPCONTEXT 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#include <sanitizer/asan_interface.h>
+#define EMU_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#include <sanitizer/tsan_interface.h>
+#define EMU_TSAN 1
+#endif
+#endif
+#ifdef EMU_TSAN
+/* TSan's dynamic annotations (exported by its runtime, declared in no header) */
+void AnnotateIgnoreReadsBegin(const char *file, int line);
+void AnnotateIgnoreReadsEnd(const char *file, int line);
+#endif
 
 /* What a thread waits at; a barrier's waiters must all wait at the same kind. */
 enum { AT_SYNCTHREADS, AT_SHUFFLE, AT_BLOCK_END };
 static const char *const at_name[] = {"__syncthreads", "a warp shuffle", "the end of its block"};
 
-/* A futex barrier (Linux): hundreds of threads on a few cores make every wait a context
- * switch, and a mutex + condition variable costs several times more per wait. */
 typedef struct barrier {
-    _Atomic unsigned int state;      /* arrivals << 2 | the kind the first one waits at */
-    _Atomic unsigned int generation; /* the futex word: +1 each time all have arrived */
-    unsigned int count;
+    unsigned int first, count; /* its threads: first .. first + count - 1 */
+    unsigned int arrived;
+    int at; /* the kind the first arrival waits at */
 } barrier;
+
+enum { F_RUN, F_WAIT, F_DONE };
+
+typedef struct fiber {
+    jmp_buf resume;      /* where it goes on (after its first start) */
+    ucontext_t start;    /* its first start (and, sanitized, every switch) */
+    char *stack;         /* [stack_bytes], below it a guard page */
+    unsigned int tid;
+    emu_uint3 block_idx;
+    unsigned int parity; /* shuffle slot set */
+    int state, started;
+    barrier *waiting;    /* F_WAIT: the barrier it waits at */
+#ifdef EMU_ASAN
+    void *fake_stack;
+#endif
+#ifdef EMU_TSAN
+    void *tsan;
+#endif
+} fiber;
+
+#ifdef EMU_ASAN
+#define EMU_FIBER_STACK (1024 * 1024) /* ASan's redzones make frames several times larger */
+#else
+#define EMU_FIBER_STACK (256 * 1024)
+#endif
+
+static fiber *fibers;    /* [EMU_MAX_THREADS], stacks made as needed */
+static unsigned int fibers_made;
+static fiber *running;   /* the fiber on the CPU, NULL: the scheduler */
+#ifdef EMU_SWAPCONTEXT
+static ucontext_t sched_ctx;
+#else
+static jmp_buf sched_resume;
+#endif
+#ifdef EMU_ASAN
+static void *sched_fake_stack;
+static const void *sched_stack_bottom;
+static size_t sched_stack_size;
+#endif
+#ifdef EMU_TSAN
+static void *sched_tsan;
+#endif
 
 static barrier block_barrier;                      /* all threads of the block */
 static barrier warp_barrier[EMU_MAX_THREADS / 32]; /* the threads of each warp */
 static double warp_slot[2][EMU_MAX_THREADS];       /* shuffle values, 2 sets */
 static pthread_mutex_t atomic_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void barrier_init(barrier *b, unsigned int count) {
-    atomic_store(&b->state, 0);
-    atomic_store(&b->generation, 0);
+static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
+    b->first = first;
     b->count = count;
+    b->arrived = 0;
+    b->at = -1;
 }
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+/* Sanitizer bookkeeping around a switch from the scheduler to f and back. */
+static void to_fiber_begin(fiber *f) {
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(&sched_fake_stack, f->stack, EMU_FIBER_STACK);
+#endif
+#ifdef EMU_TSAN
+    __tsan_switch_to_fiber(f->tsan, 0);
+#endif
+    (void)f;
+}
+static void to_fiber_end(void) {
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(running->fake_stack, &sched_stack_bottom, &sched_stack_size);
+#endif
+}
+static void to_sched_begin(fiber *f) {
+#ifdef EMU_ASAN
+    /* a finished fiber's fake stack goes (NULL), a waiting one's is kept */
+    __sanitizer_start_switch_fiber(f->state == F_DONE ? NULL : &f->fake_stack, sched_stack_bottom,
+                                   sched_stack_size);
+#endif
+#ifdef EMU_TSAN
+    __tsan_switch_to_fiber(sched_tsan, 0);
+#endif
+    (void)f;
+}
+static void to_sched_end(void) {
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(sched_fake_stack, NULL, NULL);
+#endif
 }
 
-/* Waits until all count threads have arrived; the last one runs on_last (if any) first,
- * while the others still wait. */
+/* From a fiber back to the scheduler; returns when the scheduler resumes it. */
+static void yield_to_scheduler(void) {
+    fiber *f = running;
+    to_sched_begin(f);
+#ifdef EMU_SWAPCONTEXT
+    swapcontext(&f->start, &sched_ctx);
+#else
+    if (_setjmp(f->resume) == 0) _longjmp(sched_resume, 1);
+#endif
+    to_fiber_end();
+}
+
+/* Arrives at b and waits until all its threads have; the last one runs on_last (if any)
+ * first, while the others still wait. */
 static void barrier_wait(barrier *b, int at, void (*on_last)(void)) {
     char msg[200];
-    unsigned int gen = atomic_load(&b->generation); /* cannot move on before we arrive */
-    unsigned int s = atomic_load(&b->state), next;
-    do {
-        if (s >> 2 != 0 && (int)(s & 3u) != at) {
-            snprintf(msg, sizeof msg, "reached %s while other threads wait at %s: a barrier "
-                     "or shuffle that not every thread reaches", at_name[at], at_name[s & 3u]);
-            emu_fail(msg);
-        }
-        next = s >> 2 == 0 ? (1u << 2) | (unsigned int)at : s + (1u << 2);
-    } while (!atomic_compare_exchange_weak(&b->state, &s, next));
-    if (next >> 2 == b->count) {
+    if (b->arrived != 0 && b->at != at) {
+        snprintf(msg, sizeof msg, "reached %s while other threads wait at %s: a barrier "
+                 "or shuffle that not every thread reaches", at_name[at], at_name[b->at]);
+        emu_fail(msg);
+    }
+    if (b->arrived++ == 0) b->at = at;
+    if (b->arrived == b->count) {
         if (on_last) on_last();
-        atomic_store(&b->state, 0);
-        atomic_fetch_add(&b->generation, 1);
-        syscall(SYS_futex, &b->generation, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-        return;
+        b->arrived = 0;
+        b->at = -1;
+        /* release the others (they are the fibers waiting at b) */
+        for (unsigned int t = b->first; t < b->first + b->count; t++)
+            if (fibers[t].state == F_WAIT && fibers[t].waiting == b) fibers[t].state = F_RUN;
+    } else {
+        running->state = F_WAIT;
+        running->waiting = b;
     }
-    double start = now_s();
-    while (atomic_load(&b->generation) == gen) {
-        struct timespec one_s = {1, 0};
-        syscall(SYS_futex, &b->generation, FUTEX_WAIT_PRIVATE, gen, &one_s, NULL, 0);
-        if (atomic_load(&b->generation) == gen && now_s() - start > EMU_BARRIER_TIMEOUT_S) {
-            snprintf(msg, sizeof msg, "waited %d s at %s for %u more thread(s): a deadlock "
-                     "(a barrier or shuffle that not every thread reaches)",
-                     EMU_BARRIER_TIMEOUT_S, at_name[at], b->count - (atomic_load(&b->state) >> 2));
-            emu_fail(msg);
-        }
-    }
+    /* even the last one yields: the others run before it goes on, as on a GPU none is
+     * ahead by more than the barrier */
+    yield_to_scheduler();
 }
 
 void emu_syncthreads(void) { barrier_wait(&block_barrier, AT_SYNCTHREADS, NULL); }
@@ -163,11 +297,10 @@ void emu_syncthreads(void) { barrier_wait(&block_barrier, AT_SYNCTHREADS, NULL);
  * one shuffle ahead writes the other set while its warp still reads this one (it cannot
  * get further ahead: the next barrier waits for them). */
 void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane) {
-    static __thread unsigned int parity;
     unsigned int tid = emu_thread_idx.x, base = tid & ~31u;
     unsigned int width = emu_block_dim.x - base < 32 ? emu_block_dim.x - base : 32;
-    double *slot = warp_slot[parity];
-    parity ^= 1u;
+    double *slot = warp_slot[running->parity];
+    running->parity ^= 1u;
     if (size > sizeof slot[0] || src_lane < 0 || (unsigned int)src_lane >= width)
         emu_fail("shuffle from a lane outside the warp");
     memcpy(&slot[tid], in, size);
@@ -193,7 +326,7 @@ extern char __stop_emu_shared[] __attribute__((weak));
 static void poison_shared(void) {
     char *start = __start_emu_shared, *stop = __stop_emu_shared;
     if (start && stop > start) memset(start, 0xff, (size_t)(stop - start));
-    if (dyn_smem_bytes) memset(emu_dyn_smem, 0xff, dyn_smem_bytes);
+    if (cur.smem_bytes) memset(cur.smem, 0xff, cur.smem_bytes);
 }
 
 /* kernels given cudaFuncAttributeMaxDynamicSharedMemorySize, and the value */
@@ -202,11 +335,13 @@ static struct {
     size_t bytes;
 } smem_optin[64];
 static int n_smem_optin;
+static pthread_mutex_t smem_optin_mu = PTHREAD_MUTEX_INITIALIZER;
 
 cudaError_t emu_func_set_attribute(const void *kernel, cudaFuncAttribute attr, int value) {
     if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
         value > EMU_SMEM_OPTIN)
-        return cudaErrorInvalidValue;
+        return emu_set_error(cudaErrorInvalidValue);
+    pthread_mutex_lock(&smem_optin_mu);
     int i = 0;
     while (i < n_smem_optin && smem_optin[i].kernel != kernel) i++;
     if (i == n_smem_optin) {
@@ -216,104 +351,279 @@ cudaError_t emu_func_set_attribute(const void *kernel, cudaFuncAttribute attr, i
     }
     smem_optin[i].kernel = kernel;
     smem_optin[i].bytes = (size_t)value;
+    pthread_mutex_unlock(&smem_optin_mu);
     return cudaSuccess;
 }
 
 static size_t smem_limit(const void *kernel) {
+    size_t limit = EMU_SMEM_DEFAULT;
+    pthread_mutex_lock(&smem_optin_mu);
     for (int i = 0; i < n_smem_optin; i++)
         if (smem_optin[i].kernel == kernel && smem_optin[i].bytes > EMU_SMEM_DEFAULT)
-            return smem_optin[i].bytes;
-    return EMU_SMEM_DEFAULT;
+            limit = smem_optin[i].bytes;
+    pthread_mutex_unlock(&smem_optin_mu);
+    return limit;
 }
 
 /* ------------------------------------------------------------------ launches */
 
-/* One emulated CUDA thread: runs the kernel for its threadIdx in every block in turn. */
-static void *cuda_thread(void *arg) {
-    in_kernel = 1;
-    emu_thread_idx.x = (unsigned int)(uintptr_t)arg;
-    emu_thread_idx.y = emu_thread_idx.z = 0;
+/* One emulated CUDA thread (a fiber's life): runs the kernel for its threadIdx in every
+ * block in turn, then goes back to the scheduler for good. */
+static void fiber_main(void) {
+    fiber *f = running;
+    to_fiber_end();
     for (unsigned int by = 0; by < emu_grid_dim.y; by++)
         for (unsigned int bx = 0; bx < emu_grid_dim.x; bx++) {
-            emu_block_idx.x = bx;
-            emu_block_idx.y = by;
-            emu_block_idx.z = 0;
-            kernel_body(kernel_ctx);
+            f->block_idx.x = emu_block_idx.x = bx;
+            f->block_idx.y = emu_block_idx.y = by;
+            f->block_idx.z = emu_block_idx.z = 0;
+            cur.body(cur.ctx);
             /* the last thread to finish the block refills shared memory for the next */
             barrier_wait(&block_barrier, AT_BLOCK_END, poison_shared);
         }
-    return NULL;
+    f->state = F_DONE;
+    to_sched_begin(f);
+#ifdef EMU_SWAPCONTEXT
+    swapcontext(&f->start, &sched_ctx);
+#else
+    _longjmp(sched_resume, 1);
+#endif
+    emu_fail("a finished CUDA thread was resumed");
 }
 
-void emu_run_grid(const void *kernel, const char *name, emu_uint3 grid, emu_uint3 block,
-                  size_t dyn_smem, emu_body_fn body, void *ctx) {
-    static pthread_t threads[EMU_MAX_THREADS];
+/* A fiber's stack, made once (guard page below it, so that an overflow faults). */
+static void make_fiber(unsigned int t) {
+    fiber *f = &fibers[t];
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *m = mmap(NULL, EMU_FIBER_STACK + page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED || mprotect(m, page, PROT_NONE) != 0) emu_fail("no memory for a CUDA thread's stack");
+    f->stack = m + page;
+#ifdef EMU_TSAN
+    f->tsan = __tsan_create_fiber(0);
+#endif
+}
+
+/* Switches from the scheduler to f until f yields. */
+static void resume(fiber *f) {
+    running = f;
+    emu_thread_idx.x = f->tid;
+    emu_thread_idx.y = emu_thread_idx.z = 0;
+    emu_block_idx = f->block_idx;
+    to_fiber_begin(f);
+#ifdef EMU_SWAPCONTEXT
+    swapcontext(&sched_ctx, &f->start);
+#else
+    if (_setjmp(sched_resume) == 0) {
+        if (f->started) _longjmp(f->resume, 1);
+        f->started = 1;
+        setcontext(&f->start);
+    }
+#endif
+    to_sched_end();
+    running = NULL;
+}
+
+/* Runs the grid's fibers to the end: passes over the runnable ones, alternately upwards
+ * and downwards, so that a read of shared memory another thread writes without a
+ * barrier in between shows (as NaN) whichever of the two has the lower index. */
+static void run_fibers(unsigned int nt) {
+    char msg[240];
+    for (int pass = 0;; pass++) {
+        unsigned int alive = 0, ran = 0;
+        for (unsigned int i = 0; i < nt; i++) {
+            fiber *f = &fibers[pass & 1 ? nt - 1 - i : i];
+            if (f->state == F_DONE) continue;
+            alive++;
+            if (f->state != F_RUN) continue;
+            resume(f);
+            ran++;
+        }
+        if (!alive) return;
+        if (ran) continue;
+        /* every live thread waits, and no barrier can complete */
+        unsigned int t = 0;
+        while (t < nt && fibers[t].state != F_WAIT) t++;
+        const barrier *b = fibers[t].waiting;
+        emu_thread_idx.x = t;
+        snprintf(msg, sizeof msg, "waits at %s with %u of %u thread(s) there, and no other "
+                 "thread can arrive: a barrier or shuffle that not every thread reaches",
+                 at_name[b->at], b->arrived, b->count);
+        emu_fail(msg);
+    }
+}
+
+/* Runs a checked grid to completion on this thread, holding the device. */
+static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t dyn_smem,
+                     emu_body_fn body, void *ctx) {
+    unsigned int nt = block.x, nwarps = (nt + 31) / 32;
+    pthread_mutex_lock(&device_mu);
+    if (!fibers) {
+        fibers = calloc(EMU_MAX_THREADS, sizeof *fibers);
+        if (!fibers) emu_fail("no memory for the CUDA threads");
+    }
+    cur.name = name;
+    cur.body = body;
+    cur.ctx = ctx;
+    cur.grid = grid;
+    cur.block = block;
+    cur.smem_bytes = dyn_smem;
+    /* the exact size (malloc's 16-byte alignment, as float4 needs), so that ASan sees
+     * an access past the end; a block that asked for none gets a 1-byte block */
+    cur.smem = malloc(dyn_smem ? dyn_smem : 1);
+    if (!cur.smem || ((uintptr_t)cur.smem & 15u)) emu_fail("shared memory allocation");
+    poison_shared();
+    barrier_init(&block_barrier, 0, nt);
+    for (unsigned int w = 0; w < nwarps; w++)
+        barrier_init(&warp_barrier[w], 32 * w, nt - 32 * w < 32 ? nt - 32 * w : 32);
+#ifdef EMU_TSAN
+    sched_tsan = __tsan_get_current_fiber();
+#endif
+
+    /* this thread's view while the grid runs (restored after: it may be the host's) */
+    int was_in_kernel = in_kernel;
+    const char *was_name = kernel_name;
+    emu_uint3 was_block_dim = emu_block_dim, was_grid_dim = emu_grid_dim;
+    void *was_smem = emu_dyn_smem;
+    in_kernel = 1;
+    kernel_name = name;
+    emu_block_dim = block;
+    emu_grid_dim = grid;
+    emu_dyn_smem = cur.smem;
+    for (unsigned int t = 0; t < nt; t++) {
+        fiber *f = &fibers[t];
+        if (t >= fibers_made) {
+            make_fiber(t);
+            fibers_made = t + 1;
+        }
+        f->tid = t;
+        f->block_idx = (emu_uint3){0, 0, 0};
+        f->parity = 0;
+        f->state = F_RUN;
+        f->started = 0;
+        f->waiting = NULL;
+#ifdef EMU_ASAN
+        f->fake_stack = NULL;
+#endif
+        getcontext(&f->start);
+        f->start.uc_stack.ss_sp = f->stack;
+        f->start.uc_stack.ss_size = EMU_FIBER_STACK;
+        f->start.uc_link = NULL;
+        makecontext(&f->start, fiber_main, 0);
+    }
+    run_fibers(nt);
+    in_kernel = was_in_kernel;
+    kernel_name = was_name;
+    emu_block_dim = was_block_dim;
+    emu_grid_dim = was_grid_dim;
+    emu_dyn_smem = was_smem;
+    emu_thread_idx = emu_block_idx = (emu_uint3){0, 0, 0};
+
+    free(cur.smem);
+    memset(&cur, 0, sizeof cur);
+    pthread_mutex_unlock(&device_mu);
+}
+
+/* Kernels that spin until a host thread lets them go. Run under the device lock they
+ * would stop every other kernel, the host work they wait for included; so they run on
+ * their stream's thread as one CUDA thread, beside the grid that holds the device. They
+ * must be 1 x 1 launches without shared memory or barriers (checked: a barrier of theirs
+ * would meet the other grid's). */
+static const char *const HOST_WAITING[] = {"wait_flag_kernel"};
+
+static int host_waiting(const char *name) {
+    for (size_t i = 0; i < sizeof HOST_WAITING / sizeof HOST_WAITING[0]; i++)
+        if (strcmp(HOST_WAITING[i], name) == 0) return 1;
+    return 0;
+}
+
+static void run_host_waiting(const char *name, emu_body_fn body, void *ctx, size_t ctx_bytes) {
+    emu_uint3 one = {1, 1, 1}, zero = {0, 0, 0};
+    int was_in_kernel = in_kernel;
+    const char *was_name = kernel_name;
+    in_kernel = 1;
+    kernel_name = name;
+    emu_block_dim = emu_grid_dim = one;
+    emu_thread_idx = emu_block_idx = zero;
+    emu_dyn_smem = NULL;
+#ifdef EMU_TSAN
+    /* The kernel polls a word of pinned memory with volatile reads until a host thread's
+     * atomic (release) store lets it go; on the GPU, __threadfence_system then orders its
+     * stream's later work after the host's writes. TSan would take the plain reads for a
+     * race with the store and see no order: its reads are ignored, and the kernel
+     * acquires every pinned word its arguments point to. */
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+#endif
+    body(ctx);
+#ifdef EMU_TSAN
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+    for (size_t off = 0; off + sizeof(void *) <= ctx_bytes; off += sizeof(void *)) {
+        void *p;
+        memcpy(&p, (char *)ctx + off, sizeof p);
+        if (p && emu_mem_classify(p, 1) == EMU_MEM_PINNED) __tsan_acquire(p);
+    }
+#endif
+    (void)ctx_bytes;
+    in_kernel = was_in_kernel;
+    kernel_name = was_name;
+}
+
+/* A launch as its stream runs it: the closure of the kernel and its arguments. */
+typedef struct {
+    const char *name;
+    emu_uint3 grid, block;
+    size_t dyn_smem;
+    emu_body_fn body;
+    void *ctx;
+    size_t ctx_bytes;
+    void (*free_ctx)(void *);
+    uint32_t corr; /* CUPTI's correlation id of the launch */
+} launch;
+
+static void run_launch(void *arg) {
+    launch *l = arg;
+    uint64_t t0 = emu_cupti_now();
+    if (host_waiting(l->name)) run_host_waiting(l->name, l->body, l->ctx, l->ctx_bytes);
+    else run_grid(l->name, l->grid, l->block, l->dyn_smem, l->body, l->ctx);
+    emu_cupti_work(EMU_CUPTI_KERNEL, l->corr, t0, emu_cupti_now());
+    l->free_ctx(l->ctx);
+    free(l);
+}
+
+void emu_launch_kernel(const void *kernel, const char *name, emu_uint3 grid, emu_uint3 block,
+                       size_t dyn_smem, cudaStream_t stream, emu_body_fn body, void *ctx,
+                       size_t ctx_bytes, void (*free_ctx)(void *)) {
     char msg[200];
     if (block.y != 1 || block.z != 1 || grid.z != 1) {
         snprintf(msg, sizeof msg, "%s: only 1-D blocks and 1- or 2-D grids are emulated", name);
         emu_fail(msg);
     }
+    cudaError_t e = cudaSuccess;
     if (grid.x == 0 || grid.y == 0 || grid.y > EMU_MAX_GRID_Y || block.x == 0 ||
-        block.x > EMU_MAX_THREADS) {
-        last_error = cudaErrorInvalidConfiguration;
+        block.x > EMU_MAX_THREADS)
+        e = cudaErrorInvalidConfiguration;
+    else if (dyn_smem > smem_limit(kernel))
+        e = cudaErrorInvalidValue;
+    else if (!emu_stream_valid(stream))
+        e = cudaErrorInvalidResourceHandle;
+    if (e == cudaSuccess && host_waiting(name) &&
+        (grid.x != 1 || grid.y != 1 || block.x != 1 || dyn_smem != 0)) {
+        snprintf(msg, sizeof msg, "%s waits for the host, so it is emulated as one thread "
+                 "only: launch it <<<1, 1, 0>>>", name);
+        emu_fail(msg);
+    }
+    launch *l = e == cudaSuccess ? malloc(sizeof *l) : NULL;
+    if (e == cudaSuccess && !l) e = cudaErrorMemoryAllocation;
+    if (e != cudaSuccess) {
+        emu_set_error(e);
+        free_ctx(ctx);
         return;
     }
-    if (dyn_smem > smem_limit(kernel)) {
-        last_error = cudaErrorInvalidValue;
-        return;
-    }
-    unsigned int nt = block.x, nwarps = (nt + 31) / 32;
-    kernel_name = name;
-    kernel_body = body;
-    kernel_ctx = ctx;
-    emu_grid_dim = grid;
-    emu_block_dim = block;
-    dyn_smem_bytes = dyn_smem;
-    /* the exact size (malloc's 16-byte alignment, as float4 needs), so that ASan sees
-     * an access past the end; a block that asked for none gets a 1-byte block */
-    emu_dyn_smem = malloc(dyn_smem ? dyn_smem : 1);
-    if (!emu_dyn_smem || ((uintptr_t)emu_dyn_smem & 15u)) emu_fail("shared memory allocation");
-    poison_shared();
-    barrier_init(&block_barrier, nt);
-    for (unsigned int w = 0; w < nwarps; w++)
-        barrier_init(&warp_barrier[w], nt - 32 * w < 32 ? nt - 32 * w : 32);
-
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, EMU_STACK_BYTES);
-    for (unsigned int t = 0; t < nt; t++) {
-        int rc = pthread_create(&threads[t], &attr, cuda_thread, (void *)(uintptr_t)t);
-        if (rc != 0) {
-            snprintf(msg, sizeof msg, "%s: pthread_create: %s", name, strerror(rc));
-            emu_fail(msg);
-        }
-    }
-    pthread_attr_destroy(&attr);
-    for (unsigned int t = 0; t < nt; t++) pthread_join(threads[t], NULL);
-
-    free(emu_dyn_smem);
-    emu_dyn_smem = NULL;
-    dyn_smem_bytes = 0;
-    kernel_name = NULL;
+    *l = (launch){name, grid, block, dyn_smem, body, ctx, ctx_bytes, free_ctx, emu_cupti_api()};
+    emu_stream_run(stream, run_launch, l, name);
 }
 
-/* ------------------------------------------------------------------ host API */
-
-cudaError_t emu_cudaGetDevice(int *device) {
-    *device = 0;
-    return cudaSuccess;
-}
-
-cudaError_t emu_cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
-    (void)device;
-    if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
-    const char *e = getenv("GPTC_EMU_SM");
-    *value = e && atoi(e) > 0 ? atoi(e) : 2;
-    return cudaSuccess;
-}
-
-cudaError_t emu_cudaGetLastError(void) {
-    cudaError_t e = last_error;
-    last_error = cudaSuccess;
-    return e;
+void emu_nanosleep(unsigned int ns) {
+    struct timespec t = {0, (long)ns};
+    nanosleep(&t, NULL);
 }

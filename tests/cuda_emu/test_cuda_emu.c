@@ -12,8 +12,8 @@
  * Not here: matmul, which is cuBLASLt on the GPU, not a kernel of ours; only its bias
  * gradient (cuda_bias_backward) is, and is compared with the CPU matmul_backward's dbias.
  * The attention kernels keep a log-sum-exp where the CPU keeps probabilities, so only
- * out and dqkv are compared. The whole test takes seconds (about as long under
- * GPTC_SANITIZE=address): the emulator's cost is a context switch per thread per barrier. */
+ * out and dqkv are compared. The whole test takes a second or less (a few under
+ * GPTC_SANITIZE=address): the emulator's cost is a fiber switch per thread per barrier. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -1,0 +1,448 @@
+/* Test tool, not part of the engine: a fake cuBLASLt (cublasLt.h of tests/cuda_emu) for
+ * gptc-train-emu, so that engine/cuda/cuda_matmul.c's mapping of row-major products onto
+ * a column-major library is checked against the CPU backend's OpenBLAS products.
+ *
+ * cublasLtMatmul computes, as cuBLASLt defines it, everything column-major:
+ *     D = alpha * op(A) @ op(B) + beta * C   (+ bias[i] on every column j: EPILOGUE_BIAS)
+ * where op(X) is X, or its transpose when the descriptor's TRANSA / TRANSB is
+ * CUBLAS_OP_T; a layout (rows, cols, ld) describes the matrix as stored, before op:
+ * element (i, j) lies at X[i + j * ld]. op(A) is m x k, op(B) k x n, C and D m x n. The
+ * sums are taken in double (sizes are small); with beta = 0, C is not read, as cuBLASLt
+ * does not read it. The product runs in the stream's order on the stream's thread
+ * (fake_runtime.c); alpha, beta and the descriptor's attributes (the bias pointer
+ * included) are read when cublasLtMatmul is called, as the real library reads them.
+ *
+ * Checked, each refused with a line on stderr and the status the real library would
+ * give (or INVALID_VALUE): attribute sizes and values; fp32 only (CUBLAS_COMPUTE_32F with
+ * CUDA_R_32F scale and matrices; TF32 or other types are not emulated); ld >= rows;
+ * shapes of A, B, C and D that agree with the transposes; every matrix, the bias and the
+ * workspace inside one device (or pinned) allocation over the whole extent the product
+ * reads or writes; D not overlapping A, B or the bias; an in-place C == D with the same
+ * layout; pointers aligned as the preference promised when the algorithm was chosen
+ * (the real library picks vectorised kernels by that promise); a bias pointer with the
+ * BIAS epilogue; an algorithm that came from cublasLtMatmulAlgoGetHeuristic. */
+#include "cublasLt.h"
+#include "emu_internal.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { HANDLE_MAGIC = 0x4c544844, DESC_MAGIC = 0x4c544453, LAYOUT_MAGIC = 0x4c544c59,
+       PREF_MAGIC = 0x4c545046, ALGO_MAGIC = 0x414c474f };
+
+struct cublasLtContext {
+    unsigned int magic;
+};
+
+struct cublasLtMatmulDescOpaque_st {
+    unsigned int magic;
+    cublasComputeType_t compute;
+    cudaDataType_t scale;
+    int32_t pointer_mode;
+    int32_t transa, transb;
+    uint32_t epilogue;
+    const void *bias;
+};
+
+struct cublasLtMatrixLayoutOpaque_st {
+    unsigned int magic;
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+
+struct cublasLtMatmulPreferenceOpaque_st {
+    unsigned int magic;
+    uint64_t max_workspace;
+    uint32_t align[4]; /* A, B, C, D: the alignment the caller promises; 0: none */
+};
+
+static cublasStatus_t refuse(cublasStatus_t st, const char *call, const char *why) {
+    fprintf(stderr, "cuda_emu (cuBLASLt): %s: %s\n", call, why);
+    fflush(stderr);
+    return st;
+}
+
+const char *emu_cublasLtGetStatusString(cublasStatus_t status) {
+    switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    }
+    return "CUBLAS_STATUS_UNKNOWN";
+}
+
+/* ------------------------------------------------------------------ handles */
+
+cublasStatus_t emu_cublasLtCreate(cublasLtHandle_t *handle) {
+    struct cublasLtContext *h = malloc(sizeof *h);
+    if (!h) return CUBLAS_STATUS_ALLOC_FAILED;
+    h->magic = HANDLE_MAGIC;
+    *handle = h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t emu_cublasLtDestroy(cublasLtHandle_t handle) {
+    if (!handle || handle->magic != HANDLE_MAGIC) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->magic = 0;
+    free(handle);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t emu_cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, cublasComputeType_t computeType,
+                                            cudaDataType_t scaleType) {
+    if (computeType != CUBLAS_COMPUTE_32F || scaleType != CUDA_R_32F)
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmulDescCreate",
+                      "only CUBLAS_COMPUTE_32F with CUDA_R_32F scales is emulated (strict fp32)");
+    struct cublasLtMatmulDescOpaque_st *d = calloc(1, sizeof *d);
+    if (!d) return CUBLAS_STATUS_ALLOC_FAILED;
+    d->magic = DESC_MAGIC;
+    d->compute = computeType;
+    d->scale = scaleType;
+    d->transa = d->transb = CUBLAS_OP_N;
+    d->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    *desc = d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t emu_cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+    if (!desc) return CUBLAS_STATUS_SUCCESS;
+    if (desc->magic != DESC_MAGIC)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescDestroy", "not a live descriptor");
+    desc->magic = 0;
+    free(desc);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* Copies the attribute's value, which must be exactly `want` bytes. */
+static cublasStatus_t take(void *dst, size_t want, const void *buf, size_t size, const char *name) {
+    char why[128];
+    if (!buf || size != want) {
+        snprintf(why, sizeof why, "%s takes %zu bytes, given %zu", name, want, size);
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescSetAttribute", why);
+    }
+    memcpy(dst, buf, want);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t emu_cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                                  cublasLtMatmulDescAttributes_t attr,
+                                                  const void *buf, size_t size) {
+    const char *call = "cublasLtMatmulDescSetAttribute";
+    if (!d || d->magic != DESC_MAGIC) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "not a live descriptor");
+    cublasStatus_t st;
+    int32_t v32;
+    switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+        if ((st = take(&v32, sizeof v32, buf, size, "TRANSA/TRANSB")) != CUBLAS_STATUS_SUCCESS) return st;
+        if (v32 != CUBLAS_OP_N && v32 != CUBLAS_OP_T)
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "TRANSA/TRANSB must be CUBLAS_OP_N or CUBLAS_OP_T");
+        if (attr == CUBLASLT_MATMUL_DESC_TRANSA) d->transa = v32;
+        else d->transb = v32;
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: {
+        uint32_t e;
+        if ((st = take(&e, sizeof e, buf, size, "EPILOGUE")) != CUBLAS_STATUS_SUCCESS) return st;
+        if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS)
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "only the DEFAULT and BIAS epilogues are emulated");
+        d->epilogue = e;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+        return take(&d->bias, sizeof d->bias, buf, size, "BIAS_POINTER");
+    case CUBLASLT_MATMUL_DESC_POINTER_MODE:
+        if ((st = take(&v32, sizeof v32, buf, size, "POINTER_MODE")) != CUBLAS_STATUS_SUCCESS) return st;
+        if (v32 != 0) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "only host scalars are emulated");
+        d->pointer_mode = v32;
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE:
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
+        if ((st = take(&v32, sizeof v32, buf, size, "COMPUTE_TYPE/SCALE_TYPE")) != CUBLAS_STATUS_SUCCESS)
+            return st;
+        if (v32 != (attr == CUBLASLT_MATMUL_DESC_COMPUTE_TYPE ? (int32_t)CUBLAS_COMPUTE_32F : (int32_t)CUDA_R_32F))
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "only strict fp32 is emulated");
+        return CUBLAS_STATUS_SUCCESS;
+    default:
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an attribute the fake does not know");
+    }
+}
+
+cublasStatus_t emu_cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *layout, cudaDataType type,
+                                              uint64_t rows, uint64_t cols, int64_t ld) {
+    const char *call = "cublasLtMatrixLayoutCreate";
+    char why[160];
+    if (type != CUDA_R_32F) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "only CUDA_R_32F is emulated");
+    if (ld < 1 || (uint64_t)ld < rows) {
+        snprintf(why, sizeof why, "column-major %llu x %llu with ld %lld: ld must be >= rows",
+                 (unsigned long long)rows, (unsigned long long)cols, (long long)ld);
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
+    }
+    struct cublasLtMatrixLayoutOpaque_st *l = malloc(sizeof *l);
+    if (!l) return CUBLAS_STATUS_ALLOC_FAILED;
+    *l = (struct cublasLtMatrixLayoutOpaque_st){LAYOUT_MAGIC, type, rows, cols, ld};
+    *layout = l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t emu_cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+    if (!layout) return CUBLAS_STATUS_SUCCESS;
+    if (layout->magic != LAYOUT_MAGIC)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatrixLayoutDestroy", "not a live layout");
+    layout->magic = 0;
+    free(layout);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t emu_cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref) {
+    struct cublasLtMatmulPreferenceOpaque_st *p = calloc(1, sizeof *p);
+    if (!p) return CUBLAS_STATUS_ALLOC_FAILED;
+    p->magic = PREF_MAGIC;
+    *pref = p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t emu_cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+    if (!pref) return CUBLAS_STATUS_SUCCESS;
+    if (pref->magic != PREF_MAGIC)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceDestroy", "not a live preference");
+    pref->magic = 0;
+    free(pref);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t emu_cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                        cublasLtMatmulPreferenceAttributes_t attr,
+                                                        const void *buf, size_t size) {
+    const char *call = "cublasLtMatmulPreferenceSetAttribute";
+    if (!p || p->magic != PREF_MAGIC) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "not a live preference");
+    switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+        if (!buf || size != sizeof(uint64_t))
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "MAX_WORKSPACE_BYTES takes 8 bytes");
+        memcpy(&p->max_workspace, buf, sizeof(uint64_t));
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: {
+        uint32_t a;
+        if (!buf || size != sizeof a)
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "MIN_ALIGNMENT_*_BYTES takes 4 bytes");
+        memcpy(&a, buf, sizeof a);
+        if (a & (a - 1)) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "an alignment that is not a power of two");
+        p->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = a;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_PREF_SEARCH_MODE:
+        return CUBLAS_STATUS_SUCCESS;
+    default:
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an attribute the fake does not know");
+    }
+}
+
+/* ------------------------------------------------------------------ the problem */
+
+typedef struct {
+    int ta, tb;
+    uint64_t m, n, k;
+} problem;
+
+static int layout_ok(cublasLtMatrixLayout_t l) { return l && l->magic == LAYOUT_MAGIC; }
+
+/* The shapes as cuBLASLt reads them: 0, or -1 with why. */
+static int shape_of(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                    cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D, problem *p, char *why, size_t n) {
+    if (!d || d->magic != DESC_MAGIC) {
+        snprintf(why, n, "not a live matmul descriptor");
+        return -1;
+    }
+    if (!layout_ok(A) || !layout_ok(B) || !layout_ok(C) || !layout_ok(D)) {
+        snprintf(why, n, "a layout that is not live");
+        return -1;
+    }
+    p->ta = d->transa == CUBLAS_OP_T;
+    p->tb = d->transb == CUBLAS_OP_T;
+    p->m = p->ta ? A->cols : A->rows;
+    p->k = p->ta ? A->rows : A->cols;
+    uint64_t kb = p->tb ? B->cols : B->rows;
+    p->n = p->tb ? B->rows : B->cols;
+    if (kb != p->k || C->rows != p->m || C->cols != p->n || D->rows != p->m || D->cols != p->n) {
+        snprintf(why, n, "shapes disagree: op(A) is %llu x %llu (A %llu x %llu, %s), op(B) %llu x %llu "
+                 "(B %llu x %llu, %s), C %llu x %llu, D %llu x %llu",
+                 (unsigned long long)p->m, (unsigned long long)p->k, (unsigned long long)A->rows,
+                 (unsigned long long)A->cols, p->ta ? "T" : "N", (unsigned long long)kb,
+                 (unsigned long long)p->n, (unsigned long long)B->rows, (unsigned long long)B->cols,
+                 p->tb ? "T" : "N", (unsigned long long)C->rows, (unsigned long long)C->cols,
+                 (unsigned long long)D->rows, (unsigned long long)D->cols);
+        return -1;
+    }
+    return 0;
+}
+
+/* What cublasLtMatmulAlgoGetHeuristic hands out: it remembers the promise it was made
+ * (the preference's alignments) and the problem it was chosen for. */
+enum { ALGO_TA, ALGO_TB, ALGO_M, ALGO_N, ALGO_K };
+
+cublasStatus_t emu_cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+    cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D, cublasLtMatmulPreference_t pref,
+    int requested, cublasLtMatmulHeuristicResult_t results[], int *returned) {
+    const char *call = "cublasLtMatmulAlgoGetHeuristic";
+    char why[512];
+    problem p;
+    *returned = 0;
+    if (!h || h->magic != HANDLE_MAGIC) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, call, "not a live handle");
+    if (!pref || pref->magic != PREF_MAGIC) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "not a live preference");
+    if (requested < 1) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "requestedAlgoCount < 1");
+    if (shape_of(d, A, B, C, D, &p, why, sizeof why) != 0) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
+    memset(&results[0], 0, sizeof results[0]);
+    uint64_t *a = results[0].algo.data;
+    a[0] = ALGO_MAGIC;
+    a[1] = ((uint64_t)pref->align[0] << 32) | pref->align[1];
+    a[2] = ((uint64_t)pref->align[2] << 32) | pref->align[3];
+    a[3] = p.m, a[4] = p.n, a[5] = p.k;
+    a[6] = (uint64_t)p.ta << 1 | (uint64_t)p.tb;
+    results[0].workspaceSize = 0;
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1.0f;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ the product */
+
+typedef struct {
+    problem p;
+    float alpha, beta;
+    const float *A, *B, *C, *bias;
+    float *D;
+    int64_t lda, ldb, ldc, ldd;
+    uint32_t corr; /* CUPTI's correlation id (of the kernel the real library launches) */
+} gemm_job;
+
+/* Column by column: op(B)'s column j gathered first, then either dot products with the
+ * rows of op(A) (A transposed: contiguous in A) or a sum of A's columns (contiguous). */
+static void run_gemm(void *arg) {
+    gemm_job *g = arg;
+    const problem *p = &g->p;
+    uint64_t t0 = emu_cupti_now();
+    double *bcol = malloc((p->k + p->m) * sizeof(double) + 1); /* [k] op(B)(:, j), [m] sums */
+    double *acc = bcol + p->k;
+    if (!bcol) emu_fail("cublasLtMatmul: out of host memory");
+    for (uint64_t j = 0; j < p->n; j++) {
+        for (uint64_t l = 0; l < p->k; l++)
+            bcol[l] = p->tb ? g->B[j + l * g->ldb] : g->B[l + j * g->ldb];
+        if (p->ta) {
+            for (uint64_t i = 0; i < p->m; i++) {
+                const float *a = g->A + i * g->lda; /* op(A)(i, :) */
+                double s = 0;
+                for (uint64_t l = 0; l < p->k; l++) s += (double)a[l] * bcol[l];
+                acc[i] = s;
+            }
+        } else {
+            for (uint64_t i = 0; i < p->m; i++) acc[i] = 0;
+            for (uint64_t l = 0; l < p->k; l++) {
+                const float *a = g->A + l * g->lda; /* op(A)(:, l) */
+                for (uint64_t i = 0; i < p->m; i++) acc[i] += (double)a[i] * bcol[l];
+            }
+        }
+        for (uint64_t i = 0; i < p->m; i++) {
+            double d = (double)g->alpha * acc[i];
+            if (g->beta != 0.0f) d += (double)g->beta * g->C[i + j * g->ldc];
+            if (g->bias) d += g->bias[i];
+            g->D[i + j * g->ldd] = (float)d;
+        }
+    }
+    free(bcol);
+    emu_cupti_work(EMU_CUPTI_KERNEL, g->corr, t0, emu_cupti_now());
+    free(g);
+}
+
+/* Bytes a column-major rows x cols matrix with leading dimension ld spans. */
+static size_t extent(uint64_t rows, uint64_t cols, int64_t ld) {
+    if (rows == 0 || cols == 0) return 0;
+    return ((size_t)(cols - 1) * (size_t)ld + rows) * sizeof(float);
+}
+
+static int overlaps(const void *x, size_t xb, const void *y, size_t yb) {
+    const char *a = x, *b = y;
+    return xb && yb && a < b + yb && b < a + xb;
+}
+
+static int align_of(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int bytes = 256;
+    while (bytes > 1 && a % (uintptr_t)bytes) bytes /= 2;
+    return bytes;
+}
+
+cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
+                                  const void *A, cublasLtMatrixLayout_t Ad, const void *B,
+                                  cublasLtMatrixLayout_t Bd, const void *beta, const void *C,
+                                  cublasLtMatrixLayout_t Cd, void *D, cublasLtMatrixLayout_t Dd,
+                                  const cublasLtMatmulAlgo_t *algo, void *workspace,
+                                  size_t workspace_bytes, cudaStream_t stream) {
+    const char *call = "cublasLtMatmul";
+    char why[512];
+    problem p;
+    if (!h || h->magic != HANDLE_MAGIC) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, call, "not a live handle");
+    if (shape_of(d, Ad, Bd, Cd, Dd, &p, why, sizeof why) != 0) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
+    if (!emu_stream_valid(stream)) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "not a live stream");
+    if (!algo || algo->data[0] != ALGO_MAGIC)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "an algorithm that did not come from the heuristic");
+    const uint64_t *a = algo->data;
+    if (a[3] != p.m || a[4] != p.n || a[5] != p.k || a[6] != ((uint64_t)p.ta << 1 | (uint64_t)p.tb))
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the algorithm was chosen for another problem");
+    if (!alpha || !beta) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "alpha or beta is NULL");
+    gemm_job g = {p, *(const float *)alpha, *(const float *)beta, A, B, C, NULL, D,
+                  Ad->ld, Bd->ld, Cd->ld, Dd->ld, 0};
+    int with_bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
+    if (with_bias && !d->bias)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the BIAS epilogue without a bias pointer");
+    if (with_bias) g.bias = d->bias;
+    if (p.m == 0 || p.n == 0) return CUBLAS_STATUS_SUCCESS;
+
+    /* every operand lies in memory the GPU can reach, over its whole extent */
+    size_t bytes_a = extent(Ad->rows, Ad->cols, Ad->ld), bytes_b = extent(Bd->rows, Bd->cols, Bd->ld);
+    size_t bytes_c = g.beta != 0.0f ? extent(Cd->rows, Cd->cols, Cd->ld) : 0;
+    size_t bytes_d = extent(Dd->rows, Dd->cols, Dd->ld), bytes_bias = with_bias ? p.m * sizeof(float) : 0;
+    if (emu_check_device_range(A, p.k ? bytes_a : 0, "A", why, sizeof why) != 0 ||
+        emu_check_device_range(B, p.k ? bytes_b : 0, "B", why, sizeof why) != 0 ||
+        emu_check_device_range(C, bytes_c, "C", why, sizeof why) != 0 ||
+        emu_check_device_range(D, bytes_d, "D", why, sizeof why) != 0 ||
+        emu_check_device_range(g.bias, bytes_bias, "the bias", why, sizeof why) != 0 ||
+        emu_check_device_range(workspace, workspace_bytes, "the workspace", why, sizeof why) != 0)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
+    if (overlaps(D, bytes_d, A, p.k ? bytes_a : 0) || overlaps(D, bytes_d, B, p.k ? bytes_b : 0) ||
+        overlaps(D, bytes_d, g.bias, bytes_bias))
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "D overlaps A, B or the bias");
+    if (bytes_c && C != D && overlaps(D, bytes_d, C, bytes_c))
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "D partly overlaps C");
+    if (bytes_c && C == D && Cd->ld != Dd->ld)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "in place (C == D) with different layouts");
+    /* the alignments the algorithm was chosen for */
+    uint32_t promised[4] = {(uint32_t)(a[1] >> 32), (uint32_t)a[1], (uint32_t)(a[2] >> 32), (uint32_t)a[2]};
+    const void *ptr[4] = {A, B, C, D};
+    static const char *const name[4] = {"A", "B", "C", "D"};
+    for (int i = 0; i < 4; i++)
+        if (promised[i] && (i != 2 || bytes_c) && align_of(ptr[i]) < (int)promised[i]) {
+            snprintf(why, sizeof why, "%s = %p is %d-byte aligned, but the algorithm was chosen for "
+                     "%u-byte alignment", name[i], ptr[i], align_of(ptr[i]), promised[i]);
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
+        }
+    gemm_job *job = malloc(sizeof *job);
+    if (!job) return CUBLAS_STATUS_ALLOC_FAILED;
+    *job = g;
+    job->corr = emu_cupti_api();
+    emu_stream_run(stream, run_gemm, job, "cublasLtMatmul");
+    return CUBLAS_STATUS_SUCCESS;
+}

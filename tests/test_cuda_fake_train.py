@@ -1,0 +1,209 @@
+"""The whole CUDA host path without a GPU: gptc-train-emu (the real engine/cuda/*.c op
+table, cuBLASLt mapping, host workers and event timer, on the fake CUDA runtime of
+tests/cuda_emu, whose kernels are the real .cu files run on the CPU emulator) trains with
+--train.device=cuda and must equal the CPU backend's single-rank run of gptc-train: the
+tiny GPT-2 of test_cuda_train (4 layers, d_model 64, 4 heads, vocab 251 so that the
+padded vocabulary is exercised, T 32, global batch 8 in micro-batches of 2) for 4 steps,
+fp32. Losses and grad norms within 1e-5 relative, and the final checkpoints' parameters
+within 1e-5 normwise over the whole model (1e-3 per tensor; compare() says why not
+element by element): everything is fp32, so the runs differ only in the order of sums.
+
+On one rank and on multi-rank layouts under mpirun, whose communication is MPI with host
+staging (the emulated build has no NCCL) on streams that really run beside the compute:
+dp2 ZeRO-1 with bucketed overlap, tp2 with sequence parallelism and chunked overlap, pp2
+1f1b and interleaved with async transfers, tp2 resuming from the dp2 run's checkpoint of
+step 2 (saved from the device, ZeRO-1 state gathered), and dp2 with kernel timing (CUDA events, the fake CUPTI
+refuses to start), the contention probe and NVML power from tests/fake_nvml.c, whose
+report must hold every op with a device time; and one rank timed from the fake CUPTI's
+activity records (GPTC_EMU_CUPTI=1), through engine/cuda/timer_cupti.c.
+
+    test_cuda_fake_train.py GPTC_TRAIN_EMU FAKE_NVML_SO [--quick]
+
+--quick (the sanitizer builds, where the emulator is several times slower) trains 2 steps
+instead of 4.
+
+A wrong row-major -> column-major mapping in engine/cuda/cuda_matmul.c (a transpose flag,
+a leading dimension), a missing stream wait in the host code, or a kernel bug changes the
+losses far beyond 1e-5."""
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gptc_testlib import fail, read_metrics, run_train, write_tokens  # noqa: E402
+
+RTOL = 1e-5
+PARAM_TENSOR_RTOL = 1e-3
+STEPS = 2 if "--quick" in sys.argv else 4
+RESUME = STEPS // 2  # the step whose checkpoint emu_resume_tp2 goes on from
+VOCAB = 251
+D = tempfile.mkdtemp(prefix="gptc_cuda_fake_train_")
+
+
+def train(name, ranks, device, extra, binary=None, extra_env=None):
+    log = f"{D}/{name}.jsonl"
+    args = ["--model.n_layer=4", "--model.n_head=4", "--model.d_model=64", "--model.n_ctx=32",
+            f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", f"--train.steps={STEPS}",
+            "--train.global_batch=8", "--train.micro_batch=2", "--train.seq_len=32",
+            "--train.lr=3e-3", "--train.warmup_steps=1", "--train.lr_schedule=cosine",
+            "--train.grad_clip=0.5", f"--train.log_file={log}", f"--train.device={device}",
+            f"--train.save={D}/{name}.h5"] + extra
+    t0 = time.time()
+    r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=300,
+                  extra_env=extra_env, train=binary)
+    if r.returncode:
+        fail(f"{name}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    if "cuda_emu" in r.stderr:  # the fake runtime refused a call, even if the engine went on
+        fail(f"{name}: the fake CUDA runtime complained:\n{r.stderr[-3000:]}")
+    return read_metrics(log), r.stdout, time.time() - t0
+
+
+def compare(name, ref, got, first=1):
+    """Worst relative difference of the losses and grad norms, and the parameters' whole
+    normwise difference; fails beyond the tolerances."""
+    ref = [m for m in ref if m["step"] >= first]
+    if [m["step"] for m in got] != [m["step"] for m in ref]:
+        fail(f"{name}: steps {[m['step'] for m in got]} != {[m['step'] for m in ref]}")
+    worst = 0.0
+    for a, b in zip(ref, got):
+        for k in ("loss", "grad_norm"):
+            rel = abs(a[k] - b[k]) / abs(a[k])
+            worst = max(worst, rel)
+            if not rel <= RTOL:
+                fail(f"{name}: step {a['step']} {k} {b[k]!r} vs CPU {a[k]!r} (rel {rel:.2e})")
+    # Final parameters, normwise: over the whole model within RTOL, and per tensor within
+    # PARAM_TENSOR_RTOL. Not element by element: AdamW turns rounding noise in a gradient
+    # that is (almost) zero into steps of its own sign (m / sqrt(v)), so such elements
+    # differ between any two summation orders far more than the rest (the key biases,
+    # whose gradient is exactly zero in exact arithmetic, by ~1e-4 of the tensor's norm
+    # even between two CPU layouts' runs); a wrong tensor or shard is off by far more.
+    import h5py
+    num = den = 0.0
+    with h5py.File(f"{D}/cpu.h5") as fr, h5py.File(f"{D}/{name}.h5") as fg:
+        for t in fr["model"]:
+            a = fr["model"][t][...].astype(np.float64)
+            b = fg["model"][t][...].astype(np.float64)
+            if a.shape != b.shape:
+                fail(f"{name}: final {t} has shape {b.shape}, the CPU run's {a.shape}")
+            d2, a2 = float(np.sum((a - b) ** 2)), float(np.sum(a * a))
+            num, den = num + d2, den + a2
+            err = (d2 / max(a2, 1e-300)) ** 0.5
+            if not err <= PARAM_TENSOR_RTOL:
+                fail(f"{name}: final {t} differs from the CPU run by {err:.2e} (normwise)")
+    err = (num / den) ** 0.5
+    if not err <= RTOL:
+        fail(f"{name}: final parameters differ from the CPU run by {err:.2e} (normwise)")
+    return worst, err
+
+
+LAYOUTS = [
+    ("emu", 1, []),
+    # also keeps the checkpoint of step RESUME, which emu_resume_tp2 below goes on from
+    ("emu_dp2_zero1_bucket", 2, ["--parallel.dp=2", "--overlap.dp=bucket",
+                                 "--overlap.dp_shard=optimizer", "--overlap.dp_bucket_mb=0.05",
+                                 f"--train.save_every={RESUME}", f"--train.keep={STEPS}"]),
+    ("emu_tp2_sp_chunked", 2, ["--parallel.tp=2", "--parallel.sequence_parallel=true",
+                               "--overlap.tp=chunked", "--overlap.tp_chunks=2"]),
+    ("emu_pp2_1f1b_async", 2, ["--parallel.pp=2", "--parallel.schedule=1f1b",
+                               "--overlap.pp=async", "--overlap.comm_priority=high"]),
+    ("emu_pp2_interleaved", 2, ["--parallel.pp=2", "--parallel.schedule=interleaved",
+                                "--parallel.virtual_stages=2", "--overlap.pp=async"]),
+]
+
+
+def main():
+    args = [a for a in sys.argv[1:] if a != "--quick"]
+    if len(args) != 2:
+        fail("usage: test_cuda_fake_train.py GPTC_TRAIN_EMU FAKE_NVML_SO [--quick]")
+    emu, nvml = args
+    rng = np.random.default_rng(7)
+    write_tokens(f"{D}/tok.h5", rng.integers(0, VOCAB, 4000), VOCAB)
+    ref, _, _ = train("cpu", 1, "cpu", [])
+    for name, ranks, extra in LAYOUTS:
+        got, out, secs = train(name, ranks, "cuda", extra, binary=emu)
+        if "communication: mpi with host staging" not in out:
+            fail(f"{name}: expected the CUDA backend with MPI on host staging:\n{out[-2000:]}")
+        worst, perr = compare(name, ref, got)
+        print(f"ok   {name:<24} {ranks} rank(s): losses, grad norms within {worst:.1e}, "
+              f"parameters {perr:.1e} ({secs:.1f} s)")
+
+    # a checkpoint written on the device under ZeRO-1 (parameters and the optimizer state
+    # gathered from the shards) goes on under tensor parallelism: the later steps as the CPU's
+    name = "emu_resume_tp2"
+    got, out, secs = train(name, 2, "cuda", ["--parallel.tp=2",
+                                             f"--train.init={D}/emu_dp2_zero1_bucket.step{RESUME}.h5"],
+                           binary=emu)
+    if len(got) != STEPS - RESUME:
+        fail(f"{name}: {len(got)} steps logged, expected {STEPS - RESUME}")
+    worst, perr = compare(name, ref, got, first=RESUME + 1)
+    print(f"ok   {name:<24} 2 rank(s): losses, grad norms within {worst:.1e}, parameters "
+          f"{perr:.1e} ({secs:.1f} s), from the dp2 ZeRO-1 run's step-{RESUME} checkpoint")
+
+    # kernel timing on CUDA events (the fake CUPTI refuses, as when a profiler holds it),
+    # a contention probe every 2nd step, and power from the fake NVML: the same numbers,
+    # and a report holding every op with a device time and every step with its readings
+    name = "emu_dp2_timed"
+    timed = ["--parallel.dp=2", "--overlap.dp=bucket", "--overlap.dp_bucket_mb=0.05",
+             "--profile.timing=kernel", f"--profile.report={D}/report.json",
+             f"--profile.trace={D}/trace.json", "--profile.contention_probe=2",
+             "--profile.power=true"]
+    got, out, secs = train(name, 2, "cuda", timed, binary=emu, extra_env={"GPTC_NVML_PATH": nvml})
+    if "kernel timing: CUDA events around each op" not in out:
+        fail(f"{name}: the CUDA-event timer did not start:\n{out[-2000:]}")
+    worst, perr = compare(name, ref, got)
+    for m in got:
+        for k in ("energy_j", "power_w", "sm_clock_mhz"):
+            if not (isinstance(m.get(k), (int, float)) and m[k] > 0):
+                fail(f"{name}: metrics of step {m['step']}: {k} = {m.get(k)!r}, expected > 0")
+    rep = json.load(open(f"{D}/report.json"))
+    names = {k["name"]: k for k in rep["kernels"]}
+    for op in ("embedding_fwd", "layernorm_fwd", "qkv_fwd", "attention_fwd", "attention_bwd",
+               "fc_bwd", "lm_head_fwd", "loss_expsum", "grad_norm", "adamw", "zero", "allreduce"):
+        k = names.get(op)
+        if not k or not k["count"] > 0 or not k["mean_us"] > 0:
+            fail(f"{name}: report: {op} missing or without time: {k}")
+    probes = [s for s in rep["steps"] if s.get("probe")]
+    if len(rep["steps"]) != 2 * STEPS or len(probes) != 2 * (STEPS // 2):  # 2 ranks
+        fail(f"{name}: report steps {rep['steps']}")
+    for st in rep["steps"]:
+        if not (st["compute_ms"] > 0 and st["comm_ms"] > 0 and st["iter_ms"] >= st["compute_ms"] * 0.5):
+            fail(f"{name}: report step {st}: implausible times")
+        if not st.get("power_w", 0) > 0:
+            fail(f"{name}: report step {st}: no power reading")
+    trace = json.load(open(f"{D}/trace.json"))["traceEvents"]
+    if not any(e.get("cat") == "comm" for e in trace):
+        fail(f"{name}: trace: no communication events")
+    print(f"ok   {name:<24} 2 rank(s): losses, grad norms within {worst:.1e}, parameters "
+          f"{perr:.1e} ({secs:.1f} s); report: {len(names)} op names timed on CUDA events, "
+          f"power on every step")
+
+    # the same with CUPTI (GPTC_EMU_CUPTI=1 lets the fake start): timer_cupti.c joins the
+    # activity records of each op's kernels, copies and sets to the op through the
+    # external correlation ids it pushed around the op's launches
+    name = "emu_cupti_timed"
+    got, out, secs = train(name, 1, "cuda", ["--profile.timing=kernel",
+                                             f"--profile.report={D}/report_cupti.json"],
+                           binary=emu, extra_env={"GPTC_EMU_CUPTI": "1"})
+    if "kernel timing: CUPTI activity records" not in out:
+        fail(f"{name}: the CUPTI timer did not start:\n{out[-2000:]}")
+    worst, perr = compare(name, ref, got)
+    rep = json.load(open(f"{D}/report_cupti.json"))
+    cupti_names = {k["name"]: k for k in rep["kernels"]}
+    for op in names:  # every compute op the event timer saw
+        k = cupti_names.get(op)
+        if names[op]["kind"] == "compute" and (not k or not k["count"] > 0 or not k["mean_us"] > 0):
+            fail(f"{name}: report: {op} missing or without time: {k}")
+    for st in rep["steps"]:
+        if not (0 < st["compute_ms"] <= st["iter_ms"] * 1.05):
+            fail(f"{name}: report step {st}: implausible times")
+    print(f"ok   {name:<24} 1 rank(s): losses, grad norms within {worst:.1e}, parameters "
+          f"{perr:.1e} ({secs:.1f} s); report: {len(cupti_names)} op names timed from CUPTI records")
+    print(f"PASS: {len(LAYOUTS) + 3} runs of the CUDA host code on the fake runtime match the CPU run")
+
+
+if __name__ == "__main__":
+    main()
