@@ -11,9 +11,11 @@
 #   ctest_gpu  ctest -L gpu (the GPU-labelled tests)
 #   bench_*    every benchmarks/gpu/bench_*.sh and bench_*.py, in name order
 #   torch_smoke  torch_gpt2.py, a few bf16 steps (GPTC_GPU_TORCH_SMOKE=0 skips it)
-# Everything it produces lands in ${OUT:-gpu-results}/: one log per stage, the prepare
-# summary, env.sh, CMake's cache and ctest's log, and summary.txt (always written: the
-# machine, then one line per stage: PASS, FAIL, TIMEOUT or SKIPPED, with the reason).
+# Everything it produces lands in ${GPTC_GPU_RESULTS:-gpu-results}/: one log per stage, the
+# prepare summary, env.sh, CMake's cache and ctest's log, and summary.txt (always written:
+# the machine, then one line per stage: PASS, FAIL, TIMEOUT or SKIPPED, with the reason).
+# Where $OUT is set (the device tool, which returns at most 8 files), that folder is packed
+# into $OUT/gpu-results.tgz after every stage, and summary.txt is copied beside it.
 #
 # Time: the whole run keeps within GPTC_GPU_BUDGET_S (default 540 s). A stage starts only
 # if the budget has its minimum left, and its timeout is cut to what remains.
@@ -29,7 +31,7 @@ RESERVE=10                          # kept back for copying logs and the summary
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 cd "$REPO" || exit 1
-RES=${OUT:-gpu-results}
+RES=${GPTC_GPU_RESULTS:-gpu-results}
 mkdir -p "$RES" || { echo "run_all: cannot create $RES" >&2; exit 1; }
 RES=$(cd "$RES" && pwd)
 BUILD=$(realpath -m "${GPTC_GPU_BUILD:-build-gpu}")
@@ -41,6 +43,13 @@ NFAIL=0
 elapsed() { echo $(( $(date +%s) - START )); }
 left() { echo $(( BUDGET - $(elapsed) - RESERVE )); }
 note() { echo "$*" | tee -a "$SUM"; }
+# after every stage, so that a run killed from outside still returns what it got
+pack() {
+  [ -n "${OUT:-}" ] || return 0
+  tar -czf "$OUT/gpu-results.tgz" -C "$(dirname "$RES")" "$(basename "$RES")" 2>/dev/null
+  cp "$SUM" "$OUT/summary.txt" 2>/dev/null
+  return 0
+}
 
 # The summary is rewritten at the end, but stage lines are appended as they finish, so a
 # run killed from outside still leaves what it got.
@@ -73,6 +82,7 @@ stage() {
   esac
   note "$(printf '%-14s %-9s %4d s  (exit %d, timeout %d s, log %s.log)' "$name" "$verdict" "$dt" "$rc" "$tmo" "$name")"
   if [ "$verdict" != PASS ]; then tail -5 "$RES/$name.log" | sed 's/^/    | /' | tee -a "$SUM"; fi
+  pack
   STAGE_RC=$rc; return $rc
 }
 skip() { note "$(printf '%-14s SKIPPED   %s' "$1" "$2")"; }
@@ -184,6 +194,7 @@ fi
   echo
   echo "stages failed: $NFAIL; elapsed $(elapsed) s of ${BUDGET} s"
 } >> "$SUM"
+pack
 echo "run_all: summary in $SUM"
 cat "$SUM"
 [ "$NFAIL" = 0 ]
