@@ -14,6 +14,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -576,14 +577,22 @@ static int contains(const region *outer, const region *inner) {
 
 /* Staging buffers in host memory the device copies at full speed, reused op after op: an
  * op takes one when it is issued and gives it back from its stream once its copies back
- * have completed. The main thread takes; stream workers give back. */
-enum { STAGE_SLOTS = 256 };
+ * have completed. The main thread takes; stream workers give back.
+ *
+ * Pinned memory is allocated and freed only while no staged op is in flight. cudaMallocHost
+ * and cudaFreeHost take a lock of the CUDA driver that every other CUDA call of the
+ * process waits for, and hold it until the device is idle; a staged op's stream meanwhile
+ * spins until its worker has run the op, and the worker's next CUDA call waits for that
+ * lock: a deadlock (seen on an H200 with tp2 on one GPU). Sizes are rounded up to a power
+ * of two, so the pool settles within the first step and later steps never wait here. */
+enum { STAGE_SLOTS = 256, STAGE_MIN_BYTES = 64 << 10 };
 typedef struct {
     char *p;
     size_t bytes;
     int busy;
 } stage_buf;
 static stage_buf g_stages[STAGE_SLOTS];
+static int g_stages_busy; /* slots in flight */
 static pthread_mutex_t g_stage_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_stage_freed = PTHREAD_COND_INITIALIZER;
 
@@ -591,15 +600,20 @@ static void stage_give_back(void *arg) {
     stage_buf *b = arg;
     pthread_mutex_lock(&g_stage_mu);
     b->busy = 0;
-    pthread_cond_signal(&g_stage_freed);
+    g_stages_busy--;
+    pthread_cond_broadcast(&g_stage_freed);
     pthread_mutex_unlock(&g_stage_mu);
 }
 
-/* The smallest free buffer that fits, else a free slot (the emptiest) reallocated to
- * fit. When all are in flight this waits for one: they come back as their ops complete,
- * which needs nothing from this thread. Pinned memory is allocated and freed outside the
- * lock: those calls may wait for the whole device, including a spin kernel whose host
- * function is about to take the lock to give its buffer back. */
+static size_t stage_round(size_t bytes) {
+    size_t r = STAGE_MIN_BYTES;
+    while (r < bytes && r <= SIZE_MAX / 2) r *= 2;
+    return r < bytes ? bytes : r;
+}
+
+/* The smallest free buffer that fits; else, once nothing is in flight, a free slot (the
+ * emptiest) reallocated to fit. Waiting needs nothing from this thread: ops in flight
+ * come back as their streams reach them. */
 static stage_buf *stage_take(const gptc_backend *be, size_t bytes) {
     pthread_mutex_lock(&g_stage_mu);
     stage_buf *fit = NULL, *spare = NULL;
@@ -610,16 +624,19 @@ static stage_buf *stage_take(const gptc_backend *be, size_t bytes) {
             if (b->bytes >= bytes && (!fit || b->bytes < fit->bytes)) fit = b;
             if (!spare || b->bytes < spare->bytes) spare = b;
         }
-        if (fit || spare) break;
-        pthread_cond_wait(&g_stage_freed, &g_stage_mu); /* every slot in flight */
+        if (fit || (spare && g_stages_busy == 0)) break;
+        fit = spare = NULL;
+        pthread_cond_wait(&g_stage_freed, &g_stage_mu);
     }
     stage_buf *b = fit ? fit : spare;
     b->busy = 1;
+    g_stages_busy++;
     pthread_mutex_unlock(&g_stage_mu);
     if (fit) return b;
     if (b->p) be->release_host(b->p);
-    b->p = be->alloc_host(bytes);
-    b->bytes = b->p ? bytes : 0;
+    size_t want = stage_round(bytes);
+    b->p = be->alloc_host(want);
+    b->bytes = b->p ? want : 0;
     if (b->p) return b;
     stage_give_back(b); /* out of host memory */
     return NULL;

@@ -102,6 +102,8 @@ nvidia-smi > "$RES/nvidia-smi.txt" 2>&1
 
 # ------------------------------------------------------------------------ configure, build
 CONF_ARGS=(-S . -B "$BUILD" -DGPTC_CUDA=ON -DCMAKE_BUILD_TYPE=Release)
+# the tests need numpy and h5py: the GPU image has them in the python3 on PATH (a venv)
+command -v python3 >/dev/null && CONF_ARGS+=("-DGPTC_PYTHON=$(command -v python3)")
 [ -n "${GPTC_NCCL_ROOT:-}" ] && CONF_ARGS+=("-DGPTC_NCCL_ROOT=$GPTC_NCCL_ROOT")
 # shellcheck disable=SC2206  # lists of -D flags, split on spaces on purpose
 CONF_ARGS+=(${GPTC_CMAKE_ARGS:-} ${GPTC_GPU_CMAKE_EXTRA:-})
