@@ -125,11 +125,21 @@ else
   skip build "configure did not succeed"
 fi
 
+# ------------------------------------------------------------------------ precheck
+# GPTC_GPU_PRECHECK=script: a short check run first; when it fails, the tests and
+# benchmarks are skipped (a hang would only spend the budget on timeouts).
+ONLY=${GPTC_GPU_ONLY:-all}
+if [ "$BUILD_OK" = 1 ] && [ -n "${GPTC_GPU_PRECHECK:-}" ]; then
+  GPTC_BUILD=$BUILD stage precheck 30 150 bash "$GPTC_GPU_PRECHECK"
+  [ "$STAGE_RC" = 0 ] || { ONLY=none; cat "$RES/precheck.log"; }
+fi
+
 # ------------------------------------------------------------------------ GPU tests
 # GPTC_GPU_ONLY=tests runs the tests and no benchmarks, =bench the benchmarks and no tests
 # (to split the work over two device calls; the build is reused while the machine is warm)
-ONLY=${GPTC_GPU_ONLY:-all}
-if [ "$BUILD_OK" = 1 ] && [ "$ONLY" = bench ]; then
+if [ "$BUILD_OK" = 1 ] && [ "$ONLY" = none ]; then
+  skip ctest_gpu "the precheck failed"
+elif [ "$BUILD_OK" = 1 ] && [ "$ONLY" = bench ]; then
   skip ctest_gpu "GPTC_GPU_ONLY=bench"
 elif [ "$BUILD_OK" = 1 ]; then
   # (cd; ctest) rather than --test-dir, which needs CMake 3.20; the compute-sanitizer runs
@@ -160,7 +170,7 @@ shopt -s nullglob
 BENCHES=("$BENCH_DIR"/bench_*.sh "$BENCH_DIR"/bench_*.py)
 shopt -u nullglob
 [ "${#BENCHES[@]}" = 0 ] && note "$(printf '%-14s none      no benchmarks/gpu/bench_*.sh or bench_*.py yet' benchmarks)"
-[ "$ONLY" = tests ] && BENCHES=()
+[ "$ONLY" = tests ] || [ "$ONLY" = none ] && BENCHES=()
 for b in $(printf '%s\n' "${BENCHES[@]}" | sort); do
   name=$(basename "$b"); name=${name%.*}
   mkdir -p "$RES/$name"
@@ -173,7 +183,7 @@ for b in $(printf '%s\n' "${BENCHES[@]}" | sort); do
 done
 
 # compute-sanitizer memcheck and racecheck on the op tests (slow: after the benchmarks)
-if [ "$BUILD_OK" = 1 ] && [ "$ONLY" != bench ]; then
+if [ "$BUILD_OK" = 1 ] && [ "$ONLY" != bench ] && [ "$ONLY" != none ]; then
   stage ctest_sanitizer 60 400 bash -c "cd '$BUILD' && ctest --output-on-failure -L sanitizer --timeout 380"
   grep -q 'No tests were found' "$RES/ctest_sanitizer.log" 2>/dev/null &&
     note "               (no compute-sanitizer found at configure time)"
@@ -181,7 +191,7 @@ fi
 
 # A few steps of the PyTorch peer: proves torch_gpt2.py runs on this GPU and gives a
 # first bf16 number. Last, so that it never takes time from the stages above.
-if [ "${GPTC_GPU_TORCH_SMOKE:-1}" = 1 ] && [ "$ONLY" != tests ]; then
+if [ "${GPTC_GPU_TORCH_SMOKE:-1}" = 1 ] && [ "$ONLY" = all ]; then
   stage torch_smoke 60 120 python3 "$HERE/torch_gpt2.py" --precision bf16 --micro-batch 8 \
     --warmup 3 --steps 5
   grep '^{' "$RES/torch_smoke.log" 2>/dev/null | tail -1 > "$RES/torch_smoke.json"

@@ -69,6 +69,9 @@ void cuda_fill_nan(float *x, size_t n, cudaStream_t s);
 /* A kernel that spins until *flag (host-mapped memory written by a host thread) reaches
  * at least target: lets a stream wait for a host thread without a host callback. */
 void cuda_wait_flag(const volatile unsigned int *flag, unsigned int target, cudaStream_t s);
+/* A one-thread kernel that stores value into *flag (host-mapped) once the stream's
+ * earlier work has completed: lets a host thread wait for a stream without a CUDA call. */
+void cuda_set_flag(volatile unsigned int *flag, unsigned int value, cudaStream_t s);
 
 /* 0 when the last launch on this thread went well; otherwise the CUDA error code. */
 int cuda_check_launch(void);

@@ -150,6 +150,16 @@ __global__ void wait_flag_kernel(const volatile unsigned int *flag /* [1], host-
     __threadfence_system();
 }
 
+/* The stream has reached this point: publish the task number to the host. The copies and
+ * kernels before it in the stream have completed; the fence orders their writes to host
+ * memory before the flag, as the host thread polling it will read them. */
+__global__ void set_flag_kernel(volatile unsigned int *flag /* [1], host-mapped */,
+                                unsigned int value) {
+    __threadfence_system();
+    *flag = value;
+    __threadfence_system();
+}
+
 /* ------------------------------------------------------------------ launchers */
 
 extern "C" {
@@ -202,6 +212,10 @@ void cuda_bias_backward(float *dbias, const float *dout, int N, int OC, cudaStre
 
 void cuda_wait_flag(const volatile unsigned int *flag, unsigned int target, cudaStream_t s) {
     wait_flag_kernel<<<1, 1, 0, s>>>(flag, target);
+}
+
+void cuda_set_flag(volatile unsigned int *flag, unsigned int value, cudaStream_t s) {
+    set_flag_kernel<<<1, 1, 0, s>>>(flag, value);
 }
 
 int cuda_check_launch(void) { return (int)cudaGetLastError(); }

@@ -5,11 +5,19 @@
  * CUDA runtime shares between streams, so a function blocking in MPI (a host-staged
  * collective waiting for a peer) would hold back the functions of every other stream
  * and can deadlock ranks whose streams wait on each other. Here each stream has a worker
- * that waits for an event marking the point the stream reached, runs the function, then
- * bumps a counter in host-mapped memory; a one-thread kernel queued on the stream spins
- * until the counter reaches the task's number. The functions may call CUDA, but nothing
- * that waits for the whole device (cudaFree, cudaFreeHost, cudaDeviceSynchronize): that
- * would wait for the spin kernel, which waits for the function.
+ * and two counters in host-mapped memory: a one-thread kernel queued on the stream sets
+ * `reached` to the task's number when the stream gets there, the worker polls it, runs
+ * the function and bumps `done`, and a second one-thread kernel spins until `done` holds
+ * the task's number.
+ *
+ * The worker makes no CUDA call between taking a task and finishing it. Some CUDA calls
+ * take a lock of the driver and wait until the whole device is idle: cudaFree,
+ * cudaFreeHost, cudaMallocHost, and the first launch of a kernel under lazy module
+ * loading (CUDA 12's default). Made on the main thread while a spin kernel waits, such a
+ * call waits for the worker; had the worker then called cudaEventSynchronize (as it once
+ * did), it would wait for that lock: a deadlock, seen on an H200 with two ranks on one
+ * GPU in step 1. Without CUDA calls the worker finishes its MPI call, the spin kernel
+ * ends and the main thread's call completes.
  * With CUDA_DEVICE_MAX_CONNECTIONS=1 every stream shares one hardware queue, and work
  * queued behind a spinning kernel waits for it: leave that variable unset. */
 #include "engine/cuda/cuda_internal.h"
@@ -19,11 +27,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 typedef struct task {
     void (*fn)(void *);
     void *arg;
-    cudaEvent_t reached; /* the stream's point before the function */
+    unsigned int number; /* the stream's point before the function: reached >= number */
     struct task *next;
 } task;
 
@@ -35,9 +44,22 @@ struct host_worker {
     int stop;
     int device;
     unsigned int issued;    /* tasks enqueued (the main thread's count) */
-    unsigned int *done;     /* [1] host-mapped: tasks finished */
-    unsigned int *done_dev; /* the same word, as the device sees it */
+    unsigned int *flags;    /* [2] host-mapped: [0] tasks the stream reached, [1] tasks done */
+    unsigned int *flags_dev; /* the same words, as the device sees them */
 };
+
+/* Polls the stream's counter: the wait is a few microseconds when the stream is idle and
+ * as long as the compute before the op when it is busy, so the sleep grows to 50 us. */
+static void wait_reached(const volatile unsigned int *reached, unsigned int number) {
+    long ns = 1000;
+    for (int spins = 0; (int)(*reached - number) < 0; spins++) {
+        if (spins < 64) continue;
+        struct timespec ts = {0, ns};
+        nanosleep(&ts, NULL);
+        if (ns < 50000) ns *= 2;
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the stream's copies before the flag */
+}
 
 static void *work(void *arg) {
     host_worker *w = arg;
@@ -53,10 +75,9 @@ static void *work(void *arg) {
         w->head = t->next;
         if (!w->head) w->tail = NULL;
         pthread_mutex_unlock(&w->mu);
-        cuda_check(cudaEventSynchronize(t->reached), "host task (event)");
-        cuda_check(cudaEventDestroy(t->reached), "host task (event)");
+        wait_reached(&w->flags[0], t->number);
         t->fn(t->arg);
-        __atomic_add_fetch(w->done, 1u, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&w->flags[1], 1u, __ATOMIC_RELEASE);
         free(t);
     }
 }
@@ -65,17 +86,17 @@ host_worker *host_worker_create(int device) {
     host_worker *w = calloc(1, sizeof *w);
     if (!w) return NULL;
     w->device = device;
-    if (cudaHostAlloc((void **)&w->done, sizeof(unsigned int), cudaHostAllocMapped) != cudaSuccess ||
-        cudaHostGetDevicePointer((void **)&w->done_dev, w->done, 0) != cudaSuccess) {
+    if (cudaHostAlloc((void **)&w->flags, 2 * sizeof(unsigned int), cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostGetDevicePointer((void **)&w->flags_dev, w->flags, 0) != cudaSuccess) {
         (void)cudaGetLastError();
         free(w);
         return NULL;
     }
-    *w->done = 0;
+    w->flags[0] = w->flags[1] = 0;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->work, NULL);
     if (pthread_create(&w->thread, NULL, work, w) != 0) {
-        cudaFreeHost(w->done);
+        cudaFreeHost(w->flags);
         free(w);
         return NULL;
     }
@@ -90,7 +111,7 @@ void host_worker_destroy(host_worker *w) {
     pthread_cond_signal(&w->work);
     pthread_mutex_unlock(&w->mu);
     pthread_join(w->thread, NULL);
-    cudaFreeHost(w->done);
+    cudaFreeHost(w->flags);
     free(w);
 }
 
@@ -100,17 +121,15 @@ void host_worker_launch(host_worker *w, cudaStream_t s, void (*fn)(void *), void
     t->fn = fn;
     t->arg = arg;
     t->next = NULL;
-    /* blocking sync: the worker sleeps rather than spins beside MPI's progress threads */
-    cuda_check(cudaEventCreateWithFlags(&t->reached, cudaEventDisableTiming | cudaEventBlockingSync),
-               "host task (event)");
-    cuda_check(cudaEventRecord(t->reached, s), "host task (event)");
-    unsigned int number = ++w->issued;
+    unsigned int number = t->number = ++w->issued;
+    cuda_set_flag(&w->flags_dev[0], number, s);
+    cuda_check((cudaError_t)cuda_check_launch(), "host task (flag kernel)");
     pthread_mutex_lock(&w->mu);
     if (w->tail) w->tail->next = t;
     else w->head = t;
     w->tail = t;
     pthread_cond_signal(&w->work);
     pthread_mutex_unlock(&w->mu);
-    cuda_wait_flag(w->done_dev, number, s);
+    cuda_wait_flag(&w->flags_dev[1], number, s);
     cuda_check((cudaError_t)cuda_check_launch(), "host task (wait kernel)");
 }
