@@ -174,11 +174,19 @@ int power_step_end(power_sample *out) {
     unsigned int clk1;
     if (P.clock(P.dev, NVML_CLOCK_SM, &clk1) != NVML_SUCCESS || !(dt > 0)) return -1;
     double energy_j, power_w;
-    if (P.energy) {
-        unsigned long long e1;
-        if (P.energy(P.dev, &e1) != NVML_SUCCESS || e1 < P.e0_mj) return -1;
+    unsigned long long e1 = 0;
+    if (P.energy && (P.energy(P.dev, &e1) != NVML_SUCCESS || e1 < P.e0_mj)) return -1;
+    if (P.energy && e1 > P.e0_mj) {
         energy_j = (double)(e1 - P.e0_mj) * 1e-3;
         power_w = energy_j / dt;
+    } else if (P.energy) {
+        /* The counter moves in steps (tens of ms apart on an H200): a step shorter than
+         * that may see none, and is measured by the power reading instead (the step that
+         * sees the counter move gets its whole increment). */
+        unsigned int p1;
+        if (P.power(P.dev, &p1) != NVML_SUCCESS) return -1;
+        power_w = 1e-3 * (double)p1;
+        energy_j = power_w * dt;
     } else {
         unsigned int p1;
         if (P.power(P.dev, &p1) != NVML_SUCCESS) return -1;

@@ -5,7 +5,9 @@
  *                       no_energy (no energy counter, as before Volta) | init_fails |
  *                       bad_index (no device at any index) |
  *                       read_fails (energy, power and clock readings fail) |
- *                       power_fails | clock_fails (only that reading fails)
+ *                       power_fails | clock_fails (only that reading fails) |
+ *                       energy_frozen (the energy counter does not move, as between two
+ *                       updates of a real one)
  *   FAKE_NVML_POWER_MW  power reading, default 250000
  *   FAKE_NVML_SM_MHZ    SM clock reading, default 1980
  * The energy counter advances by FAKE_NVML_ENERGY_STEP_MJ (1000) at every reading, so
@@ -89,7 +91,7 @@ int nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long 
     if (mode_is("no_energy")) return NVML_ERROR_NOT_SUPPORTED;
     if (mode_is("read_fails")) return NVML_ERROR_UNKNOWN;
     *mj = energy_mj;
-    energy_mj += FAKE_NVML_ENERGY_STEP_MJ;
+    if (!mode_is("energy_frozen")) energy_mj += FAKE_NVML_ENERGY_STEP_MJ;
     return NVML_SUCCESS;
 }
 

@@ -183,6 +183,39 @@ static void check_power_samples(void) {
     check_depth("no_energy after close", 0);
 }
 
+/* An energy counter that did not move during the step (a real one moves every few tens of
+ * ms, and a small model's step is shorter): the step is measured by the end's power
+ * reading, not reported as 0 J; a later step that sees the counter move uses it again. */
+static void check_frozen_counter(void) {
+    set_env("FAKE_NVML_MODE", "energy_frozen");
+    char err[256] = "";
+    int rc = power_open(0, g_bus, err, sizeof(err));
+    check(rc == 0, "energy_frozen: power_open = %d, expected 0 (err: %s)", rc, err);
+    if (rc != 0) return;
+    check_method("energy_frozen", "energy_counter");
+    power_sample s;
+    double elapsed;
+    rc = step(&s, &elapsed, "100000", "300000", NULL, NULL);
+    check(rc == 0 && fabs(s.power_w - 300.0) <= 1e-9,
+          "energy_frozen: rc %d, power_w = %.12g; expected 0 and the end's reading, 300", rc, s.power_w);
+    check(within(s.energy_j, 300.0 * elapsed, 0.1),
+          "energy_frozen: energy_j = %.6g, expected 300 W * %.6g s = %.6g (10%%)", s.energy_j,
+          elapsed, 300.0 * elapsed);
+    set_env("FAKE_NVML_MODE", "ok");
+    rc = step(&s, &elapsed, NULL, NULL, NULL, NULL);
+    check(rc == 0 && within(s.energy_j, ENERGY_STEP_MJ * 1e-3, 1e-12),
+          "counter moving again: rc %d, %.9g J; expected 0, %.9g J", rc, s.energy_j,
+          ENERGY_STEP_MJ * 1e-3);
+    set_env("FAKE_NVML_MODE", "energy_frozen,power_fails");
+    power_step_begin();
+    rc = power_step_end(&s);
+    check(rc == -1 && isnan(s.energy_j),
+          "energy_frozen, power reading fails: rc %d, %g J; expected -1, NAN", rc, s.energy_j);
+    set_env("FAKE_NVML_MODE", "ok");
+    power_close();
+    check_depth("energy_frozen after close", 0);
+}
+
 /* power_open fails with -1 and a one-line error naming the cause; NVML is left shut down. */
 static void check_open_fails(const char *what, const char *mode, const char *path, int index,
                              const char *must_contain) {
@@ -232,6 +265,7 @@ int main(int argc, char **argv) {
     check_method("before open", "none");
     check_energy_counter();
     check_power_samples();
+    check_frozen_counter();
     check_open_fails("init_fails", "init_fails", NULL, 0, "nvmlInit_v2 failed: Driver Not Loaded");
     check_open_fails("bad_index", "bad_index", NULL, 0,
                      "nvmlDeviceGetHandleByIndex_v2(0) failed: Invalid Argument");
