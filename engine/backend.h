@@ -28,6 +28,12 @@
 typedef struct gptc_stream gptc_stream;
 typedef struct gptc_event gptc_event;
 
+/* train.precision. GPTC_BF16 (so far): the two operands of every matmul_forward and
+ * matmul_backward product are rounded to bfloat16 (round to nearest even) and the
+ * product accumulates in fp32; biases, outputs, activations, parameters, gradients,
+ * attention and the optimizer stay fp32. */
+typedef enum { GPTC_FP32 = 0, GPTC_BF16 = 1 } gptc_precision;
+
 typedef struct gptc_backend {
     const char *name;
     /* 1 when buffers live in device memory, which the host must not touch: communication
@@ -102,6 +108,9 @@ typedef struct gptc_backend {
                                const float *inp, const float *w, const float *mean,
                                const float *rstd, int N, int C, gptc_stream *s);
 
+    /* The precision of the matmuls (gptc_precision above); fp32, the default, is strict
+     * (no TF32). Set once, before the first op. */
+    void (*set_precision)(gptc_precision p);
     /* out[N,OC] = inp[N,IC] @ W + bias (bias may be NULL). W is [IC,OC], or [OC,IC] when
      * w_rows_out (the tied LM head reads wte [V,C] that way). */
     void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,

@@ -57,9 +57,7 @@ static void catch_stop_signals(void) {
 /* Features whose keys exist in the contract but whose code lands with later work are
  * refused by name rather than silently ignored. */
 static int check_supported(const gptc_config *c, const grid *g, char *err, size_t n) {
-    if (strcmp(c->precision, "fp32") != 0)
-        snprintf(err, n, "train.precision = %s: only fp32 is implemented so far", c->precision);
-    else if ((c->trace[0] || c->report[0]) && strcmp(c->timing, "kernel") != 0)
+    if ((c->trace[0] || c->report[0]) && strcmp(c->timing, "kernel") != 0)
         snprintf(err, n, "profile.%s needs profile.timing = kernel", c->trace[0] ? "trace" : "report");
     else if (c->power && strcmp(c->device, "cuda") != 0)
         snprintf(err, n, "profile.power = true needs train.device = cuda");
@@ -191,7 +189,8 @@ static int check_save_path(const char *path, char *err, size_t n) {
     return 0;
 }
 
-static void print_model(const gpt_model *m, const batch_plan *bp, long first, long last) {
+static void print_model(const gpt_model *m, const batch_plan *bp, long first, long last,
+                        const char *c_precision) {
     const gpt_shape *s = &m->shape;
     log_info("model: %d layers, %d heads, d_model %d, n_ctx %d, vocab %d (padded %d): %.3f M parameters\n",
              s->n_layer, s->n_head, s->d_model, s->n_ctx, s->vocab_size, s->vocab_padded,
@@ -202,6 +201,9 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
              "activations %.1f MiB\n", m->n_params * sizeof(float) / 1048576.0,
              m->n_params * sizeof(float) / 1048576.0, 2.0 * m->n_opt * sizeof(float) / 1048576.0,
              m->act_floats * sizeof(float) / 1048576.0);
+    if (strcmp(c_precision, "bf16") == 0)
+        log_info("precision: bf16 matmuls (operands rounded to bf16, fp32 accumulation); "
+                 "parameters, activations, attention and optimizer in fp32\n");
     if (strcmp(m->be->name, "cuda") == 0)
         log_info("backend: %s on GPU %d (rank 0), communication: %s\n", m->be->name,
                  cuda_backend_device(), comm_backend_description());
@@ -484,6 +486,7 @@ int train_run(const gptc_config *c, const grid *g) {
         silent = !err[0];
         goto fail;
     }
+    be->set_precision(strcmp(c->precision, "bf16") == 0 ? GPTC_BF16 : GPTC_FP32);
     int kernel_timing = strcmp(c->timing, "kernel") == 0;
     if (kernel_timing) {
         /* room for every op of a step: ~50 records per layer and micro-batch, plus the
@@ -591,7 +594,7 @@ int train_run(const gptc_config *c, const grid *g) {
     r.policy_pp = r.ppc.async;
     r.policy_tp_chunks = m->tp.chunks;
     if (c->save[0] && g->rank == 0) remove_stale_temporaries(c->save);
-    print_model(m, &bp, first, c->steps);
+    print_model(m, &bp, first, c->steps, c->precision);
     if (g->dp > 1)
         log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)%s\n",
                  m->n_buckets, g->dp, c->dp_bucket_mb,

@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import fail, read_metrics, run_train, write_tokens  # noqa: E402
+from gptc_testlib import compare_bf16_run, fail, read_metrics, run_train, write_tokens  # noqa: E402
 
 RTOL = 1e-5
 PARAM_TENSOR_RTOL = 1e-3
@@ -143,6 +143,17 @@ def main():
     print(f"ok   {name:<24} 2 rank(s): losses, grad norms within {worst:.1e}, parameters "
           f"{perr:.1e} ({secs:.1f} s), from the dp2 ZeRO-1 run's step-{RESUME} checkpoint")
 
+    # precision = bf16: cuda_matmul.c asks cuBLASLt for bf16 operands (the fake rounds them
+    # as the CPU does), tp2 so that the products of both shards and the comm are in it
+    ref_bf16, _, _ = train("cpu_bf16", 1, "cpu", ["--train.precision=bf16"])
+    bf16_runs = [("emu_bf16", 1, []), ("emu_bf16_tp2", 2, ["--parallel.tp=2"])]
+    if "--quick" in sys.argv:
+        bf16_runs = bf16_runs[:1]
+    for name, ranks, extra in bf16_runs:
+        got, out, secs = train(name, ranks, "cuda", ["--train.precision=bf16"] + extra, binary=emu)
+        worst = compare_bf16_run(name, ref_bf16, ref, got)
+        print(f"ok   {name:<24} {ranks} rank(s): within {worst:.1e} of the CPU's bf16 run ({secs:.1f} s)")
+
     # kernel timing on CUDA events (the fake CUPTI refuses, as when a profiler holds it),
     # a contention probe every 2nd step, and power from the fake NVML: the same numbers,
     # and a report holding every op with a device time and every step with its readings
@@ -202,7 +213,7 @@ def main():
             fail(f"{name}: report step {st}: implausible times")
     print(f"ok   {name:<24} 1 rank(s): losses, grad norms within {worst:.1e}, parameters "
           f"{perr:.1e} ({secs:.1f} s); report: {len(cupti_names)} op names timed from CUPTI records")
-    print(f"PASS: {len(LAYOUTS) + 3} runs of the CUDA host code on the fake runtime match the CPU run")
+    print(f"PASS: {len(LAYOUTS) + 3 + len(bf16_runs)} runs of the CUDA host code on the fake runtime match the CPU run")
 
 
 if __name__ == "__main__":

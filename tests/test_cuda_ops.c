@@ -137,6 +137,38 @@ static void test_layernorm(int N, int C) {
     gpu->release(d_dw), gpu->release(d_db);
 }
 
+/* precision = bf16 on both backends: the CPU rounds the operands to bf16 (nearest even)
+ * and multiplies in fp32; cuBLASLt's CUBLAS_COMPUTE_32F_FAST_16BF converts them for the
+ * tensor cores. The same 1e-5 bound holds only if the GPU rounds as the CPU does (a
+ * conversion toward zero would differ by ~1e-3): that is what these runs check. */
+static int g_bf16;
+
+/* The bf16 product really is rounded: it differs from the strict fp32 product by far more
+ * than summation order (1e-6) does. */
+static void check_rounded(const float *d_out, const float *inp, const float *w,
+                          const float *bias, int N, int IC, int OC, int w_rows_out) {
+    size_t n = (size_t)N * OC;
+    float *exact = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float)); /* [N,OC] each */
+    cpu->set_precision(GPTC_FP32);
+    cpu->matmul_forward(exact, inp, w, bias, N, IC, OC, w_rows_out, NULL);
+    cpu->set_precision(GPTC_BF16);
+    gpu->copy_to_host(got, d_out, n * sizeof(float), NULL);
+    double max_ref = 0, max_err = 0;
+    for (size_t i = 0; i < n; i++) {
+        max_ref = fmax(max_ref, fabs(exact[i]));
+        max_err = fmax(max_err, fabs((double)got[i] - exact[i]));
+    }
+    double rel = max_ref > 0 ? max_err / max_ref : 0;
+    if (!(rel > 1e-4)) {
+        printf("FAIL %-28s bf16 product within %.3g of the fp32 one: operands not rounded?\n",
+               "matmul_forward bf16", rel);
+        g_failures++;
+    } else {
+        printf("ok   %-28s differs from fp32 by %.3g (rounded)\n", "matmul_forward bf16", rel);
+    }
+    free(exact), free(got);
+}
+
 static void test_matmul(int N, int IC, int OC, int w_rows_out, int with_bias) {
     size_t nw = (size_t)IC * OC;
     float *inp = host_randn((size_t)N * IC, 1, 20), *w = host_randn(nw, 0.1f, 21);
@@ -147,9 +179,10 @@ static void test_matmul(int N, int IC, int OC, int w_rows_out, int with_bias) {
     float *d_bias = bias ? to_gpu(bias, OC) : NULL, *d_out = poisoned((size_t)N * OC);
     gpu->matmul_forward(d_out, d_inp, d_w, d_bias, N, IC, OC, w_rows_out, NULL);
     char name[96];
-    snprintf(name, sizeof name, "matmul_forward %dx%dx%d%s%s", N, IC, OC,
-             w_rows_out ? " W^T" : "", with_bias ? " +b" : "");
+    snprintf(name, sizeof name, "matmul_forward %dx%dx%d%s%s%s", N, IC, OC,
+             w_rows_out ? " W^T" : "", with_bias ? " +b" : "", g_bf16 ? " bf16" : "");
     compare(name, d_out, out, (size_t)N * OC, 1e-5);
+    if (g_bf16) check_rounded(d_out, inp, w, bias, N, IC, OC, w_rows_out);
 
     float *dout = host_randn((size_t)N * OC, 1, 23), *dw = host_randn(nw, 1, 24);
     float *dbias = host_randn(OC, 1, 25), *dinp = malloc((size_t)N * IC * sizeof(float));
@@ -158,8 +191,8 @@ static void test_matmul(int N, int IC, int OC, int w_rows_out, int with_bias) {
     cpu->matmul_backward(dinp, dw, with_bias ? dbias : NULL, dout, inp, w, N, IC, OC, w_rows_out, NULL);
     gpu->matmul_backward(d_dinp, d_dw, with_bias ? d_dbias : NULL, d_dout, d_inp, d_w, N, IC, OC,
                          w_rows_out, NULL);
-    compare("matmul_backward dinp", d_dinp, dinp, (size_t)N * IC, 1e-5);
-    compare("matmul_backward dw", d_dw, dw, nw, 1e-5);
+    compare(g_bf16 ? "matmul_backward dinp bf16" : "matmul_backward dinp", d_dinp, dinp, (size_t)N * IC, 1e-5);
+    compare(g_bf16 ? "matmul_backward dw bf16" : "matmul_backward dw", d_dw, dw, nw, 1e-5);
     if (with_bias) compare("matmul_backward dbias", d_dbias, dbias, OC, 1e-5);
     free(inp), free(w), free(bias), free(out), free(dout), free(dw), free(dbias), free(dinp);
     gpu->release(d_inp), gpu->release(d_w), gpu->release(d_out), gpu->release(d_dout);
@@ -278,6 +311,11 @@ int main(int argc, char **argv) {
     test_matmul(37, 48, 101, 1, 0); /* the tied LM head: W is [OC,IC] */
     if (!quick) test_matmul(128, 256, 64, 0, 1);
     test_matmul(33, 7, 5, 0, 1);    /* no dimension a multiple of 4: unaligned views */
+    cpu->set_precision(GPTC_BF16), gpu->set_precision(GPTC_BF16), g_bf16 = 1;
+    test_matmul(37, 48, 144, 0, 1);
+    test_matmul(37, 48, 101, 1, 0);
+    if (!quick) test_matmul(128, 768, 256, 0, 1);
+    cpu->set_precision(GPTC_FP32), gpu->set_precision(GPTC_FP32), g_bf16 = 0;
     test_attention(2, 37, 64, 4);   /* hs 16 */
     test_attention(1, 130, 128, 2); /* hs 64, T beyond one tile */
     if (!quick) test_attention(2, 64, 256, 2); /* hs 128 */

@@ -11,8 +11,8 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import (compare_metrics, fail, gpu_present, read_metrics,  # noqa: E402
-                          run_train, write_tokens)
+from gptc_testlib import (compare_bf16_run, compare_metrics, fail, gpu_present,  # noqa: E402
+                          read_metrics, run_train, write_tokens)
 
 RTOL = 1e-4
 D = tempfile.mkdtemp(prefix="gptc_cuda_train_")
@@ -87,6 +87,13 @@ def main():
                                                            "cuda pp2 interleaved async")]:
         key = name.replace(" ", "_") + "_staged"
         compare(name + " (staged)", key, ref, train(key, ranks, "cuda", extra, {"GPTC_COMM": "mpi"}))
+    # precision = bf16: cuBLASLt's bf16 tensor-core products against the CPU rounding the
+    # operands to bf16 (gptc_testlib.compare_bf16_run says what must hold and why)
+    ref_bf16 = train("cpu_bf16", 1, "cpu", ["--train.precision=bf16"])
+    for name, ranks, extra in [("cuda bf16", 1, []), ("cuda bf16 tp2 x dp2", 4,
+                                                      ["--parallel.tp=2", "--parallel.dp=2"])]:
+        got = train(name.replace(" ", "_"), ranks, "cuda", ["--train.precision=bf16"] + extra)
+        print(f"ok   {name:<36} within {compare_bf16_run(name, ref_bf16, ref, got):.2e} of the CPU's bf16 run")
     # kernel timing with CUDA events, and NVML power: the same losses, and a report that
     # holds every op with a positive device time and every step with its GPU readings
     import json
@@ -112,7 +119,7 @@ def main():
     if not any(e.get("cat") == "comm" for e in trace):
         fail("trace: no communication events")
     print(f"ok   kernel timing: {len(names)} op names, {len(rep['steps'])} step entries with power")
-    print(f"PASS: {len(LAYOUTS) + 3} GPU runs match the CPU run")
+    print(f"PASS: {len(LAYOUTS) + 5} GPU runs match the CPU run")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ of gptc's per-kernel timing.
 Rows (one JSON line each in $GPTC_BENCH_OUT/gpt2.jsonl, a table in gpt2.md):
   gptc fp32 at the largest micro-batch of --batches that fits, timing off;
   the same with profile.timing = kernel (CUPTI) and with GPTC_TIMER=events: the overhead;
+  gptc with train.precision = bf16 at that micro-batch;
   PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at that micro-batch.
 MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
 the card's dense peak for the precision (H100/H200: fp32 67, bf16 989 TFLOP/s).
@@ -42,11 +43,11 @@ def record(row):
         f.write(json.dumps(row) + "\n")
 
 
-def gptc(tag, micro, steps, extra, env_extra=None, timeout=120):
+def gptc(tag, micro, steps, extra, env_extra=None, timeout=120, precision="fp32"):
     cfg = os.path.join(ROOT, "configs", "gpt2-124m.ini")
     args = [os.path.join(BUILD, "gptc-train"), cfg, f"--train.micro_batch={micro}",
             f"--train.global_batch={micro}", f"--train.steps={steps}",
-            f"--data.path={OUT}/tokens.h5"] + extra + EXTRA
+            f"--data.path={OUT}/tokens.h5", f"--train.precision={precision}"] + extra + EXTRA
     env = dict(os.environ, **(env_extra or {}))
     try:
         r = subprocess.run(args, capture_output=True, text=True, timeout=min(timeout, max(left(), 5)),
@@ -61,8 +62,8 @@ def gptc(tag, micro, steps, extra, env_extra=None, timeout=120):
         return {"impl": "gptc", "row": tag, "micro_batch": micro, "error": err[:300]}
     ms, tps = float(m.group(1)), float(m.group(2))
     flops = (6 * PARAMS + 12 * N_LAYER * T * D_MODEL) * tps
-    return {"impl": "gptc", "row": tag, "precision": "fp32", "micro_batch": micro, "T": T,
-            "ms_per_step": ms, "tokens_per_s": tps, "mfu": flops / PEAK["fp32"]}
+    return {"impl": "gptc", "row": tag, "precision": precision, "micro_batch": micro, "T": T,
+            "ms_per_step": ms, "tokens_per_s": tps, "mfu": flops / PEAK[precision]}
 
 
 def torch_row(precision, compile_, micro, timeout=150):
@@ -114,6 +115,11 @@ def main():
         row = gptc(tag, micro, 6, extra, env)
         if "ms_per_step" in row:
             row["overhead_vs_off"] = row["ms_per_step"] / rows[0]["ms_per_step"] - 1
+        record(row)
+        rows.append(row)
+    # precision = bf16 (so far: bf16 tensor-core matmuls, the rest fp32)
+    if left() >= 30:
+        row = gptc("bf16", micro, 6, [], precision="bf16")
         record(row)
         rows.append(row)
     for precision, compile_ in (("fp32", False), ("bf16", False), ("bf16", True)):

@@ -71,6 +71,7 @@ static const gptc_backend CPU = {
     .embedding_backward = cpu_embedding_backward,
     .layernorm_forward = cpu_layernorm_forward,
     .layernorm_backward = cpu_layernorm_backward,
+    .set_precision = cpu_set_precision,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
     .attention_state_floats = cpu_attention_state_floats,

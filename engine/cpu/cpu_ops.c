@@ -4,6 +4,8 @@
 #include "engine/cpu/cpu_ops.h"
 #include "engine/cpu/cpu_blas.h"
 #include "engine/cpu/cpu_math.h"
+#include "engine/bf16.h"
+#include "engine/log.h"
 
 #include <math.h>
 #include <omp.h>
@@ -120,6 +122,27 @@ void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout
 
 /* ------------------------------------------------------------------ matmul */
 
+static gptc_precision g_precision = GPTC_FP32;
+
+void cpu_set_precision(gptc_precision p) { g_precision = p; }
+
+/* A product's operand x[n] as the product reads it: x itself in fp32; in bf16 a copy
+ * rounded to bf16 (in *copy, which the caller frees), as the GPU converts its operands. */
+static const float *operand(const float *x, size_t n, float **copy) {
+    *copy = NULL;
+    if (g_precision != GPTC_BF16) return x;
+    float *c = malloc((n ? n : 1) * sizeof *c);
+    if (!c) {
+        log_error("rank %d: out of memory for a bf16 copy of a matmul operand (%zu floats)",
+                  log_rank(), n);
+        exit(EXIT_FAILURE);
+    }
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) c[i] = bf16_round(x[i]);
+    *copy = c;
+    return c;
+}
+
 void cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                         int N, int IC, int OC, int w_rows_out, gptc_stream *s) {
     float beta = 0.0f;
@@ -128,22 +151,36 @@ void cpu_matmul_forward(float *out, const float *inp, const float *w, const floa
         for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(float) * OC);
         beta = 1.0f;
     }
+    float *inp_copy, *w_copy;
+    const float *a = operand(inp, (size_t)N * IC, &inp_copy);
+    const float *b = operand(w, (size_t)IC * OC, &w_copy);
     cpu_sgemm(CblasNoTrans, w_rows_out ? CblasTrans : CblasNoTrans,
-                N, OC, IC, 1.0f, inp, IC, w, w_rows_out ? IC : OC, beta, out, OC);
+                N, OC, IC, 1.0f, a, IC, b, w_rows_out ? IC : OC, beta, out, OC);
+    free(inp_copy);
+    free(w_copy);
 }
 
 void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                          const float *inp, const float *w, int N, int IC, int OC,
                          int w_rows_out, gptc_stream *s) {
-    if (dinp)
+    float *dout_copy = NULL, *w_copy = NULL, *inp_copy = NULL;
+    const float *d = dout; /* the bias gradient sums dout itself, in fp32 */
+    if (dinp || dw) d = operand(dout, (size_t)N * OC, &dout_copy);
+    if (dinp) {
+        const float *b = operand(w, (size_t)IC * OC, &w_copy);
         cpu_sgemm(CblasNoTrans, w_rows_out ? CblasNoTrans : CblasTrans,
-                    N, IC, OC, 1.0f, dout, OC, w, w_rows_out ? IC : OC, 0.0f, dinp, IC);
-    if (dw && w_rows_out) /* dw[OC,IC] += dout^T @ inp */
-        cpu_sgemm(CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC,
-                    inp, IC, 1.0f, dw, IC);
-    else if (dw) /* dw[IC,OC] += inp^T @ dout */
-        cpu_sgemm(CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, inp, IC,
-                    dout, OC, 1.0f, dw, OC);
+                    N, IC, OC, 1.0f, d, OC, b, w_rows_out ? IC : OC, 0.0f, dinp, IC);
+    }
+    if (dw) {
+        const float *a = operand(inp, (size_t)N * IC, &inp_copy);
+        if (w_rows_out) /* dw[OC,IC] += dout^T @ inp */
+            cpu_sgemm(CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, d, OC, a, IC, 1.0f, dw, IC);
+        else /* dw[IC,OC] += inp^T @ dout */
+            cpu_sgemm(CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, a, IC, d, OC, 1.0f, dw, OC);
+    }
+    free(dout_copy);
+    free(w_copy);
+    free(inp_copy);
     if (dbias) {
         /* each thread sums its own band of columns over all rows */
         #pragma omp parallel

@@ -17,6 +17,8 @@ void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *in
 void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
                             const float *inp, const float *w, const float *mean,
                             const float *rstd, int N, int C, gptc_stream *s);
+/* the precision of the matmuls (engine/backend.h: set_precision) */
+void cpu_set_precision(gptc_precision p);
 void cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                         int N, int IC, int OC, int w_rows_out, gptc_stream *s);
 void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,

@@ -183,6 +183,7 @@ static void cu_layernorm_backward(float *dinp, float *dw, float *db, const float
     cuda_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, cu(s));
     check_launch("layernorm_backward");
 }
+static void cu_set_precision(gptc_precision p) { cuda_matmul_set_precision(p); }
 static void cu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                               int N, int IC, int OC, int w_rows_out, gptc_stream *s) {
     cuda_matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, cu(s));
@@ -319,6 +320,7 @@ static const gptc_backend CUDA = {
     .embedding_backward = cu_embedding_backward,
     .layernorm_forward = cu_layernorm_forward,
     .layernorm_backward = cu_layernorm_backward,
+    .set_precision = cu_set_precision,
     .matmul_forward = cu_matmul_forward,
     .matmul_backward = cu_matmul_backward,
     .attention_state_floats = cu_attention_state_floats,

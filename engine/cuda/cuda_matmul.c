@@ -23,6 +23,7 @@ enum { PLAN_SLOTS = 128, WORKSPACE_BYTES = 32 << 20 };
 typedef struct {
     int used;
     int ta, tb, m, n, k, lda, ldb, ldc, bias, accumulate;
+    cublasComputeType_t compute;
     int align[4]; /* bytes: A, B, C, bias */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
@@ -31,6 +32,9 @@ typedef struct {
 
 static struct {
     cublasLtHandle_t lt;
+    /* CUBLAS_COMPUTE_32F: strict fp32 (no TF32). precision = bf16: _FAST_16BF, which
+     * converts both fp32 operands to bf16 for the tensor cores and accumulates in fp32 */
+    cublasComputeType_t compute;
     void *workspace; /* [WORKSPACE_BYTES] */
     plan plans[PLAN_SLOTS];
 } g;
@@ -41,7 +45,12 @@ static void lt_check(cublasStatus_t rc, const char *what) {
     exit(EXIT_FAILURE);
 }
 
+void cuda_matmul_set_precision(gptc_precision p) {
+    g.compute = p == GPTC_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+}
+
 int cuda_matmul_init(char *err, size_t errlen) {
+    g.compute = CUBLAS_COMPUTE_32F;
     cublasStatus_t rc = cublasLtCreate(&g.lt);
     if (rc != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "train.device = cuda: cuBLASLt failed to start (%s)",
@@ -91,7 +100,7 @@ static plan *make_plan(const plan *key) {
         p = &g.plans[0];
     }
     *p = *key;
-    lt_check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    lt_check(cublasLtMatmulDescCreate(&p->op, key->compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     cublasOperation_t ta = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t tb = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     set_op(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
@@ -140,7 +149,7 @@ static plan *find_plan(const plan *key) {
         plan *q = &g.plans[i];
         if (q->used && q->ta == key->ta && q->tb == key->tb && q->m == key->m && q->n == key->n &&
             q->k == key->k && q->lda == key->lda && q->ldb == key->ldb && q->ldc == key->ldc &&
-            q->bias == key->bias && q->accumulate == key->accumulate &&
+            q->bias == key->bias && q->accumulate == key->accumulate && q->compute == key->compute &&
             memcmp(q->align, key->align, sizeof q->align) == 0)
             return q;
     }
@@ -155,6 +164,7 @@ static void gemm(int ta, int tb, int m, int n, int k, const float *A, int lda, c
     key.ta = ta, key.tb = tb, key.m = m, key.n = n, key.k = k;
     key.lda = lda, key.ldb = ldb, key.ldc = ldc, key.bias = bias != NULL;
     key.accumulate = accumulate;
+    key.compute = g.compute;
     key.align[0] = alignment(A), key.align[1] = alignment(B), key.align[2] = alignment(C);
     key.align[3] = bias ? alignment(bias) : 0;
     plan *p = find_plan(&key);

@@ -1,14 +1,20 @@
 /* Matrix products of the CUDA backend through cuBLASLt, in strict fp32 (TF32 off: the fp32
- * path is the reference the CPU run is compared with). Shapes and layouts as the op
- * table's matmul_forward / matmul_backward (engine/backend.h). */
+ * path is the reference the CPU run is compared with), or with bf16 operands for
+ * precision = bf16. Shapes and layouts as the op table's matmul_forward / matmul_backward
+ * (engine/backend.h). */
 #ifndef GPTC_CUDA_MATMUL_H
 #define GPTC_CUDA_MATMUL_H
 
 #include <cuda_runtime_api.h>
 #include <stddef.h>
 
+#include "engine/backend.h"
+
 /* Creates the cuBLASLt handle and workspace on the current device; -1 with err set. */
 int cuda_matmul_init(char *err, size_t errlen);
+
+/* The precision of the products that follow (engine/backend.h: set_precision). */
+void cuda_matmul_set_precision(gptc_precision p);
 
 /* out[N,OC] = inp[N,IC] @ W (+ bias[OC], fused as the GEMM's epilogue) */
 void cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias,

@@ -13,8 +13,11 @@
  * included) are read when cublasLtMatmul is called, as the real library reads them.
  *
  * Checked, each refused with a line on stderr and the status the real library would
- * give (or INVALID_VALUE): attribute sizes and values; fp32 only (CUBLAS_COMPUTE_32F with
- * CUDA_R_32F scale and matrices; TF32 or other types are not emulated); ld >= rows;
+ * give (or INVALID_VALUE): attribute sizes and values; fp32 matrices and scales only, with
+ * CUBLAS_COMPUTE_32F (strict) or CUBLAS_COMPUTE_32F_FAST_16BF, for which both operands'
+ * elements are rounded to bf16 (to nearest even, engine/bf16.h, as the CPU backend does)
+ * before the product: that the real library converts the same way is for test_cuda_ops
+ * on a GPU to show (TF32 and other types are not emulated); ld >= rows;
  * shapes of A, B, C and D that agree with the transposes; every matrix, the bias and the
  * workspace inside one device (or pinned) allocation over the whole extent the product
  * reads or writes; D not overlapping A, B or the bias; an in-place C == D with the same
@@ -23,6 +26,7 @@
  * BIAS epilogue; an algorithm that came from cublasLtMatmulAlgoGetHeuristic. */
 #include "cublasLt.h"
 #include "emu_internal.h"
+#include "engine/bf16.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -99,9 +103,10 @@ cublasStatus_t emu_cublasLtDestroy(cublasLtHandle_t handle) {
 
 cublasStatus_t emu_cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, cublasComputeType_t computeType,
                                             cudaDataType_t scaleType) {
-    if (computeType != CUBLAS_COMPUTE_32F || scaleType != CUDA_R_32F)
+    if ((computeType != CUBLAS_COMPUTE_32F && computeType != CUBLAS_COMPUTE_32F_FAST_16BF) ||
+        scaleType != CUDA_R_32F)
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmulDescCreate",
-                      "only CUBLAS_COMPUTE_32F with CUDA_R_32F scales is emulated (strict fp32)");
+                      "only CUBLAS_COMPUTE_32F or _32F_FAST_16BF with CUDA_R_32F scales is emulated");
     struct cublasLtMatmulDescOpaque_st *d = calloc(1, sizeof *d);
     if (!d) return CUBLAS_STATUS_ALLOC_FAILED;
     d->magic = DESC_MAGIC;
@@ -168,8 +173,10 @@ cublasStatus_t emu_cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
     case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
         if ((st = take(&v32, sizeof v32, buf, size, "COMPUTE_TYPE/SCALE_TYPE")) != CUBLAS_STATUS_SUCCESS)
             return st;
-        if (v32 != (attr == CUBLASLT_MATMUL_DESC_COMPUTE_TYPE ? (int32_t)CUBLAS_COMPUTE_32F : (int32_t)CUDA_R_32F))
-            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "only strict fp32 is emulated");
+        if (attr == CUBLASLT_MATMUL_DESC_SCALE_TYPE ? v32 != (int32_t)CUDA_R_32F
+                : v32 != (int32_t)CUBLAS_COMPUTE_32F && v32 != (int32_t)CUBLAS_COMPUTE_32F_FAST_16BF)
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "only fp32 and fp32 with bf16 operands are emulated");
+        if (attr == CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) d->compute = (cublasComputeType_t)v32;
         return CUBLAS_STATUS_SUCCESS;
     default:
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an attribute the fake does not know");
@@ -327,7 +334,10 @@ typedef struct {
     float *D;
     int64_t lda, ldb, ldc, ldd;
     uint32_t corr; /* CUPTI's correlation id (of the kernel the real library launches) */
+    int bf16;      /* CUBLAS_COMPUTE_32F_FAST_16BF: operands rounded to bf16 */
 } gemm_job;
+
+static double operand(float x, int bf16) { return bf16 ? (double)bf16_round(x) : (double)x; }
 
 /* Column by column: op(B)'s column j gathered first, then either dot products with the
  * rows of op(A) (A transposed: contiguous in A) or a sum of A's columns (contiguous). */
@@ -340,19 +350,19 @@ static void run_gemm(void *arg) {
     if (!bcol) emu_fail("cublasLtMatmul: out of host memory");
     for (uint64_t j = 0; j < p->n; j++) {
         for (uint64_t l = 0; l < p->k; l++)
-            bcol[l] = p->tb ? g->B[j + l * g->ldb] : g->B[l + j * g->ldb];
+            bcol[l] = operand(p->tb ? g->B[j + l * g->ldb] : g->B[l + j * g->ldb], g->bf16);
         if (p->ta) {
             for (uint64_t i = 0; i < p->m; i++) {
                 const float *a = g->A + i * g->lda; /* op(A)(i, :) */
                 double s = 0;
-                for (uint64_t l = 0; l < p->k; l++) s += (double)a[l] * bcol[l];
+                for (uint64_t l = 0; l < p->k; l++) s += operand(a[l], g->bf16) * bcol[l];
                 acc[i] = s;
             }
         } else {
             for (uint64_t i = 0; i < p->m; i++) acc[i] = 0;
             for (uint64_t l = 0; l < p->k; l++) {
                 const float *a = g->A + l * g->lda; /* op(A)(:, l) */
-                for (uint64_t i = 0; i < p->m; i++) acc[i] += (double)a[i] * bcol[l];
+                for (uint64_t i = 0; i < p->m; i++) acc[i] += operand(a[i], g->bf16) * bcol[l];
             }
         }
         for (uint64_t i = 0; i < p->m; i++) {
@@ -404,7 +414,7 @@ cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, co
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the algorithm was chosen for another problem");
     if (!alpha || !beta) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "alpha or beta is NULL");
     gemm_job g = {p, *(const float *)alpha, *(const float *)beta, A, B, C, NULL, D,
-                  Ad->ld, Bd->ld, Cd->ld, Dd->ld, 0};
+                  Ad->ld, Bd->ld, Cd->ld, Dd->ld, 0, d->compute == CUBLAS_COMPUTE_32F_FAST_16BF};
     int with_bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
     if (with_bias && !d->bias)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the BIAS epilogue without a bias pointer");
