@@ -293,6 +293,101 @@ void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const f
     }
 }
 
+/* precision = bf16 attention, as tensor-core flash kernels compute it (FlashAttention-2
+ * with bf16 operands): q, k, v and dout rounded to bf16; scores, softmax statistics and
+ * every sum in fp32; the unnormalised probabilities exp(s - max) rounded to bf16 for the
+ * product with v, normalised afterwards by the sum of the unrounded ones; in the backward
+ * the probabilities rounded for dv, dS rounded for dq and dk, and D = rowsum(dout * out)
+ * from the forward's output. (A GPU kernel's running maximum can differ from the row's
+ * final one, so its rounded values may differ from these by one bf16 step.) Not yet
+ * selected by set_precision: the GPU kernels are still being written (docs/design.md). */
+static float *scratch_floats(size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) {
+        log_error("rank %d: out of memory for bf16 attention scratch (%zu floats)", log_rank(), n);
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+
+/* dst[T,hs] = src rows rounded to bf16; src is a [T, ld] view */
+static void round_rows(float *dst, const float *src, int T, int hs, size_t ld) {
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < hs; d++) dst[(size_t)t * hs + d] = bf16_round(src[(size_t)t * ld + d]);
+}
+
+void cpu_attention_forward_bf16(float *out, float *att, const float *qkv, int B, int T, int C,
+                                int NH) {
+    int hs = C / NH;
+    size_t th = (size_t)T * hs, tt = (size_t)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+        float *a = att + (size_t)bh * tt; /* [T,T]: the normalised probabilities, fp32 */
+        float *o = out + (size_t)b * T * C + (size_t)h * hs;
+        float *buf = scratch_floats(3 * th + tt + (size_t)T);
+        float *qr = buf, *kr = qr + th, *vr = kr + th; /* [T,hs] each, rounded */
+        float *er = vr + th;                           /* [T,T] exp(s - max), rounded */
+        float *inv = er + tt;                          /* [T] 1 / sum of the unrounded */
+        round_rows(qr, q, T, hs, 3 * (size_t)C);
+        round_rows(kr, q + C, T, hs, 3 * (size_t)C);
+        round_rows(vr, q + 2 * C, T, hs, 3 * (size_t)C);
+        cpu_sgemm(CblasNoTrans, CblasTrans, T, T, hs, scale, qr, hs, kr, hs, 0.0f, a, T);
+        for (int t = 0; t < T; t++) {
+            float *row = a + (size_t)t * T, *rrow = er + (size_t)t * T;
+            inv[t] = (float)(1.0 / exp_shift_sum(row, t + 1, row_max(row, t + 1)));
+            for (int u = 0; u <= t; u++) rrow[u] = bf16_round(row[u]), row[u] *= inv[t];
+            for (int u = t + 1; u < T; u++) rrow[u] = row[u] = 0.0f;
+        }
+        cpu_sgemm(CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, er, T, vr, hs, 0.0f, o, C);
+        for (int t = 0; t < T; t++)
+            for (int d = 0; d < hs; d++) o[(size_t)t * C + d] *= inv[t];
+        free(buf);
+    }
+}
+
+void cpu_attention_backward_bf16(float *dqkv, float *datt, const float *dout, const float *out,
+                                 const float *qkv, const float *att, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    size_t th = (size_t)T * hs, tt = (size_t)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        size_t off = (size_t)b * T * 3 * C + (size_t)h * hs, yoff = (size_t)b * T * C + (size_t)h * hs;
+        const float *q = qkv + off;
+        float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+        const float *a = att + (size_t)bh * tt; /* [T,T] */
+        float *da = datt + (size_t)bh * tt;     /* [T,T] */
+        const float *dy = dout + yoff, *y = out + yoff;
+        float *buf = scratch_floats(4 * th + tt);
+        float *qr = buf, *kr = qr + th, *vr = kr + th, *dyr = vr + th; /* [T,hs] each */
+        float *pr = dyr + th;                                          /* [T,T] */
+        round_rows(qr, q, T, hs, 3 * (size_t)C);
+        round_rows(kr, q + C, T, hs, 3 * (size_t)C);
+        round_rows(vr, q + 2 * C, T, hs, 3 * (size_t)C);
+        round_rows(dyr, dy, T, hs, (size_t)C);
+        for (size_t i = 0; i < tt; i++) pr[i] = bf16_round(a[i]);
+        /* dv = P^T @ dout ; dP = dout @ v^T */
+        cpu_sgemm(CblasTrans, CblasNoTrans, T, hs, T, 1.0f, pr, T, dyr, hs, 0.0f, dv, 3 * C);
+        cpu_sgemm(CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dyr, hs, vr, hs, 0.0f, da, T);
+        for (int t = 0; t < T; t++) {
+            const float *ar = a + (size_t)t * T;
+            float *dr = da + (size_t)t * T;
+            float D = 0.0f;
+            for (int d = 0; d < hs; d++) D += dy[(size_t)t * C + d] * y[(size_t)t * C + d];
+            for (int u = 0; u <= t; u++) dr[u] = bf16_round(ar[u] * (dr[u] - D));
+            for (int u = t + 1; u < T; u++) dr[u] = 0.0f;
+        }
+        /* dq = scale * dS @ k ; dk = scale * dS^T @ q */
+        cpu_sgemm(CblasNoTrans, CblasNoTrans, T, hs, T, scale, da, T, kr, hs, 0.0f, dq, 3 * C);
+        cpu_sgemm(CblasTrans, CblasNoTrans, T, hs, T, scale, da, T, qr, hs, 0.0f, dk, 3 * C);
+        free(buf);
+    }
+}
+
 /* ------------------------------------------------------------------ elementwise */
 
 static const float GELU_K = 0.7978845608028654f; /* sqrt(2/pi) */

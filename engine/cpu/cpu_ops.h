@@ -31,6 +31,12 @@ size_t cpu_attention_state_floats(int B, int T, int NH);
 void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *out,
                             const float *qkv, const float *att, int B, int T, int C, int NH,
                             gptc_stream *s);
+/* precision = bf16 attention (tensor-core flash semantics, cpu_ops.c): the reference of
+ * the GPU's bf16 kernels; out is read by the backward */
+void cpu_attention_forward_bf16(float *out, float *att, const float *qkv, int B, int T, int C,
+                                int NH);
+void cpu_attention_backward_bf16(float *dqkv, float *datt, const float *dout, const float *out,
+                                 const float *qkv, const float *att, int B, int T, int C, int NH);
 void cpu_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s);
 void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
                        gptc_stream *s);
