@@ -23,6 +23,10 @@
 #include "engine/backend.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/rng.h"
+#include "tests/attention_bf16_ref.h"
+
+/* mma_check.cu: d[16][8] = a[16][16] b[16][8] + c on one emulated mma.sync */
+void emu_mma_check(float *d, const float *a, const float *b, const float *c);
 
 static const gptc_backend *cpu;
 static int g_failures;
@@ -188,6 +192,104 @@ static void test_attention_unsupported(void) {
     if (!(fwd && bwd)) g_failures++;
 }
 
+/* bf16 rounding (engine/cuda/bf16.h) on values whose nearest bf16 is known: ties go to
+ * the even neighbour, a carry rounds the exponent up (to infinity past the largest
+ * bf16), NaN stays NaN of the same sign. */
+static void test_bf16_round(void) {
+    static const struct {
+        uint32_t in;
+        uint16_t out;
+    } cases[] = {
+        {0x3f800000u, 0x3f80}, /* 1 */
+        {0x3f808000u, 0x3f80}, /* 1 + 2^-8: a tie, to the even 1 */
+        {0x3f818000u, 0x3f82}, /* 1 + 3 2^-8: a tie, to the even 1 + 2^-6 */
+        {0x3f808001u, 0x3f81}, /* just above the tie: up */
+        {0x3f807fffu, 0x3f80}, /* just below: down */
+        {0xbf818000u, 0xbf82}, /* the same tie, negative */
+        {0x3fffffffu, 0x4000}, /* carry into the exponent */
+        {0x7f7fffffu, 0x7f80}, /* FLT_MAX: past the largest bf16 and its half ulp: inf */
+        {0x7f800000u, 0x7f80}, /* inf */
+        {0x00000001u, 0x0000}, /* the smallest denormal: to zero */
+        {0x80000000u, 0x8000}, /* -0 */
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        float x;
+        memcpy(&x, &cases[i].in, sizeof x);
+        if (bf16_bits(x) != cases[i].out) {
+            printf("FAIL bf16_bits(0x%08x) = 0x%04x, not 0x%04x\n", (unsigned)cases[i].in,
+                   (unsigned)bf16_bits(x), (unsigned)cases[i].out);
+            bad = 1;
+        }
+    }
+    uint16_t pn = bf16_bits(NAN), nn = bf16_bits(-NAN);
+    if (!isnan(bf16_to_float(pn)) || !isnan(bf16_to_float(nn)) || (pn >> 15) || !(nn >> 15)) {
+        printf("FAIL bf16_bits(NaN) = 0x%04x, 0x%04x\n", (unsigned)pn, (unsigned)nn);
+        bad = 1;
+    }
+    printf("%s %-28s\n", bad ? "FAIL" : "ok  ", "bf16 rounding");
+    g_failures += bad;
+}
+
+/* One emulated mma.sync m16n8k16 (fragments placed by mma_check.cu from the PTX ISA's
+ * formulas) against a plain product: a wrong fragment layout in emu_mma.h moves
+ * elements and fails by O(1). The operands are bf16 values, so only the order of the
+ * fp32 sum differs. */
+static void test_mma(void) {
+    float a[16 * 16], b[16 * 8], c[16 * 8], d[16 * 8], ref[16 * 8];
+    for (int i = 0; i < 16 * 16; i++) a[i] = bf16_round(rng_normal(70, i));
+    for (int i = 0; i < 16 * 8; i++) b[i] = bf16_round(rng_normal(71, i));
+    for (int i = 0; i < 16 * 8; i++) c[i] = rng_normal(72, i), d[i] = NAN;
+    emu_mma_check(d, a, b, c);
+    check_launch("mma_check");
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 8; n++) {
+            double s = c[r * 8 + n];
+            for (int k = 0; k < 16; k++) s += (double)a[r * 16 + k] * b[k * 8 + n];
+            ref[r * 8 + n] = (float)s;
+        }
+    compare("mma m16n8k16 bf16 (emulated)", d, ref, 16 * 8, 1e-6);
+}
+
+/* 1 when x[n] and y[n] are bitwise equal */
+static int same_bits(const float *x, const float *y, size_t n) {
+    return memcmp(x, y, n * sizeof(float)) == 0;
+}
+
+/* The bf16 kernels against exact attention of the bf16-rounded inputs
+ * (attention_bf16_ref), and against the fp32 kernels, which they must not equal (the
+ * rounding happens). Tolerances, relative to the output's max-abs (compare): what is
+ * left is the kernels' own rounding of P (forward, dv) and dS (dq, dk) to bf16, each
+ * element off by at most u = 2^-8 relatively (fp32 sums add ~1e-6). An output element is
+ * sum_u w_u x_u with weights P or dS; rounding the weights moves it by at most
+ * u sum_u |w_u| |x_u|, which for out is u max|v|, about u max|out| here (row 0's output
+ * is v_0). For the backward the sums cancel, so the bound is a few times the outputs'
+ * size; the errors themselves are independent and mostly cancel too (measured: ...).
+ * Tolerance: 4u for out, 8u for dq, dk, dv; lse, which sees no rounding but that of the
+ * inputs (the reference has it too), to 1e-5. */
+#define BF16_U (1.0 / 256)
+static void test_attention_bf16(int B, int T, int NH, int hs) {
+    int C = NH * hs;
+    size_t nqkv = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    float *qkv = host_randn(nqkv, 1, 32);
+    float *out = malloc(ny * sizeof(float)), *lse = malloc(nlse * sizeof(float));
+    attention_bf16_ref(out, lse, NULL, qkv, NULL, B, T, C, NH);
+    float *e_out = poisoned(ny), *e_lse = poisoned(nlse);
+    float *f_out = poisoned(ny), *f_lse = poisoned(nlse);
+    cuda_attention_forward_bf16(e_out, e_lse, qkv, B, T, C, NH, NULL);
+    check_launch("attention_forward_bf16");
+    char name[96];
+    snprintf(name, sizeof name, "attention_fwd_bf16 T=%d hs=%d", T, hs);
+    compare(name, e_out, out, ny, 4 * BF16_U);
+    compare("attention_fwd_bf16 lse", e_lse, lse, nlse, 1e-5);
+    cuda_attention_forward(f_out, f_lse, qkv, B, T, C, NH, NULL);
+    check_launch("attention_forward");
+    int same = same_bits(e_out, f_out, ny);
+    printf("%s %-28s\n", same ? "FAIL" : "ok  ", "attention_fwd_bf16 != fp32");
+    g_failures += same;
+    free(qkv), free(out), free(lse), free(e_out), free(e_lse), free(f_out), free(f_lse);
+}
+
 /* offset floats into each buffer: 1 makes them misaligned, for the kernels' scalar paths */
 static void test_elementwise(size_t n, int offset) {
     float *a0 = host_randn(n + offset, 2, 40), *b0 = host_randn(n + offset, 1, 41);
@@ -310,6 +412,11 @@ int main(void) {
     test_attention(1, 130, 128, 2); /* hs 64, T beyond one tile */
     test_attention(2, 64, 256, 2);  /* hs 128 */
     test_attention_unsupported();
+    test_bf16_round();
+    test_mma();
+    test_attention_bf16(2, 37, 2, 64);
+    test_attention_bf16(1, 130, 2, 64); /* 3 tiles, a partial last one */
+    test_attention_bf16(1, 64, 1, 128);
     /* test_cuda_ops.c has n = 1000003; here 100003 takes the same paths (several
      * grid-stride passes, 98 partial sums) at a tenth of the emulation time */
     test_elementwise(100003, 0);
