@@ -281,6 +281,197 @@ attention_bf16_fwd128_kernel(float *out /* [B,T,C] */, float *lse /* [B,NH,T] */
     attn_fwd((uint32_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec4, 128);
 }
 
+/* ------------------------------------------------------------------ backward */
+
+/* D[b,h,t] = sum_i bf16(dout[b,t,h*hs+i]) * out[b,t,h*hs+i]: one warp per (b, t, h), with
+ * consecutive warps on consecutive heads of a row so the reads coalesce. */
+__global__ void attention_bf16_dot_kernel(float *D /* [B,NH,T] */,
+                                          const float *dout /* [B,T,C] */,
+                                          const float *out /* [B,T,C] */, int B, int T, int C,
+                                          int NH) {
+    int hs = C / NH, lane = threadIdx.x & 31;
+    size_t rows = (size_t)B * T * NH;
+    size_t stride = ((size_t)gridDim.x * blockDim.x) >> 5;
+    for (size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < rows;
+         w += stride) {
+        size_t bt = w / NH;
+        int h = (int)(w % NH);
+        const float *a = dout + bt * C + (size_t)h * hs, *o = out + bt * C + (size_t)h * hs;
+        float acc = 0.0f;
+        for (int i = lane; i < hs; i += 32) acc += bf16_round(__ldg(a + i)) * __ldg(o + i);
+        acc = warp_sum(acc);
+        if (lane == 0) {
+            size_t b = bt / T, t = bt % T;
+            D[(b * NH + h) * T + t] = acc;
+        }
+    }
+}
+
+/* P = exp2(s - lse2) where key u <= query tq < T, else 0, and dS = P (dp - D), in place
+ * in s and dp: one accumulator element, its query's log2-domain lse and D given */
+static __device__ __forceinline__ void prob_and_ds(float *s, float *dp, int u, int tq, int T,
+                                                   float sl2, float lse2, float D) {
+    float p = u <= tq && tq < T ? exp2f(*s * sl2 - lse2) : 0.0f;
+    *s = p;
+    *dp = p * (*dp - D);
+}
+
+/* Block (bh, y): key tile y (the longest loops first); warp w owns keys k0 + 16 w .. + 15.
+ * K, V of the tile stay in shared memory; for each query tile at or after it, in the
+ * transposed view (rows: this warp's keys, columns: the tile's 64 queries):
+ * S^T = K Q^T and dP^T = V dO^T, P^T and dS^T from lse and D, then dV += P^T dO and
+ * dK += dS^T Q with P^T and dS^T straight from the accumulators. Q and dO enter in both
+ * layouts: row-major as the B operand of the scores, transposed as that of dV and dK.
+ * Writes dk = dK / sqrt(hs) and dv for its keys < T. */
+static __device__ __forceinline__ void attn_bwd_dkdv(uint32_t *sm, float *dqkv,
+                                                     const float *dout, const float *qkv,
+                                                     const float *lse, const float *D, int T,
+                                                     int C, int NH, float sl2, float scale,
+                                                     int vec4, int hs) {
+    int rp = ab_rp(hs);
+    uint32_t *Ks = sm;                    /* [64][rp] this block's keys */
+    uint32_t *Vs = Ks + AB_TILE * rp;     /* [64][rp] this block's values */
+    uint32_t *Qs = Vs + AB_TILE * rp;     /* [64][rp] current query tile */
+    uint32_t *dOs = Qs + AB_TILE * rp;    /* [64][rp] its output gradient */
+    uint32_t *Qt = dOs + AB_TILE * rp;    /* [hs][AB_TP] current query tile, transposed */
+    uint32_t *dOt = Qt + hs * AB_TP;      /* [hs][AB_TP] its output gradient, transposed */
+    float *lse_s = (float *)(dOt + hs * AB_TP); /* [64] log2(e) lse of the current queries */
+    float *D_s = lse_s + AB_TILE;               /* [64] D of the current queries */
+
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    int ktile = blockIdx.y, k0 = ktile * AB_TILE, ntiles = gridDim.y;
+    size_t ld = 3 * (size_t)C;
+    const float *base = qkv + (size_t)b * T * ld + (size_t)h * hs;   /* q of row 0 */
+    const float *dbase = dout + (size_t)b * T * C + (size_t)h * hs; /* dout of row 0 */
+    int u[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8}; /* this lane's keys */
+
+    load_tile(Ks, NULL, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec4);
+    load_tile(Vs, NULL, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec4);
+
+    float dk[AB_MAX_HS / 8][4], dv[AB_MAX_HS / 8][4];
+    zero_acc(dk, hs);
+    zero_acc(dv, hs);
+    for (int qt = ktile; qt < ntiles; qt++) {
+        int q0 = qt * AB_TILE;
+        __syncthreads(); /* the previous tile's readers of Qs, dOs, Qt, dOt, lse_s, D_s done */
+        load_tile(Qs, Qt, base + (size_t)q0 * ld, ld, T - q0, hs, vec4);
+        load_tile(dOs, dOt, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec4);
+        load_row_vec(lse_s, lse + (size_t)bh * T + q0, T - q0, AB_LOG2E);
+        load_row_vec(D_s, D + (size_t)bh * T + q0, T - q0, 1.0f);
+        __syncthreads(); /* Ks, Vs (first pass), the query tile loaded */
+
+        float s[8][4], dp[8][4];
+        tile_scores(s, Ks + 16 * warp * rp, Qs, hs);   /* k_u . q_t */
+        tile_scores(dp, Vs + 16 * warp * rp, dOs, hs); /* v_u . dout_t */
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int c = 8 * j + 2 * t + (i & 1); /* query q0 + c */
+                prob_and_ds(&s[j][i], &dp[j][i], u[i >> 1], q0 + c, T, sl2, lse_s[c], D_s[c]);
+            }
+        tile_sv(dv, s, dOt, hs);
+        tile_sv(dk, dp, Qt, hs);
+    }
+
+    float *krow[2], *vrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        krow[r] = u[r] < T ? dqkv + ((size_t)b * T + u[r]) * ld + C + (size_t)h * hs : NULL;
+        vrow[r] = u[r] < T ? krow[r] + C : NULL;
+    }
+    store_acc(krow[0], krow[1], dk, scale, scale, hs);
+    store_acc(vrow[0], vrow[1], dv, 1.0f, 1.0f, hs);
+}
+
+/* Block (bh, y): query tile NT-1-y (the longest loops first); warp w owns queries
+ * q0 + 16 w .. + 15. Q, dO, lse, D of the tile stay in shared memory; for each key tile
+ * up to the diagonal: S = Q K^T, dP = dO V^T, P and dS as in the dk/dv kernel, then
+ * dQ += dS K (K also transposed, as the B operand). Writes dq = dQ / sqrt(hs) for its
+ * queries < T. */
+static __device__ __forceinline__ void attn_bwd_dq(uint32_t *sm, float *dqkv, const float *dout,
+                                                   const float *qkv, const float *lse,
+                                                   const float *D, int T, int C, int NH,
+                                                   float sl2, float scale, int vec4, int hs) {
+    int rp = ab_rp(hs);
+    uint32_t *Qs = sm;                    /* [64][rp] this block's queries */
+    uint32_t *dOs = Qs + AB_TILE * rp;    /* [64][rp] their output gradient */
+    uint32_t *Ks = dOs + AB_TILE * rp;    /* [64][rp] current key tile */
+    uint32_t *Vs = Ks + AB_TILE * rp;     /* [64][rp] current value tile */
+    uint32_t *Kt = Vs + AB_TILE * rp;     /* [hs][AB_TP] current key tile, transposed */
+    float *lse_s = (float *)(Kt + hs * AB_TP); /* [64] log2(e) lse of this block's queries */
+    float *D_s = lse_s + AB_TILE;              /* [64] D of this block's queries */
+
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * AB_TILE;
+    size_t ld = 3 * (size_t)C;
+    const float *base = qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const float *dbase = dout + (size_t)b * T * C + (size_t)h * hs;
+    int r0 = 16 * warp + g, tq[2] = {q0 + r0, q0 + r0 + 8}; /* this lane's queries */
+
+    load_tile(Qs, NULL, base + (size_t)q0 * ld, ld, T - q0, hs, vec4);
+    load_tile(dOs, NULL, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec4);
+    load_row_vec(lse_s, lse + (size_t)bh * T + q0, T - q0, AB_LOG2E);
+    load_row_vec(D_s, D + (size_t)bh * T + q0, T - q0, 1.0f);
+
+    float dq[AB_MAX_HS / 8][4];
+    zero_acc(dq, hs);
+    for (int kt = 0; kt <= qt; kt++) {
+        int k0 = kt * AB_TILE;
+        __syncthreads(); /* the previous tile's readers of Ks, Vs, Kt are done */
+        load_tile(Ks, Kt, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec4);
+        load_tile(Vs, NULL, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec4);
+        __syncthreads(); /* Qs, dOs, lse_s, D_s (first pass), the key tile loaded */
+
+        float s[8][4], dp[8][4];
+        tile_scores(s, Qs + 16 * warp * rp, Ks, hs);   /* q_t . k_u */
+        tile_scores(dp, dOs + 16 * warp * rp, Vs, hs); /* dout_t . v_u */
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int r = r0 + 8 * (i >> 1); /* query q0 + r */
+                prob_and_ds(&s[j][i], &dp[j][i], k0 + 8 * j + 2 * t + (i & 1), q0 + r, T, sl2,
+                            lse_s[r], D_s[r]);
+            }
+        tile_sv(dq, dp, Kt, hs);
+    }
+
+    float *qrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        qrow[r] = tq[r] < T ? dqkv + ((size_t)b * T + tq[r]) * ld + (size_t)h * hs : NULL;
+    store_acc(qrow[0], qrow[1], dq, scale, scale, hs);
+}
+
+#define AB_BWD_ARGS                                                                        \
+    float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,                          \
+        const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,                 \
+        const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2, float scale, int vec4
+
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv64_kernel(AB_BWD_ARGS) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dkdv((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec4, 64);
+}
+
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv128_kernel(AB_BWD_ARGS) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dkdv((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec4,
+                  128);
+}
+
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq64_kernel(AB_BWD_ARGS) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dq((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec4, 64);
+}
+
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(AB_BWD_ARGS) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dq((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec4, 128);
+}
+
 /* Never runs: launched with an empty grid to report an unsupported shape through
  * cuda_check_launch (cudaErrorInvalidConfiguration), as attention.cu does. */
 __global__ void attention_bf16_unsupported_kernel(void) {}
@@ -289,6 +480,16 @@ __global__ void attention_bf16_unsupported_kernel(void) {}
 
 static size_t ab_fwd_smem(int hs) {
     return (2 * (size_t)AB_TILE * ab_rp(hs) + (size_t)hs * AB_TP) * sizeof(uint32_t);
+}
+
+static size_t ab_dkdv_smem(int hs) {
+    return (4 * (size_t)AB_TILE * ab_rp(hs) + 2 * (size_t)hs * AB_TP + 2 * AB_TILE) *
+           sizeof(uint32_t);
+}
+
+static size_t ab_dq_smem(int hs) {
+    return (4 * (size_t)AB_TILE * ab_rp(hs) + (size_t)hs * AB_TP + 2 * AB_TILE) *
+           sizeof(uint32_t);
 }
 
 /* 1 when a kernel exists for the head size: C = NH * hs, hs 64 or 128 */
@@ -319,6 +520,41 @@ void cuda_attention_forward_bf16(float *out, float *lse, const float *qkv, int B
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attention_bf16_fwd128_kernel<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH,
                                                                     sl2, vec4);
+    }
+}
+
+void cuda_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
+                                  const float *out, const float *qkv, const float *lse, int B,
+                                  int T, int C, int NH, cudaStream_t s) {
+    if (!ab_shape_ok(C, NH)) {
+        attention_bf16_unsupported_kernel<<<0, 1, 0, s>>>();
+        return;
+    }
+    if (B <= 0 || T <= 0) return;
+    int hs = C / NH, vec4 = aligned16(qkv) && aligned16(dout);
+    float scale = 1.0f / sqrtf((float)hs), sl2 = AB_LOG2E * scale;
+    attention_bf16_dot_kernel<<<grid_for((size_t)B * T * NH, AB_THREADS / 32), AB_THREADS, 0,
+                                s>>>(scratch, dout, out, B, T, C, NH);
+    size_t smem_kv = ab_dkdv_smem(hs), smem_q = ab_dq_smem(hs);
+    dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + AB_TILE - 1) / AB_TILE));
+    if (hs == 64) {
+        (void)cudaFuncSetAttribute(attention_bf16_dkdv64_kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
+        (void)cudaFuncSetAttribute(attention_bf16_dq64_kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
+        attention_bf16_dkdv64_kernel<<<grid, AB_THREADS, smem_kv, s>>>(
+            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec4);
+        attention_bf16_dq64_kernel<<<grid, AB_THREADS, smem_q, s>>>(
+            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec4);
+    } else {
+        (void)cudaFuncSetAttribute(attention_bf16_dkdv128_kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
+        (void)cudaFuncSetAttribute(attention_bf16_dq128_kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
+        attention_bf16_dkdv128_kernel<<<grid, AB_THREADS, smem_kv, s>>>(
+            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec4);
+        attention_bf16_dq128_kernel<<<grid, AB_THREADS, smem_q, s>>>(
+            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec4);
     }
 }
 

@@ -190,6 +190,14 @@ static void test_attention_unsupported(void) {
     printf("%s %-28s launch errors %d, %d\n", fwd && bwd ? "ok  " : "FAIL",
            "attention hs=129 refused", fwd, bwd);
     if (!(fwd && bwd)) g_failures++;
+    /* the bf16 kernels exist for hs 64 and 128 only */
+    cuda_attention_forward_bf16(x, x, x, 1, 1, 96, 3, NULL);
+    fwd = cuda_check_launch();
+    cuda_attention_backward_bf16(x, x, x, x, x, x, 1, 1, 96, 3, NULL);
+    bwd = cuda_check_launch();
+    printf("%s %-28s launch errors %d, %d\n", fwd && bwd ? "ok  " : "FAIL",
+           "attention bf16 hs=32 refused", fwd, bwd);
+    if (!(fwd && bwd)) g_failures++;
 }
 
 /* bf16 rounding (engine/cuda/bf16.h) on values whose nearest bf16 is known: ties go to
@@ -257,37 +265,78 @@ static int same_bits(const float *x, const float *y, size_t n) {
 }
 
 /* The bf16 kernels against exact attention of the bf16-rounded inputs
- * (attention_bf16_ref), and against the fp32 kernels, which they must not equal (the
- * rounding happens). Tolerances, relative to the output's max-abs (compare): what is
- * left is the kernels' own rounding of P (forward, dv) and dS (dq, dk) to bf16, each
- * element off by at most u = 2^-8 relatively (fp32 sums add ~1e-6). An output element is
- * sum_u w_u x_u with weights P or dS; rounding the weights moves it by at most
- * u sum_u |w_u| |x_u|, which for out is u max|v|, about u max|out| here (row 0's output
- * is v_0). For the backward the sums cancel, so the bound is a few times the outputs'
- * size; the errors themselves are independent and mostly cancel too (measured: ...).
- * Tolerance: 4u for out, 8u for dq, dk, dv; lse, which sees no rounding but that of the
- * inputs (the reference has it too), to 1e-5. */
+ * (attention_bf16_ref), and against the fp32 kernels, which they must not equal.
+ * What is left between kernel and reference is the kernels' own rounding of P (out, dv)
+ * and dS (dq, dk) to bf16, each element off by at most u = 2^-8 relatively; the fp32
+ * sums, exp2f and lse add ~1e-6. An output element is sum_u w_u x_u with weights P or
+ * dS, so rounding the weights moves it by at most u sum_u |w_u| |x_u|: for out that is
+ * u max|v|, about u max|out| (row 0's output is v_0, and max|v| is within 2 max|out| for
+ * these inputs); for dq, dk, dv the sums cancel (dS rows sum to 0), so the bound is a few
+ * times their size, but the roundings are independent and mostly cancel as well.
+ * Measured (max-abs relative): out 0.22u, dv 0.45u, dq and dk 0.9u. Tolerance: 2u for
+ * out, 4u for the gradients. And the error must be at least u/16: without the rounding
+ * of P and dS (inputs rounded as in the reference) it is ~1e-6, so a kernel that skipped
+ * it would pass the upper bound and fail here. lse sees no rounding but the inputs'
+ * (which the reference shares): 1e-5, measured 1e-7. */
 #define BF16_U (1.0 / 256)
-static void test_attention_bf16(int B, int T, int NH, int hs) {
+
+/* compare, and the error must show the kernel's bf16 rounding (at least u/16) */
+static void compare_bf16(const char *what, const float *got, const float *ref, size_t n,
+                         double tol) {
+    double max_ref = 0, max_err = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(ref[i]) > max_ref) max_ref = fabs(ref[i]);
+        double e = fabs((double)got[i] - ref[i]);
+        if (e > max_err || e != e) max_err = e;
+    }
+    int failures = g_failures;
+    compare(what, got, ref, n, tol);
+    if (g_failures == failures && max_err < max_ref * BF16_U / 16) {
+        printf("FAIL %-28s rel err %.3g: no sign of bf16 rounding (< u/16)\n", what,
+               max_err / max_ref);
+        g_failures++;
+    }
+}
+
+static void test_attention_bf16(int B, int T, int NH, int hs, int offset) {
     int C = NH * hs;
     size_t nqkv = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nlse = (size_t)B * NH * T;
-    float *qkv = host_randn(nqkv, 1, 32);
+    float *qkv0 = host_randn(nqkv + offset, 1, 32), *dout0 = host_randn(ny + offset, 1, 33);
+    float *qkv = qkv0 + offset, *dout = dout0 + offset;
     float *out = malloc(ny * sizeof(float)), *lse = malloc(nlse * sizeof(float));
-    attention_bf16_ref(out, lse, NULL, qkv, NULL, B, T, C, NH);
-    float *e_out = poisoned(ny), *e_lse = poisoned(nlse);
-    float *f_out = poisoned(ny), *f_lse = poisoned(nlse);
+    float *dqkv = malloc(nqkv * sizeof(float));
+    attention_bf16_ref(out, lse, dqkv, qkv, dout, B, T, C, NH);
+    float *e_out = poisoned(ny), *e_lse = poisoned(nlse), *e_scratch = poisoned(nlse);
+    float *e_dqkv = poisoned(nqkv), *f_out = poisoned(ny), *f_lse = poisoned(nlse);
+    float *f_dqkv = poisoned(nqkv);
     cuda_attention_forward_bf16(e_out, e_lse, qkv, B, T, C, NH, NULL);
     check_launch("attention_forward_bf16");
     char name[96];
-    snprintf(name, sizeof name, "attention_fwd_bf16 T=%d hs=%d", T, hs);
-    compare(name, e_out, out, ny, 4 * BF16_U);
+    snprintf(name, sizeof name, "attention_fwd_bf16 T=%d hs=%d%s", T, hs,
+             offset ? " unaligned" : "");
+    compare_bf16(name, e_out, out, ny, 2 * BF16_U);
     compare("attention_fwd_bf16 lse", e_lse, lse, nlse, 1e-5);
+    cuda_attention_backward_bf16(e_dqkv, e_scratch, dout, e_out, qkv, e_lse, B, T, C, NH, NULL);
+    check_launch("attention_backward_bf16");
+    size_t rows = (size_t)B * T;
+    float *got = malloc(ny * sizeof(float)), *ref = malloc(ny * sizeof(float)); /* [B,T,C] */
+    static const char *const part_name[3] = {"attention_bwd_bf16 dq", "attention_bwd_bf16 dk",
+                                             "attention_bwd_bf16 dv"};
+    for (int part = 0; part < 3; part++) {
+        qkv_part(got, e_dqkv, rows, C, part);
+        qkv_part(ref, dqkv, rows, C, part);
+        compare_bf16(part_name[part], got, ref, ny, 4 * BF16_U);
+    }
+
     cuda_attention_forward(f_out, f_lse, qkv, B, T, C, NH, NULL);
     check_launch("attention_forward");
-    int same = same_bits(e_out, f_out, ny);
-    printf("%s %-28s\n", same ? "FAIL" : "ok  ", "attention_fwd_bf16 != fp32");
-    g_failures += same;
-    free(qkv), free(out), free(lse), free(e_out), free(e_lse), free(f_out), free(f_lse);
+    cuda_attention_backward(f_dqkv, e_scratch, dout, f_out, qkv, f_lse, B, T, C, NH, NULL);
+    check_launch("attention_backward");
+    int same = same_bits(e_out, f_out, ny) + same_bits(e_dqkv, f_dqkv, nqkv);
+    printf("%s %-28s\n", same ? "FAIL" : "ok  ", "attention bf16 != fp32");
+    g_failures += same != 0;
+    free(qkv0), free(dout0), free(out), free(lse), free(dqkv), free(e_out), free(e_lse);
+    free(e_scratch), free(e_dqkv), free(f_out), free(f_lse), free(f_dqkv), free(got), free(ref);
 }
 
 /* offset floats into each buffer: 1 makes them misaligned, for the kernels' scalar paths */
@@ -414,9 +463,10 @@ int main(void) {
     test_attention_unsupported();
     test_bf16_round();
     test_mma();
-    test_attention_bf16(2, 37, 2, 64);
-    test_attention_bf16(1, 130, 2, 64); /* 3 tiles, a partial last one */
-    test_attention_bf16(1, 64, 1, 128);
+    test_attention_bf16(2, 37, 2, 64, 0);
+    test_attention_bf16(1, 130, 2, 64, 0); /* 3 tiles, a partial last one */
+    test_attention_bf16(1, 64, 1, 128, 0);
+    test_attention_bf16(1, 70, 1, 64, 1);  /* qkv, dout not 16-byte aligned: scalar loads */
     /* test_cuda_ops.c has n = 1000003; here 100003 takes the same paths (several
      * grid-stride passes, 98 partial sums) at a tenth of the emulation time */
     test_elementwise(100003, 0);
