@@ -31,7 +31,8 @@ static void attention_bf16_ref(float *out, float *lse, float *dqkv, const float 
                     q[t * hs + i] = bf16_round(row[0]);
                     k[t * hs + i] = bf16_round(row[C]);
                     v[t * hs + i] = bf16_round(row[2 * C]);
-                    dO[t * hs + i] = dout ? bf16_round(dout[((size_t)b * T + t) * C + h * hs + i]) : 0;
+                    size_t y = ((size_t)b * T + t) * C + (size_t)h * hs + i;
+                    dO[t * hs + i] = dout ? bf16_round(dout[y]) : 0;
                 }
             memset(dq, 0, n * sizeof(double));
             memset(dk, 0, n * sizeof(double));
@@ -81,7 +82,8 @@ static void attention_bf16_ref(float *out, float *lse, float *dqkv, const float 
 
 /* part (0 q, 1 k, 2 v) of x[B*T][3C] into dst[B*T][C], to compare each on its own scale */
 static void qkv_part(float *dst, const float *x, size_t rows, int C, int part) {
-    for (size_t r = 0; r < rows; r++) memcpy(dst + r * C, x + r * 3 * C + (size_t)part * C, C * sizeof(float));
+    for (size_t r = 0; r < rows; r++)
+        memcpy(dst + r * C, x + r * 3 * C + (size_t)part * C, C * sizeof(float));
 }
 
 #endif

@@ -56,7 +56,8 @@
  *  - timing, occupancy, register or shared memory pressure, bank conflicts;
  *  - exact device arithmetic: expf, tanhf, ... are the host's, and contraction into FMA
  *    follows the host compiler, so results agree with the GPU only to rounding.
- * Limits: 1-D blocks, 1- or 2-D grids, full-warp shuffles of float and double; anything
+ * Limits: 1-D blocks, 1- or 2-D grids, full-warp shuffles of float and double, full-warp
+ * mma.sync m16n8k16 bf16 with fp32 accumulators (summed in double here); anything
  * else stops with a message (or does not compile), and cuda_runtime.h is where to add it.
  * A test tool can hide bugs of its own: tests/test_cuda_ops.c on a real GPU remains the
  * reference check of the kernels. */

@@ -12,8 +12,12 @@
  * Not here: matmul, which is cuBLASLt on the GPU, not a kernel of ours; only its bias
  * gradient (cuda_bias_backward) is, and is compared with the CPU matmul_backward's dbias.
  * The attention kernels keep a log-sum-exp where the CPU keeps probabilities, so only
- * out and dqkv are compared. The whole test takes a second or less (a few under
- * GPTC_SANITIZE=address): the emulator's cost is a fiber switch per thread per barrier. */
+ * out and dqkv are compared. The bf16 attention kernels (attention_bf16.cu), which no CPU
+ * op matches, are compared with exact attention of their bf16-rounded inputs
+ * (tests/attention_bf16_ref.h, also used by test_cuda_ops.c), after the bf16 rounding
+ * and one emulated mma (mma_check.cu) are checked on their own. The whole test takes a
+ * second or less (a few under GPTC_SANITIZE=address): the emulator's cost is a fiber
+ * switch per thread per barrier. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
