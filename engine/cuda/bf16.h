@@ -1,9 +1,10 @@
 /* bf16 rounding shared by the kernels (through mma.cuh) and the host tests: one
  * definition of "round to bf16", so that a test's reference rounds its inputs exactly as
  * the kernels do. Plain C (the tests are C); under nvcc the functions are also device
- * functions. */
-#ifndef GPTC_BF16_H
-#define GPTC_BF16_H
+ * functions. bf16_nearest equals engine/bf16.h's host-only bf16_round for every input
+ * but NaN (quieted here, kept there). */
+#ifndef GPTC_CUDA_BF16_H
+#define GPTC_CUDA_BF16_H
 
 #include <stdint.h>
 #include <string.h>
@@ -35,7 +36,7 @@ BF16_FN float bf16_to_float(uint16_t h) {
 }
 
 /* x rounded to the nearest bf16, as a float */
-BF16_FN float bf16_round(float x) { return bf16_to_float(bf16_bits(x)); }
+BF16_FN float bf16_nearest(float x) { return bf16_to_float(bf16_bits(x)); }
 
 /* Two bf16 in one 32-bit word, lo in the low half: the element order of the .bf16x2
  * operands of mma (the lower column or row index in the low half). */

@@ -249,8 +249,8 @@ static void test_bf16_round(void) {
  * fp32 sum differs. */
 static void test_mma(void) {
     float a[16 * 16], b[16 * 8], c[16 * 8], d[16 * 8], ref[16 * 8];
-    for (int i = 0; i < 16 * 16; i++) a[i] = bf16_round(rng_normal(70, i));
-    for (int i = 0; i < 16 * 8; i++) b[i] = bf16_round(rng_normal(71, i));
+    for (int i = 0; i < 16 * 16; i++) a[i] = bf16_nearest(rng_normal(70, i));
+    for (int i = 0; i < 16 * 8; i++) b[i] = bf16_nearest(rng_normal(71, i));
     for (int i = 0; i < 16 * 8; i++) c[i] = rng_normal(72, i), d[i] = NAN;
     emu_mma_check(d, a, b, c);
     check_launch("mma_check");
