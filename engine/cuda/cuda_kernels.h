@@ -40,6 +40,16 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
                              const float *out, const float *qkv, const float *lse, int B,
                              int T, int C, int NH, cudaStream_t s);
 
+/* The same ops for train.precision = bf16 (attention_bf16.cu), with the same buffers and
+ * sizes (fp32 storage): q, k, v, dout and the probabilities are rounded to bf16 as
+ * operands of tensor-core products with fp32 accumulation; softmax, lse and D in fp32.
+ * Head size C / NH must be 64 or 128 (otherwise a launch error, as above). */
+void cuda_attention_forward_bf16(float *out, float *lse, const float *qkv, int B, int T,
+                                 int C, int NH, cudaStream_t s);
+void cuda_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
+                                  const float *out, const float *qkv, const float *lse, int B,
+                                  int T, int C, int NH, cudaStream_t s);
+
 void cuda_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s);
 void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
                         cudaStream_t s);

@@ -36,6 +36,11 @@ void emu_syncthreads(void);
 /* One step of a warp shuffle: every lane of the warp passes its value (size bytes) in
  * `in` and receives lane src_lane's in `out`. */
 void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane);
+/* A warp-collective step where every lane needs every lane's data (mma.sync, emu_mma.h):
+ * each lane passes size bytes (at most EMU_GATHER_MAX) in `in` and receives all 32
+ * lanes' in out[32 * size], lane 0 first. Full warps only. */
+#define EMU_GATHER_MAX 32
+void emu_warp_gather(const void *in, void *out, size_t size);
 float emu_atomic_add(float *p, float v);
 /* Prints "cuda_emu: " msg, with the calling CUDA thread if any, and aborts. */
 void emu_fail(const char *msg);
@@ -112,6 +117,7 @@ static inline double __shfl_xor_sync(unsigned int mask, double v, int lane_mask)
 
 static inline float atomicAdd(float *p, float v) { return emu_atomic_add(p, v); }
 static inline float __ldg(const float *p) { return *p; }
+static inline float4 __ldg(const float4 *p) { return *p; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline float __int_as_float(int i) {
     float f;

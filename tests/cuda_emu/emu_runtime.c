@@ -11,7 +11,8 @@
  * same fibers, on the one host thread that runs the grid: a fiber runs until it reaches
  * a barrier, then the next one runs. __syncthreads is a barrier of the block's fibers, a
  * warp shuffle an exchange through per-thread slots around a barrier of the warp's 32,
- * atomicAdd a locked add. A switch between fibers costs tens of nanoseconds (it was a
+ * a warp-collective mma.sync (emu_mma.h) the same with every lane's fragments, atomicAdd
+ * a locked add. A switch between fibers costs tens of nanoseconds (it was a
  * futex wake and an OS context switch when CUDA threads were host threads, 20 to 30
  * times slower on the training runs of gptc-train-emu). Linux/glibc only (ucontext).
  * A launch is checked (configuration, shared memory) when it is made, on the launching
@@ -55,7 +56,8 @@
  *  - timing, occupancy, register or shared memory pressure, bank conflicts;
  *  - exact device arithmetic: expf, tanhf, ... are the host's, and contraction into FMA
  *    follows the host compiler, so results agree with the GPU only to rounding.
- * Limits: 1-D blocks, 1- or 2-D grids, full-warp shuffles of float and double; anything
+ * Limits: 1-D blocks, 1- or 2-D grids, full-warp shuffles of float and double, full-warp
+ * mma.sync m16n8k16 bf16 with fp32 accumulators (summed in double here); anything
  * else stops with a message (or does not compile), and cuda_runtime.h is where to add it.
  * A test tool can hide bugs of its own: tests/test_cuda_ops.c on a real GPU remains the
  * reference check of the kernels. */
@@ -212,6 +214,9 @@ static void *sched_tsan;
 static barrier block_barrier;                      /* all threads of the block */
 static barrier warp_barrier[EMU_MAX_THREADS / 32]; /* the threads of each warp */
 static double warp_slot[2][EMU_MAX_THREADS];       /* shuffle values, 2 sets */
+/* gather values (emu_warp_gather), 2 sets; the set alternates with the same parity as the
+ * shuffles', so any sequence of shuffles and gathers keeps the argument below */
+static unsigned char warp_blob[2][EMU_MAX_THREADS][EMU_GATHER_MAX];
 static pthread_mutex_t atomic_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
@@ -306,6 +311,17 @@ void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane) {
     memcpy(&slot[tid], in, size);
     barrier_wait(&warp_barrier[tid / 32], AT_SHUFFLE, NULL); /* every lane has stored */
     memcpy(out, &slot[base + (unsigned int)src_lane], size);
+}
+
+void emu_warp_gather(const void *in, void *out, size_t size) {
+    unsigned int tid = emu_thread_idx.x, base = tid & ~31u;
+    unsigned char (*slot)[EMU_GATHER_MAX] = warp_blob[running->parity];
+    running->parity ^= 1u;
+    if (size > EMU_GATHER_MAX || emu_block_dim.x - base < 32)
+        emu_fail("warp gather: more than EMU_GATHER_MAX bytes, or a partial warp");
+    memcpy(slot[tid], in, size);
+    barrier_wait(&warp_barrier[tid / 32], AT_SHUFFLE, NULL); /* every lane has stored */
+    for (unsigned int l = 0; l < 32; l++) memcpy((char *)out + l * size, slot[base + l], size);
 }
 
 float emu_atomic_add(float *p, float v) {

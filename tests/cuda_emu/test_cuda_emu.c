@@ -12,8 +12,12 @@
  * Not here: matmul, which is cuBLASLt on the GPU, not a kernel of ours; only its bias
  * gradient (cuda_bias_backward) is, and is compared with the CPU matmul_backward's dbias.
  * The attention kernels keep a log-sum-exp where the CPU keeps probabilities, so only
- * out and dqkv are compared. The whole test takes a second or less (a few under
- * GPTC_SANITIZE=address): the emulator's cost is a fiber switch per thread per barrier. */
+ * out and dqkv are compared. The bf16 attention kernels (attention_bf16.cu), which no CPU
+ * op matches, are compared with exact attention of their bf16-rounded inputs
+ * (tests/attention_bf16_ref.h, also used by test_cuda_ops.c), after the bf16 rounding
+ * and one emulated mma (mma_check.cu) are checked on their own. The whole test takes a
+ * second or less (a few under GPTC_SANITIZE=address): the emulator's cost is a fiber
+ * switch per thread per barrier. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,6 +27,10 @@
 #include "engine/backend.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/rng.h"
+#include "tests/attention_bf16_ref.h"
+
+/* mma_check.cu: d[16][8] = a[16][16] b[16][8] + c on one emulated mma.sync */
+void emu_mma_check(float *d, const float *a, const float *b, const float *c);
 
 static const gptc_backend *cpu;
 static int g_failures;
@@ -186,6 +194,153 @@ static void test_attention_unsupported(void) {
     printf("%s %-28s launch errors %d, %d\n", fwd && bwd ? "ok  " : "FAIL",
            "attention hs=129 refused", fwd, bwd);
     if (!(fwd && bwd)) g_failures++;
+    /* the bf16 kernels exist for hs 64 and 128 only */
+    cuda_attention_forward_bf16(x, x, x, 1, 1, 96, 3, NULL);
+    fwd = cuda_check_launch();
+    cuda_attention_backward_bf16(x, x, x, x, x, x, 1, 1, 96, 3, NULL);
+    bwd = cuda_check_launch();
+    printf("%s %-28s launch errors %d, %d\n", fwd && bwd ? "ok  " : "FAIL",
+           "attention bf16 hs=32 refused", fwd, bwd);
+    if (!(fwd && bwd)) g_failures++;
+}
+
+/* bf16 rounding (engine/cuda/bf16.h) on values whose nearest bf16 is known: ties go to
+ * the even neighbour, a carry rounds the exponent up (to infinity past the largest
+ * bf16), NaN stays NaN of the same sign. */
+static void test_bf16_round(void) {
+    static const struct {
+        uint32_t in;
+        uint16_t out;
+    } cases[] = {
+        {0x3f800000u, 0x3f80}, /* 1 */
+        {0x3f808000u, 0x3f80}, /* 1 + 2^-8: a tie, to the even 1 */
+        {0x3f818000u, 0x3f82}, /* 1 + 3 2^-8: a tie, to the even 1 + 2^-6 */
+        {0x3f808001u, 0x3f81}, /* just above the tie: up */
+        {0x3f807fffu, 0x3f80}, /* just below: down */
+        {0xbf818000u, 0xbf82}, /* the same tie, negative */
+        {0x3fffffffu, 0x4000}, /* carry into the exponent */
+        {0x7f7fffffu, 0x7f80}, /* FLT_MAX: past the largest bf16 and its half ulp: inf */
+        {0x7f800000u, 0x7f80}, /* inf */
+        {0x00000001u, 0x0000}, /* the smallest denormal: to zero */
+        {0x80000000u, 0x8000}, /* -0 */
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        float x;
+        memcpy(&x, &cases[i].in, sizeof x);
+        if (bf16_bits(x) != cases[i].out) {
+            printf("FAIL bf16_bits(0x%08x) = 0x%04x, not 0x%04x\n", (unsigned)cases[i].in,
+                   (unsigned)bf16_bits(x), (unsigned)cases[i].out);
+            bad = 1;
+        }
+    }
+    uint16_t pn = bf16_bits(NAN), nn = bf16_bits(-NAN);
+    if (!isnan(bf16_to_float(pn)) || !isnan(bf16_to_float(nn)) || (pn >> 15) || !(nn >> 15)) {
+        printf("FAIL bf16_bits(NaN) = 0x%04x, 0x%04x\n", (unsigned)pn, (unsigned)nn);
+        bad = 1;
+    }
+    printf("%s %-28s\n", bad ? "FAIL" : "ok  ", "bf16 rounding");
+    g_failures += bad;
+}
+
+/* One emulated mma.sync m16n8k16 (fragments placed by mma_check.cu from the PTX ISA's
+ * formulas) against a plain product: a wrong fragment layout in emu_mma.h moves
+ * elements and fails by O(1). The operands are bf16 values, so only the order of the
+ * fp32 sum differs. */
+static void test_mma(void) {
+    float a[16 * 16], b[16 * 8], c[16 * 8], d[16 * 8], ref[16 * 8];
+    for (int i = 0; i < 16 * 16; i++) a[i] = bf16_nearest(rng_normal(70, i));
+    for (int i = 0; i < 16 * 8; i++) b[i] = bf16_nearest(rng_normal(71, i));
+    for (int i = 0; i < 16 * 8; i++) c[i] = rng_normal(72, i), d[i] = NAN;
+    emu_mma_check(d, a, b, c);
+    check_launch("mma_check");
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 8; n++) {
+            double s = c[r * 8 + n];
+            for (int k = 0; k < 16; k++) s += (double)a[r * 16 + k] * b[k * 8 + n];
+            ref[r * 8 + n] = (float)s;
+        }
+    compare("mma m16n8k16 bf16 (emulated)", d, ref, 16 * 8, 1e-6);
+}
+
+/* 1 when x[n] and y[n] are bitwise equal */
+static int same_bits(const float *x, const float *y, size_t n) {
+    return memcmp(x, y, n * sizeof(float)) == 0;
+}
+
+/* The bf16 kernels against exact attention of the bf16-rounded inputs
+ * (attention_bf16_ref), and against the fp32 kernels, which they must not equal.
+ * What is left between kernel and reference is the kernels' own rounding of P (out, dv)
+ * and dS (dq, dk) to bf16, each element off by at most u = 2^-8 relatively; the fp32
+ * sums, exp2f and lse add ~1e-6. An output element is sum_u w_u x_u with weights P or
+ * dS, so rounding the weights moves it by at most u sum_u |w_u| |x_u|: for out that is
+ * u max|v|, about u max|out| (row 0's output is v_0, and max|v| is within 2 max|out| for
+ * these inputs); for dq, dk, dv the sums cancel (dS rows sum to 0), so the bound is a few
+ * times their size, but the roundings are independent and mostly cancel as well.
+ * Measured (max-abs relative): out 0.22u, dv 0.45u, dq and dk 0.9u. Tolerance: 2u for
+ * out, 4u for the gradients. And the error must be at least u/16: without the rounding
+ * of P and dS (inputs rounded as in the reference) it is ~1e-6, so a kernel that skipped
+ * it would pass the upper bound and fail here. lse sees no rounding but the inputs'
+ * (which the reference shares): 1e-5, measured 1e-7. */
+#define BF16_U (1.0 / 256)
+
+/* compare, and the error must show the kernel's bf16 rounding (at least u/16) */
+static void compare_bf16(const char *what, const float *got, const float *ref, size_t n,
+                         double tol) {
+    double max_ref = 0, max_err = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(ref[i]) > max_ref) max_ref = fabs(ref[i]);
+        double e = fabs((double)got[i] - ref[i]);
+        if (e > max_err || e != e) max_err = e;
+    }
+    int failures = g_failures;
+    compare(what, got, ref, n, tol);
+    if (g_failures == failures && max_err < max_ref * BF16_U / 16) {
+        printf("FAIL %-28s rel err %.3g: no sign of bf16 rounding (< u/16)\n", what,
+               max_err / max_ref);
+        g_failures++;
+    }
+}
+
+static void test_attention_bf16(int B, int T, int NH, int hs, int offset) {
+    int C = NH * hs;
+    size_t nqkv = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    float *qkv0 = host_randn(nqkv + offset, 1, 32), *dout0 = host_randn(ny + offset, 1, 33);
+    float *qkv = qkv0 + offset, *dout = dout0 + offset;
+    float *out = malloc(ny * sizeof(float)), *lse = malloc(nlse * sizeof(float));
+    float *dqkv = malloc(nqkv * sizeof(float));
+    attention_bf16_ref(out, lse, dqkv, qkv, dout, B, T, C, NH);
+    float *e_out = poisoned(ny), *e_lse = poisoned(nlse), *e_scratch = poisoned(nlse);
+    float *e_dqkv = poisoned(nqkv), *f_out = poisoned(ny), *f_lse = poisoned(nlse);
+    float *f_dqkv = poisoned(nqkv);
+    cuda_attention_forward_bf16(e_out, e_lse, qkv, B, T, C, NH, NULL);
+    check_launch("attention_forward_bf16");
+    char name[96];
+    snprintf(name, sizeof name, "attention_fwd_bf16 T=%d hs=%d%s", T, hs,
+             offset ? " unaligned" : "");
+    compare_bf16(name, e_out, out, ny, 2 * BF16_U);
+    compare("attention_fwd_bf16 lse", e_lse, lse, nlse, 1e-5);
+    cuda_attention_backward_bf16(e_dqkv, e_scratch, dout, e_out, qkv, e_lse, B, T, C, NH, NULL);
+    check_launch("attention_backward_bf16");
+    size_t rows = (size_t)B * T;
+    float *got = malloc(ny * sizeof(float)), *ref = malloc(ny * sizeof(float)); /* [B,T,C] */
+    static const char *const part_name[3] = {"attention_bwd_bf16 dq", "attention_bwd_bf16 dk",
+                                             "attention_bwd_bf16 dv"};
+    for (int part = 0; part < 3; part++) {
+        qkv_part(got, e_dqkv, rows, C, part);
+        qkv_part(ref, dqkv, rows, C, part);
+        compare_bf16(part_name[part], got, ref, ny, 4 * BF16_U);
+    }
+
+    cuda_attention_forward(f_out, f_lse, qkv, B, T, C, NH, NULL);
+    check_launch("attention_forward");
+    cuda_attention_backward(f_dqkv, e_scratch, dout, f_out, qkv, f_lse, B, T, C, NH, NULL);
+    check_launch("attention_backward");
+    int same = same_bits(e_out, f_out, ny) + same_bits(e_dqkv, f_dqkv, nqkv);
+    printf("%s %-28s\n", same ? "FAIL" : "ok  ", "attention bf16 != fp32");
+    g_failures += same != 0;
+    free(qkv0), free(dout0), free(out), free(lse), free(dqkv), free(e_out), free(e_lse);
+    free(e_scratch), free(e_dqkv), free(f_out), free(f_lse), free(f_dqkv), free(got), free(ref);
 }
 
 /* offset floats into each buffer: 1 makes them misaligned, for the kernels' scalar paths */
@@ -310,6 +465,12 @@ int main(void) {
     test_attention(1, 130, 128, 2); /* hs 64, T beyond one tile */
     test_attention(2, 64, 256, 2);  /* hs 128 */
     test_attention_unsupported();
+    test_bf16_round();
+    test_mma();
+    test_attention_bf16(2, 37, 2, 64, 0);
+    test_attention_bf16(1, 130, 2, 64, 0); /* 3 tiles, a partial last one */
+    test_attention_bf16(1, 64, 1, 128, 0);
+    test_attention_bf16(1, 70, 1, 64, 1);  /* qkv, dout not 16-byte aligned: scalar loads */
     /* test_cuda_ops.c has n = 1000003; here 100003 takes the same paths (several
      * grid-stride passes, 98 partial sums) at a tenth of the emulation time */
     test_elementwise(100003, 0);

@@ -1,0 +1,50 @@
+/* Test tool, not part of the engine: the CPU emulator's versions of the device functions
+ * of engine/cuda/mma.cuh (which includes this file when it is not compiled by nvcc).
+ * mma.sync is warp-collective: each lane hands in its fragments, the warp meets at a
+ * barrier (emu_warp_gather, like a shuffle), and each lane rebuilds A and B from all 32
+ * lanes' fragments by the PTX ISA's layout ("Matrix Fragments for mma.m16n8k16 with
+ * floating point type"; mma.cuh repeats it) and computes its own four elements of D.
+ * Products of bf16 are exact in float; the sum of the 16 is taken in double and added
+ * to the accumulator once, which is at least as accurate as the tensor core (so results
+ * agree with the GPU to fp32 rounding, not bitwise). */
+#ifndef GPTC_CUDA_EMU_MMA_H
+#define GPTC_CUDA_EMU_MMA_H
+
+#include "cuda_runtime.h"
+#include "engine/cuda/bf16.h"
+
+#include <stdint.h>
+
+typedef struct {
+    uint32_t a[4], b[2];
+} emu_mma_frag;
+
+static inline void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    emu_mma_frag mine = {{a[0], a[1], a[2], a[3]}, {b[0], b[1]}}, all[32];
+    emu_warp_gather(&mine, all, sizeof mine);
+    float A[16][16], B[16][8];
+    for (int lane = 0; lane < 32; lane++) {
+        int g = lane >> 2, t = lane & 3;
+        for (int r = 0; r < 4; r++) { /* a[r]: row g (+8 if r odd), cols 2t (+8 if r >= 2) */
+            int row = g + 8 * (r & 1), col = 2 * t + 8 * (r >> 1);
+            A[row][col] = bf16_to_float((uint16_t)(all[lane].a[r] & 0xffffu));
+            A[row][col + 1] = bf16_to_float((uint16_t)(all[lane].a[r] >> 16));
+        }
+        for (int r = 0; r < 2; r++) { /* b[r]: rows 2t, 2t+1 (+8 if r = 1), col g */
+            int k = 2 * t + 8 * r;
+            B[k][g] = bf16_to_float((uint16_t)(all[lane].b[r] & 0xffffu));
+            B[k + 1][g] = bf16_to_float((uint16_t)(all[lane].b[r] >> 16));
+        }
+    }
+    int lane = (int)(threadIdx.x & 31u), g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; i++) { /* d[i]: row g (+8 if i >= 2), col 2t + (i & 1) */
+        int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        double s = 0;
+        for (int k = 0; k < 16; k++) s += (double)A[row][k] * B[k][col];
+        d[i] = (float)(d[i] + s);
+    }
+}
+
+static inline uint32_t pack_bf16x2(float lo, float hi) { return bf16x2_bits(lo, hi); }
+
+#endif
