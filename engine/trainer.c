@@ -68,6 +68,17 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
     return -1;
 }
 
+/* The tensor-core attention kernels of precision = bf16 on CUDA handle head sizes of 64
+ * and 128 (GPT-2's sizes); the CPU's bf16 attention, any. */
+static int check_precision(const gptc_config *c, const gpt_shape *s, char *err, size_t n) {
+    int hs = s->d_model / s->n_head;
+    if (strcmp(c->precision, "bf16") != 0 || strcmp(c->device, "cuda") != 0 || hs == 64 || hs == 128)
+        return 0;
+    snprintf(err, n, "train.precision = bf16 on train.device = cuda needs a head size "
+             "(model.d_model / model.n_head) of 64 or 128, not %d", hs);
+    return -1;
+}
+
 /* The compute backend of train.device, and NVML when profile.power is on. Collective: a
  * rank without a usable GPU fails every rank; the lowest such rank fills err, the others
  * return NULL with err empty. */
@@ -473,6 +484,7 @@ int train_run(const gptc_config *c, const grid *g) {
         plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
         goto fail_config;
     if (c->save[0] && check_save_path(c->save, err, sizeof(err)) != 0) goto fail_config;
+    if (check_precision(c, &shape, err, sizeof(err)) != 0) goto fail_config;
     long first = init ? meta.step + 1 : 1;
     if (first > c->steps + 1) {
         snprintf(err, sizeof(err), "train.steps = %ld is before the checkpoint's step %ld (train.init %s)",

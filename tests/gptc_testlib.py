@@ -69,21 +69,18 @@ def compare_metrics(name, ref, got, rtol, ref_name):
 
 
 # precision = bf16 across devices: losses and grad norms of every step within BF16_RTOL of
-# the CPU's bf16 run (test_bf16.py measured 4.5e-4 between layouts, whose fp32 sums differ
-# as little as two devices' do), and at step 1 (same parameters everywhere) a grad norm
-# nearer the CPU's bf16 run than the CPU's fp32 run is (1.1e-4 away): the device rounds.
-BF16_RTOL = 2e-3
+# the CPU's bf16 run (test_bf16.py measured 1.1e-3 between layouts). That the device
+# really rounds is shown op by op (test_cuda_ops: matmuls and attention against the CPU's
+# fp32 and bf16 ops): in a whole run, two devices' different rounding flips move the
+# grad norm about as much as bf16 itself does (5e-5 at step 1), so no run-level check
+# can tell them apart.
+BF16_RTOL = 3e-3
 
 
-def compare_bf16_run(name, ref_bf16, ref_fp32, got):
+def compare_bf16_run(name, ref_bf16, got):
     """Fails unless got (a bf16 run on another device) matches the CPU's bf16 run ref_bf16
     as above; returns the worst relative difference."""
-    worst = compare_metrics(name, ref_bf16, got, BF16_RTOL, "the CPU's bf16 run")
-    g, b, f = got[0]["grad_norm"], ref_bf16[0]["grad_norm"], ref_fp32[0]["grad_norm"]
-    if not abs(g - b) < abs(f - b) / 2:
-        fail(f"{name}: step 1 grad norm {g!r} is not nearer the CPU's bf16 run ({b!r}) than "
-             f"its fp32 run ({f!r}) is: are the operands rounded?")
-    return worst
+    return compare_metrics(name, ref_bf16, got, BF16_RTOL, "the CPU's bf16 run")
 
 
 def fail(msg):

@@ -39,6 +39,8 @@ CASES = [
      ["model.n_layer", "ck.h5"]),
     ("save dir missing", [f"--train.save={D}/no/such/dir/ck.h5"], ["train.save", "no/such/dir"]),
     ("power on the cpu", ["--profile.power=true"], ["profile.power", "train.device = cuda"]),
+    ("bf16 on cuda with a head size of 16", ["--train.device=cuda", "--train.precision=bf16"],
+     ["train.precision = bf16", "head size", "64 or 128", "not 16"]),
     ("unknown policy", ["--overlap.dp=eager"], ["overlap.dp", "eager"]),
     ("data without /tokens", [f"--data.path={D}/notokens.h5"], ["data.path", "notokens.h5", "tokens"]),
     ("data shorter than a window", [f"--data.path={D}/short.h5"], ["data.path", "short.h5", "window"]),

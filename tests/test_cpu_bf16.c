@@ -77,7 +77,7 @@ static void naive(const float *q, const float *k, const float *v, const float *d
         memset(dv, 0, sizeof(double) * T * hs);
         for (int t = 0; t < T; t++) {
             double D = 0;
-            for (int d = 0; d < hs; d++) D += (double)dy[t * yld + d] * y[t * hs + d];
+            for (int d = 0; d < hs; d++) D += r16(dy[t * yld + d]) * y[t * hs + d];
             for (int u = 0; u <= t; u++) {
                 double dp = 0;
                 for (int d = 0; d < hs; d++) dp += r16(dy[t * yld + d]) * r16(v[u * ld + d]);

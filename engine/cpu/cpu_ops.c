@@ -230,6 +230,10 @@ static float row_max(const float *x, int n) {
 
 void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                            int NH, gptc_stream *s) {
+    if (g_precision == GPTC_BF16) {
+        cpu_attention_forward_bf16(out, att, qkv, B, T, C, NH);
+        return;
+    }
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     /* one (batch, head) per thread: inside a parallel region the OpenMP OpenBLAS runs
@@ -260,6 +264,10 @@ size_t cpu_attention_state_floats(int B, int T, int NH) {
 void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *out,
                             const float *qkv, const float *att, int B, int T, int C, int NH,
                             gptc_stream *s) {
+    if (g_precision == GPTC_BF16) {
+        cpu_attention_backward_bf16(dqkv, datt, dout, out, qkv, att, B, T, C, NH);
+        return;
+    }
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for schedule(static)
@@ -298,9 +306,9 @@ void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const f
  * every sum in fp32; the unnormalised probabilities exp(s - max) rounded to bf16 for the
  * product with v, normalised afterwards by the sum of the unrounded ones; in the backward
  * the probabilities rounded for dv, dS rounded for dq and dk, and D = rowsum(dout * out)
- * from the forward's output. (A GPU kernel's running maximum can differ from the row's
- * final one, so its rounded values may differ from these by one bf16 step.) Not yet
- * selected by set_precision: the GPU kernels are still being written (docs/design.md). */
+ * with the rounded dout (the one dP sees, so that each row of dS still sums to ~0) and
+ * the forward's output. (A GPU kernel's running maximum can differ from the row's final
+ * one, so its rounded values may differ from these by one bf16 step.) */
 static float *scratch_floats(size_t n) {
     float *p = malloc((n ? n : 1) * sizeof(float));
     if (!p) {
@@ -377,7 +385,7 @@ void cpu_attention_backward_bf16(float *dqkv, float *datt, const float *dout, co
             const float *ar = a + (size_t)t * T;
             float *dr = da + (size_t)t * T;
             float D = 0.0f;
-            for (int d = 0; d < hs; d++) D += dy[(size_t)t * C + d] * y[(size_t)t * C + d];
+            for (int d = 0; d < hs; d++) D += dyr[(size_t)t * hs + d] * y[(size_t)t * C + d];
             for (int u = 0; u <= t; u++) dr[u] = bf16_round(ar[u] * (dr[u] - D));
             for (int u = t + 1; u < T; u++) dr[u] = 0.0f;
         }

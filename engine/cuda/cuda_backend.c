@@ -183,7 +183,11 @@ static void cu_layernorm_backward(float *dinp, float *dw, float *db, const float
     cuda_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, cu(s));
     check_launch("layernorm_backward");
 }
-static void cu_set_precision(gptc_precision p) { cuda_matmul_set_precision(p); }
+static gptc_precision g_precision = GPTC_FP32;
+static void cu_set_precision(gptc_precision p) {
+    g_precision = p;
+    cuda_matmul_set_precision(p);
+}
 static void cu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                               int N, int IC, int OC, int w_rows_out, gptc_stream *s) {
     cuda_matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, cu(s));
@@ -200,13 +204,17 @@ static void cu_matmul_backward(float *dinp, float *dw, float *dbias, const float
 static size_t cu_attention_state_floats(int B, int T, int NH) { return (size_t)B * NH * T; }
 static void cu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                                  int NH, gptc_stream *s) {
-    cuda_attention_forward(out, att, qkv, B, T, C, NH, cu(s));
+    if (g_precision == GPTC_BF16) cuda_attention_forward_bf16(out, att, qkv, B, T, C, NH, cu(s));
+    else cuda_attention_forward(out, att, qkv, B, T, C, NH, cu(s));
     check_launch("attention_forward");
 }
 static void cu_attention_backward(float *dqkv, float *datt, const float *dout, const float *out,
                                   const float *qkv, const float *att, int B, int T, int C, int NH,
                                   gptc_stream *s) {
-    cuda_attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, cu(s));
+    if (g_precision == GPTC_BF16)
+        cuda_attention_backward_bf16(dqkv, datt, dout, out, qkv, att, B, T, C, NH, cu(s));
+    else
+        cuda_attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, cu(s));
     check_launch("attention_backward");
 }
 static void cu_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s) {
