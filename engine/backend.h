@@ -121,6 +121,16 @@ typedef struct gptc_backend {
                             const float *inp, const float *w, int N, int IC, int OC,
                             int w_rows_out, gptc_stream *s);
 
+    /* The MLP's first projection with its activation fused (cuBLASLt's GELU epilogue):
+     * pre[N,OC] = inp[N,IC] @ W[IC,OC] + bias (kept for the backward), out = gelu(pre). */
+    void (*matmul_gelu_forward)(float *out, float *pre, const float *inp, const float *w,
+                                const float *bias, int N, int IC, int OC, gptc_stream *s);
+    /* The input gradient of the projection that follows the GELU, with the GELU's own
+     * backward fused (DGELU epilogue): dpre[N,IC] = (dout[N,OC] @ W^T) * gelu'(pre[N,IC]).
+     * W is [IC,OC]; its gradient and the bias's come from matmul_backward (dinp NULL). */
+    void (*matmul_dgelu_backward)(float *dpre, const float *dout, const float *w,
+                                  const float *pre, int N, int IC, int OC, gptc_stream *s);
+
     /* Causal self-attention of one layer. qkv[B,T,3C] (q|k|v, heads in order),
      * out[B,T,C]; att[attention_state_floats] keeps what backward needs: the softmax
      * probabilities [B,NH,T,T] on the CPU, the rows' log-sum-exp [B,NH,T] on CUDA, whose

@@ -124,6 +124,22 @@ static void t_matmul_forward(float *out, const float *inp, const float *w, const
     scan(timing_matmul_name(0), out, (size_t)N * OC);
 }
 
+static void t_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
+                                  const float *bias, int N, int IC, int OC, gptc_stream *s) {
+    op_start t0 = begin(timing_matmul_gelu_name(0), s);
+    g_inner->matmul_gelu_forward(out, pre, inp, w, bias, N, IC, OC, s);
+    done(timing_matmul_gelu_name(0), t0, s);
+    scan(timing_matmul_gelu_name(0), out, (size_t)N * OC);
+}
+
+static void t_matmul_dgelu_backward(float *dpre, const float *dout, const float *w,
+                                    const float *pre, int N, int IC, int OC, gptc_stream *s) {
+    op_start t0 = begin(timing_matmul_gelu_name(1), s);
+    g_inner->matmul_dgelu_backward(dpre, dout, w, pre, N, IC, OC, s);
+    done(timing_matmul_gelu_name(1), t0, s);
+    scan(timing_matmul_gelu_name(1), dpre, (size_t)N * IC);
+}
+
 static void t_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                               const float *inp, const float *w, int N, int IC, int OC,
                               int w_rows_out, gptc_stream *s) {
@@ -228,6 +244,8 @@ const gptc_backend *timed_backend(const gptc_backend *inner) {
     g_timed.layernorm_backward = t_layernorm_backward;
     g_timed.matmul_forward = t_matmul_forward;
     g_timed.matmul_backward = t_matmul_backward;
+    g_timed.matmul_gelu_forward = t_matmul_gelu_forward;
+    g_timed.matmul_dgelu_backward = t_matmul_dgelu_backward;
     g_timed.attention_forward = t_attention_forward;
     g_timed.attention_backward = t_attention_backward;
     g_timed.gelu_forward = t_gelu_forward;

@@ -82,10 +82,15 @@ void timing_set_context(int layer, int micro, timing_phase phase) {
 
 timing_ctx timing_context(void) { return T.ctx; }
 
-static const char *const ROLES[][3] = {
-    {"qkv", "qkv_fwd", "qkv_bwd"},          {"attn_proj", "attn_proj_fwd", "attn_proj_bwd"},
-    {"fc", "fc_fwd", "fc_bwd"},             {"fc_proj", "fc_proj_fwd", "fc_proj_bwd"},
-    {"lm_head", "lm_head_fwd", "lm_head_bwd"},
+/* role, forward, backward, and the ops with the GELU fused (matmul_gelu_forward,
+ * matmul_dgelu_backward): their own names, since the weight gradient of that backward is
+ * a second op under the plain name */
+static const char *const ROLES[][5] = {
+    {"qkv", "qkv_fwd", "qkv_bwd", "qkv_gelu_fwd", "qkv_dgelu_bwd"},
+    {"attn_proj", "attn_proj_fwd", "attn_proj_bwd", "attn_proj_gelu_fwd", "attn_proj_dgelu_bwd"},
+    {"fc", "fc_fwd", "fc_bwd", "fc_gelu_fwd", "fc_dgelu_bwd"},
+    {"fc_proj", "fc_proj_fwd", "fc_proj_bwd", "fc_proj_gelu_fwd", "fc_proj_dgelu_bwd"},
+    {"lm_head", "lm_head_fwd", "lm_head_bwd", "lm_head_gelu_fwd", "lm_head_dgelu_bwd"},
 };
 static int g_role = -1;
 
@@ -98,6 +103,11 @@ void timing_matmul_role(const char *role) {
 const char *timing_matmul_name(int backward) {
     if (g_role < 0) return backward ? "matmul_bwd" : "matmul_fwd";
     return ROLES[g_role][backward ? 2 : 1];
+}
+
+const char *timing_matmul_gelu_name(int backward) {
+    if (g_role < 0) return backward ? "matmul_dgelu_bwd" : "matmul_gelu_fwd";
+    return ROLES[g_role][backward ? 4 : 3];
 }
 
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,

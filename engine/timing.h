@@ -48,6 +48,8 @@ void timing_set_context(int layer, int micro, timing_phase phase);
  * are then "<role>_fwd" and "<role>_bwd". */
 void timing_matmul_role(const char *role);
 const char *timing_matmul_name(int backward);
+/* the name of the op with the GELU fused, in the current role (fc_gelu_fwd, fc_proj_dgelu_bwd) */
+const char *timing_matmul_gelu_name(int backward);
 timing_ctx timing_context(void);
 /* Thread-safe, allocation-free; dropped (and counted) when the step's storage is full. */
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,

@@ -410,7 +410,8 @@ static void block_forward(gpt_model *m, layer_acts *la, int l, const float *x, c
     size_t mine = (size_t)d->row0 * C, nl = (size_t)Nl * C;
     be->layernorm_forward(la->ln1 + mine, la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, Nl, C, s);
     timing_matmul_role("qkv");
-    tp_column_parallel_forward(&m->tp, la->qkv, la->ln1, w->qkvw, w->qkvb, N, C, 3 * d->Cl, 0, s);
+    tp_column_parallel_forward(&m->tp, la->qkv, la->ln1, w->qkvw, w->qkvb, N, C, 3 * d->Cl, 0, NULL,
+                               s);
     be->attention_forward(la->atty, la->att, la->qkv, d->B, d->T, d->Cl, d->NHl, s);
     timing_matmul_role("attn_proj");
     be->add(la->res2, x,
@@ -418,9 +419,9 @@ static void block_forward(gpt_model *m, layer_acts *la, int l, const float *x, c
             nl, s);
     be->layernorm_forward(la->ln2 + mine, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b,
                           Nl, C, s);
-    timing_matmul_role("fc");
-    tp_column_parallel_forward(&m->tp, la->fch, la->ln2, w->fcw, w->fcb, N, C, d->Fl, 0, s);
-    be->gelu_forward(la->fch_gelu, la->fch, (size_t)N * d->Fl, s);
+    timing_matmul_role("fc"); /* with the GELU: fch_gelu = gelu(fch) */
+    tp_column_parallel_forward(&m->tp, la->fch, la->ln2, w->fcw, w->fcb, N, C, d->Fl, 0,
+                               la->fch_gelu, s);
     timing_matmul_role("fc_proj");
     be->add(la->res3, la->res2,
             tp_row_parallel_forward(&m->tp, tmp, la->fch_gelu, w->fcprojw, w->fcprojb, N, d->Fl, C, s),
@@ -438,10 +439,9 @@ static void block_backward(gpt_model *m, layer_acts *la, int l, float *dfull, co
     int N = d->N, Nl = d->Nl, C = d->C;
     float *dres = dfull + (size_t)d->row0 * C;
     /* MLP branch; the c_fc input gradient is partial per TP rank until reduced */
-    timing_matmul_role("fc_proj");
+    timing_matmul_role("fc_proj"); /* through the GELU: dfch = d(fch), not d(fch_gelu) */
     tp_row_parallel_backward(&m->tp, a->dfch, dw->fcprojw, dw->fcprojb, dfull, la->fch_gelu,
-                             w->fcprojw, N, d->Fl, C, s);
-    be->gelu_backward(a->dfch, la->fch, a->dfch, (size_t)N * d->Fl, s);
+                             w->fcprojw, N, d->Fl, C, la->fch, s);
     timing_matmul_role("fc");
     const float *dln2 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->fcw, dw->fcb, a->dfch,
                                                     la->ln2, w->fcw, N, C, d->Fl, 0, s);
@@ -450,7 +450,7 @@ static void block_backward(gpt_model *m, layer_acts *la, int l, float *dfull, co
     /* attention branch: dbtc first holds d(atty) [N,Cl], then d(ln1) [N,C] */
     timing_matmul_role("attn_proj");
     tp_row_parallel_backward(&m->tp, a->dbtc, dw->attprojw, dw->attprojb, dfull, la->atty,
-                             w->attprojw, N, d->Cl, C, s);
+                             w->attprojw, N, d->Cl, C, NULL, s);
     be->attention_backward(a->dqkv, a->datt, a->dbtc, la->atty, la->qkv, la->att, d->B, d->T,
                            d->Cl, d->NHl, s);
     timing_matmul_role("qkv");
@@ -504,7 +504,7 @@ static double head_forward(gpt_model *m, slot_acts *sa, const float *x, const di
     be->layernorm_forward(sa->lnf + (size_t)d->row0 * C, sa->lnf_mean, sa->lnf_rstd, x, p->lnfw,
                           p->lnfb, d->Nl, C, s);
     timing_matmul_role("lm_head");
-    tp_column_parallel_forward(&m->tp, sa->logits, sa->lnf, p->wte, NULL, N, C, d->Vl, 1, s);
+    tp_column_parallel_forward(&m->tp, sa->logits, sa->lnf, p->wte, NULL, N, C, d->Vl, 1, NULL, s);
     be->vocab_max(sa->loss_max, sa->logits, N, d->Vl, d->v_valid, s);
     tp_allreduce_max(&m->tp, sa->loss_max, (size_t)N, s);
     be->vocab_expsum(sa->loss_stats, sa->logits, sa->loss_max, sa->targets, N, d->Vl, d->v_valid,

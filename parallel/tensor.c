@@ -150,12 +150,23 @@ static size_t own_offset(const tp_context *tp, int N, int C) {
     return tp->sequence_parallel ? (size_t)tp->rank * (N / tp->size) * C : 0;
 }
 
+/* rows [r0, r1) of the column-parallel product, with the GELU fused when gelu_out */
+static void column_rows(tp_context *tp, float *out, float *gelu_out, const float *inp,
+                        const float *w, const float *bias, int r0, int r1, int IC, int OC,
+                        int w_rows_out, gptc_stream *s) {
+    size_t o = (size_t)r0 * OC, i = (size_t)r0 * IC;
+    if (gelu_out)
+        tp->be->matmul_gelu_forward(gelu_out + o, out + o, inp + i, w, bias, r1 - r0, IC, OC, s);
+    else
+        tp->be->matmul_forward(out + o, inp + i, w, bias, r1 - r0, IC, OC, w_rows_out, s);
+}
+
 float *tp_column_parallel_forward(tp_context *tp, float *out, float *inp, const float *w,
                                   const float *bias, int N, int IC, int OC, int w_rows_out,
-                                  gptc_stream *s) {
+                                  float *gelu_out, gptc_stream *s) {
     if (!tp->sequence_parallel || !chunked(tp, N)) {
         tp_gather_rows(tp, inp, (size_t)(tp->sequence_parallel ? N / tp->size : N), (size_t)IC, s);
-        tp->be->matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, s);
+        column_rows(tp, out, gelu_out, inp, w, bias, 0, N, IC, OC, w_rows_out, s);
         return out;
     }
     broadcast_pieces(tp, inp, N, IC);
@@ -163,8 +174,7 @@ float *tp_column_parallel_forward(tp_context *tp, float *out, float *inp, const 
         int r0, r1, owner;
         piece_rows(tp, N, p, &r0, &r1, &owner);
         wait_piece(tp, p);
-        tp->be->matmul_forward(out + (size_t)r0 * OC, inp + (size_t)r0 * IC, w, bias, r1 - r0, IC,
-                               OC, w_rows_out, s);
+        column_rows(tp, out, gelu_out, inp, w, bias, r0, r1, IC, OC, w_rows_out, s);
     }
     comm_lane_join(tp->lane);
     return out;
@@ -210,12 +220,28 @@ float *tp_column_parallel_backward(tp_context *tp, float *dinp, float *dw, float
     return dinp + own_offset(tp, N, IC);
 }
 
+/* dinp rows [r0, r1) of the row-parallel backward, through the GELU's backward when
+ * gelu_pre (the activation's input) is given */
+static void row_dinp(tp_context *tp, float *dinp, const float *dout, const float *w,
+                     const float *gelu_pre, int r0, int r1, int IC, int OC, gptc_stream *s) {
+    size_t i = (size_t)r0 * IC, o = (size_t)r0 * OC;
+    if (gelu_pre)
+        tp->be->matmul_dgelu_backward(dinp + i, dout + o, w, gelu_pre + i, r1 - r0, IC, OC, s);
+    else
+        tp->be->matmul_backward(dinp + i, NULL, NULL, dout + o, NULL, w, r1 - r0, IC, OC, 0, s);
+}
+
 void tp_row_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbias, float *dout,
                               const float *inp, const float *w, int N, int IC, int OC,
-                              gptc_stream *s) {
+                              const float *gelu_pre, gptc_stream *s) {
     if (!tp->sequence_parallel || !chunked(tp, N)) {
         tp_gather_rows(tp, dout, (size_t)(tp->sequence_parallel ? N / tp->size : N), (size_t)OC, s);
-        tp->be->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, 0, s);
+        if (gelu_pre) {
+            row_dinp(tp, dinp, dout, w, gelu_pre, 0, N, IC, OC, s);
+            tp->be->matmul_backward(NULL, dw, dbias, dout, inp, w, N, IC, OC, 0, s);
+        } else {
+            tp->be->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, 0, s);
+        }
         return;
     }
     broadcast_pieces(tp, dout, N, OC);
@@ -223,8 +249,7 @@ void tp_row_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbi
         int r0, r1, owner;
         piece_rows(tp, N, p, &r0, &r1, &owner);
         wait_piece(tp, p);
-        tp->be->matmul_backward(dinp + (size_t)r0 * IC, NULL, NULL, dout + (size_t)r0 * OC, NULL, w,
-                                r1 - r0, IC, OC, 0, s);
+        row_dinp(tp, dinp, dout, w, gelu_pre, r0, r1, IC, OC, s);
     }
     tp->be->matmul_backward(NULL, dw, dbias, dout, inp, w, N, IC, OC, 0, s);
     comm_lane_join(tp->lane);

@@ -77,16 +77,19 @@ float *tp_reduce_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, g
 /* A column-parallel projection entering a parallel region (c_attn, c_fc, the LM head):
  * out[N,OC] = inp[N,IC] @ W + bias, where with sequence parallelism inp holds only this
  * rank's rows at their place and is all-gathered first (chunked: piece by piece, each
- * multiplied as it arrives). */
+ * multiplied as it arrives). With gelu_out (else NULL), also gelu_out[N,OC] = gelu(out),
+ * fused into the product (matmul_gelu_forward; W then is [IC,OC]). */
 float *tp_column_parallel_forward(tp_context *tp, float *out, float *inp, const float *w,
                                   const float *bias, int N, int IC, int OC, int w_rows_out,
-                                  gptc_stream *s);
+                                  float *gelu_out, gptc_stream *s);
 /* The backward of a row-parallel projection (c_proj): dinp[N,IC] = dout @ W^T and dw,
  * dbias accumulate, where with sequence parallelism dout holds only this rank's rows at
- * their place and is all-gathered first (chunked: piece by piece). */
+ * their place and is all-gathered first (chunked: piece by piece). With gelu_pre[N,IC]
+ * (the input of the GELU that made inp; else NULL), dinp is carried through the GELU's
+ * backward too, fused into the product (matmul_dgelu_backward). */
 void tp_row_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbias, float *dout,
                               const float *inp, const float *w, int N, int IC, int OC,
-                              gptc_stream *s);
+                              const float *gelu_pre, gptc_stream *s);
 /* Frees the chunking events. */
 void tp_free(tp_context *tp);
 /* A row-parallel projection leaving a parallel region (c_proj): out[N,OC] = the TP sum

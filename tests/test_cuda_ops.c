@@ -210,6 +210,36 @@ static void test_matmul(int N, int IC, int OC, int w_rows_out, int with_bias) {
     if (d_bias) gpu->release(d_bias);
 }
 
+/* The MLP's fused GELU: matmul_gelu_forward (pre and out) and matmul_dgelu_backward
+ * against the CPU, which runs the unfused steps. With OC and IC multiples of 8 cuBLASLt's
+ * epilogues run (if it has them for the shape); otherwise the GEMM and the GELU kernels:
+ * both paths are checked. The epilogue must be the tanh-approximated GELU of the model:
+ * an erf GELU would differ by ~1e-3 and fail the 1e-5 bound. */
+static void test_matmul_gelu(int N, int IC, int OC) {
+    size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)IC * OC;
+    float *inp = host_randn(ni, 1, 40), *w = host_randn(nw, 0.2f, 41), *bias = host_randn(OC, 1, 42);
+    float *out = malloc(no * sizeof(float)), *pre = malloc(no * sizeof(float)); /* [N,OC] */
+    cpu->matmul_gelu_forward(out, pre, inp, w, bias, N, IC, OC, NULL);
+    float *d_inp = to_gpu(inp, ni), *d_w = to_gpu(w, nw), *d_bias = to_gpu(bias, OC);
+    float *d_out = poisoned(no), *d_pre = poisoned(no);
+    gpu->matmul_gelu_forward(d_out, d_pre, d_inp, d_w, d_bias, N, IC, OC, NULL);
+    char name[96];
+    snprintf(name, sizeof name, "matmul_gelu_forward %dx%dx%d", N, IC, OC);
+    compare(name, d_out, out, no, 1e-5);
+    compare("matmul_gelu_forward pre", d_pre, pre, no, 1e-5);
+    /* the backward through a projection IC -> OC whose input was gelu(pre2[N,IC]) */
+    float *pre2 = host_randn(ni, 1, 43), *dout = host_randn(no, 1, 44);
+    float *dpre = malloc(ni * sizeof(float)); /* [N,IC] */
+    cpu->matmul_dgelu_backward(dpre, dout, w, pre2, N, IC, OC, NULL);
+    float *d_pre2 = to_gpu(pre2, ni), *d_dout = to_gpu(dout, no), *d_dpre = poisoned(ni);
+    gpu->matmul_dgelu_backward(d_dpre, d_dout, d_w, d_pre2, N, IC, OC, NULL);
+    snprintf(name, sizeof name, "matmul_dgelu_backward %dx%dx%d", N, IC, OC);
+    compare(name, d_dpre, dpre, ni, 1e-5);
+    free(inp), free(w), free(bias), free(out), free(pre), free(pre2), free(dout), free(dpre);
+    gpu->release(d_inp), gpu->release(d_w), gpu->release(d_bias), gpu->release(d_out);
+    gpu->release(d_pre), gpu->release(d_pre2), gpu->release(d_dout), gpu->release(d_dpre);
+}
+
 /* bf16 through the op tables: the GPU's tensor-core kernels against the CPU's bf16
  * attention, which rounds at the same points; what differs is the arithmetic around
  * them (fp32 sums in another order, exp2 and the running maximum), which can move an
@@ -421,6 +451,8 @@ int main(int argc, char **argv) {
     test_matmul(37, 48, 101, 1, 0); /* the tied LM head: W is [OC,IC] */
     if (!quick) test_matmul(128, 256, 64, 0, 1);
     test_matmul(33, 7, 5, 0, 1);    /* no dimension a multiple of 4: unaligned views */
+    test_matmul_gelu(37, 48, 192);  /* the epilogues */
+    test_matmul_gelu(37, 45, 100);  /* leading dimensions not multiples of 8: the kernels */
     cpu->set_precision(GPTC_BF16), gpu->set_precision(GPTC_BF16), g_bf16 = 1;
     test_attention(1, 130, 128, 2); /* hs 64 */
     if (!quick) test_attention(2, 64, 256, 2); /* hs 128 */

@@ -79,13 +79,15 @@ def main():
     check_report("single", report, 1)
     check_steps_contain_ops("single", events)
     n_micro = GB // MB
-    expect = {"qkv_fwd": L * n_micro, "attn_proj_fwd": L * n_micro, "fc_fwd": L * n_micro,
+    # the MLP's GELU is fused into its projections: fc_gelu_fwd, and fc_proj_dgelu_bwd (the
+    # input gradient through the GELU) beside fc_proj_bwd (the weight gradient)
+    expect = {"qkv_fwd": L * n_micro, "attn_proj_fwd": L * n_micro, "fc_gelu_fwd": L * n_micro,
               "fc_proj_fwd": L * n_micro, "lm_head_fwd": n_micro, "qkv_bwd": L * n_micro,
               "attn_proj_bwd": L * n_micro, "fc_bwd": L * n_micro, "fc_proj_bwd": L * n_micro,
-              "lm_head_bwd": n_micro,
+              "fc_proj_dgelu_bwd": L * n_micro, "lm_head_bwd": n_micro,
               "attention_fwd": L * n_micro, "attention_bwd": L * n_micro,
               "layernorm_fwd": (2 * L + 1) * n_micro, "layernorm_bwd": (2 * L + 1) * n_micro,
-              "gelu_fwd": L * n_micro, "embedding_fwd": n_micro, "embedding_bwd": n_micro,
+              "fc_fwd": 0, "gelu_fwd": 0, "gelu_bwd": 0, "embedding_fwd": n_micro, "embedding_bwd": n_micro,
               "loss_max": n_micro, "loss_finish": n_micro}
     for step in range(1, STEPS + 1):
         got = Counter(e["name"] for e in events if e.get("ph") == "X" and e["cat"] == "compute"

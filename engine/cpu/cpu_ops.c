@@ -195,6 +195,20 @@ void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout
     }
 }
 
+/* The fused ops are the two steps they fuse: the CPU results stay bit for bit those of
+ * the unfused layer. */
+void cpu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
+                             const float *bias, int N, int IC, int OC, gptc_stream *s) {
+    cpu_matmul_forward(pre, inp, w, bias, N, IC, OC, 0, s);
+    cpu_gelu_forward(out, pre, (size_t)N * OC, s);
+}
+
+void cpu_matmul_dgelu_backward(float *dpre, const float *dout, const float *w, const float *pre,
+                               int N, int IC, int OC, gptc_stream *s) {
+    cpu_matmul_backward(dpre, NULL, NULL, dout, NULL, w, N, IC, OC, 0, s);
+    cpu_gelu_backward(dpre, pre, dpre, (size_t)N * IC, s);
+}
+
 /* ------------------------------------------------------------------ row helpers */
 
 /* x[i] = exp(x[i] - shift) for i < n; returns their sum. Blocks of 256 are summed in

@@ -24,6 +24,10 @@ void cpu_matmul_forward(float *out, const float *inp, const float *w, const floa
 void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                          const float *inp, const float *w, int N, int IC, int OC,
                          int w_rows_out, gptc_stream *s);
+void cpu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
+                             const float *bias, int N, int IC, int OC, gptc_stream *s);
+void cpu_matmul_dgelu_backward(float *dpre, const float *dout, const float *w, const float *pre,
+                               int N, int IC, int OC, gptc_stream *s);
 void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                            int NH, gptc_stream *s);
 /* att and datt hold [B,NH,T,T] probabilities; the backward does not read out */

@@ -201,6 +201,16 @@ static void cu_matmul_backward(float *dinp, float *dw, float *dbias, const float
         check_launch("matmul_backward (bias)");
     }
 }
+static void cu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
+                                   const float *bias, int N, int IC, int OC, gptc_stream *s) {
+    cuda_matmul_gelu_forward(out, pre, inp, w, bias, N, IC, OC, cu(s));
+    check_launch("matmul_gelu_forward");
+}
+static void cu_matmul_dgelu_backward(float *dpre, const float *dout, const float *w,
+                                     const float *pre, int N, int IC, int OC, gptc_stream *s) {
+    cuda_matmul_dgelu_backward(dpre, dout, w, pre, N, IC, OC, cu(s));
+    check_launch("matmul_dgelu_backward");
+}
 static size_t cu_attention_state_floats(int B, int T, int NH) { return (size_t)B * NH * T; }
 static void cu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                                  int NH, gptc_stream *s) {
@@ -331,6 +341,8 @@ static const gptc_backend CUDA = {
     .set_precision = cu_set_precision,
     .matmul_forward = cu_matmul_forward,
     .matmul_backward = cu_matmul_backward,
+    .matmul_gelu_forward = cu_matmul_gelu_forward,
+    .matmul_dgelu_backward = cu_matmul_dgelu_backward,
     .attention_state_floats = cu_attention_state_floats,
     .attention_forward = cu_attention_forward,
     .attention_backward = cu_attention_backward,

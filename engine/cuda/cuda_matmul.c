@@ -10,6 +10,7 @@
 #include "engine/cuda/cuda_matmul.h"
 
 #include "engine/cuda/cuda_internal.h"
+#include "engine/cuda/cuda_kernels.h"
 #include "engine/log.h"
 
 #include <cublasLt.h>
@@ -20,9 +21,14 @@
 
 enum { PLAN_SLOTS = 128, WORKSPACE_BYTES = 32 << 20 };
 
+/* what the GEMM's epilogue does besides the optional bias */
+enum { EPI_NONE, EPI_GELU_AUX, EPI_DGELU };
+
 typedef struct {
     int used;
     int ta, tb, m, n, k, lda, ldb, ldc, bias, accumulate;
+    int epi, ldaux; /* EPI_*, and the aux matrix's leading dimension */
+    int unfused;    /* cuBLASLt has no algorithm with this epilogue: the caller runs it apart */
     cublasComputeType_t compute;
     int align[4]; /* bytes: A, B, C, bias */
     cublasLtMatmulDesc_t op;
@@ -106,7 +112,13 @@ static plan *make_plan(const plan *key) {
     set_op(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
     set_op(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
     cublasLtEpilogue_t epi = key->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    if (key->epi == EPI_GELU_AUX) epi = key->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (key->epi == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
     set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    if (key->epi != EPI_NONE) {
+        int64_t ld = key->ldaux;
+        set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
+    }
     /* stored shapes: op(A) is m x k, op(B) is k x n */
     lt_check(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, key->ta ? key->k : key->m,
                                         key->ta ? key->m : key->k, key->lda), "layout A");
@@ -134,6 +146,11 @@ static plan *make_plan(const plan *key) {
     lt_check(cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &found,
                                             &n_found), "cublasLtMatmulAlgoGetHeuristic");
     cublasLtMatmulPreferenceDestroy(pref);
+    if (n_found == 0 && key->epi != EPI_NONE) {
+        p->unfused = 1; /* the caller runs the GEMM plain and the activation on its own */
+        p->used = 1;
+        return p;
+    }
     if (n_found == 0) {
         log_error("rank %d: cuBLASLt has no algorithm for a %d x %d x %d product", log_rank(),
                   key->m, key->n, key->k);
@@ -150,28 +167,45 @@ static plan *find_plan(const plan *key) {
         if (q->used && q->ta == key->ta && q->tb == key->tb && q->m == key->m && q->n == key->n &&
             q->k == key->k && q->lda == key->lda && q->ldb == key->ldb && q->ldc == key->ldc &&
             q->bias == key->bias && q->accumulate == key->accumulate && q->compute == key->compute &&
+            q->epi == key->epi && q->ldaux == key->ldaux &&
             memcmp(q->align, key->align, sizeof q->align) == 0)
             return q;
     }
     return make_plan(key);
 }
 
-/* C (m x n, column-major) = op(A) @ op(B) (+ C when accumulate) (+ bias[m] per column) */
-static void gemm(int ta, int tb, int m, int n, int k, const float *A, int lda, const float *B,
-                 int ldb, float *C, int ldc, int accumulate, const float *bias, cudaStream_t s) {
-    if (m == 0 || n == 0) return;
+/* C (m x n, column-major) = op(A) @ op(B) (+ C when accumulate) (+ bias[m] per column),
+ * through the epilogue epi with its aux matrix (m x n, leading dimension ldaux): for
+ * EPI_GELU_AUX, aux = the product (+ bias) and C = gelu(aux); for EPI_DGELU,
+ * C = product * gelu'(aux). Returns 0 when cuBLASLt cannot fuse that epilogue here (then
+ * nothing ran), else 1. */
+static int gemm_epi(int ta, int tb, int m, int n, int k, const float *A, int lda, const float *B,
+                    int ldb, float *C, int ldc, int accumulate, const float *bias, int epi,
+                    const float *aux, int ldaux, cudaStream_t s) {
+    if (m == 0 || n == 0) return 1;
+    /* cuBLASLt wants the aux leading dimension divisible by 8 */
+    if (epi != EPI_NONE && (ldaux % 8 != 0 || alignment(aux) < 16)) return 0;
     plan key = {0};
     key.ta = ta, key.tb = tb, key.m = m, key.n = n, key.k = k;
     key.lda = lda, key.ldb = ldb, key.ldc = ldc, key.bias = bias != NULL;
     key.accumulate = accumulate;
+    key.epi = epi, key.ldaux = epi != EPI_NONE ? ldaux : 0;
     key.compute = g.compute;
     key.align[0] = alignment(A), key.align[1] = alignment(B), key.align[2] = alignment(C);
     key.align[3] = bias ? alignment(bias) : 0;
     plan *p = find_plan(&key);
+    if (p->unfused) return 0;
     if (bias) set_op(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    if (epi != EPI_NONE) set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     lt_check(cublasLtMatmul(g.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c,
                             &p->algo, g.workspace, WORKSPACE_BYTES, s), "cublasLtMatmul");
+    return 1;
+}
+
+static void gemm(int ta, int tb, int m, int n, int k, const float *A, int lda, const float *B,
+                 int ldb, float *C, int ldc, int accumulate, const float *bias, cudaStream_t s) {
+    gemm_epi(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, accumulate, bias, EPI_NONE, NULL, 0, s);
 }
 
 void cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
@@ -197,4 +231,20 @@ void cuda_matmul_backward(float *dinp, float *dw, const float *dout, const float
         else            /* dw [IC,OC] = column-major OC x IC: dout^T (OC x N) @ inp (N x IC) */
             gemm(0, 1, OC, IC, N, dout, OC, inp, IC, dw, OC, 1, NULL, s);
     }
+}
+
+void cuda_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
+                              const float *bias, int N, int IC, int OC, cudaStream_t s) {
+    /* out^T = gelu(W^T @ inp^T + bias), pre^T the argument: both column-major OC x N */
+    if (gemm_epi(0, 0, OC, N, IC, w, OC, inp, IC, out, OC, 0, bias, EPI_GELU_AUX, pre, OC, s)) return;
+    gemm(0, 0, OC, N, IC, w, OC, inp, IC, pre, OC, 0, bias, s);
+    cuda_gelu_forward(out, pre, (size_t)N * OC, s);
+}
+
+void cuda_matmul_dgelu_backward(float *dpre, const float *dout, const float *w, const float *pre,
+                                int N, int IC, int OC, cudaStream_t s) {
+    /* dpre^T (IC x N) = (W (IC x OC) @ dout^T (OC x N)) * gelu'(pre^T) */
+    if (gemm_epi(1, 0, IC, N, OC, w, OC, dout, OC, dpre, IC, 0, NULL, EPI_DGELU, pre, IC, s)) return;
+    gemm(1, 0, IC, N, OC, w, OC, dout, OC, dpre, IC, 0, NULL, s);
+    cuda_gelu_backward(dpre, pre, dpre, (size_t)N * IC, s);
 }

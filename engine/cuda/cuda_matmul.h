@@ -23,4 +23,12 @@ void cuda_matmul_forward(float *out, const float *inp, const float *w, const flo
 void cuda_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp,
                           const float *w, int N, int IC, int OC, int w_rows_out, cudaStream_t s);
 
+/* pre[N,OC] = inp @ W + bias, out = gelu(pre): one GEMM with cuBLASLt's GELU epilogue where
+ * it has one for the shape (else the GEMM, then the GELU kernel) */
+void cuda_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
+                              const float *bias, int N, int IC, int OC, cudaStream_t s);
+/* dpre[N,IC] = (dout @ W^T) * gelu'(pre): the DGELU epilogue, or the GEMM then the kernel */
+void cuda_matmul_dgelu_backward(float *dpre, const float *dout, const float *w, const float *pre,
+                                int N, int IC, int OC, cudaStream_t s);
+
 #endif

@@ -4,6 +4,10 @@
  *
  * cublasLtMatmul computes, as cuBLASLt defines it, everything column-major:
  *     D = alpha * op(A) @ op(B) + beta * C   (+ bias[i] on every column j: EPILOGUE_BIAS)
+ * and with the GELU epilogues, as this fake assumes the real library defines them (the
+ * tanh approximation, as gptc's GELU; a GPU run of test_cuda_ops shows whether it does):
+ *     GELU_AUX(_BIAS): aux = that sum, D = gelu(aux);  DGELU: D = that sum * gelu'(aux),
+ * aux being an m x n matrix with leading dimension EPILOGUE_AUX_LD (a multiple of 8).
  * where op(X) is X, or its transpose when the descriptor's TRANSA / TRANSB is
  * CUBLAS_OP_T; a layout (rows, cols, ld) describes the matrix as stored, before op:
  * element (i, j) lies at X[i + j * ld]. op(A) is m x k, op(B) k x n, C and D m x n. The
@@ -28,6 +32,7 @@
 #include "emu_internal.h"
 #include "engine/bf16.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +53,8 @@ struct cublasLtMatmulDescOpaque_st {
     int32_t transa, transb;
     uint32_t epilogue;
     const void *bias;
+    const void *aux;
+    int64_t aux_ld;
 };
 
 struct cublasLtMatrixLayoutOpaque_st {
@@ -157,13 +164,23 @@ cublasStatus_t emu_cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
     case CUBLASLT_MATMUL_DESC_EPILOGUE: {
         uint32_t e;
         if ((st = take(&e, sizeof e, buf, size, "EPILOGUE")) != CUBLAS_STATUS_SUCCESS) return st;
-        if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS)
-            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "only the DEFAULT and BIAS epilogues are emulated");
+        if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS && e != CUBLASLT_EPILOGUE_GELU_AUX &&
+            e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && e != CUBLASLT_EPILOGUE_DGELU)
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call,
+                          "only the DEFAULT, BIAS, GELU_AUX(_BIAS) and DGELU epilogues are emulated");
         d->epilogue = e;
         return CUBLAS_STATUS_SUCCESS;
     }
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
         return take(&d->bias, sizeof d->bias, buf, size, "BIAS_POINTER");
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        return take(&d->aux, sizeof d->aux, buf, size, "EPILOGUE_AUX_POINTER");
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+        if ((st = take(&d->aux_ld, sizeof d->aux_ld, buf, size, "EPILOGUE_AUX_LD")) != CUBLAS_STATUS_SUCCESS)
+            return st;
+        if (d->aux_ld <= 0 || d->aux_ld % 8 != 0)
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "EPILOGUE_AUX_LD must be a positive multiple of 8");
+        return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATMUL_DESC_POINTER_MODE:
         if ((st = take(&v32, sizeof v32, buf, size, "POINTER_MODE")) != CUBLAS_STATUS_SUCCESS) return st;
         if (v32 != 0) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "only host scalars are emulated");
@@ -335,7 +352,21 @@ typedef struct {
     int64_t lda, ldb, ldc, ldd;
     uint32_t corr; /* CUPTI's correlation id (of the kernel the real library launches) */
     int bf16;      /* CUBLAS_COMPUTE_32F_FAST_16BF: operands rounded to bf16 */
+    int gelu;      /* 0, or EPI_GELU / EPI_DGELU */
+    float *aux;    /* m x n, leading dimension aux_ld */
+    int64_t aux_ld;
 } gemm_job;
+
+enum { EPI_GELU = 1, EPI_DGELU = 2 };
+
+/* the tanh-approximated GELU and its derivative, in double */
+static double gelu(double x) {
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+static double gelu_grad(double x) {
+    double th = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 3 * 0.044715 * x * x);
+}
 
 static double operand(float x, int bf16) { return bf16 ? (double)bf16_round(x) : (double)x; }
 
@@ -369,6 +400,12 @@ static void run_gemm(void *arg) {
             double d = (double)g->alpha * acc[i];
             if (g->beta != 0.0f) d += (double)g->beta * g->C[i + j * g->ldc];
             if (g->bias) d += g->bias[i];
+            if (g->gelu == EPI_GELU) {
+                g->aux[i + j * g->aux_ld] = (float)d;
+                d = gelu((double)(float)d);
+            } else if (g->gelu == EPI_DGELU) {
+                d *= gelu_grad((double)g->aux[i + j * g->aux_ld]);
+            }
             g->D[i + j * g->ldd] = (float)d;
         }
     }
@@ -414,11 +451,18 @@ cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, co
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the algorithm was chosen for another problem");
     if (!alpha || !beta) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "alpha or beta is NULL");
     gemm_job g = {p, *(const float *)alpha, *(const float *)beta, A, B, C, NULL, D,
-                  Ad->ld, Bd->ld, Cd->ld, Dd->ld, 0, d->compute == CUBLAS_COMPUTE_32F_FAST_16BF};
-    int with_bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
+                  Ad->ld, Bd->ld, Cd->ld, Dd->ld, 0, d->compute == CUBLAS_COMPUTE_32F_FAST_16BF, 0, NULL, 0};
+    int with_bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     if (with_bias && !d->bias)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the BIAS epilogue without a bias pointer");
     if (with_bias) g.bias = d->bias;
+    g.gelu = d->epilogue == CUBLASLT_EPILOGUE_DGELU ? EPI_DGELU
+           : d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ? EPI_GELU
+           : 0;
+    if (g.gelu && (!d->aux || d->aux_ld < (int64_t)p.m))
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call,
+                      "a GELU epilogue without an aux pointer, or with EPILOGUE_AUX_LD below m");
+    g.aux = (float *)d->aux, g.aux_ld = d->aux_ld;
     if (p.m == 0 || p.n == 0) return CUBLAS_STATUS_SUCCESS;
 
     /* every operand lies in memory the GPU can reach, over its whole extent */
@@ -430,11 +474,14 @@ cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, co
         emu_check_device_range(C, bytes_c, "C", why, sizeof why) != 0 ||
         emu_check_device_range(D, bytes_d, "D", why, sizeof why) != 0 ||
         emu_check_device_range(g.bias, bytes_bias, "the bias", why, sizeof why) != 0 ||
+        emu_check_device_range(g.aux, g.gelu ? extent(p.m, p.n, g.aux_ld) : 0, "the aux matrix", why,
+                               sizeof why) != 0 ||
         emu_check_device_range(workspace, workspace_bytes, "the workspace", why, sizeof why) != 0)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
     if (overlaps(D, bytes_d, A, p.k ? bytes_a : 0) || overlaps(D, bytes_d, B, p.k ? bytes_b : 0) ||
-        overlaps(D, bytes_d, g.bias, bytes_bias))
-        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "D overlaps A, B or the bias");
+        overlaps(D, bytes_d, g.bias, bytes_bias) ||
+        overlaps(D, bytes_d, g.aux, g.gelu ? extent(p.m, p.n, g.aux_ld) : 0))
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "D overlaps A, B, the bias or the aux matrix");
     if (bytes_c && C != D && overlaps(D, bytes_d, C, bytes_c))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "D partly overlaps C");
     if (bytes_c && C == D && Cd->ld != Dd->ld)
