@@ -7,6 +7,7 @@
 #include "parallel/comm_task.h"
 
 #include "engine/cuda/cuda_backend.h"
+#include "engine/log.h"
 #include "engine/nvtx.h"
 
 #include "engine/timing.h"
@@ -658,8 +659,12 @@ static void run_staged(comm_task t, gptc_stream *s) {
     size_t total = (inner == 0 ? 0 : r[0].bytes) + (inner == 1 ? 0 : r[1].bytes);
     stage_buf *buf = stage_take(be, total ? total : 1);
     if (!buf) {
-        record_message(t.g, "host staging", "out of memory");
-        return;
+        /* skipping the op would leave the peers waiting in it: end the job, saying why */
+        int world_rank = -1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+        log_error("rank %d: host staging of %s on %s: no pinned host memory for %zu bytes",
+                  world_rank, op_name(&t), t.g->name, total);
+        exit(EXIT_FAILURE);
     }
     char *h[2];
     h[0] = buf->p;
