@@ -399,13 +399,13 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
     int sharded = r->dpc.sharded, piece = sharded ? g->dp_rank : 0;
     m->be->zero(m->grads, m->n_params * sizeof(float), m->stream);
     r->sp_done = 0;
-    double loss_sum = pp_run(&r->ppc, m, r->inputs, r->targets, bp->mb, bp->T,
-                             (float)(1.0 / tokens));
+    pp_run(&r->ppc, m, r->inputs, r->targets, bp->mb, bp->T, (float)(1.0 / tokens));
     timing_set_context(-1, -1, PH_BWD);
     gpt_sequence_parallel_grads(m, r->sp_done, m->n_params);
     pp_reduce_tied(&r->ppc, m);
     dp_finish_gradients(&r->dpc, m);
     m->be->synchronize(m->stream);
+    double loss_sum = gpt_loss_sum(m);
     /* each number counted once over the world: losses live on the last stage (the same on
      * every TP rank); gradients are the same on every DP rank after an all-reduce, and
      * split into pieces after a reduce-scatter */
@@ -435,6 +435,8 @@ static int locate_nonfinite(run_state *r, const batch_plan *bp, char *where, siz
     m->be->zero(m->grads, m->n_params * sizeof(float), m->stream);
     timed_backend_hunt(1);
     pp_run(&r->ppc, m, r->inputs, r->targets, bp->mb, bp->T, (float)(1.0 / ((double)bp->B * bp->T)));
+    m->be->synchronize(m->stream);
+    (void)gpt_loss_sum(m); /* the replay's losses are not needed; the count restarts */
     timed_backend_hunt(0);
     timing_finite_report f = timed_backend_first_nonfinite();
     struct { double t; int rank; } mine = {f.found ? f.when_ms : 1e300, r->g->rank}, first = mine;
@@ -563,7 +565,8 @@ int train_run(const gptc_config *c, const grid *g) {
                              c->shuffle, c->seed, err, sizeof(err));
     rc = r.loader ? 0 : -1;
     if (rc == 0)
-        rc = gpt_create(&r.model, &shape, bp.mb, bp.T, be, &r.tpc, &place, err, sizeof(err));
+        rc = gpt_create(&r.model, &shape, bp.mb, bp.T, bp.n_micro, be, &r.tpc, &place, err,
+                        sizeof(err));
     if (agree(&r, rc)) goto fail;
     gpt_model *m = &r.model;
     m->on_grads_final = on_grads_final;

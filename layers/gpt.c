@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/log.h"
 #include "engine/rng.h"
 #include "engine/timing.h"
 
@@ -287,8 +288,9 @@ static int cut_buckets(gpt_model *m, size_t bucket_floats, int shards) {
     return 0;
 }
 
-int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_backend *be,
-               const tp_context *tp, const gpt_placement *place, char *err, size_t errlen) {
+int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, int n_micro,
+               const gptc_backend *be, const tp_context *tp, const gpt_placement *place,
+               char *err, size_t errlen) {
     static const gpt_placement whole = {1, 0, 1, NULL, 0, 1};
     memset(m, 0, sizeof(*m));
     m->tp = *tp;
@@ -311,8 +313,11 @@ int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_ba
     m->tensors = calloc((size_t)12 * shape->n_layer + 5, sizeof(param_tensor));
     m->p.h = calloc((size_t)shape->n_layer, sizeof(block_views));
     m->g.h = calloc((size_t)shape->n_layer, sizeof(block_views));
-    m->host_losses = calloc((size_t)B * T, sizeof(float));
-    if (!m->tensors || !m->p.h || !m->g.h || !m->host_losses || place_chunks(m, &m->place) != 0)
+    m->n_micro = n_micro > 0 ? n_micro : 1;
+    m->host_losses = be->alloc_host((size_t)m->n_micro * B * T * sizeof(float));
+    m->loss_micro = calloc((size_t)m->n_micro, sizeof(int));
+    if (!m->tensors || !m->p.h || !m->g.h || !m->host_losses || !m->loss_micro ||
+        place_chunks(m, &m->place) != 0)
         goto oom;
     build_table(m);
     if (cut_buckets(m, m->place.bucket_floats, m->place.shards > 0 ? m->place.shards : 1) != 0)
@@ -370,7 +375,8 @@ void gpt_destroy(gpt_model *m) {
     }
     free(m->chunks);
     free(m->buckets);
-    free(m->host_losses);
+    if (m->host_losses) m->be->release_host(m->host_losses);
+    free(m->loss_micro);
     memset(m, 0, sizeof(*m));
 }
 
@@ -495,8 +501,8 @@ float *gpt_chunk_output(gpt_model *m, int c, int micro) {
 
 /* The last stage: ln_f, the tied LM head and the vocab-parallel cross-entropy, which
  * never puts the full logits on any rank. */
-static double head_forward(gpt_model *m, slot_acts *sa, const float *x, const dims *d,
-                           float dloss) {
+static void head_forward(gpt_model *m, slot_acts *sa, const float *x, const dims *d, int micro,
+                         float dloss) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     param_views *p = &m->p;
@@ -512,11 +518,26 @@ static double head_forward(gpt_model *m, slot_acts *sa, const float *x, const di
     tp_allreduce_sum(&m->tp, sa->loss_stats, 2 * (size_t)N, s);
     be->vocab_ce_finish(sa->losses, sa->logits, sa->loss_stats, sa->targets, N, d->Vl,
                         d->v_valid, d->v_start, dloss, s);
-    be->copy_to_host(m->host_losses, sa->losses, (size_t)N * sizeof(float), s);
-    be->synchronize(s);
-    double sum = 0.0;
-    for (int n = 0; n < N; n++) sum += m->host_losses[n];
-    return sum;
+    if (m->n_losses >= m->n_micro) {
+        log_error("rank %d: more than %d micro-batches forwarded through the head in one step",
+                  log_rank(), m->n_micro);
+        exit(EXIT_FAILURE);
+    }
+    m->loss_micro[m->n_losses++] = micro;
+    be->copy_async(m->host_losses + (size_t)micro * N, sa->losses, (size_t)N * sizeof(float), s);
+}
+
+double gpt_loss_sum(gpt_model *m) {
+    size_t N = (size_t)m->B * m->T;
+    double total = 0.0;
+    for (int k = 0; k < m->n_losses; k++) {
+        const float *l = m->host_losses + (size_t)m->loss_micro[k] * N;
+        double sum = 0.0;
+        for (size_t n = 0; n < N; n++) sum += l[n];
+        total += sum;
+    }
+    m->n_losses = 0;
+    return total;
 }
 
 /* dres [Nl,C] = gradient of the head's input x (this rank's rows) */
@@ -534,8 +555,8 @@ static void head_backward(gpt_model *m, slot_acts *sa, float *dres, const float 
                            d->Nl, C, s);
 }
 
-double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
-                         const int32_t *targets, float dloss) {
+void gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
+                       const int32_t *targets, float dloss) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     chunk_info *ch = &m->chunks[c];
@@ -564,11 +585,11 @@ double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
         x = sa->layer[i].res3;
     }
     timing_set_context(-1, micro, PH_FWD);
-    if (!ch->has_head) return 0.0;
+    if (!ch->has_head) return;
     params_needed(m, "ln_f.weight", "ln_f.bias");
     params_needed(m, "wte", "wte");
     be->copy_from_host(sa->targets, targets, N * sizeof(int32_t), s);
-    return head_forward(m, sa, x, &d, dloss);
+    head_forward(m, sa, x, &d, micro, dloss);
 }
 
 /* Tells the owner that every gradient up to and including tensor `name` is final. */
@@ -609,9 +630,10 @@ void gpt_chunk_backward(gpt_model *m, int c, int micro, int final) {
 
 double gpt_forward_backward(gpt_model *m, const int32_t *tokens, const int32_t *targets,
                             float dloss) {
-    double loss = gpt_chunk_forward(m, 0, 0, tokens, targets, dloss);
+    gpt_chunk_forward(m, 0, 0, tokens, targets, dloss);
     gpt_chunk_backward(m, 0, 0, 1);
-    return loss;
+    m->be->stream_synchronize(m->stream);
+    return gpt_loss_sum(m);
 }
 
 void gpt_sequence_parallel_grads(gpt_model *m, size_t lo, size_t hi) {

@@ -150,7 +150,11 @@ typedef struct {
     scratch_views scratch;
     float *act_memory;
     size_t act_floats;
-    float *host_losses;         /* [B*T] host copy of the losses */
+    /* [n_micro][B*T] host copies of the losses (pinned on a GPU), copied in the stream's
+     * order and read by gpt_loss_sum once the step's work has finished; loss_micro
+     * [n_micro] the micro-batches in the order their losses were computed */
+    float *host_losses;
+    int n_micro, n_losses, *loss_micro;
     /* called during the last micro-batch's backward: the flat gradients [0, ready) are
      * final (buffer order is completion order); the data-parallel policy hangs here */
     void (*on_grads_final)(void *ctx, size_t ready);
@@ -163,10 +167,12 @@ typedef struct {
 /* Checks a model shape for tp ranks; returns 0 or -1 with a one-line error naming the key. */
 int gpt_check_shape(const gpt_shape *s, int tp, char *err, size_t errlen);
 /* Allocates this rank's parameters, gradients, optimizer state and activations for
- * micro-batches of B rows of T tokens; place says which chunks of layers it holds (NULL:
- * the whole model). Parameters start at zero; call gpt_init_random or load them. */
-int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, const gptc_backend *be,
-               const tp_context *tp, const gpt_placement *place, char *err, size_t errlen);
+ * micro-batches of B rows of T tokens, n_micro of them per step; place says which chunks
+ * of layers it holds (NULL: the whole model). Parameters start at zero; call
+ * gpt_init_random or load them. */
+int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, int n_micro,
+               const gptc_backend *be, const tp_context *tp, const gpt_placement *place,
+               char *err, size_t errlen);
 /* The whole model's tensors with unsharded shapes (for a checkpoint writer that must
  * name tensors other ranks hold); n_out receives the count. Free with free(). */
 param_tensor *gpt_full_table(const gpt_shape *shape, int *n_out);
@@ -180,10 +186,15 @@ const param_tensor *gpt_find_tensor(const gpt_model *m, const char *name);
  * micro % n_slots. The first stage embeds tokens (host [B*T]); other stages read the
  * chunk's input buffer, filled by the pipeline. The last stage also computes the losses
  * and, in the same pass, dlogits scaled by dloss (the weight of one position in the
- * global mean), and returns the sum of the losses (the same on every TP rank); other
- * stages return 0. */
-double gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
-                         const int32_t *targets, float dloss);
+ * global mean), and queues their copy to the host without waiting for it (gpt_loss_sum). */
+void gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
+                       const int32_t *targets, float dloss);
+/* The sum of the losses of the micro-batches forwarded since the last call (the same on
+ * every TP rank; 0 on stages without the head), each micro-batch summed in double and
+ * those sums added in the order they were computed. Call after synchronising the
+ * model's stream: waiting once per step, not once per micro-batch, lets the host queue
+ * the next micro-batch's work while the device computes. */
+double gpt_loss_sum(gpt_model *m);
 /* Backward of micro-batch `micro` through chunk c. The last stage starts from its loss;
  * other stages from the chunk's grad buffer (received). Leaves the input gradient in the
  * grad buffer; gradients accumulate (+=). With final set (the chunk's last micro-batch of

@@ -119,10 +119,9 @@ static void wait_slot(pp_context *pc, const pp_action *a) {
     if (pc->async) pc->lane->be->stream_wait_event(NULL, slot_event(pc, a));
 }
 
-double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t *targets,
-              int mb, int T, float dloss) {
+void pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t *targets,
+            int mb, int T, float dloss) {
     size_t bytes = gpt_chunk_bytes(m);
-    double loss = 0.0;
     for (int i = 0; i < pc->list.n; i++) {
         const pp_action *a = &pc->list.a[i];
         size_t rows = (size_t)a->micro * mb * T;
@@ -131,7 +130,7 @@ double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t
         switch (a->kind) {
         case PP_FWD:
             wait_slot(pc, a);
-            loss += gpt_chunk_forward(m, a->chunk, a->micro, inputs + rows, targets + rows, dloss);
+            gpt_chunk_forward(m, a->chunk, a->micro, inputs + rows, targets + rows, dloss);
             break;
         case PP_BWD:
             wait_slot(pc, a);
@@ -151,7 +150,6 @@ double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t
         }
     }
     if (pc->async) comm_lane_join(pc->lane); /* the step's last sends leave before reuse */
-    return loss;
 }
 
 void pp_reduce_tied(pp_context *pc, gpt_model *m) {

@@ -32,15 +32,15 @@ int pp_setup(pp_context *pc, const char *schedule, int pp, int v, int n_micro, i
              size_t errlen);
 void pp_free(pp_context *pc);
 /* One step's forward and backward passes of n_micro micro-batches of mb rows of T tokens
- * (inputs and targets: host [n_micro*mb, T]). Returns the sum of the losses this rank
- * computed (non-zero on the last stage only).
+ * (inputs and targets: host [n_micro*mb, T]). The losses this rank computed (last stage
+ * only) are read with gpt_loss_sum once the model's stream is synchronised.
  * overlap.pp = none: every transfer blocks compute until it is done.
  * overlap.pp = async: transfers are issued on the PP stream in list order (so receives
  * are posted as early as the list has them) and compute goes on; a forward or backward
  * waits only for the transfers of its own activation slot (its input arrived, the
  * previous micro-batch's output in that slot has left). */
-double pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t *targets,
-              int mb, int T, float dloss);
+void pp_run(pp_context *pc, gpt_model *m, const int32_t *inputs, const int32_t *targets,
+            int mb, int T, float dloss);
 /* Sums the tied wte gradient of the first and last stage (after pp_run). */
 void pp_reduce_tied(pp_context *pc, gpt_model *m);
 

@@ -206,7 +206,8 @@ static void test_crossentropy(void) {
 typedef struct { gpt_model *m; int32_t *tok, *tgt; } model_ctx;
 static double model_loss(void *p) {
     model_ctx *c = p;
-    return gpt_chunk_forward(c->m, 0, 0, c->tok, c->tgt, 0.0f) / (c->m->B * c->m->T);
+    gpt_chunk_forward(c->m, 0, 0, c->tok, c->tgt, 0.0f);
+    return gpt_loss_sum(c->m) / (c->m->B * c->m->T);
 }
 static void test_model(void) {
     gpt_shape s = {.n_layer = 2, .n_head = 2, .d_model = 16, .n_ctx = 12, .vocab_size = 37};
@@ -214,7 +215,7 @@ static void test_model(void) {
     gpt_model m;
     char err[256];
     tp_context one = {.size = 1};
-    if (gpt_create(&m, &s, B, T, be, &one, NULL, err, sizeof(err)) != 0) {
+    if (gpt_create(&m, &s, B, T, 1, be, &one, NULL, err, sizeof(err)) != 0) {
         printf("FAIL gpt_create: %s\n", err);
         g_failures++;
         return;
