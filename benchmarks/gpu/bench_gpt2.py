@@ -5,7 +5,8 @@ of gptc's per-kernel timing.
 Rows (one JSON line each in $GPTC_BENCH_OUT/gpt2.jsonl, a table in gpt2.md):
   gptc fp32 at the largest micro-batch of --batches that fits, timing off;
   the same with profile.timing = kernel (CUPTI) and with GPTC_TIMER=events: the overhead;
-  gptc with train.precision = bf16 at that micro-batch;
+  gptc with train.precision = bf16 at that micro-batch (and, last, with kernel timing, whose
+  log holds the per-op table of a bf16 step);
   PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at that micro-batch.
 MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
 the card's dense peak for the precision (H100/H200: fp32 67, bf16 989 TFLOP/s).
@@ -126,6 +127,15 @@ def main():
         if left() < 40:
             break
         row = torch_row(precision, compile_, micro)
+        record(row)
+        rows.append(row)
+    # last, with what budget is left: bf16 with per-kernel timing, whose log holds the
+    # per-op table that says where a bf16 step's time goes
+    if left() >= 30:
+        row = gptc("bf16_timing_cupti", micro, 6, ["--profile.timing=kernel"], precision="bf16")
+        bf = next((r for r in rows if r.get("row") == "bf16" and "ms_per_step" in r), None)
+        if bf and "ms_per_step" in row:
+            row["overhead_vs_off"] = row["ms_per_step"] / bf["ms_per_step"] - 1
         record(row)
         rows.append(row)
     base = rows[0].get("tokens_per_s")
