@@ -57,14 +57,18 @@ def main():
                      f"iter {mean('iter_ms'):.1f} ms, compute {mean('compute_ms'):.1f} ms, "
                      f"comm {mean('comm_ms'):.1f} ms, exposed comm {mean('exposed_comm_ms'):.1f} ms "
                      f"(mean over ranks and non-probe steps after the first)\n\n")
-        lines.append("| kernel | count | mean us | alone us | beside comm us | slowdown |\n"
-                     "|---|---|---|---|---|---|\n")
+        # alone / beside comm: within the policy's own steps; probe: the same op in the
+        # serialized probe steps of the same run, the baseline the policy is charged against
+        lines.append("| kernel | count | mean us | alone us | beside comm us | slowdown | "
+                     "probe us | vs probe |\n|---|---|---|---|---|---|---|---|\n")
         kernels = sorted(rep["kernels"], key=lambda k: -k["count"] * k["mean_us"])[:14]
         for k in kernels:
             fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
-            sd = "" if k["slowdown"] is None else f"{k['slowdown']:.3f}"
+            ratio = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
             lines.append(f"| {k['name']} | {k['count']} | {k['mean_us']:.1f} | "
-                         f"{fmt(k['isolated_mean_us'])} | {fmt(k['overlapped_mean_us'])} | {sd} |\n")
+                         f"{fmt(k['isolated_mean_us'])} | {fmt(k['overlapped_mean_us'])} | "
+                         f"{ratio(k['slowdown'])} | {fmt(k.get('probe_mean_us'))} | "
+                         f"{ratio(k.get('slowdown_vs_probe'))} |\n")
     text = "".join(lines)
     with open(f"{OUT}/contention.md", "w") as f:
         f.write(text)
