@@ -3,7 +3,13 @@
  * comparison; outputs it accumulates into start from the same random values on both
  * sides, so a missing or doubled "+=" fails too. Shapes include sizes that are not
  * multiples of any tile or warp (T = 37, C = 48, a vocabulary of 101 columns of which 97
- * are real). Exits 77 (ctest: skipped) when there is no GPU.
+ * are real). The kernels' float4 bodies need 16-byte aligned buffers, so their scalar
+ * paths run on C = 45 and on views one float into an allocation ("unaligned"); layernorm
+ * at C = 7000 takes its path without shared memory. Exits 77 (ctest: skipped) when there
+ * is no GPU. The same source runs on the fake CUDA runtime of tests/cuda_emu as
+ * test_cuda_ops_emu; what needs the launchers or the emulator themselves (refused shapes,
+ * which the op table turns into an exit, fill_nan, the host flags, the emulated mma) is
+ * tests/cuda_emu/test_cuda_emu.c.
  *
  * The error of an output is max |gpu - cpu| / max |cpu| over the tensor: element-wise
  * relative error is meaningless for values near zero. fp32 with TF32 off differs from
@@ -36,12 +42,18 @@ static float *to_gpu(const float *h, size_t n) {
     return d;
 }
 
-/* a device buffer of n floats, every bit pattern NaN */
-static float *poisoned(size_t n) {
+/* every float of the device buffer d[n] set to NaN */
+static void poison(float *d, size_t n) {
     float *h = malloc(n * sizeof(float)); /* [n] */
     for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = to_gpu(h, n);
+    gpu->copy_from_host(d, h, n * sizeof(float), NULL);
     free(h);
+}
+
+/* a device buffer of n floats, every one NaN */
+static float *poisoned(size_t n) {
+    float *d = gpu->alloc(n * sizeof(float)); /* [n] */
+    poison(d, n);
     return d;
 }
 
@@ -88,18 +100,22 @@ static void compare(const char *what, const float *dev, const float *ref, size_t
     free(got);
 }
 
-static void test_embedding(void) {
-    int B = 3, T = 37, C = 48, N = B * T, V = 101, v_start = 40, v_local = 50;
+/* C % 4 != 0 (45) leaves the rows unaligned: the scalar path */
+static void test_embedding(int C) {
+    int B = 3, T = 37, N = B * T, V = 101, v_start = 40, v_local = 50;
     int32_t tok[3 * 37];
     for (int i = 0; i < N; i++) tok[i] = (int32_t)((i * 37 + i / 5) % V); /* repeats, and some outside the shard */
     float *wte = host_randn((size_t)v_local * C, 1, 1), *wpe = host_randn((size_t)T * C, 1, 2);
-    float *out = malloc((size_t)N * C * sizeof(float));
+    float *out = malloc((size_t)N * C * sizeof(float)); /* [N,C] */
     cpu->embedding_forward(out, tok, wte, wpe, N, T, C, v_start, v_local, NULL);
     int32_t *d_tok = ints_to_gpu(tok, N);
     float *d_wte = to_gpu(wte, (size_t)v_local * C), *d_wpe = to_gpu(wpe, (size_t)T * C);
     float *d_out = poisoned((size_t)N * C);
     gpu->embedding_forward(d_out, d_tok, d_wte, d_wpe, N, T, C, v_start, v_local, NULL);
-    compare("embedding_forward", d_out, out, (size_t)N * C, 1e-6);
+    char name[64];
+    snprintf(name, sizeof name, "embedding_forward C=%d", C);
+    compare(name, d_out, out, (size_t)N * C, 1e-6);
+    poison(d_out, (size_t)N * C);
     gpu->embedding_forward(d_out, d_tok, d_wte, NULL, N, T, C, v_start, v_local, NULL);
     cpu->embedding_forward(out, tok, wte, NULL, N, T, C, v_start, v_local, NULL);
     compare("embedding_forward (no wpe)", d_out, out, (size_t)N * C, 1e-6);
@@ -295,12 +311,24 @@ static void test_attention(int B, int T, int C, int NH) {
     gpu->release(d_dout), gpu->release(d_dqkv);
 }
 
-/* The bf16 attention kernels (attention_bf16.cu), called through their launchers on
- * the backend's compute stream, against exact attention of
- * the bf16-rounded inputs, with the tolerances of test_cuda_emu.c, which derives them:
- * 2u for out and 4u for dq, dk, dv (u = 2^-8, the rounding of P and dS), at least u/16
- * (the rounding happened), lse to 1e-5; and not bitwise equal to the fp32 kernels. */
+/* The bf16 attention kernels (attention_bf16.cu), called through their launchers on the
+ * backend's compute stream, against exact attention of the bf16-rounded inputs
+ * (attention_bf16_ref), and against the fp32 kernels, which they must not equal.
+ * What is left between kernel and reference is the kernels' own rounding of P (out, dv)
+ * and dS (dq, dk) to bf16, each element off by at most u = 2^-8 relatively; the fp32
+ * sums, exp2f and lse add ~1e-6. An output element is sum_u w_u x_u with weights P or
+ * dS, so rounding the weights moves it by at most u sum_u |w_u| |x_u|: for out that is
+ * u max|v|, about u max|out| (row 0's output is v_0, and max|v| is within 2 max|out| for
+ * these inputs); for dq, dk, dv the sums cancel (dS rows sum to 0), so the bound is a few
+ * times their size, but the roundings are independent and mostly cancel as well.
+ * Measured (max-abs relative): out 0.22u, dv 0.45u, dq and dk 0.9u. Tolerance: 2u for
+ * out, 4u for the gradients. And the error must be at least u/16: without the rounding
+ * of P and dS (inputs rounded as in the reference) it is ~1e-6, so a kernel that skipped
+ * it would pass the upper bound and fail here. lse sees no rounding but the inputs'
+ * (which the reference shares): 1e-5, measured 1e-7. */
 #define BF16_U (1.0 / 256)
+
+/* compare_host, and the error must show the kernel's bf16 rounding (at least u/16) */
 static void compare_bf16(const char *what, const float *got, const float *ref, size_t n,
                          double tol) {
     double rel = compare_host(what, got, ref, n, tol);
@@ -310,14 +338,18 @@ static void compare_bf16(const char *what, const float *got, const float *ref, s
     }
 }
 
-static void test_attention_bf16(int B, int T, int NH, int hs) {
+/* offset 1: qkv and dout one float into their allocations, for the scalar loads */
+static void test_attention_bf16(int B, int T, int NH, int hs, int offset) {
     int C = NH * hs;
     size_t nqkv = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nlse = (size_t)B * NH * T;
-    float *qkv = host_randn(nqkv, 1, 32), *dout = host_randn(ny, 1, 33);
+    float *qkv0 = host_randn(nqkv + offset, 1, 32); /* [offset + B*T*3C] */
+    float *dout0 = host_randn(ny + offset, 1, 33);  /* [offset + B*T*C] */
+    float *qkv = qkv0 + offset, *dout = dout0 + offset;
     float *out = malloc(ny * sizeof(float)), *lse = malloc(nlse * sizeof(float));
     float *dqkv = malloc(nqkv * sizeof(float));
     attention_bf16_ref(out, lse, dqkv, qkv, dout, B, T, C, NH);
-    float *d_qkv = to_gpu(qkv, nqkv), *d_dout = to_gpu(dout, ny), *d_out = poisoned(ny);
+    float *d_qkv0 = to_gpu(qkv0, nqkv + offset), *d_dout0 = to_gpu(dout0, ny + offset);
+    float *d_qkv = d_qkv0 + offset, *d_dout = d_dout0 + offset, *d_out = poisoned(ny);
     float *d_lse = poisoned(nlse), *d_scratch = poisoned(nlse), *d_dqkv = poisoned(nqkv);
     cudaStream_t s = cuda_stream_of(NULL);
     cuda_attention_forward_bf16(d_out, d_lse, d_qkv, B, T, C, NH, s);
@@ -332,7 +364,8 @@ static void test_attention_bf16(int B, int T, int NH, int hs) {
     float *part = malloc(ny * sizeof(float)), *ref = malloc(ny * sizeof(float)); /* [B,T,C] */
     char name[96];
     gpu->copy_to_host(got, d_out, ny * sizeof(float), NULL);
-    snprintf(name, sizeof name, "attention_fwd_bf16 T=%d hs=%d", T, hs);
+    snprintf(name, sizeof name, "attention_fwd_bf16 T=%d hs=%d%s", T, hs,
+             offset ? " unaligned" : "");
     compare_bf16(name, got, out, ny, 2 * BF16_U);
     gpu->copy_to_host(got_lse, d_lse, nlse * sizeof(float), NULL);
     compare_host("attention_fwd_bf16 lse", got_lse, lse, nlse, 1e-5);
@@ -358,23 +391,29 @@ static void test_attention_bf16(int B, int T, int NH, int hs) {
     printf("%s %-28s\n", same ? "FAIL" : "ok  ", "attention bf16 != fp32");
     g_failures += same != 0;
     free(f), gpu->release(d_fout), gpu->release(d_flse), gpu->release(d_fdqkv);
-    free(qkv), free(dout), free(out), free(lse), free(dqkv), free(got), free(got_lse);
+    free(qkv0), free(dout0), free(out), free(lse), free(dqkv), free(got), free(got_lse);
     free(part), free(ref);
-    gpu->release(d_qkv), gpu->release(d_dout), gpu->release(d_out), gpu->release(d_lse);
+    gpu->release(d_qkv0), gpu->release(d_dout0), gpu->release(d_out), gpu->release(d_lse);
     gpu->release(d_scratch), gpu->release(d_dqkv);
 }
 
-static void test_elementwise(size_t n) {
-    float *a = host_randn(n, 2, 40), *b = host_randn(n, 1, 41), *out = malloc(n * sizeof(float));
-    float *d_a = to_gpu(a, n), *d_b = to_gpu(b, n), *d_out = poisoned(n);
+/* offset 1: every buffer one float into its allocation, for the scalar paths */
+static void test_elementwise(size_t n, int offset) {
+    size_t n0 = n + offset;
+    float *a0 = host_randn(n0, 2, 40), *b0 = host_randn(n0, 1, 41); /* [offset + n] each */
+    float *a = a0 + offset, *b = b0 + offset, *out = malloc(n * sizeof(float)); /* [n] */
+    float *d_a0 = to_gpu(a0, n0), *d_b0 = to_gpu(b0, n0), *d_out0 = poisoned(n0);
+    float *d_a = d_a0 + offset, *d_b = d_b0 + offset, *d_out = d_out0 + offset;
+    char name[64];
     cpu->gelu_forward(out, a, n, NULL);
     gpu->gelu_forward(d_out, d_a, n, NULL);
-    compare("gelu_forward", d_out, out, n, 1e-6);
-    gpu->release(d_out), d_out = poisoned(n);
+    snprintf(name, sizeof name, "gelu_forward n=%zu%s", n, offset ? " unaligned" : "");
+    compare(name, d_out, out, n, 1e-6);
+    poison(d_out, n);
     cpu->gelu_backward(out, a, b, n, NULL);
     gpu->gelu_backward(d_out, d_a, d_b, n, NULL);
     compare("gelu_backward", d_out, out, n, 1e-6);
-    gpu->release(d_out), d_out = poisoned(n);
+    poison(d_out, n);
     cpu->add(out, a, b, n, NULL);
     gpu->add(d_out, d_a, d_b, n, NULL);
     compare("add", d_out, out, n, 0);
@@ -383,10 +422,11 @@ static void test_elementwise(size_t n) {
     compare("scale", d_a, a, n, 0);
     double s_cpu = cpu->sum_squares(b, n, NULL), s_gpu = gpu->sum_squares(d_b, n, NULL);
     double rel = fabs(s_gpu - s_cpu) / s_cpu;
-    printf("%s sum_squares n=%zu                rel err %.3g\n", rel <= 1e-12 ? "ok  " : "FAIL", n, rel);
+    snprintf(name, sizeof name, "sum_squares n=%zu", n);
+    printf("%s %-28s rel err %.3g\n", rel <= 1e-12 ? "ok  " : "FAIL", name, rel);
     if (!(rel <= 1e-12)) g_failures++;
-    free(a), free(b), free(out);
-    gpu->release(d_a), gpu->release(d_b), gpu->release(d_out);
+    free(a0), free(b0), free(out);
+    gpu->release(d_a0), gpu->release(d_b0), gpu->release(d_out0);
 }
 
 static void test_cross_entropy(int N, int Vl, int v_valid, int v_start) {
@@ -414,19 +454,25 @@ static void test_cross_entropy(int N, int Vl, int v_valid, int v_start) {
     gpu->release(d_tgt);
 }
 
-static void test_adamw(size_t n) {
-    float *p = host_randn(n, 1, 60), *g = host_randn(n, 1, 61), *m = host_randn(n, 0.1f, 62);
-    float *v = host_randn(n, 0.1f, 63);
+/* offset 1: p alone one float into its allocation; one misaligned buffer must be
+ * enough to send the update down the scalar path */
+static void test_adamw(size_t n, int offset) {
+    float *p0 = host_randn(n + offset, 1, 60); /* [offset + n] */
+    float *g = host_randn(n, 1, 61), *m = host_randn(n, 0.1f, 62);
+    float *v = host_randn(n, 0.1f, 63); /* [n] each */
     for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
-    float *d_p = to_gpu(p, n), *d_g = to_gpu(g, n), *d_m = to_gpu(m, n), *d_v = to_gpu(v, n);
+    float *p = p0 + offset, *d_p0 = to_gpu(p0, n + offset), *d_p = d_p0 + offset;
+    float *d_g = to_gpu(g, n), *d_m = to_gpu(m, n), *d_v = to_gpu(v, n);
     float bc1 = 1 - powf(0.9f, 3), bc2 = 1 - powf(0.95f, 3);
     cpu->adamw(p, g, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2, NULL);
     gpu->adamw(d_p, d_g, d_m, d_v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2, NULL);
-    compare("adamw p", d_p, p, n, 1e-6);
+    char name[64];
+    snprintf(name, sizeof name, "adamw p n=%zu%s", n, offset ? " unaligned" : "");
+    compare(name, d_p, p, n, 1e-6);
     compare("adamw m", d_m, m, n, 1e-6);
     compare("adamw v", d_v, v, n, 1e-6);
-    free(p), free(g), free(m), free(v);
-    gpu->release(d_p), gpu->release(d_g), gpu->release(d_m), gpu->release(d_v);
+    free(p0), free(g), free(m), free(v);
+    gpu->release(d_p0), gpu->release(d_g), gpu->release(d_m), gpu->release(d_v);
 }
 
 /* argv[1] = "quick": the smaller shapes only, for runs under compute-sanitizer, which
@@ -444,12 +490,14 @@ int main(int argc, char **argv) {
         printf("FAIL: backend did not start: %s\n", gpu ? "cpu" : err);
         return 1;
     }
-    test_embedding();
+    test_embedding(48);
+    test_embedding(45);
     test_layernorm(37, 48);
     if (!quick) test_layernorm(64, 768);
+    test_layernorm(5, 7000); /* 2C floats above 48 KiB: dw, db by atomics, no shared memory */
     test_matmul(37, 48, 144, 0, 1);
     test_matmul(37, 48, 101, 1, 0); /* the tied LM head: W is [OC,IC] */
-    if (!quick) test_matmul(128, 256, 64, 0, 1);
+    if (!quick) test_matmul(128, 256, 64, 0, 1); /* the bias gradient in several row slices */
     test_matmul(33, 7, 5, 0, 1);    /* no dimension a multiple of 4: unaligned views */
     test_matmul_gelu(37, 48, 192);  /* the epilogues */
     test_matmul_gelu(37, 45, 100);  /* leading dimensions not multiples of 8: the kernels */
@@ -463,16 +511,19 @@ int main(int argc, char **argv) {
     test_attention(2, 37, 64, 4);   /* hs 16 */
     test_attention(1, 130, 128, 2); /* hs 64, T beyond one tile */
     if (!quick) test_attention(2, 64, 256, 2); /* hs 128 */
-    test_attention_bf16(2, 37, 2, 64);
-    test_attention_bf16(1, 130, 2, 64); /* 3 tiles, a partial last one */
-    test_attention_bf16(1, 64, 1, 128);
+    test_attention_bf16(2, 37, 2, 64, 0);
+    test_attention_bf16(1, 130, 2, 64, 0); /* 3 tiles, a partial last one */
+    test_attention_bf16(1, 64, 1, 128, 0);
+    test_attention_bf16(1, 70, 1, 64, 1);
     /* 6 tiles per row; small enough for test_cuda_ops_emu (the fake runtime) under ASan */
-    if (!quick) test_attention_bf16(1, 333, 2, 64);
-    test_elementwise(quick ? 10007 : 1000003);
+    if (!quick) test_attention_bf16(1, 333, 2, 64, 0);
+    test_elementwise(quick ? 10007 : 1000003, 0);
+    test_elementwise(1003, 1);
     test_cross_entropy(37, 101, 97, 0);
     test_cross_entropy(37, 101, 0, 101); /* a rank holding padding only */
     if (!quick) test_cross_entropy(19, 4096, 4096, 4096);
-    test_adamw(quick ? 10007 : 100003);
+    test_adamw(quick ? 10007 : 100003, 0);
+    test_adamw(1003, 1);
     if (g_failures) {
         printf("%d comparison(s) failed\n", g_failures);
         return 1;

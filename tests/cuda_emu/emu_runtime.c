@@ -1,8 +1,9 @@
 /* Test tool, not part of the engine: a CPU emulator of the CUDA execution model, just
  * enough to run the kernels of engine/cuda/ (the .cu files) without a GPU, so that the
- * test suite checks them on every run (tests/cuda_emu/test_cuda_emu.c) and so that the
- * real host code of engine/cuda/ trains on it (gptc-train-emu; fake_runtime.c is the rest
- * of the CUDA runtime: memory, streams, events, copies).
+ * test suite checks them on every run (tests/test_cuda_ops.c as test_cuda_ops_emu, and
+ * tests/cuda_emu/test_cuda_emu.c) and so that the real host code of engine/cuda/ trains
+ * on it (gptc-train-emu; fake_runtime.c is the rest of the CUDA runtime: memory, streams,
+ * events, copies).
  *
  * How: xform.py rewrites each .cu file's launches (kernel<<<...>>>(args)) and
  * `extern __shared__` arrays into plain C++, cuda_runtime.h supplies the built-ins, and
