@@ -8,12 +8,21 @@ $GPTC_BENCH_OUT/contention.md (+ the two report.json files and traces).
 The ranks talk over NCCL when it allows two ranks on one GPU (>= 2.30 with
 NCCL_MULTI_RANK_GPU_ENABLE=1, set here), else over MPI with host staging: the start-up
 line, copied into the table, says which. Model: GPT-2 124M's layer shape, 6 layers,
-T = 1024, micro-batch 4 per rank."""
+T = 1024, micro-batch 4 per rank.
+
+Two processes on one GPU take turns in time slices (a slice lasts milliseconds), so
+without more an op's measured span can hold the other rank's slice: that is scheduling,
+not contention for SMs. So both policies run twice when the machine allows it: as is
+("time-sliced"), and under an MPS daemon started here (nvidia-cuda-mps-control), where
+the two ranks' kernels share the SMs at the same time, as one process's compute and
+communication kernels do. GPTC_BENCH_MPS=0 skips the MPS runs."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -23,8 +32,8 @@ EXTRA = os.environ.get("GPTC_BENCH_EXTRA", "").split()
 OUT = os.environ.get("GPTC_BENCH_OUT", os.path.join(ROOT, "gpu-results", "bench_contention"))
 
 
-def run(policy):
-    rep, trace = f"{OUT}/report_{policy}.json", f"{OUT}/trace_{policy}.json"
+def run(policy, tag="", env_extra=None):
+    rep, trace = f"{OUT}/report_{tag}{policy}.json", f"{OUT}/trace_{tag}{policy}.json"
     args = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2",
             os.path.join(BUILD, "gptc-train"), os.path.join(ROOT, "configs", "gpt2-124m.ini"),
             "--model.n_layer=6", "--parallel.dp=2", "--train.global_batch=8", "--train.micro_batch=4",
@@ -32,14 +41,65 @@ def run(policy):
             "--profile.timing=kernel", "--profile.contention_probe=4", f"--profile.report={rep}",
             f"--profile.trace={trace}", f"--data.path={OUT}/tokens.h5"] + EXTRA
     env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **(env_extra or {}))
     r = subprocess.run(args, capture_output=True, text=True, timeout=150, env=env)
-    with open(f"{OUT}/gptc_{policy}.log", "w") as f:
+    with open(f"{OUT}/gptc_{tag}{policy}.log", "w") as f:
         f.write(r.stdout + r.stderr)
     if r.returncode:
         raise SystemExit(f"dp={policy}: exit {r.returncode}: {r.stderr.strip()[-500:]}")
     backend = re.search(r"^backend: .*$", r.stdout, re.M)
     return json.load(open(rep)), backend.group(0) if backend else "?"
+
+
+def start_mps():
+    """Starts an MPS control daemon of our own (its pipes in a fresh folder); returns the
+    environment that connects a process to it, or None where MPS is not available."""
+    ctl = shutil.which("nvidia-cuda-mps-control")
+    if not ctl or os.environ.get("GPTC_BENCH_MPS", "1") == "0" or "--train.device=cpu" in EXTRA:
+        return None
+    d = tempfile.mkdtemp(prefix="gptc_mps_")
+    env = {"CUDA_MPS_PIPE_DIRECTORY": f"{d}/pipe", "CUDA_MPS_LOG_DIRECTORY": f"{d}/log"}
+    for v in env.values():
+        os.makedirs(v, exist_ok=True)
+    try:
+        r = subprocess.run([ctl, "-d"], env=dict(os.environ, **env), capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"MPS did not start: {e}", file=sys.stderr)
+        return None
+    if r.returncode:
+        print(f"MPS did not start: {r.stderr.strip()}", file=sys.stderr)
+        return None
+    return env
+
+
+def stop_mps(env):
+    try:
+        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env=dict(os.environ, **env),
+                       capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"MPS did not stop: {e}", file=sys.stderr)
+
+
+def table(lines, title, rep, backend):
+    steps = [s for s in rep["steps"] if not s["probe"] and s["step"] > 1]
+    mean = lambda k: sum(s[k] for s in steps) / max(len(steps), 1)  # noqa: E731
+    lines.append(f"\n## {title}\n\n{backend}\n\n"
+                 f"iter {mean('iter_ms'):.1f} ms, compute {mean('compute_ms'):.1f} ms, "
+                 f"comm {mean('comm_ms'):.1f} ms, exposed comm {mean('exposed_comm_ms'):.1f} ms "
+                 f"(mean over ranks and non-probe steps after the first)\n\n")
+    # alone / beside comm: within the policy's own steps; probe: the same op in the
+    # serialized probe steps of the same run, the baseline the policy is charged against
+    lines.append("| kernel | count | mean us | alone us | beside comm us | slowdown | "
+                 "probe us | vs probe |\n|---|---|---|---|---|---|---|---|\n")
+    kernels = sorted(rep["kernels"], key=lambda k: -k["count"] * k["mean_us"])[:14]
+    for k in kernels:
+        fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
+        ratio = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
+        lines.append(f"| {k['name']} | {k['count']} | {k['mean_us']:.1f} | "
+                     f"{fmt(k['isolated_mean_us'])} | {fmt(k['overlapped_mean_us'])} | "
+                     f"{ratio(k['slowdown'])} | {fmt(k.get('probe_mean_us'))} | "
+                     f"{ratio(k.get('slowdown_vs_probe'))} |\n")
 
 
 def main():
@@ -51,24 +111,21 @@ def main():
     lines = ["# Two DP ranks on one GPU: overlap.dp = none vs bucket\n"]
     for policy in ("none", "bucket"):
         rep, backend = run(policy)
-        steps = [s for s in rep["steps"] if not s["probe"] and s["step"] > 1]
-        mean = lambda k: sum(s[k] for s in steps) / max(len(steps), 1)  # noqa: E731
-        lines.append(f"\n## dp = {policy}\n\n{backend}\n\n"
-                     f"iter {mean('iter_ms'):.1f} ms, compute {mean('compute_ms'):.1f} ms, "
-                     f"comm {mean('comm_ms'):.1f} ms, exposed comm {mean('exposed_comm_ms'):.1f} ms "
-                     f"(mean over ranks and non-probe steps after the first)\n\n")
-        # alone / beside comm: within the policy's own steps; probe: the same op in the
-        # serialized probe steps of the same run, the baseline the policy is charged against
-        lines.append("| kernel | count | mean us | alone us | beside comm us | slowdown | "
-                     "probe us | vs probe |\n|---|---|---|---|---|---|---|---|\n")
-        kernels = sorted(rep["kernels"], key=lambda k: -k["count"] * k["mean_us"])[:14]
-        for k in kernels:
-            fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
-            ratio = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
-            lines.append(f"| {k['name']} | {k['count']} | {k['mean_us']:.1f} | "
-                         f"{fmt(k['isolated_mean_us'])} | {fmt(k['overlapped_mean_us'])} | "
-                         f"{ratio(k['slowdown'])} | {fmt(k.get('probe_mean_us'))} | "
-                         f"{ratio(k.get('slowdown_vs_probe'))} |\n")
+        table(lines, f"dp = {policy}, time-sliced", rep, backend)
+    mps = start_mps()
+    if mps is None:
+        lines.append("\n(no MPS runs: nvidia-cuda-mps-control is missing, would not start, or "
+                     "GPTC_BENCH_MPS=0)\n")
+    else:
+        try:
+            for policy in ("none", "bucket"):
+                try:
+                    rep, backend = run(policy, "mps_", mps)
+                    table(lines, f"dp = {policy}, MPS", rep, backend)
+                except (SystemExit, subprocess.TimeoutExpired) as e:
+                    lines.append(f"\n## dp = {policy}, MPS\n\nfailed: {e}\n")
+        finally:
+            stop_mps(mps)
     text = "".join(lines)
     with open(f"{OUT}/contention.md", "w") as f:
         f.write(text)
