@@ -6,7 +6,7 @@
 #ifndef GPTC_TEST_ATTENTION_BF16_REF_H
 #define GPTC_TEST_ATTENTION_BF16_REF_H
 
-#include "engine/cuda/bf16.h"
+#include "engine/bf16.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -28,11 +28,11 @@ static void attention_bf16_ref(float *out, float *lse, float *dqkv, const float 
             for (int t = 0; t < T; t++)
                 for (int i = 0; i < hs; i++) {
                     const float *row = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs + i;
-                    q[t * hs + i] = bf16_nearest(row[0]);
-                    k[t * hs + i] = bf16_nearest(row[C]);
-                    v[t * hs + i] = bf16_nearest(row[2 * C]);
+                    q[t * hs + i] = bf16_round(row[0]);
+                    k[t * hs + i] = bf16_round(row[C]);
+                    v[t * hs + i] = bf16_round(row[2 * C]);
                     size_t y = ((size_t)b * T + t) * C + (size_t)h * hs + i;
-                    dO[t * hs + i] = dout ? bf16_nearest(dout[y]) : 0;
+                    dO[t * hs + i] = dout ? bf16_round(dout[y]) : 0;
                 }
             memset(dq, 0, n * sizeof(double));
             memset(dk, 0, n * sizeof(double));

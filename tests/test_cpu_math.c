@@ -56,6 +56,7 @@ static int check_bf16(void) {
         {FLT_MAX, INFINITY},                          /* past the largest bf16 */
         {-0.0f, -0.0f},
         {0x1p-149f, 0.0f},                            /* the smallest subnormal */
+        {0x1.fffffep+0f, 2.0f},                       /* a carry into the exponent */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         float got = bf16_round(cases[i].x);
@@ -64,7 +65,9 @@ static int check_bf16(void) {
             bad++;
         }
     }
+    /* a NaN stays a NaN of its sign, also one whose payload lies in the low half only */
     if (!isnan(bf16_round(NAN)) || !isnan(bf16_round(from_bits(0x7f800001u))) ||
+        !(bits(bf16_round(from_bits(0xff800001u))) >> 31) || bits(bf16_round(NAN)) >> 31 ||
         bf16_round(INFINITY) != INFINITY || bf16_round(-INFINITY) != -INFINITY) {
         printf("bf16_round of NaN or infinity is wrong\n");
         bad++;

@@ -298,7 +298,7 @@ __global__ void attention_bf16_dot_kernel(float *D /* [B,NH,T] */,
         int h = (int)(w % NH);
         const float *a = dout + bt * C + (size_t)h * hs, *o = out + bt * C + (size_t)h * hs;
         float acc = 0.0f;
-        for (int i = lane; i < hs; i += 32) acc += bf16_nearest(__ldg(a + i)) * __ldg(o + i);
+        for (int i = lane; i < hs; i += 32) acc += bf16_round(__ldg(a + i)) * __ldg(o + i);
         acc = warp_sum(acc);
         if (lane == 0) {
             size_t b = bt / T, t = bt % T;

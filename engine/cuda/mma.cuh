@@ -17,7 +17,7 @@
 #ifndef GPTC_MMA_CUH
 #define GPTC_MMA_CUH
 
-#include "engine/cuda/bf16.h"
+#include "engine/bf16.h"
 
 #include <stdint.h>
 

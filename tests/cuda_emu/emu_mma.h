@@ -11,7 +11,7 @@
 #define GPTC_CUDA_EMU_MMA_H
 
 #include "cuda_runtime.h"
-#include "engine/cuda/bf16.h"
+#include "engine/bf16.h"
 
 #include <stdint.h>
 

@@ -5,8 +5,6 @@
  *  - the shapes the attention launchers refuse (head size above 128, a bf16 head size
  *    other than 64 or 128) come back as launch errors; through the op table such an
  *    error ends the process (cuda_backend.c), so test_cuda_ops cannot see it;
- *  - bf16 rounding (engine/cuda/bf16.h), which the bf16 attention reference
- *    (tests/attention_bf16_ref.h) and the mma check below rely on;
  *  - one emulated mma.sync (mma_check.cu, a kernel of this test) against a plain product:
  *    the fragment layout of emu_mma.h, on which the bf16 attention kernels' results
  *    on the emulator rest;
@@ -20,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/cuda/bf16.h"
+#include "engine/bf16.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/rng.h"
 
@@ -58,53 +56,14 @@ static void test_attention_unsupported(void) {
     if (!(fwd && bwd)) g_failures++;
 }
 
-/* bf16 rounding (engine/cuda/bf16.h) on values whose nearest bf16 is known: ties go to
- * the even neighbour, a carry rounds the exponent up (to infinity past the largest
- * bf16), NaN stays NaN of the same sign. */
-static void test_bf16_round(void) {
-    static const struct {
-        uint32_t in;
-        uint16_t out;
-    } cases[] = {
-        {0x3f800000u, 0x3f80}, /* 1 */
-        {0x3f808000u, 0x3f80}, /* 1 + 2^-8: a tie, to the even 1 */
-        {0x3f818000u, 0x3f82}, /* 1 + 3 2^-8: a tie, to the even 1 + 2^-6 */
-        {0x3f808001u, 0x3f81}, /* just above the tie: up */
-        {0x3f807fffu, 0x3f80}, /* just below: down */
-        {0xbf818000u, 0xbf82}, /* the same tie, negative */
-        {0x3fffffffu, 0x4000}, /* carry into the exponent */
-        {0x7f7fffffu, 0x7f80}, /* FLT_MAX: past the largest bf16 and its half ulp: inf */
-        {0x7f800000u, 0x7f80}, /* inf */
-        {0x00000001u, 0x0000}, /* the smallest denormal: to zero */
-        {0x80000000u, 0x8000}, /* -0 */
-    };
-    int bad = 0;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        float x;
-        memcpy(&x, &cases[i].in, sizeof x);
-        if (bf16_bits(x) != cases[i].out) {
-            printf("FAIL bf16_bits(0x%08x) = 0x%04x, not 0x%04x\n", (unsigned)cases[i].in,
-                   (unsigned)bf16_bits(x), (unsigned)cases[i].out);
-            bad = 1;
-        }
-    }
-    uint16_t pn = bf16_bits(NAN), nn = bf16_bits(-NAN);
-    if (!isnan(bf16_to_float(pn)) || !isnan(bf16_to_float(nn)) || (pn >> 15) || !(nn >> 15)) {
-        printf("FAIL bf16_bits(NaN) = 0x%04x, 0x%04x\n", (unsigned)pn, (unsigned)nn);
-        bad = 1;
-    }
-    printf("%s %-28s\n", bad ? "FAIL" : "ok  ", "bf16 rounding");
-    g_failures += bad;
-}
-
 /* One emulated mma.sync m16n8k16 (fragments placed by mma_check.cu from the PTX ISA's
  * formulas) against a plain product: a wrong fragment layout in emu_mma.h moves
  * elements and fails by O(1). The operands are bf16 values, so only the order of the
  * fp32 sum differs. */
 static void test_mma(void) {
     float a[16 * 16], b[16 * 8], c[16 * 8], d[16 * 8], ref[16 * 8];
-    for (int i = 0; i < 16 * 16; i++) a[i] = bf16_nearest(rng_normal(70, i));
-    for (int i = 0; i < 16 * 8; i++) b[i] = bf16_nearest(rng_normal(71, i));
+    for (int i = 0; i < 16 * 16; i++) a[i] = bf16_round(rng_normal(70, i));
+    for (int i = 0; i < 16 * 8; i++) b[i] = bf16_round(rng_normal(71, i));
     for (int i = 0; i < 16 * 8; i++) c[i] = rng_normal(72, i), d[i] = NAN;
     emu_mma_check(d, a, b, c);
     check_launch("mma_check");
@@ -165,7 +124,6 @@ static void test_host_flags(void) {
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* in order with the emulator's messages on stderr */
     test_attention_unsupported();
-    test_bf16_round();
     test_mma();
     /* 100003: several grid-stride passes */
     test_fill_nan(100003, 0);
