@@ -10,7 +10,9 @@
 #   build      cmake --build build-gpu
 #   ctest_gpu  ctest -L gpu (the GPU-labelled tests)
 #   bench_*    every benchmarks/gpu/bench_*.sh and bench_*.py, in name order
-#   torch_smoke  torch_gpt2.py, a few bf16 steps (GPTC_GPU_TORCH_SMOKE=0 skips it)
+#   precheck   benchmarks/gpu/check_staged.sh (GPTC_GPU_PRECHECK names another; empty: none)
+#   torch_smoke  torch_gpt2.py, a few bf16 steps (GPTC_GPU_TORCH_SMOKE=1; bench_gpt2 already
+#              runs the PyTorch peer, so it is off by default)
 # Everything it produces lands in ${GPTC_GPU_RESULTS:-gpu-results}/: one log per stage, the
 # prepare summary, env.sh, CMake's cache and ctest's log, and summary.txt (always written:
 # the machine, then one line per stage: PASS, FAIL, TIMEOUT or SKIPPED, with the reason).
@@ -126,11 +128,12 @@ else
 fi
 
 # ------------------------------------------------------------------------ precheck
-# GPTC_GPU_PRECHECK=script: a short check run first; when it fails, the tests and
-# benchmarks are skipped (a hang would only spend the budget on timeouts).
+# A short check run first (check_staged.sh: the layouts that once hung); when it fails,
+# the tests and benchmarks are skipped (a hang would only spend the budget on timeouts).
 ONLY=${GPTC_GPU_ONLY:-all}
-if [ "$BUILD_OK" = 1 ] && [ -n "${GPTC_GPU_PRECHECK:-}" ]; then
-  GPTC_BUILD=$BUILD stage precheck 30 150 bash "$GPTC_GPU_PRECHECK"
+PRECHECK=${GPTC_GPU_PRECHECK-$HERE/check_staged.sh}
+if [ "$BUILD_OK" = 1 ] && [ -n "$PRECHECK" ]; then
+  GPTC_BUILD=$BUILD stage precheck 30 150 bash "$PRECHECK"
   [ "$STAGE_RC" = 0 ] || { ONLY=none; cat "$RES/precheck.log"; }
 fi
 
@@ -191,7 +194,7 @@ fi
 
 # A few steps of the PyTorch peer: proves torch_gpt2.py runs on this GPU and gives a
 # first bf16 number. Last, so that it never takes time from the stages above.
-if [ "${GPTC_GPU_TORCH_SMOKE:-1}" = 1 ] && [ "$ONLY" = all ]; then
+if [ "${GPTC_GPU_TORCH_SMOKE:-0}" = 1 ] && [ "$ONLY" = all ]; then
   stage torch_smoke 60 120 python3 "$HERE/torch_gpt2.py" --precision bf16 --micro-batch 8 \
     --warmup 3 --steps 5
   grep '^{' "$RES/torch_smoke.log" 2>/dev/null | tail -1 > "$RES/torch_smoke.json"
