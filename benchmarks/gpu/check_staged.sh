@@ -5,6 +5,10 @@
 # machine after run_all.sh's build, with $GPTC_BUILD set (run_all's precheck stage does).
 set -u
 B=${GPTC_BUILD:?GPTC_BUILD: the build folder}
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "skipped: no GPU visible"
+  exit 0
+fi
 D=$(mktemp -d)
 "$B/gptc-data" --vocab 251 --out "$D/tok.h5" engine/*.c layers/*.c > /dev/null || exit 1
 STATUS=0
