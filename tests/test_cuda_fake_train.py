@@ -5,8 +5,9 @@ tests/cuda_emu, whose kernels are the real .cu files run on the CPU emulator) tr
 tiny GPT-2 of test_cuda_train (4 layers, d_model 64, 4 heads, vocab 251 so that the
 padded vocabulary is exercised, T 32, global batch 8 in micro-batches of 2) for 4 steps,
 fp32. Losses and grad norms within 1e-5 relative, and the final checkpoints' parameters
-within 1e-5 normwise over the whole model (1e-3 per tensor; compare() says why not
-element by element): everything is fp32, so the runs differ only in the order of sums.
+within 1e-5 normwise over the whole model (1e-3 per tensor; gptc_testlib.compare_params
+says why not element by element): everything is fp32, so the runs differ only in the
+order of sums.
 
 On one rank and on multi-rank layouts under mpirun, whose communication is MPI with host
 staging (the emulated build has no NCCL) on streams that really run beside the compute:
@@ -34,7 +35,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import compare_bf16_run, fail, read_metrics, run_train, write_tokens  # noqa: E402
+from gptc_testlib import (compare_bf16_run, compare_metrics, compare_params, fail,  # noqa: E402
+                          read_metrics, run_train, write_tokens)
 
 RTOL = 1e-5
 PARAM_TENSOR_RTOL = 1e-3
@@ -63,41 +65,10 @@ def train(name, ranks, device, extra, binary=None, extra_env=None):
 
 
 def compare(name, ref, got, first=1):
-    """Worst relative difference of the losses and grad norms, and the parameters' whole
-    normwise difference; fails beyond the tolerances."""
-    ref = [m for m in ref if m["step"] >= first]
-    if [m["step"] for m in got] != [m["step"] for m in ref]:
-        fail(f"{name}: steps {[m['step'] for m in got]} != {[m['step'] for m in ref]}")
-    worst = 0.0
-    for a, b in zip(ref, got):
-        for k in ("loss", "grad_norm"):
-            rel = abs(a[k] - b[k]) / abs(a[k])
-            worst = max(worst, rel)
-            if not rel <= RTOL:
-                fail(f"{name}: step {a['step']} {k} {b[k]!r} vs CPU {a[k]!r} (rel {rel:.2e})")
-    # Final parameters, normwise: over the whole model within RTOL, and per tensor within
-    # PARAM_TENSOR_RTOL. Not element by element: AdamW turns rounding noise in a gradient
-    # that is (almost) zero into steps of its own sign (m / sqrt(v)), so such elements
-    # differ between any two summation orders far more than the rest (the key biases,
-    # whose gradient is exactly zero in exact arithmetic, by ~1e-4 of the tensor's norm
-    # even between two CPU layouts' runs); a wrong tensor or shard is off by far more.
-    import h5py
-    num = den = 0.0
-    with h5py.File(f"{D}/cpu.h5") as fr, h5py.File(f"{D}/{name}.h5") as fg:
-        for t in fr["model"]:
-            a = fr["model"][t][...].astype(np.float64)
-            b = fg["model"][t][...].astype(np.float64)
-            if a.shape != b.shape:
-                fail(f"{name}: final {t} has shape {b.shape}, the CPU run's {a.shape}")
-            d2, a2 = float(np.sum((a - b) ** 2)), float(np.sum(a * a))
-            num, den = num + d2, den + a2
-            err = (d2 / max(a2, 1e-300)) ** 0.5
-            if not err <= PARAM_TENSOR_RTOL:
-                fail(f"{name}: final {t} differs from the CPU run by {err:.2e} (normwise)")
-    err = (num / den) ** 0.5
-    if not err <= RTOL:
-        fail(f"{name}: final parameters differ from the CPU run by {err:.2e} (normwise)")
-    return worst, err
+    """Worst relative difference of the losses and grad norms (steps from first on), and
+    the parameters' whole normwise difference; fails beyond the tolerances."""
+    worst = compare_metrics(name, [m for m in ref if m["step"] >= first], got, RTOL, "CPU")
+    return worst, compare_params(name, f"{D}/cpu.h5", f"{D}/{name}.h5", RTOL, PARAM_TENSOR_RTOL)
 
 
 LAYOUTS = [
