@@ -126,17 +126,22 @@ static gptc_precision g_precision = GPTC_FP32;
 
 void cpu_set_precision(gptc_precision p) { g_precision = p; }
 
+/* n floats of scratch for the bf16 ops (rounded copies); out of memory ends the run */
+static float *scratch_floats(size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) {
+        log_error("rank %d: out of memory for bf16 scratch (%zu floats)", log_rank(), n);
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+
 /* A product's operand x[n] as the product reads it: x itself in fp32; in bf16 a copy
  * rounded to bf16 (in *copy, which the caller frees), as the GPU converts its operands. */
 static const float *operand(const float *x, size_t n, float **copy) {
     *copy = NULL;
     if (g_precision != GPTC_BF16) return x;
-    float *c = malloc((n ? n : 1) * sizeof *c);
-    if (!c) {
-        log_error("rank %d: out of memory for a bf16 copy of a matmul operand (%zu floats)",
-                  log_rank(), n);
-        exit(EXIT_FAILURE);
-    }
+    float *c = scratch_floats(n);
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) c[i] = bf16_round(x[i]);
     *copy = c;
@@ -323,15 +328,6 @@ void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const f
  * with the rounded dout (the one dP sees, so that each row of dS still sums to ~0) and
  * the forward's output. (A GPU kernel's running maximum can differ from the row's final
  * one, so its rounded values may differ from these by one bf16 step.) */
-static float *scratch_floats(size_t n) {
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    if (!p) {
-        log_error("rank %d: out of memory for bf16 attention scratch (%zu floats)", log_rank(), n);
-        exit(EXIT_FAILURE);
-    }
-    return p;
-}
-
 /* dst[T,hs] = src rows rounded to bf16; src is a [T, ld] view */
 static void round_rows(float *dst, const float *src, int T, int hs, size_t ld) {
     for (int t = 0; t < T; t++)
