@@ -1,7 +1,8 @@
 /* The op table every layer calls. A backend (CPU now, CUDA later) fills one of these;
  * layers hold a pointer to it and never ask which device they run on.
  *
- * Conventions: row-major float32 buffers on the backend's device; N = B*T token rows;
+ * Conventions: row-major buffers on the backend's device, float32 unless marked "act"
+ * (the activation type, gptc_act below: fp32 or bf16 by train.precision); N = B*T rows;
  * weights in Conv1D layout (y = x @ W + b, W is [in, out]) unless said otherwise.
  * "+=" in a comment means the op accumulates into that buffer (gradients accumulate over
  * micro-batches and over the two uses of the tied wte); everything else is overwritten.
@@ -28,11 +29,31 @@
 typedef struct gptc_stream gptc_stream;
 typedef struct gptc_event gptc_event;
 
-/* train.precision. GPTC_BF16 (so far): the two operands of every matmul_forward and
- * matmul_backward product are rounded to bfloat16 (round to nearest even) and the
- * product accumulates in fp32; biases, outputs, activations, parameters, gradients,
- * attention and the optimizer stay fp32. */
+/* train.precision. GPTC_FP32 is the reference: everything in fp32, TF32 off.
+ * GPTC_BF16 (mixed precision): activations, their gradients and the copy of the
+ * parameters that compute reads are stored as bfloat16 (the activation type below);
+ * parameter gradients, the fp32 master parameters, optimizer state, LayerNorm statistics,
+ * the attention's saved statistics, the loss statistics and the losses stay fp32.
+ * Every op reads its activation-type inputs exactly, computes in fp32 as under
+ * GPTC_FP32, and rounds each activation-type output to nearest even once, when it stores
+ * it (a "+=" output: the old value plus the op's fp32 result, rounded once). Products
+ * (matmuls, attention) run on bf16 operands with fp32 accumulation; the attention also
+ * rounds its probabilities (and their gradients) to bf16 as operands of its second
+ * product, as tensor-core flash kernels do. */
 typedef enum { GPTC_FP32 = 0, GPTC_BF16 = 1 } gptc_precision;
+
+/* An element of the activation type: float under GPTC_FP32, bfloat16 under GPTC_BF16
+ * (the upper half of a float's bits, engine/bf16.h). A gptc_act pointer is untyped
+ * memory: step through it with gptc_act_at. Buffers marked "act" below hold this type;
+ * every other buffer holds float. */
+typedef void gptc_act;
+
+static inline size_t gptc_act_bytes(gptc_precision p) { return p == GPTC_BF16 ? 2 : 4; }
+
+/* Element i of an activation-type buffer of precision p. */
+static inline gptc_act *gptc_act_at(const gptc_act *base, size_t i, gptc_precision p) {
+    return (char *)base + i * gptc_act_bytes(p);
+}
 
 typedef struct gptc_backend {
     const char *name;
@@ -90,90 +111,111 @@ typedef struct gptc_backend {
     void (*timer_end)(int op, gptc_stream *s);
     int (*timer_read)(int op, double *start_ms, double *end_ms);
 
-    /* out[N,C] = wte[tokens[n] - v_start] (0 unless v_start <= token < v_start + v_local:
-     * the rows this rank holds of a vocab-parallel wte) + wpe[n % T] (skipped if NULL) */
-    void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte,
-                              const float *wpe, int N, int T, int C, int v_start, int v_local,
+    /* The precision (gptc_precision above); fp32, the default, is strict (no TF32). Set
+     * once, before the first op and before any activation-type buffer is sized. */
+    void (*set_precision)(gptc_precision p);
+    gptc_precision (*get_precision)(void);
+    /* act dst[n] = src[n] (fp32), rounded to the activation type (a plain copy under
+     * fp32, skipped when dst == src): refreshes the parameter copy compute reads */
+    void (*to_act)(gptc_act *dst, const float *src, size_t n, gptc_stream *s);
+
+    /* act out[N,C] = wte[tokens[n] - v_start] (0 unless v_start <= token < v_start +
+     * v_local: the rows this rank holds of a vocab-parallel wte) + wpe[n % T] (skipped if
+     * NULL); wte and wpe are act (the parameter copy) */
+    void (*embedding_forward)(gptc_act *out, const int32_t *tokens, const gptc_act *wte,
+                              const gptc_act *wpe, int N, int T, int C, int v_start, int v_local,
                               gptc_stream *s);
-    /* dwte[v_local,C] += , dwpe[T,C] += (skipped if NULL) from dout[N,C] */
-    void (*embedding_backward)(float *dwte, float *dwpe, const float *dout,
+    /* dwte[v_local,C] += , dwpe[T,C] += (skipped if NULL; fp32) from act dout[N,C] */
+    void (*embedding_backward)(float *dwte, float *dwpe, const gptc_act *dout,
                                const int32_t *tokens, int N, int T, int C, int v_start,
                                int v_local, gptc_stream *s);
 
-    /* out[N,C] = (inp - mean) * rstd * w + b; saves mean[N], rstd[N] */
-    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
-                              const float *w, const float *b, int N, int C, gptc_stream *s);
-    /* dinp[N,C] +=, dw[C] +=, db[C] += */
-    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *w, const float *mean,
+    /* act out[N,C] = (inp - mean) * rstd * w + b for act inp, w, b; saves mean[N],
+     * rstd[N] (fp32) */
+    void (*layernorm_forward)(gptc_act *out, float *mean, float *rstd, const gptc_act *inp,
+                              const gptc_act *w, const gptc_act *b, int N, int C,
+                              gptc_stream *s);
+    /* act dinp[N,C] +=, dw[C] +=, db[C] += (fp32), from act dout, inp, w */
+    void (*layernorm_backward)(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
+                               const gptc_act *inp, const gptc_act *w, const float *mean,
                                const float *rstd, int N, int C, gptc_stream *s);
 
-    /* The precision of the matmuls (gptc_precision above); fp32, the default, is strict
-     * (no TF32). Set once, before the first op. */
-    void (*set_precision)(gptc_precision p);
-    /* out[N,OC] = inp[N,IC] @ W + bias (bias may be NULL). W is [IC,OC], or [OC,IC] when
-     * w_rows_out (the tied LM head reads wte [V,C] that way). */
-    void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,
-                           int N, int IC, int OC, int w_rows_out, gptc_stream *s);
-    /* dinp[N,IC] = dout @ W^T, dw +=, dbias[OC] += ; each skipped when NULL (a split
-     * backward computes dinp by row chunks and dw once) */
-    void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
-                            const float *inp, const float *w, int N, int IC, int OC,
+    /* act out[N,OC] = inp[N,IC] @ W + bias (bias may be NULL), all act. W is [IC,OC], or
+     * [OC,IC] when w_rows_out (the tied LM head reads wte [V,C] that way). */
+    void (*matmul_forward)(gptc_act *out, const gptc_act *inp, const gptc_act *w,
+                           const gptc_act *bias, int N, int IC, int OC, int w_rows_out,
+                           gptc_stream *s);
+    /* act dinp[N,IC] = dout @ W^T; fp32 dw += inp^T @ dout, dbias[OC] += column sums of
+     * dout; each skipped when NULL (a split backward computes dinp by row chunks and dw
+     * once). dout, inp, w are act. */
+    void (*matmul_backward)(gptc_act *dinp, float *dw, float *dbias, const gptc_act *dout,
+                            const gptc_act *inp, const gptc_act *w, int N, int IC, int OC,
                             int w_rows_out, gptc_stream *s);
 
-    /* The MLP's first projection with its activation fused (cuBLASLt's GELU epilogue):
-     * pre[N,OC] = inp[N,IC] @ W[IC,OC] + bias (kept for the backward), out = gelu(pre). */
-    void (*matmul_gelu_forward)(float *out, float *pre, const float *inp, const float *w,
-                                const float *bias, int N, int IC, int OC, gptc_stream *s);
+    /* The MLP's first projection with its activation fused (cuBLASLt's GELU epilogue), all
+     * act: pre[N,OC] = inp[N,IC] @ W[IC,OC] + bias (kept for the backward), out =
+     * gelu(pre), where the GELU reads the fp32 sum before pre is rounded. */
+    void (*matmul_gelu_forward)(gptc_act *out, gptc_act *pre, const gptc_act *inp,
+                                const gptc_act *w, const gptc_act *bias, int N, int IC, int OC,
+                                gptc_stream *s);
     /* The input gradient of the projection that follows the GELU, with the GELU's own
-     * backward fused (DGELU epilogue): dpre[N,IC] = (dout[N,OC] @ W^T) * gelu'(pre[N,IC]).
-     * W is [IC,OC]; its gradient and the bias's come from matmul_backward (dinp NULL). */
-    void (*matmul_dgelu_backward)(float *dpre, const float *dout, const float *w,
-                                  const float *pre, int N, int IC, int OC, gptc_stream *s);
+     * backward fused (DGELU epilogue), all act: dpre[N,IC] = (dout[N,OC] @ W^T) *
+     * gelu'(pre[N,IC]), rounded once. W is [IC,OC]; its gradient and the bias's come from
+     * matmul_backward (dinp NULL). */
+    void (*matmul_dgelu_backward)(gptc_act *dpre, const gptc_act *dout, const gptc_act *w,
+                                  const gptc_act *pre, int N, int IC, int OC, gptc_stream *s);
 
-    /* Causal self-attention of one layer. qkv[B,T,3C] (q|k|v, heads in order),
-     * out[B,T,C]; att[attention_state_floats] keeps what backward needs: the softmax
-     * probabilities [B,NH,T,T] on the CPU, the rows' log-sum-exp [B,NH,T] on CUDA, whose
-     * flash-style kernels recompute the probabilities instead of storing them. */
+    /* Causal self-attention of one layer. act qkv[B,T,3C] (q|k|v, heads in order), act
+     * out[B,T,C]; att[attention_state_floats] (fp32) keeps what backward needs: the
+     * softmax probabilities [B,NH,T,T] on the CPU, the rows' log-sum-exp [B,NH,T] on CUDA,
+     * whose flash-style kernels recompute the probabilities instead of storing them. */
     size_t (*attention_state_floats)(int B, int T, int NH);
-    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
-                              int NH, gptc_stream *s);
-    /* dqkv[B,T,3C] = ; out is the forward's output; datt[attention_state_floats] is scratch */
-    void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *out,
-                               const float *qkv, const float *att, int B, int T, int C, int NH,
-                               gptc_stream *s);
+    void (*attention_forward)(gptc_act *out, float *att, const gptc_act *qkv, int B, int T,
+                              int C, int NH, gptc_stream *s);
+    /* act dqkv[B,T,3C] = ; act dout, out (the forward's output), qkv;
+     * datt[attention_state_floats] (fp32) is scratch */
+    void (*attention_backward)(gptc_act *dqkv, float *datt, const gptc_act *dout,
+                               const gptc_act *out, const gptc_act *qkv, const float *att,
+                               int B, int T, int C, int NH, gptc_stream *s);
 
-    /* tanh-approximated GELU over n elements; backward: dinp = dout * gelu'(inp) */
-    void (*gelu_forward)(float *out, const float *inp, size_t n, gptc_stream *s);
-    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n,
+    /* tanh-approximated GELU over n act elements; backward: dinp = dout * gelu'(inp) */
+    void (*gelu_forward)(gptc_act *out, const gptc_act *inp, size_t n, gptc_stream *s);
+    void (*gelu_backward)(gptc_act *dinp, const gptc_act *inp, const gptc_act *dout, size_t n,
                           gptc_stream *s);
 
-    /* out[n] = a + b */
-    void (*add)(float *out, const float *a, const float *b, size_t n, gptc_stream *s);
+    /* act out[n] = a + b */
+    void (*add)(gptc_act *out, const gptc_act *a, const gptc_act *b, size_t n, gptc_stream *s);
 
     /* Softmax cross-entropy over a vocabulary split across ranks, in three steps around
      * two all-reduces (max, then sum): this rank holds Vl columns of the padded vocab
      * starting at global column v_start, of which the first v_valid are real (padded
      * columns never enter the softmax).
+     * The logits are act; mx, stats and losses fp32.
      * vocab_max: mx[N] = max over the valid columns of logits[N,Vl] (-inf if none). */
-    void (*vocab_max)(float *mx, const float *logits, int N, int Vl, int v_valid, gptc_stream *s);
-    /* logits := exp(logits - mx) on valid columns; stats[2,N] = row sums | target logit
-     * minus mx where this rank holds the target, else 0 */
-    void (*vocab_expsum)(float *stats, float *logits, const float *mx, const int32_t *targets,
-                         int N, int Vl, int v_valid, int v_start, gptc_stream *s);
+    void (*vocab_max)(float *mx, const gptc_act *logits, int N, int Vl, int v_valid,
+                      gptc_stream *s);
+    /* logits := exp(logits - mx) on valid columns; stats[2,N] = row sums (of the fp32
+     * exps, before they are rounded) | target logit minus mx where this rank holds the
+     * target, else 0 */
+    void (*vocab_expsum)(float *stats, gptc_act *logits, const float *mx,
+                         const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                         gptc_stream *s);
     /* with stats summed over ranks: losses[N] = log(sum) - target; logits[N,Vl] becomes
      * dloss * (p - onehot), zero in padded columns */
-    void (*vocab_ce_finish)(float *losses, float *logits, const float *stats,
+    void (*vocab_ce_finish)(float *losses, gptc_act *logits, const float *stats,
                             const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                             float dloss, gptc_stream *s);
 
-    /* Sum of squares of x[n], accumulated in double, returned to the host. */
+    /* The optimizer's ops work on fp32 buffers only.
+     * Sum of squares of x[n], accumulated in double, returned to the host. */
     double (*sum_squares)(const float *x, size_t n, gptc_stream *s);
     /* x[n] *= a */
     void (*scale)(float *x, float a, size_t n, gptc_stream *s);
     /* AdamW (PyTorch semantics) on n elements; decay is 0 for tensors that take none.
-     * bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. */
-    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr,
+     * bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. When p_act is not NULL and not p, it also
+     * writes act p_act[n] = the new p rounded (the parameter copy compute reads). */
+    void (*adamw)(float *p, gptc_act *p_act, const float *g, float *m, float *v, size_t n,
+                  float lr,
                   float beta1, float beta2, float eps, float decay, float bc1, float bc2,
                   gptc_stream *s);
 } gptc_backend;

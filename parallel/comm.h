@@ -83,6 +83,15 @@ void comm_reduce_scatter_sum(comm_group *g, const float *send, float *recv, size
 /* send[n] -> recv[size * n], block r from group rank r. In place when
  * send == recv + rank * n. */
 void comm_allgather(comm_group *g, const float *send, float *recv, size_t n, gptc_stream *s);
+/* The same three on elements of the activation type of precision t (engine/backend.h):
+ * float, or bfloat16 (activations under train.precision = bf16). bf16 sums: on MPI,
+ * summed in fp32 and rounded to bf16 once per element; on NCCL, ncclBfloat16. */
+void comm_allreduce_sum_act(comm_group *g, gptc_act *buf, size_t n, gptc_precision t,
+                            gptc_stream *s);
+void comm_reduce_scatter_sum_act(comm_group *g, const gptc_act *send, gptc_act *recv, size_t n,
+                                 gptc_precision t, gptc_stream *s);
+void comm_allgather_act(comm_group *g, const gptc_act *send, gptc_act *recv, size_t n,
+                        gptc_precision t, gptc_stream *s);
 void comm_broadcast(comm_group *g, void *buf, size_t bytes, int root, gptc_stream *s);
 /* buf[n] on root becomes the sum over the group (in place); other ranks' are read only. */
 void comm_reduce_sum(comm_group *g, float *buf, size_t n, int root, gptc_stream *s);
