@@ -1,6 +1,7 @@
 /* Launchers of the CUDA kernels (engine/cuda/ (.cu files)), callable from C. Each one is the op
  * of the same name in engine/backend.h, with the same buffers, shapes and "+=" rules,
- * issued on a CUDA stream; all pointers are device memory. They return at once (the
+ * issued on a CUDA stream; all pointers are device memory. gptc_act buffers hold the type
+ * of precision p (float or bf16): kernels load them into fp32 and round once on store. They return at once (the
  * kernels run in stream order) and report launch errors through cuda_check_launch. */
 #ifndef GPTC_CUDA_KERNELS_H
 #define GPTC_CUDA_KERNELS_H
@@ -9,26 +10,31 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/backend.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-void cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                            const float *wpe, int N, int T, int C, int v_start, int v_local,
-                            cudaStream_t s);
+void cuda_embedding_forward(gptc_act *out, const int32_t *tokens, const gptc_act *wte,
+                            const gptc_act *wpe, int N, int T, int C, int v_start, int v_local,
+                            gptc_precision p, cudaStream_t s);
 /* dwte rows are accumulated with atomics: tokens repeat within a batch */
-void cuda_embedding_backward(float *dwte, float *dwpe, const float *dout,
+void cuda_embedding_backward(float *dwte, float *dwpe, const gptc_act *dout,
                              const int32_t *tokens, int N, int T, int C, int v_start,
-                             int v_local, cudaStream_t s);
+                             int v_local, gptc_precision p, cudaStream_t s);
 
-void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                            const float *w, const float *b, int N, int C, cudaStream_t s);
-void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                             const float *inp, const float *w, const float *mean,
-                             const float *rstd, int N, int C, cudaStream_t s);
+void cuda_layernorm_forward(gptc_act *out, float *mean, float *rstd, const gptc_act *inp,
+                            const gptc_act *w, const gptc_act *b, int N, int C,
+                            gptc_precision p, cudaStream_t s);
+void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
+                             const gptc_act *inp, const gptc_act *w, const float *mean,
+                             const float *rstd, int N, int C, gptc_precision p,
+                             cudaStream_t s);
 
 /* dbias[OC] += column sums of dout[N,OC] (the matmul's bias gradient) */
-void cuda_bias_backward(float *dbias, const float *dout, int N, int OC, cudaStream_t s);
+void cuda_bias_backward(float *dbias, const gptc_act *dout, int N, int OC, gptc_precision p,
+                        cudaStream_t s);
 
 /* Flash-style causal attention: the T x T probabilities are never stored. The forward
  * saves lse[B,NH,T], the log-sum-exp of each query row's scaled scores; the backward
@@ -41,37 +47,44 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
                              int T, int C, int NH, cudaStream_t s);
 
 /* The same ops for train.precision = bf16 (attention_bf16.cu), with the same buffers and
- * sizes (fp32 storage): q, k, v, dout and the probabilities are rounded to bf16 as
- * operands of tensor-core products with fp32 accumulation; softmax, lse and D in fp32.
- * Head size C / NH must be 64 or 128 (otherwise a launch error, as above). */
-void cuda_attention_forward_bf16(float *out, float *lse, const float *qkv, int B, int T,
+ * sizes, qkv, out, dout and dqkv in bf16 storage (uint16_t bits): tensor-core products of
+ * bf16 operands with fp32 accumulation, the probabilities and their gradients rounded to
+ * bf16 as operands; softmax, lse and D in fp32. Head size C / NH must be 64 or 128
+ * (otherwise a launch error, as above). */
+void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv, int B, int T,
                                  int C, int NH, cudaStream_t s);
-void cuda_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
-                                  const float *out, const float *qkv, const float *lse, int B,
-                                  int T, int C, int NH, cudaStream_t s);
+void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
+                                  const uint16_t *out, const uint16_t *qkv, const float *lse,
+                                  int B, int T, int C, int NH, cudaStream_t s);
 
-void cuda_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s);
-void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
-                        cudaStream_t s);
-void cuda_add(float *out, const float *a, const float *b, size_t n, cudaStream_t s);
+void cuda_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_precision p,
+                       cudaStream_t s);
+void cuda_gelu_backward(gptc_act *dinp, const gptc_act *inp, const gptc_act *dout, size_t n,
+                        gptc_precision p, cudaStream_t s);
+void cuda_add(gptc_act *out, const gptc_act *a, const gptc_act *b, size_t n, gptc_precision p,
+              cudaStream_t s);
+/* act dst[n] = src[n] rounded (engine/backend.h: to_act) */
+void cuda_to_act(gptc_act *dst, const float *src, size_t n, gptc_precision p, cudaStream_t s);
 void cuda_scale(float *x, float a, size_t n, cudaStream_t s);
 
-void cuda_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid,
-                    cudaStream_t s);
-void cuda_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
-                       int N, int Vl, int v_valid, int v_start, cudaStream_t s);
-void cuda_vocab_ce_finish(float *losses, float *logits, const float *stats,
+void cuda_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_valid,
+                    gptc_precision p, cudaStream_t s);
+void cuda_vocab_expsum(float *stats, gptc_act *logits, const float *mx, const int32_t *targets,
+                       int N, int Vl, int v_valid, int v_start, gptc_precision p,
+                       cudaStream_t s);
+void cuda_vocab_ce_finish(float *losses, gptc_act *logits, const float *stats,
                           const int32_t *targets, int N, int Vl, int v_valid, int v_start,
-                          float dloss, cudaStream_t s);
+                          float dloss, gptc_precision p, cudaStream_t s);
 
 /* *out (device, one double) = sum of x[n]^2, summed in double; partial[n_partial] is
  * scratch of cuda_sum_squares_partials() doubles */
 size_t cuda_sum_squares_partials(void);
 void cuda_sum_squares(double *out, double *partial, const float *x, size_t n, cudaStream_t s);
 
-void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                float beta1, float beta2, float eps, float decay, float bc1, float bc2,
-                cudaStream_t s);
+/* p_act: NULL, or a bf16 copy (uint16_t bits) of p to write (the fp32 copy is p itself) */
+void cuda_adamw(float *p, uint16_t *p_act, const float *g, float *m, float *v, size_t n,
+                float lr, float beta1, float beta2, float eps, float decay, float bc1,
+                float bc2, cudaStream_t s);
 
 /* Fills x[n] with a NaN bit pattern (tests poison outputs before an op). */
 void cuda_fill_nan(float *x, size_t n, cudaStream_t s);

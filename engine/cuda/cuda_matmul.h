@@ -13,22 +13,29 @@
 /* Creates the cuBLASLt handle and workspace on the current device; -1 with err set. */
 int cuda_matmul_init(char *err, size_t errlen);
 
-/* The precision of the products that follow (engine/backend.h: set_precision). */
+/* The precision of the products that follow (engine/backend.h: set_precision): the type
+ * of every gptc_act buffer below (fp32, or bf16 with fp32 accumulation). */
 void cuda_matmul_set_precision(gptc_precision p);
 
-/* out[N,OC] = inp[N,IC] @ W (+ bias[OC], fused as the GEMM's epilogue) */
-void cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                         int N, int IC, int OC, int w_rows_out, cudaStream_t s);
-/* dinp[N,IC] = dout @ W^T (skipped when NULL); dw += inp^T @ dout (skipped when NULL) */
-void cuda_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp,
-                          const float *w, int N, int IC, int OC, int w_rows_out, cudaStream_t s);
+/* act out[N,OC] = inp[N,IC] @ W (+ bias[OC], fused as the GEMM's epilogue), all act */
+void cuda_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,
+                         const gptc_act *bias, int N, int IC, int OC, int w_rows_out,
+                         cudaStream_t s);
+/* act dinp[N,IC] = dout @ W^T (skipped when NULL); fp32 dw += inp^T @ dout (skipped when
+ * NULL); dout, inp, w act */
+void cuda_matmul_backward(gptc_act *dinp, float *dw, const gptc_act *dout, const gptc_act *inp,
+                          const gptc_act *w, int N, int IC, int OC, int w_rows_out,
+                          cudaStream_t s);
 
-/* pre[N,OC] = inp @ W + bias, out = gelu(pre): one GEMM with cuBLASLt's GELU epilogue where
- * it has one for the shape (else the GEMM, then the GELU kernel) */
-void cuda_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
-                              const float *bias, int N, int IC, int OC, cudaStream_t s);
-/* dpre[N,IC] = (dout @ W^T) * gelu'(pre): the DGELU epilogue, or the GEMM then the kernel */
-void cuda_matmul_dgelu_backward(float *dpre, const float *dout, const float *w, const float *pre,
-                                int N, int IC, int OC, cudaStream_t s);
+/* pre[N,OC] = inp @ W + bias, out = gelu(pre), all act: one GEMM with cuBLASLt's GELU
+ * epilogue where it has one for the shape (else the GEMM, then the GELU kernel, which
+ * under bf16 reads the rounded pre) */
+void cuda_matmul_gelu_forward(gptc_act *out, gptc_act *pre, const gptc_act *inp,
+                              const gptc_act *w, const gptc_act *bias, int N, int IC, int OC,
+                              cudaStream_t s);
+/* dpre[N,IC] = (dout @ W^T) * gelu'(pre), all act: the DGELU epilogue, or the GEMM then the
+ * kernel */
+void cuda_matmul_dgelu_backward(gptc_act *dpre, const gptc_act *dout, const gptc_act *w,
+                                const gptc_act *pre, int N, int IC, int OC, cudaStream_t s);
 
 #endif
