@@ -11,7 +11,9 @@
 #include "engine/timing.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 static gptc_backend g_timed;
 static const gptc_backend *g_inner;
@@ -45,27 +47,44 @@ static void done(const char *name, op_start t0, gptc_stream *s) {
 }
 
 /* A device's output is copied to the host first; a replay is slow anyway. */
-static float *g_scan_buf; /* [g_scan_cap] host copy of a device output */
+static unsigned char *g_scan_buf; /* [g_scan_cap] host copy of a device output */
 static size_t g_scan_cap;
 
-static void scan(const char *name, const float *x, size_t n) {
+static int finite_at(const void *x, size_t i, size_t elem) {
+    if (elem == 2) { /* bf16: the exponent bits all ones mean Inf or NaN */
+        uint16_t h;
+        memcpy(&h, (const char *)x + 2 * i, 2);
+        return (h & 0x7f80u) != 0x7f80u;
+    }
+    return isfinite(((const float *)x)[i]);
+}
+
+/* x[n] of elem-byte elements: float, or bf16 (an activation-type buffer) */
+static void scan_elems(const char *name, const void *x, size_t n, size_t elem) {
     if (!g_hunt || g_first.found || !x) return;
     if (g_inner->on_device) {
-        if (n > g_scan_cap) {
-            float *p = realloc(g_scan_buf, n * sizeof(float));
+        if (n * elem > g_scan_cap) {
+            unsigned char *p = realloc(g_scan_buf, n * elem);
             if (!p) return;
             g_scan_buf = p;
-            g_scan_cap = n;
+            g_scan_cap = n * elem;
         }
-        g_inner->copy_to_host(g_scan_buf, x, n * sizeof(float), NULL);
+        g_inner->copy_to_host(g_scan_buf, x, n * elem, NULL);
         x = g_scan_buf;
     }
     for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) {
+        if (!finite_at(x, i, elem)) {
             timing_ctx c = timing_context();
             g_first = (timing_finite_report){1, name, c.layer, c.micro, c.phase, timing_now_ms()};
             return;
         }
+}
+
+static void scan(const char *name, const float *x, size_t n) {
+    scan_elems(name, x, n, sizeof(float));
+}
+static void scan_act(const char *name, const gptc_act *x, size_t n) {
+    scan_elems(name, x, n, gptc_act_bytes(g_inner->get_precision()));
 }
 
 void timed_backend_hunt(int on) {
@@ -81,16 +100,16 @@ static void t_zero(void *p, size_t bytes, gptc_stream *s) {
     done("zero", t0, s);
 }
 
-static void t_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                                const float *wpe, int N, int T, int C, int v_start, int v_local,
+static void t_embedding_forward(gptc_act *out, const int32_t *tokens, const gptc_act *wte,
+                                const gptc_act *wpe, int N, int T, int C, int v_start, int v_local,
                                 gptc_stream *s) {
     op_start t0 = begin("embedding_fwd", s);
     g_inner->embedding_forward(out, tokens, wte, wpe, N, T, C, v_start, v_local, s);
     done("embedding_fwd", t0, s);
-    scan("embedding_fwd", out, (size_t)N * C);
+    scan_act("embedding_fwd", out, (size_t)N * C);
 }
 
-static void t_embedding_backward(float *dwte, float *dwpe, const float *dout,
+static void t_embedding_backward(float *dwte, float *dwpe, const gptc_act *dout,
                                  const int32_t *tokens, int N, int T, int C, int v_start,
                                  int v_local, gptc_stream *s) {
     op_start t0 = begin("embedding_bwd", s);
@@ -99,112 +118,114 @@ static void t_embedding_backward(float *dwte, float *dwpe, const float *dout,
     scan("embedding_bwd", dwte, (size_t)v_local * C);
 }
 
-static void t_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                const float *w, const float *b, int N, int C, gptc_stream *s) {
+static void t_layernorm_forward(gptc_act *out, float *mean, float *rstd, const gptc_act *inp,
+                                const gptc_act *w, const gptc_act *b, int N, int C, gptc_stream *s) {
     op_start t0 = begin("layernorm_fwd", s);
     g_inner->layernorm_forward(out, mean, rstd, inp, w, b, N, C, s);
     done("layernorm_fwd", t0, s);
-    scan("layernorm_fwd", out, (size_t)N * C);
+    scan_act("layernorm_fwd", out, (size_t)N * C);
 }
 
-static void t_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                                 const float *inp, const float *w, const float *mean,
+static void t_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
+                                 const gptc_act *inp, const gptc_act *w, const float *mean,
                                  const float *rstd, int N, int C, gptc_stream *s) {
     op_start t0 = begin("layernorm_bwd", s);
     g_inner->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, s);
     done("layernorm_bwd", t0, s);
-    scan("layernorm_bwd", dinp, (size_t)N * C);
+    scan_act("layernorm_bwd", dinp, (size_t)N * C);
 }
 
-static void t_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+static void t_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,
+                             const gptc_act *bias,
                              int N, int IC, int OC, int w_rows_out, gptc_stream *s) {
     op_start t0 = begin(timing_matmul_name(0), s);
     g_inner->matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, s);
     done(timing_matmul_name(0), t0, s);
-    scan(timing_matmul_name(0), out, (size_t)N * OC);
+    scan_act(timing_matmul_name(0), out, (size_t)N * OC);
 }
 
-static void t_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
-                                  const float *bias, int N, int IC, int OC, gptc_stream *s) {
+static void t_matmul_gelu_forward(gptc_act *out, gptc_act *pre, const gptc_act *inp,
+                                  const gptc_act *w, const gptc_act *bias, int N, int IC, int OC, gptc_stream *s) {
     op_start t0 = begin(timing_matmul_gelu_name(0), s);
     g_inner->matmul_gelu_forward(out, pre, inp, w, bias, N, IC, OC, s);
     done(timing_matmul_gelu_name(0), t0, s);
-    scan(timing_matmul_gelu_name(0), out, (size_t)N * OC);
+    scan_act(timing_matmul_gelu_name(0), out, (size_t)N * OC);
 }
 
-static void t_matmul_dgelu_backward(float *dpre, const float *dout, const float *w,
-                                    const float *pre, int N, int IC, int OC, gptc_stream *s) {
+static void t_matmul_dgelu_backward(gptc_act *dpre, const gptc_act *dout, const gptc_act *w,
+                                    const gptc_act *pre, int N, int IC, int OC, gptc_stream *s) {
     op_start t0 = begin(timing_matmul_gelu_name(1), s);
     g_inner->matmul_dgelu_backward(dpre, dout, w, pre, N, IC, OC, s);
     done(timing_matmul_gelu_name(1), t0, s);
-    scan(timing_matmul_gelu_name(1), dpre, (size_t)N * IC);
+    scan_act(timing_matmul_gelu_name(1), dpre, (size_t)N * IC);
 }
 
-static void t_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                              const float *inp, const float *w, int N, int IC, int OC,
+static void t_matmul_backward(gptc_act *dinp, float *dw, float *dbias, const gptc_act *dout,
+                              const gptc_act *inp, const gptc_act *w, int N, int IC, int OC,
                               int w_rows_out, gptc_stream *s) {
     op_start t0 = begin(timing_matmul_name(1), s);
     g_inner->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
     done(timing_matmul_name(1), t0, s);
-    scan(timing_matmul_name(1), dinp, (size_t)N * IC);
+    scan_act(timing_matmul_name(1), dinp, (size_t)N * IC);
     scan(timing_matmul_name(1), dw, (size_t)IC * OC);
 }
 
-static void t_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+static void t_attention_forward(gptc_act *out, float *att, const gptc_act *qkv, int B, int T, int C,
                                 int NH, gptc_stream *s) {
     op_start t0 = begin("attention_fwd", s);
     g_inner->attention_forward(out, att, qkv, B, T, C, NH, s);
     done("attention_fwd", t0, s);
-    scan("attention_fwd", out, (size_t)B * T * C);
+    scan_act("attention_fwd", out, (size_t)B * T * C);
 }
 
-static void t_attention_backward(float *dqkv, float *datt, const float *dout, const float *out,
-                                 const float *qkv, const float *att, int B, int T, int C, int NH,
-                                 gptc_stream *s) {
+static void t_attention_backward(gptc_act *dqkv, float *datt, const gptc_act *dout,
+                                 const gptc_act *out, const gptc_act *qkv, const float *att,
+                                 int B, int T, int C, int NH, gptc_stream *s) {
     op_start t0 = begin("attention_bwd", s);
     g_inner->attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, s);
     done("attention_bwd", t0, s);
-    scan("attention_bwd", dqkv, (size_t)B * T * 3 * C);
+    scan_act("attention_bwd", dqkv, (size_t)B * T * 3 * C);
 }
 
-static void t_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s) {
+static void t_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_stream *s) {
     op_start t0 = begin("gelu_fwd", s);
     g_inner->gelu_forward(out, inp, n, s);
     done("gelu_fwd", t0, s);
-    scan("gelu_fwd", out, n);
+    scan_act("gelu_fwd", out, n);
 }
 
-static void t_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
+static void t_gelu_backward(gptc_act *dinp, const gptc_act *inp, const gptc_act *dout, size_t n,
                             gptc_stream *s) {
     op_start t0 = begin("gelu_bwd", s);
     g_inner->gelu_backward(dinp, inp, dout, n, s);
     done("gelu_bwd", t0, s);
-    scan("gelu_bwd", dinp, n);
+    scan_act("gelu_bwd", dinp, n);
 }
 
-static void t_add(float *out, const float *a, const float *b, size_t n, gptc_stream *s) {
+static void t_add(gptc_act *out, const gptc_act *a, const gptc_act *b, size_t n, gptc_stream *s) {
     op_start t0 = begin("residual_add", s);
     g_inner->add(out, a, b, n, s);
     done("residual_add", t0, s);
-    scan("residual_add", out, n);
+    scan_act("residual_add", out, n);
 }
 
-static void t_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid,
+static void t_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_valid,
                         gptc_stream *s) {
     op_start t0 = begin("loss_max", s);
     g_inner->vocab_max(mx, logits, N, Vl, v_valid, s);
     done("loss_max", t0, s);
 }
 
-static void t_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
-                           int N, int Vl, int v_valid, int v_start, gptc_stream *s) {
+static void t_vocab_expsum(float *stats, gptc_act *logits, const float *mx,
+                           const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                           gptc_stream *s) {
     op_start t0 = begin("loss_expsum", s);
     g_inner->vocab_expsum(stats, logits, mx, targets, N, Vl, v_valid, v_start, s);
     done("loss_expsum", t0, s);
     scan("loss_expsum", stats, 2 * (size_t)N);
 }
 
-static void t_vocab_ce_finish(float *losses, float *logits, const float *stats,
+static void t_vocab_ce_finish(float *losses, gptc_act *logits, const float *stats,
                               const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                               float dloss, gptc_stream *s) {
     op_start t0 = begin("loss_finish", s);
@@ -226,11 +247,11 @@ static void t_scale(float *x, float a, size_t n, gptc_stream *s) {
     done("grad_clip", t0, s);
 }
 
-static void t_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                    float beta1, float beta2, float eps, float decay, float bc1, float bc2,
-                    gptc_stream *s) {
+static void t_adamw(float *p, gptc_act *p_act, const float *g, float *m, float *v, size_t n,
+                    float lr, float beta1, float beta2, float eps, float decay, float bc1,
+                    float bc2, gptc_stream *s) {
     op_start t0 = begin("adamw", s);
-    g_inner->adamw(p, g, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2, s);
+    g_inner->adamw(p, p_act, g, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2, s);
     done("adamw", t0, s);
 }
 

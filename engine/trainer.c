@@ -208,13 +208,15 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
              (double)(m->n_params - (size_t)(s->vocab_padded - s->vocab_size) * s->d_model) / 1e6);
     log_info("batch: %d rows x %d tokens, %d micro-batch(es) of %d; steps %ld..%ld\n", bp->B, bp->T,
              bp->n_micro, bp->mb, first, last);
-    log_info("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer state %.1f MiB, "
-             "activations %.1f MiB\n", m->n_params * sizeof(float) / 1048576.0,
+    size_t copy = m->params_act != m->params ? m->n_params * gptc_act_bytes(m->prec) : 0;
+    log_info("memory per rank: parameters %.1f MiB (+ %.1f MiB bf16 copy), gradients %.1f MiB, "
+             "optimizer state %.1f MiB, activations %.1f MiB\n",
+             m->n_params * sizeof(float) / 1048576.0, copy / 1048576.0,
              m->n_params * sizeof(float) / 1048576.0, 2.0 * m->n_opt * sizeof(float) / 1048576.0,
-             m->act_floats * sizeof(float) / 1048576.0);
+             m->act_bytes / 1048576.0);
     if (strcmp(c_precision, "bf16") == 0)
-        log_info("precision: bf16 matmuls (operands rounded to bf16, fp32 accumulation); "
-                 "parameters, activations, attention and optimizer in fp32\n");
+        log_info("precision: bf16 activations and parameter copy (products with fp32 "
+                 "accumulation); master parameters, gradients and optimizer state in fp32\n");
     if (strcmp(m->be->name, "cuda") == 0)
         log_info("backend: %s on GPU %d (rank 0), communication: %s\n", m->be->name,
                  cuda_backend_device(), comm_backend_description());

@@ -119,21 +119,22 @@ const param_tensor *gpt_find_tensor(const gpt_model *m, const char *name) {
     return NULL;
 }
 
-static float *view(const gpt_model *m, float *base, const char *name) {
+/* base: a buffer in parameter layout of elem-byte elements */
+static void *view(const gpt_model *m, void *base, size_t elem, const char *name) {
     const param_tensor *t = gpt_find_tensor(m, name);
-    return t ? base + t->offset : NULL;
+    return t ? (char *)base + t->offset * elem : NULL;
 }
 
-static void fill_views(const gpt_model *m, float *base, param_views *v) {
+static void fill_views(const gpt_model *m, void *base, size_t elem, param_views *v) {
     char name[64];
-    v->wte = view(m, base, "wte");
-    v->wpe = view(m, base, "wpe");
-    v->lnfw = view(m, base, "ln_f.weight");
-    v->lnfb = view(m, base, "ln_f.bias");
+    v->wte = view(m, base, elem, "wte");
+    v->wpe = view(m, base, elem, "wpe");
+    v->lnfw = view(m, base, elem, "ln_f.weight");
+    v->lnfb = view(m, base, elem, "ln_f.bias");
     for (int l = 0; l < m->shape.n_layer; l++) {
         if (!holds_layer(m, l)) continue;
         block_views *b = &v->h[l];
-        struct { float **dst; const char *what; } items[] = {
+        struct { void **dst; const char *what; } items[] = {
             {&b->ln1w, "ln_1.weight"}, {&b->ln1b, "ln_1.bias"},
             {&b->qkvw, "attn.c_attn.weight"}, {&b->qkvb, "attn.c_attn.bias"},
             {&b->attprojw, "attn.c_proj.weight"}, {&b->attprojb, "attn.c_proj.bias"},
@@ -143,7 +144,7 @@ static void fill_views(const gpt_model *m, float *base, param_views *v) {
         };
         for (size_t i = 0; i < sizeof(items) / sizeof(items[0]); i++) {
             snprintf(name, sizeof(name), "h.%d.%s", l, items[i].what);
-            *items[i].dst = view(m, base, name);
+            *items[i].dst = view(m, base, elem, name);
         }
     }
 }
@@ -181,55 +182,56 @@ static dims model_dims(const gpt_model *m) {
     return d;
 }
 
+/* a: bytes of an activation-type element */
 static void layout_layer(layer_acts *la, arena *ar, size_t B, size_t T, size_t C, size_t Cl,
-                         size_t att_floats, size_t Nl) {
+                         size_t att_floats, size_t Nl, size_t a) {
     size_t N = B * T, f = sizeof(float);
-    la->ln1 = take(ar, N * C * f);
+    la->ln1 = take(ar, N * C * a);
     la->ln1_mean = take(ar, Nl * f);
     la->ln1_rstd = take(ar, Nl * f);
-    la->qkv = take(ar, N * 3 * Cl * f);
+    la->qkv = take(ar, N * 3 * Cl * a);
     la->att = take(ar, att_floats * f);
-    la->atty = take(ar, N * Cl * f);
-    la->res2 = take(ar, Nl * C * f);
-    la->ln2 = take(ar, N * C * f);
+    la->atty = take(ar, N * Cl * a);
+    la->res2 = take(ar, Nl * C * a);
+    la->ln2 = take(ar, N * C * a);
     la->ln2_mean = take(ar, Nl * f);
     la->ln2_rstd = take(ar, Nl * f);
-    la->fch = take(ar, N * 4 * Cl * f);
-    la->fch_gelu = take(ar, N * 4 * Cl * f);
-    la->res3 = take(ar, Nl * C * f);
+    la->fch = take(ar, N * 4 * Cl * a);
+    la->fch_gelu = take(ar, N * 4 * Cl * a);
+    la->res3 = take(ar, Nl * C * a);
 }
 
 static void layout_acts(gpt_model *m, arena *ar) {
     const gpt_shape *s = &m->shape;
     size_t tp = (size_t)m->tp.size;
     size_t B = m->B, T = m->T, N = B * T, C = s->d_model, Cl = C / tp, NH = s->n_head / tp;
-    size_t f = sizeof(float), Nl = (size_t)model_dims(m).Nl;
+    size_t f = sizeof(float), a = gptc_act_bytes(m->prec), Nl = (size_t)model_dims(m).Nl;
     for (int c = 0; c < m->n_chunks; c++) {
         chunk_info *ch = &m->chunks[c];
         for (int k = 0; k < ch->n_slots; k++) {
             slot_acts *sa = &ch->slots[k];
-            sa->input = take(ar, N * C * f);
-            sa->grad = take(ar, N * C * f);
+            sa->input = take(ar, N * C * a);
+            sa->grad = take(ar, N * C * a);
             for (int l = 0; l < ch->n_layers; l++)
                 layout_layer(&sa->layer[l], ar, B, T, C, Cl,
-                             m->be->attention_state_floats((int)B, (int)T, (int)NH), Nl);
+                             m->be->attention_state_floats((int)B, (int)T, (int)NH), Nl, a);
             sa->tokens = take(ar, N * sizeof(int32_t));
             sa->targets = take(ar, N * sizeof(int32_t));
             if (!ch->has_head) continue;
-            sa->lnf = take(ar, N * C * f);
+            sa->lnf = take(ar, N * C * a);
             sa->lnf_mean = take(ar, Nl * f);
             sa->lnf_rstd = take(ar, Nl * f);
-            sa->logits = take(ar, N * (size_t)s->vocab_padded / tp * f);
+            sa->logits = take(ar, N * (size_t)s->vocab_padded / tp * a);
             sa->loss_max = take(ar, N * f);
             sa->loss_stats = take(ar, 2 * N * f);
             sa->losses = take(ar, N * f);
         }
     }
     scratch_views *x = &m->scratch;
-    x->dbtc = take(ar, N * C * f);
-    x->dqkv = take(ar, N * 3 * Cl * f);
+    x->dbtc = take(ar, N * C * a);
+    x->dqkv = take(ar, N * 3 * Cl * a);
     x->datt = take(ar, m->be->attention_state_floats((int)B, (int)T, (int)NH) * f);
-    x->dfch = take(ar, N * 4 * Cl * f);
+    x->dfch = take(ar, N * 4 * Cl * a);
 }
 
 /* Chunk c of this rank is pipeline stage c*pp + pp_rank of pp*v equal runs of layers. */
@@ -301,6 +303,7 @@ int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, int n_micro,
     int pad = 128 * tp->size; /* any vocab works with any tp: pad to a multiple of both */
     m->shape.vocab_padded = (shape->vocab_size + pad - 1) / pad * pad;
     m->be = be;
+    m->prec = be->get_precision();
     m->B = B;
     m->T = T;
     if (gpt_check_shape(&m->shape, tp->size, err, errlen) != 0) return -1;
@@ -331,8 +334,10 @@ int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, int n_micro,
     m->opt_m = be->alloc(2 * m->n_opt * sizeof(float));
     if (!m->params || !m->grads || !m->opt_m) goto oom;
     m->opt_v = m->opt_m + m->n_opt;
-    fill_views(m, m->params, &m->p);
-    fill_views(m, m->grads, &m->g);
+    m->params_act = m->prec == GPTC_FP32 ? m->params : be->alloc(m->n_params * gptc_act_bytes(m->prec));
+    if (!m->params_act) goto oom;
+    fill_views(m, m->params_act, gptc_act_bytes(m->prec), &m->p);
+    fill_views(m, m->grads, sizeof(float), &m->g);
 
     arena count = {NULL, 0};
     layout_acts(m, &count);
@@ -345,7 +350,7 @@ int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, int n_micro,
         gpt_destroy(m);
         return -1;
     }
-    m->act_floats = count.used / sizeof(float);
+    m->act_bytes = count.used;
     arena real = {(char *)m->act_memory, 0};
     layout_acts(m, &real);
     return 0;
@@ -360,6 +365,7 @@ oom:
 void gpt_destroy(gpt_model *m) {
     if (m->be) tp_free(&m->tp);
     if (m->be) {
+        if (m->params_act && m->params_act != m->params) m->be->release(m->params_act);
         if (m->params) m->be->release(m->params);
         if (m->grads) m->be->release(m->grads);
         if (m->opt_m) m->be->release(m->opt_m);
@@ -402,19 +408,29 @@ void gpt_init_random(gpt_model *m, uint64_t seed) {
     }
     m->be->copy_from_host(m->params, host, bytes, m->stream);
     free(host);
+    gpt_params_changed(m);
+}
+
+void gpt_params_changed(gpt_model *m) {
+    if (m->params_act != m->params) m->be->to_act(m->params_act, m->params, m->n_params, m->stream);
 }
 
 /* ------------------------------------------------------------------ forward / backward */
 
+/* element i of an activation-type buffer of the model */
+static gptc_act *at(const gpt_model *m, const gptc_act *p, size_t i) {
+    return gptc_act_at(p, i, m->prec);
+}
+
 /* x [Nl,C]: this rank's rows of the residual stream entering layer l. */
-static void block_forward(gpt_model *m, layer_acts *la, int l, const float *x, const dims *d) {
+static void block_forward(gpt_model *m, layer_acts *la, int l, const gptc_act *x, const dims *d) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     block_views *w = &m->p.h[l];
-    float *tmp = m->scratch.dbtc; /* [N,C] partial sums of the row-parallel projections */
+    gptc_act *tmp = m->scratch.dbtc; /* [N,C] partial sums of the row-parallel projections */
     int N = d->N, Nl = d->Nl, C = d->C;
     size_t mine = (size_t)d->row0 * C, nl = (size_t)Nl * C;
-    be->layernorm_forward(la->ln1 + mine, la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, Nl, C, s);
+    be->layernorm_forward(at(m, la->ln1, mine), la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, Nl, C, s);
     timing_matmul_role("qkv");
     tp_column_parallel_forward(&m->tp, la->qkv, la->ln1, w->qkvw, w->qkvb, N, C, 3 * d->Cl, 0, NULL,
                                s);
@@ -423,7 +439,7 @@ static void block_forward(gpt_model *m, layer_acts *la, int l, const float *x, c
     be->add(la->res2, x,
             tp_row_parallel_forward(&m->tp, tmp, la->atty, w->attprojw, w->attprojb, N, d->Cl, C, s),
             nl, s);
-    be->layernorm_forward(la->ln2 + mine, la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b,
+    be->layernorm_forward(at(m, la->ln2, mine), la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b,
                           Nl, C, s);
     timing_matmul_role("fc"); /* with the GELU: fch_gelu = gelu(fch) */
     tp_column_parallel_forward(&m->tp, la->fch, la->ln2, w->fcw, w->fcb, N, C, d->Fl, 0,
@@ -436,20 +452,20 @@ static void block_forward(gpt_model *m, layer_acts *la, int l, const float *x, c
 
 /* dfull [N,C] holds this rank's rows of the gradient of the layer's output at their
  * place (dres = dfull + row0*C); on return dres is the gradient of its input x. */
-static void block_backward(gpt_model *m, layer_acts *la, int l, float *dfull, const float *x,
-                           const dims *d) {
+static void block_backward(gpt_model *m, layer_acts *la, int l, gptc_act *dfull,
+                           const gptc_act *x, const dims *d) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     scratch_views *a = &m->scratch;
     block_views *w = &m->p.h[l], *dw = &m->g.h[l];
     int N = d->N, Nl = d->Nl, C = d->C;
-    float *dres = dfull + (size_t)d->row0 * C;
+    gptc_act *dres = at(m, dfull, (size_t)d->row0 * C);
     /* MLP branch; the c_fc input gradient is partial per TP rank until reduced */
     timing_matmul_role("fc_proj"); /* through the GELU: dfch = d(fch), not d(fch_gelu) */
     tp_row_parallel_backward(&m->tp, a->dfch, dw->fcprojw, dw->fcprojb, dfull, la->fch_gelu,
                              w->fcprojw, N, d->Fl, C, la->fch, s);
     timing_matmul_role("fc");
-    const float *dln2 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->fcw, dw->fcb, a->dfch,
+    const gptc_act *dln2 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->fcw, dw->fcb, a->dfch,
                                                     la->ln2, w->fcw, N, C, d->Fl, 0, s);
     be->layernorm_backward(dres, dw->ln2w, dw->ln2b, dln2, la->res2, w->ln2w, la->ln2_mean,
                            la->ln2_rstd, Nl, C, s);
@@ -460,7 +476,7 @@ static void block_backward(gpt_model *m, layer_acts *la, int l, float *dfull, co
     be->attention_backward(a->dqkv, a->datt, a->dbtc, la->atty, la->qkv, la->att, d->B, d->T,
                            d->Cl, d->NHl, s);
     timing_matmul_role("qkv");
-    const float *dln1 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->qkvw, dw->qkvb, a->dqkv,
+    const gptc_act *dln1 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->qkvw, dw->qkvb, a->dqkv,
                                                     la->ln1, w->qkvw, N, C, 3 * d->Cl, 0, s);
     be->layernorm_backward(dres, dw->ln1w, dw->ln1b, dln1, x, w->ln1w, la->ln1_mean, la->ln1_rstd,
                            Nl, C, s);
@@ -485,29 +501,29 @@ static slot_acts *slot_of(gpt_model *m, int c, int micro) {
 static size_t own_rows(const gpt_model *m) {
     return (size_t)model_dims(m).row0 * m->shape.d_model;
 }
-float *gpt_chunk_input(gpt_model *m, int c, int micro) {
-    return slot_of(m, c, micro)->input + own_rows(m);
+gptc_act *gpt_chunk_input(gpt_model *m, int c, int micro) {
+    return at(m, slot_of(m, c, micro)->input, own_rows(m));
 }
-float *gpt_chunk_grad(gpt_model *m, int c, int micro) {
-    return slot_of(m, c, micro)->grad + own_rows(m);
+gptc_act *gpt_chunk_grad(gpt_model *m, int c, int micro) {
+    return at(m, slot_of(m, c, micro)->grad, own_rows(m));
 }
 size_t gpt_chunk_bytes(const gpt_model *m) {
-    return (size_t)model_dims(m).Nl * m->shape.d_model * sizeof(float);
+    return (size_t)model_dims(m).Nl * m->shape.d_model * gptc_act_bytes(m->prec);
 }
-float *gpt_chunk_output(gpt_model *m, int c, int micro) {
+gptc_act *gpt_chunk_output(gpt_model *m, int c, int micro) {
     slot_acts *sa = slot_of(m, c, micro);
     return sa->layer[m->chunks[c].n_layers - 1].res3;
 }
 
 /* The last stage: ln_f, the tied LM head and the vocab-parallel cross-entropy, which
  * never puts the full logits on any rank. */
-static void head_forward(gpt_model *m, slot_acts *sa, const float *x, const dims *d, int micro,
-                         float dloss) {
+static void head_forward(gpt_model *m, slot_acts *sa, const gptc_act *x, const dims *d,
+                         int micro, float dloss) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     param_views *p = &m->p;
     int N = d->N, C = d->C;
-    be->layernorm_forward(sa->lnf + (size_t)d->row0 * C, sa->lnf_mean, sa->lnf_rstd, x, p->lnfw,
+    be->layernorm_forward(at(m, sa->lnf, (size_t)d->row0 * C), sa->lnf_mean, sa->lnf_rstd, x, p->lnfw,
                           p->lnfb, d->Nl, C, s);
     timing_matmul_role("lm_head");
     tp_column_parallel_forward(&m->tp, sa->logits, sa->lnf, p->wte, NULL, N, C, d->Vl, 1, NULL, s);
@@ -541,16 +557,17 @@ double gpt_loss_sum(gpt_model *m) {
 }
 
 /* dres [Nl,C] = gradient of the head's input x (this rank's rows) */
-static void head_backward(gpt_model *m, slot_acts *sa, float *dres, const float *x, const dims *d) {
+static void head_backward(gpt_model *m, slot_acts *sa, gptc_act *dres, const gptc_act *x,
+                          const dims *d) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     param_views *p = &m->p, *g = &m->g;
     int N = d->N, C = d->C;
     /* logits already hold dlogits (fused into the loss) */
     timing_matmul_role("lm_head");
-    const float *dlnf = tp_column_parallel_backward(&m->tp, m->scratch.dbtc, g->wte, NULL,
+    const gptc_act *dlnf = tp_column_parallel_backward(&m->tp, m->scratch.dbtc, g->wte, NULL,
                                                     sa->logits, sa->lnf, p->wte, N, C, d->Vl, 1, s);
-    be->zero(dres, (size_t)d->Nl * C * sizeof(float), s);
+    be->zero(dres, (size_t)d->Nl * C * gptc_act_bytes(m->prec), s);
     be->layernorm_backward(dres, g->lnfw, g->lnfb, dlnf, x, p->lnfw, sa->lnf_mean, sa->lnf_rstd,
                            d->Nl, C, s);
 }
@@ -574,7 +591,7 @@ void gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
         tp_reduce_rows(&m->tp, sa->input, d.Nl, d.C, s);
     }
     /* [Nl,C] this rank's rows of the residual stream entering each layer */
-    const float *x = sa->input + (size_t)d.row0 * d.C;
+    const gptc_act *x = at(m, sa->input, (size_t)d.row0 * d.C);
     for (int i = 0; i < ch->n_layers; i++) {
         int l = ch->first_layer + i;
         timing_set_context(l, micro, PH_FWD);
@@ -604,7 +621,7 @@ void gpt_chunk_backward(gpt_model *m, int c, int micro, int final) {
     slot_acts *sa = slot_of(m, c, micro);
     dims d = model_dims(m);
     /* gradient of the residual stream, this rank's rows at row0; each branch adds into it */
-    float *dres = sa->grad + (size_t)d.row0 * d.C;
+    gptc_act *dres = at(m, sa->grad, (size_t)d.row0 * d.C);
     int last = ch->n_layers - 1;
     timing_set_context(-1, micro, PH_BWD);
     if (ch->has_head) {
@@ -615,7 +632,7 @@ void gpt_chunk_backward(gpt_model *m, int c, int micro, int final) {
         int l = ch->first_layer + i;
         timing_set_context(l, micro, PH_BWD);
         block_backward(m, &sa->layer[i], l, sa->grad,
-                       i == 0 ? sa->input + (size_t)d.row0 * d.C : sa->layer[i - 1].res3, &d);
+                       i == 0 ? at(m, sa->input, (size_t)d.row0 * d.C) : sa->layer[i - 1].res3, &d);
         snprintf(name, sizeof(name), "h.%d.ln_1.bias", l); /* the layer's last tensor */
         if (final) grads_final(m, name);
     }

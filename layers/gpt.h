@@ -39,53 +39,56 @@ typedef struct {
     init_kind init;
 } param_tensor;
 
-/* Shapes are this rank's shards; tp = 1 gives the full GPT-2 shapes. */
+/* Views of one flat buffer in parameter layout: the parameter copy compute reads (act,
+ * gpt_model.p) or the gradients (fp32, gpt_model.g). Shapes are this rank's shards;
+ * tp = 1 gives the full GPT-2 shapes. */
 typedef struct {
-    float *ln1w, *ln1b;         /* [C], [C] */
-    float *qkvw, *qkvb;         /* [C,3C/tp], [3C/tp]: this rank's heads of q | k | v */
-    float *attprojw, *attprojb; /* [C/tp,C], [C] */
-    float *ln2w, *ln2b;         /* [C], [C] */
-    float *fcw, *fcb;           /* [C,4C/tp], [4C/tp] */
-    float *fcprojw, *fcprojb;   /* [4C/tp,C], [C] */
+    void *ln1w, *ln1b;         /* [C], [C] */
+    void *qkvw, *qkvb;         /* [C,3C/tp], [3C/tp]: this rank's heads of q | k | v */
+    void *attprojw, *attprojb; /* [C/tp,C], [C] */
+    void *ln2w, *ln2b;         /* [C], [C] */
+    void *fcw, *fcb;           /* [C,4C/tp], [4C/tp] */
+    void *fcprojw, *fcprojb;   /* [4C/tp,C], [C] */
 } block_views;
 
 typedef struct {
-    float *wte;                 /* [Vp/tp,C] this rank's vocab rows; rows >= vocab_size stay 0 */
-    float *wpe;                 /* [n_ctx,C] */
-    float *lnfw, *lnfb;         /* [C], [C] */
-    block_views *h;             /* [n_layer] */
+    void *wte;                 /* [Vp/tp,C] this rank's vocab rows; rows >= vocab_size stay 0 */
+    void *wpe;                 /* [n_ctx,C] */
+    void *lnfw, *lnfb;         /* [C], [C] */
+    block_views *h;            /* [n_layer] */
 } param_views;
 
-/* Activations of one layer for one micro-batch of N = B*T rows (Cl = C/tp, NHl = NH/tp). */
+/* Activations of one layer for one micro-batch of N = B*T rows (Cl = C/tp, NHl = NH/tp).
+ * gptc_act buffers hold the activation type (engine/backend.h), float ones fp32. */
 typedef struct {
-    float *ln1;               /* [N,C] */
+    gptc_act *ln1;              /* [N,C] */
     float *ln1_mean, *ln1_rstd; /* [Nl], [Nl] */
-    float *qkv;               /* [N,3Cl] */
-    float *att;               /* [attention_state_floats(B,T,NHl)]: CPU [B,NHl,T,T] probabilities */
-    float *atty;              /* [N,Cl] attention output before c_proj */
-    float *res2;              /* [Nl,C] residual after attention (Nl = N/tp with sequence
-                               * parallelism, else N): this rank's rows */
-    float *ln2;               /* [N,C] */
+    gptc_act *qkv;              /* [N,3Cl] */
+    float *att;                 /* [attention_state_floats(B,T,NHl)]: CPU [B,NHl,T,T] probabilities */
+    gptc_act *atty;             /* [N,Cl] attention output before c_proj */
+    gptc_act *res2;             /* [Nl,C] residual after attention (Nl = N/tp with sequence
+                                 * parallelism, else N): this rank's rows */
+    gptc_act *ln2;              /* [N,C] */
     float *ln2_mean, *ln2_rstd; /* [Nl], [Nl] */
-    float *fch;               /* [N,4Cl] c_fc output, pre-GELU */
-    float *fch_gelu;          /* [N,4Cl] */
-    float *res3;              /* [Nl,C] residual after the MLP: the layer's output */
+    gptc_act *fch;              /* [N,4Cl] c_fc output, pre-GELU */
+    gptc_act *fch_gelu;         /* [N,4Cl] */
+    gptc_act *res3;             /* [Nl,C] residual after the MLP: the layer's output */
 } layer_acts;
 
 /* Activations of one micro-batch in flight through one model chunk (a run of layers).
  * A chunk holds several of these when the pipeline schedule keeps several micro-batches
  * in flight. */
 typedef struct {
-    float *input;               /* [N,C] the chunk's input: embeddings, or received; with
+    gptc_act *input;            /* [N,C] the chunk's input: embeddings, or received; with
                                  * sequence parallelism a rank's rows sit at their place */
-    float *grad;                /* [N,C] gradient of the chunk's output; backward turns it
+    gptc_act *grad;             /* [N,C] gradient of the chunk's output; backward turns it
                                  * into the gradient of the input, in place (same rows) */
     layer_acts *layer;          /* [layers of the chunk] */
     int32_t *tokens, *targets;  /* [N], [N] on the device (first / last stage) */
     /* last stage only */
-    float *lnf;                 /* [N,C] */
+    gptc_act *lnf;              /* [N,C] */
     float *lnf_mean, *lnf_rstd; /* [Nl], [Nl] */
-    float *logits;              /* [N,Vp/tp], overwritten by dlogits in the loss */
+    gptc_act *logits;           /* [N,Vp/tp], overwritten by dlogits in the loss */
     float *loss_max;            /* [N] row max of the logits over the whole vocab */
     float *loss_stats;          /* [2,N] sum of exp(logit - max) | target logit - max */
     float *losses;              /* [N] per-position loss */
@@ -102,10 +105,10 @@ typedef struct {
 
 /* Scratch shared by every backward (one runs at a time). */
 typedef struct {
-    float *dbtc;                /* [N,C]; also the forward's row-parallel partial sums */
-    float *dqkv;                /* [N,3Cl] */
+    gptc_act *dbtc;             /* [N,C]; also the forward's row-parallel partial sums */
+    gptc_act *dqkv;             /* [N,3Cl] */
     float *datt;                /* [attention_state_floats(B,T,NHl)] scratch */
-    float *dfch;                /* [N,4Cl] */
+    gptc_act *dfch;             /* [N,4Cl] */
 } scratch_views;
 
 /* Which part of the model this rank holds, and how its flat buffers are cut. */
@@ -134,22 +137,26 @@ typedef struct {
 
     int n_tensors;
     param_tensor *tensors;      /* [n_tensors] this rank's tensors, in buffer order */
+    gptc_precision prec;        /* the backend's: the activation type */
     size_t n_params;            /* floats in each of params, grads, m, v */
-    float *params, *grads;      /* [n_params] each */
+    float *params, *grads;      /* [n_params] each: the fp32 master parameters, gradients */
+    gptc_act *params_act;       /* [n_params] act: the copy compute reads (params itself
+                                 * under fp32), refreshed by the optimizer and
+                                 * gpt_params_changed */
     float *opt_m, *opt_v;       /* [n_opt] each, views of one allocation: this rank's
                                  * shard of every bucket, in bucket order */
     size_t n_opt;               /* n_params / shards */
     int n_buckets;
     grad_bucket *buckets;       /* [n_buckets] in buffer order */
-    param_views p, g;           /* views into params and grads (NULL where not held) */
+    param_views p, g;           /* views into params_act and grads (NULL where not held) */
     int tied_copy;              /* this rank's wte is the last stage's copy of the first's */
 
     int B, T;                   /* micro-batch rows and sequence length */
     int n_chunks;
     chunk_info *chunks;         /* [n_chunks] in local chunk order */
     scratch_views scratch;
-    float *act_memory;
-    size_t act_floats;
+    void *act_memory;
+    size_t act_bytes;
     /* [n_micro][B*T] host copies of the losses (pinned on a GPU), copied in the stream's
      * order and read by gpt_loss_sum once the step's work has finished; loss_micro
      * [n_micro] the micro-batches in the order their losses were computed */
@@ -180,6 +187,10 @@ void gpt_destroy(gpt_model *m);
 /* GPT-2 init (DESIGN section 3), a pure function of (seed, name, element index in the
  * unsharded tensor), so every layout draws the same model. */
 void gpt_init_random(gpt_model *m, uint64_t seed);
+/* Refreshes the parameter copy compute reads (params_act) from the fp32 masters after
+ * they were written other than by the optimizer (init, a checkpoint load); a no-op under
+ * fp32. */
+void gpt_params_changed(gpt_model *m);
 const param_tensor *gpt_find_tensor(const gpt_model *m, const char *name);
 
 /* Forward of micro-batch `micro` through local chunk c, into activation slot
@@ -202,9 +213,9 @@ double gpt_loss_sum(gpt_model *m);
 void gpt_chunk_backward(gpt_model *m, int c, int micro, int final);
 /* The buffers a pipeline sends and receives for (chunk, micro): this rank's rows of the
  * residual stream, gpt_chunk_bytes each ([N,C], or [N/tp,C] with sequence parallelism). */
-float *gpt_chunk_input(gpt_model *m, int c, int micro);
-float *gpt_chunk_output(gpt_model *m, int c, int micro);
-float *gpt_chunk_grad(gpt_model *m, int c, int micro);
+gptc_act *gpt_chunk_input(gpt_model *m, int c, int micro);
+gptc_act *gpt_chunk_output(gpt_model *m, int c, int micro);
+gptc_act *gpt_chunk_grad(gpt_model *m, int c, int micro);
 size_t gpt_chunk_bytes(const gpt_model *m);
 /* With sequence parallelism, sums over the TP group the LayerNorm gradients (each rank
  * saw only its rows) whose tensors start in the flat range [lo, hi). Call once per

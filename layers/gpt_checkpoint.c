@@ -212,6 +212,7 @@ int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, char *err, 
         if (rc == 0 && which == 0)
             m->be->copy_from_host(m->params, host, m->n_params * sizeof(float), m->stream);
     }
+    if (rc == 0) gpt_params_changed(m);
     m->be->synchronize(m->stream);
     free(host);
     return rc;

@@ -51,7 +51,10 @@ double optim_step(gpt_model *m, const optim_config *c, double grad_norm, long t,
             if (!overlap(p, a, z, &lo, &hi)) continue;
             float decay = p->decay ? (float)c->weight_decay : 0.0f;
             size_t s = state + (lo - a); /* this piece's place in the optimizer state */
-            m->be->adamw(m->params + lo, m->grads + lo, m->opt_m + s, m->opt_v + s, hi - lo,
+            m->be->adamw(m->params + lo,
+                         m->params_act == m->params ? NULL
+                                                    : gptc_act_at(m->params_act, lo, m->prec),
+                         m->grads + lo, m->opt_m + s, m->opt_v + s, hi - lo,
                          (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps, decay, bc1,
                          bc2, m->stream);
         }

@@ -66,6 +66,14 @@ void dp_gather_params(dp_context *dp, gpt_model *m, gptc_stream *compute) {
         size_t piece = bk->count / (size_t)dp->size;
         float *whole = m->params + bk->offset; /* [count] */
         comm_allgather(dp->group, whole + (size_t)dp->rank * piece, whole, piece, s);
+        /* the compute copy too: the optimizer wrote this rank's piece of it. (Gathering
+         * only the bf16 copy would halve the traffic, but the fp32 masters of every piece
+         * are what a checkpoint saves.) */
+        if (m->params_act != m->params) {
+            gptc_act *copy = gptc_act_at(m->params_act, bk->offset, m->prec); /* [count] */
+            comm_allgather_act(dp->group, gptc_act_at(copy, (size_t)dp->rank * piece, m->prec),
+                               copy, piece, m->prec, s);
+        }
         if (prefetch) dp->lane->be->event_record(dp->gathered[b], s);
     }
     if (prefetch) dp->n_gathered = m->n_buckets;

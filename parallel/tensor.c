@@ -56,21 +56,32 @@ static gptc_stream *lane_begin(tp_context *tp) {
     return tp->lane ? tp->lane->stream : NULL;
 }
 
-float *tp_gather_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s) {
+/* The activations' type, and element i of an activation buffer */
+static gptc_precision prec(const tp_context *tp) { return tp->be->get_precision(); }
+static gptc_act *at(const tp_context *tp, const gptc_act *p, size_t i) {
+    return gptc_act_at(p, i, prec(tp));
+}
+
+gptc_act *tp_gather_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C,
+                         gptc_stream *s) {
     if (tp->size > 1 && tp->sequence_parallel) {
         size_t n = rows_local * C;
-        comm_allgather(tp->group, buf + (size_t)tp->rank * n, buf, n, lane_begin(tp));
+        comm_allgather_act(tp->group, at(tp, buf, (size_t)tp->rank * n), buf, n, prec(tp),
+                           lane_begin(tp));
         comm_lane_join(tp->lane);
     }
     return buf;
 }
 
-float *tp_reduce_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s) {
+gptc_act *tp_reduce_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C,
+                         gptc_stream *s) {
     if (tp->size == 1) return buf;
     size_t n = rows_local * C;
-    float *mine = tp->sequence_parallel ? buf + (size_t)tp->rank * n : buf;
-    if (tp->sequence_parallel) comm_reduce_scatter_sum(tp->group, buf, mine, n, lane_begin(tp));
-    else comm_allreduce_sum(tp->group, buf, n, lane_begin(tp));
+    gptc_act *mine = tp->sequence_parallel ? at(tp, buf, (size_t)tp->rank * n) : buf;
+    if (tp->sequence_parallel)
+        comm_reduce_scatter_sum_act(tp->group, buf, mine, n, prec(tp), lane_begin(tp));
+    else
+        comm_allreduce_sum_act(tp->group, buf, n, prec(tp), lane_begin(tp));
     comm_lane_join(tp->lane);
     return mine;
 }
@@ -123,22 +134,22 @@ void tp_free(tp_context *tp) {
 
 /* Broadcasts every piece of buf [N,C] from its owner on the TP stream, each followed by
  * its event, and returns at once: the pieces arrive while the caller computes. */
-static void broadcast_pieces(tp_context *tp, float *buf, int N, int C) {
+static void broadcast_pieces(tp_context *tp, gptc_act *buf, int N, int C) {
     gptc_stream *s = lane_begin(tp);
     for (int p = 0; p < n_pieces(tp); p++) {
         int r0, r1, owner;
         piece_rows(tp, N, p, &r0, &r1, &owner);
-        comm_broadcast(tp->group, buf + (size_t)r0 * C, (size_t)(r1 - r0) * C * sizeof(float),
-                       owner, s);
+        comm_broadcast(tp->group, at(tp, buf, (size_t)r0 * C),
+                       (size_t)(r1 - r0) * C * gptc_act_bytes(prec(tp)), owner, s);
         gptc_event *e = piece_event(tp, p);
         if (e && s) tp->be->event_record(e, s);
     }
 }
 
 /* Issues the sum of one piece: to its owner (the reduce-scatter's share) or to all. */
-static void reduce_piece(tp_context *tp, float *buf, size_t n, int owner) {
-    if (owner < 0) comm_allreduce_sum(tp->group, buf, n, lane_begin(tp));
-    else comm_reduce_sum(tp->group, buf, n, owner, lane_begin(tp));
+static void reduce_piece(tp_context *tp, gptc_act *buf, size_t n, int owner) {
+    if (owner < 0) comm_allreduce_sum_act(tp->group, buf, n, prec(tp), lane_begin(tp));
+    else comm_reduce_sum_act(tp->group, buf, n, owner, prec(tp), lane_begin(tp));
 }
 
 static void wait_piece(tp_context *tp, int p) {
@@ -151,19 +162,21 @@ static size_t own_offset(const tp_context *tp, int N, int C) {
 }
 
 /* rows [r0, r1) of the column-parallel product, with the GELU fused when gelu_out */
-static void column_rows(tp_context *tp, float *out, float *gelu_out, const float *inp,
-                        const float *w, const float *bias, int r0, int r1, int IC, int OC,
-                        int w_rows_out, gptc_stream *s) {
+static void column_rows(tp_context *tp, gptc_act *out, gptc_act *gelu_out, const gptc_act *inp,
+                        const gptc_act *w, const gptc_act *bias, int r0, int r1, int IC,
+                        int OC, int w_rows_out, gptc_stream *s) {
     size_t o = (size_t)r0 * OC, i = (size_t)r0 * IC;
     if (gelu_out)
-        tp->be->matmul_gelu_forward(gelu_out + o, out + o, inp + i, w, bias, r1 - r0, IC, OC, s);
+        tp->be->matmul_gelu_forward(at(tp, gelu_out, o), at(tp, out, o), at(tp, inp, i), w, bias,
+                                    r1 - r0, IC, OC, s);
     else
-        tp->be->matmul_forward(out + o, inp + i, w, bias, r1 - r0, IC, OC, w_rows_out, s);
+        tp->be->matmul_forward(at(tp, out, o), at(tp, inp, i), w, bias, r1 - r0, IC, OC,
+                               w_rows_out, s);
 }
 
-float *tp_column_parallel_forward(tp_context *tp, float *out, float *inp, const float *w,
-                                  const float *bias, int N, int IC, int OC, int w_rows_out,
-                                  float *gelu_out, gptc_stream *s) {
+gptc_act *tp_column_parallel_forward(tp_context *tp, gptc_act *out, gptc_act *inp,
+                                     const gptc_act *w, const gptc_act *bias, int N, int IC,
+                                     int OC, int w_rows_out, gptc_act *gelu_out, gptc_stream *s) {
     if (!tp->sequence_parallel || !chunked(tp, N)) {
         tp_gather_rows(tp, inp, (size_t)(tp->sequence_parallel ? N / tp->size : N), (size_t)IC, s);
         column_rows(tp, out, gelu_out, inp, w, bias, 0, N, IC, OC, w_rows_out, s);
@@ -180,9 +193,10 @@ float *tp_column_parallel_forward(tp_context *tp, float *out, float *inp, const 
     return out;
 }
 
-float *tp_row_parallel_forward(tp_context *tp, float *out, const float *inp, const float *w,
-                               const float *bias, int N, int IC, int OC, gptc_stream *s) {
-    const float *b = tp->rank == 0 ? bias : NULL;
+gptc_act *tp_row_parallel_forward(tp_context *tp, gptc_act *out, const gptc_act *inp,
+                                  const gptc_act *w, const gptc_act *bias, int N, int IC,
+                                  int OC, gptc_stream *s) {
+    const gptc_act *b = tp->rank == 0 ? bias : NULL;
     if (!chunked(tp, N)) {
         tp->be->matmul_forward(out, inp, w, b, N, IC, OC, 0, s);
         return tp_reduce_rows(tp, out, (size_t)(tp->sequence_parallel ? N / tp->size : N),
@@ -191,17 +205,18 @@ float *tp_row_parallel_forward(tp_context *tp, float *out, const float *inp, con
     for (int p = 0; p < n_pieces(tp); p++) {
         int r0, r1, owner;
         piece_rows(tp, N, p, &r0, &r1, &owner);
-        float *o = out + (size_t)r0 * OC;
-        tp->be->matmul_forward(o, inp + (size_t)r0 * IC, w, b, r1 - r0, IC, OC, 0, s);
+        gptc_act *o = at(tp, out, (size_t)r0 * OC);
+        tp->be->matmul_forward(o, at(tp, inp, (size_t)r0 * IC), w, b, r1 - r0, IC, OC, 0, s);
         reduce_piece(tp, o, (size_t)(r1 - r0) * OC, owner);
     }
     comm_lane_join(tp->lane);
-    return out + own_offset(tp, N, OC);
+    return at(tp, out, own_offset(tp, N, OC));
 }
 
-float *tp_column_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbias,
-                                   const float *dout, const float *inp, const float *w, int N,
-                                   int IC, int OC, int w_rows_out, gptc_stream *s) {
+gptc_act *tp_column_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw, float *dbias,
+                                      const gptc_act *dout, const gptc_act *inp,
+                                      const gptc_act *w, int N, int IC, int OC, int w_rows_out,
+                                      gptc_stream *s) {
     if (!chunked(tp, N)) {
         tp->be->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
         return tp_reduce_rows(tp, dinp, (size_t)(tp->sequence_parallel ? N / tp->size : N),
@@ -210,30 +225,32 @@ float *tp_column_parallel_backward(tp_context *tp, float *dinp, float *dw, float
     for (int p = 0; p < n_pieces(tp); p++) {
         int r0, r1, owner;
         piece_rows(tp, N, p, &r0, &r1, &owner);
-        float *d = dinp + (size_t)r0 * IC;
-        tp->be->matmul_backward(d, NULL, NULL, dout + (size_t)r0 * OC, NULL, w, r1 - r0, IC, OC,
-                                w_rows_out, s);
+        gptc_act *d = at(tp, dinp, (size_t)r0 * IC);
+        tp->be->matmul_backward(d, NULL, NULL, at(tp, dout, (size_t)r0 * OC), NULL, w, r1 - r0,
+                                IC, OC, w_rows_out, s);
         reduce_piece(tp, d, (size_t)(r1 - r0) * IC, owner);
     }
     tp->be->matmul_backward(NULL, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
     comm_lane_join(tp->lane);
-    return dinp + own_offset(tp, N, IC);
+    return at(tp, dinp, own_offset(tp, N, IC));
 }
 
 /* dinp rows [r0, r1) of the row-parallel backward, through the GELU's backward when
  * gelu_pre (the activation's input) is given */
-static void row_dinp(tp_context *tp, float *dinp, const float *dout, const float *w,
-                     const float *gelu_pre, int r0, int r1, int IC, int OC, gptc_stream *s) {
+static void row_dinp(tp_context *tp, gptc_act *dinp, const gptc_act *dout, const gptc_act *w,
+                     const gptc_act *gelu_pre, int r0, int r1, int IC, int OC, gptc_stream *s) {
     size_t i = (size_t)r0 * IC, o = (size_t)r0 * OC;
     if (gelu_pre)
-        tp->be->matmul_dgelu_backward(dinp + i, dout + o, w, gelu_pre + i, r1 - r0, IC, OC, s);
+        tp->be->matmul_dgelu_backward(at(tp, dinp, i), at(tp, dout, o), w, at(tp, gelu_pre, i),
+                                      r1 - r0, IC, OC, s);
     else
-        tp->be->matmul_backward(dinp + i, NULL, NULL, dout + o, NULL, w, r1 - r0, IC, OC, 0, s);
+        tp->be->matmul_backward(at(tp, dinp, i), NULL, NULL, at(tp, dout, o), NULL, w, r1 - r0,
+                                IC, OC, 0, s);
 }
 
-void tp_row_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbias, float *dout,
-                              const float *inp, const float *w, int N, int IC, int OC,
-                              const float *gelu_pre, gptc_stream *s) {
+void tp_row_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw, float *dbias,
+                              gptc_act *dout, const gptc_act *inp, const gptc_act *w, int N,
+                              int IC, int OC, const gptc_act *gelu_pre, gptc_stream *s) {
     if (!tp->sequence_parallel || !chunked(tp, N)) {
         tp_gather_rows(tp, dout, (size_t)(tp->sequence_parallel ? N / tp->size : N), (size_t)OC, s);
         if (gelu_pre) {

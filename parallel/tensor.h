@@ -41,7 +41,7 @@ typedef struct {
     int sequence_parallel;
     comm_lane *lane;   /* the TP stream; NULL: collectives run inline */
     int chunks;        /* overlap.tp = chunked: token chunks per GEMM + collective; 1: none */
-    const gptc_backend *be;
+    const gptc_backend *be; /* its precision is the type of the activations below */
     gptc_event **pieces; /* [n_pieces] chunked with SP: a piece's broadcast is done */
     int n_pieces;
 } tp_context;
@@ -70,42 +70,44 @@ long tp_global_index(shard_kind k, long rows, long cols, long local_rows, long l
 /* Entering a parallel region: buf [N,C] holds this rank's rows (rows_local of them, at
  * their place); afterwards all N rows. Without sequence parallelism buf already holds
  * them all. Returns buf. */
-float *tp_gather_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s);
+gptc_act *tp_gather_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C, gptc_stream *s);
 /* Leaving a parallel region: buf [N,C] holds this rank's partial sums of all rows;
  * returns this rank's rows of the sum (all rows without sequence parallelism). */
-float *tp_reduce_rows(tp_context *tp, float *buf, size_t rows_local, size_t C, gptc_stream *s);
+gptc_act *tp_reduce_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C, gptc_stream *s);
 /* A column-parallel projection entering a parallel region (c_attn, c_fc, the LM head):
  * out[N,OC] = inp[N,IC] @ W + bias, where with sequence parallelism inp holds only this
  * rank's rows at their place and is all-gathered first (chunked: piece by piece, each
  * multiplied as it arrives). With gelu_out (else NULL), also gelu_out[N,OC] = gelu(out),
  * fused into the product (matmul_gelu_forward; W then is [IC,OC]). */
-float *tp_column_parallel_forward(tp_context *tp, float *out, float *inp, const float *w,
-                                  const float *bias, int N, int IC, int OC, int w_rows_out,
-                                  float *gelu_out, gptc_stream *s);
+gptc_act *tp_column_parallel_forward(tp_context *tp, gptc_act *out, gptc_act *inp,
+                                     const gptc_act *w, const gptc_act *bias, int N, int IC,
+                                     int OC, int w_rows_out, gptc_act *gelu_out, gptc_stream *s);
 /* The backward of a row-parallel projection (c_proj): dinp[N,IC] = dout @ W^T and dw,
  * dbias accumulate, where with sequence parallelism dout holds only this rank's rows at
  * their place and is all-gathered first (chunked: piece by piece). With gelu_pre[N,IC]
  * (the input of the GELU that made inp; else NULL), dinp is carried through the GELU's
  * backward too, fused into the product (matmul_dgelu_backward). */
-void tp_row_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbias, float *dout,
-                              const float *inp, const float *w, int N, int IC, int OC,
-                              const float *gelu_pre, gptc_stream *s);
+void tp_row_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw, float *dbias,
+                              gptc_act *dout, const gptc_act *inp, const gptc_act *w, int N,
+                              int IC, int OC, const gptc_act *gelu_pre, gptc_stream *s);
 /* Frees the chunking events. */
 void tp_free(tp_context *tp);
 /* A row-parallel projection leaving a parallel region (c_proj): out[N,OC] = the TP sum
  * of inp[N,IC] @ W (+ bias, added by rank 0 only), returned as this rank's rows (see
  * tp_reduce_rows). overlap.tp = chunked cuts the rows into tp->chunks pieces and reduces
  * piece i on the TP stream while piece i+1 is multiplied. */
-float *tp_row_parallel_forward(tp_context *tp, float *out, const float *inp, const float *w,
-                               const float *bias, int N, int IC, int OC, gptc_stream *s);
+gptc_act *tp_row_parallel_forward(tp_context *tp, gptc_act *out, const gptc_act *inp,
+                                  const gptc_act *w, const gptc_act *bias, int N, int IC,
+                                  int OC, gptc_stream *s);
 /* The backward of a column-parallel projection entering a parallel region (c_attn,
  * c_fc, and the LM head): dinp[N,IC] = TP sum of dout @ W^T, returned as this rank's
  * rows; dw and dbias accumulate as in matmul_backward. Chunked like the forward above,
  * with dw computed while the last pieces are reduced. */
-float *tp_column_parallel_backward(tp_context *tp, float *dinp, float *dw, float *dbias,
-                                   const float *dout, const float *inp, const float *w, int N,
-                                   int IC, int OC, int w_rows_out, gptc_stream *s);
-/* Sum (or max) over the TP group, in place, on stream s. */
+gptc_act *tp_column_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw, float *dbias,
+                                      const gptc_act *dout, const gptc_act *inp,
+                                      const gptc_act *w, int N, int IC, int OC, int w_rows_out,
+                                      gptc_stream *s);
+/* Sum (or max) over the TP group of fp32 buf[n], in place, on stream s. */
 void tp_allreduce_sum(tp_context *tp, float *buf, size_t n, gptc_stream *s);
 void tp_allreduce_max(tp_context *tp, float *buf, size_t n, gptc_stream *s);
 
