@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
     size_t P = (size_t)12 * C * C * L + (size_t)V * C;
     float *p = buf(P), *g = buf(P), *m = buf(P), *v = buf(P);
     for (size_t i = 0; i < P; i++) v[i] = v[i] * v[i];
-    TIME("adamw (all params)", 1, be->adamw(p, g, m, v, P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.5f, NULL));
+    TIME("adamw (all params)", 1, be->adamw(p, NULL, g, m, v, P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.5f, NULL));
     TIME("grad norm (all params)", 1, be->sum_squares(g, P, NULL));
     printf("%-28s %34.2f ms/step (per micro-batch of %d tokens, + optimizer)\n", "total", g_total, N);
     return 0;

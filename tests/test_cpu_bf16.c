@@ -1,5 +1,17 @@
-/* The CPU's bf16 attention (cpu_attention_forward_bf16 / _backward_bf16, the reference of
- * the GPU's tensor-core kernels) against a naive double-precision attention that rounds
+/* The CPU backend under GPTC_BF16, in two parts.
+ *
+ * 1. Every op on bf16 buffers against the contract of engine/backend.h, bit for bit: the
+ *    same backend under GPTC_FP32 runs the op on the same values (widened to float) and
+ *    its act outputs are rounded once (bf16_bits); the bf16 op's stored bits must be
+ *    exactly those, and its fp32 outputs (LayerNorm statistics, parameter gradients,
+ *    loss statistics, optimizer state) exactly the fp32 op's. A missing or double
+ *    rounding, a "+=" that rounds its partial result before adding, or an operand read
+ *    wrongly moves some elements by a bf16 step. Outputs start as a NaN sentinel, so an
+ *    element left unwritten fails too. Under GPTC_FP32, to_act and adamw's parameter copy
+ *    are plain copies.
+ *
+ * 2. The CPU's bf16 attention (cpu_attention_forward_bf16 / _backward_bf16, the reference
+ * of the GPU's tensor-core kernels) against a naive double-precision attention that rounds
  * at the same points, and against the fp32 attention.
  *
  * Bounds, as max |x - ref| / max |ref| over the tensor:
@@ -23,6 +35,7 @@
 #include "engine/rng.h"
 
 static int g_failures;
+static const gptc_backend *be;
 
 static float *randn(size_t n, float std, uint64_t key) {
     float *x = malloc(n * sizeof(float)); /* [n] */
@@ -44,9 +57,296 @@ static void errors(const float *got, const double *ref, size_t n, double *max_re
 }
 
 static void expect(const char *what, int ok, double v) {
-    printf("%s %-44s %.3g\n", ok ? "ok  " : "FAIL", what, v);
+    printf("%s %-62s %.3g\n", ok ? "ok  " : "FAIL", what, v);
     if (!ok) g_failures++;
 }
+
+/* ------------------------------------------------------------------ part 1: the ops */
+
+/* every buffer of part 1, freed at the end (LeakSanitizer then sees only real leaks) */
+static void *g_bufs[512];
+static int g_nbufs;
+
+static void *keep(void *p) {
+    if (g_nbufs < 512) g_bufs[g_nbufs++] = p;
+    return p;
+}
+
+static const uint16_t SENTINEL = 0x7fc1; /* a NaN no op writes */
+
+/* bf16 bits of n normal values times std, rounded (the values every op reads) */
+static uint16_t *act_randn(size_t n, float std, uint64_t key) {
+    uint16_t *h = keep(malloc(n * sizeof(uint16_t))); /* [n] */
+    for (size_t i = 0; i < n; i++) h[i] = bf16_bits(std * rng_normal(key, i));
+    return h;
+}
+
+static uint16_t *act_sentinel(size_t n) {
+    uint16_t *h = keep(malloc(n * sizeof(uint16_t))); /* [n] */
+    for (size_t i = 0; i < n; i++) h[i] = SENTINEL;
+    return h;
+}
+
+static uint16_t *act_copy(const uint16_t *h, size_t n) {
+    return memcpy(keep(malloc(n * sizeof(uint16_t))), h, n * sizeof(uint16_t));
+}
+
+/* the floats bf16 h[n] stands for: the fp32 reference's inputs */
+static float *wide(const uint16_t *h, size_t n) {
+    float *x = keep(malloc(n * sizeof(float))); /* [n] */
+    for (size_t i = 0; i < n; i++) x[i] = bf16_to_float(h[i]);
+    return x;
+}
+
+static float *f_randn(size_t n, float std, uint64_t key) {
+    float *x = keep(malloc(n * sizeof(float))); /* [n] */
+    for (size_t i = 0; i < n; i++) x[i] = std * rng_normal(key, i);
+    return x;
+}
+
+static float *f_copy(const float *x, size_t n) {
+    return memcpy(keep(malloc(n * sizeof(float))), x, n * sizeof(float));
+}
+
+/* The bf16 op's act output got[n] against the fp32 op's ref[n] rounded once. */
+static void expect_rounded(const char *what, const uint16_t *got, const float *ref, size_t n) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != bf16_bits(ref[i]) && !bad++) first = i;
+    char line[128];
+    snprintf(line, sizeof line, "%s: act bits == round(fp32), mismatches", what);
+    expect(line, bad == 0, (double)bad);
+    if (bad)
+        printf("     first at %zu: got %#06x (%.9g), round(fp32 %.9g) = %#06x\n", first,
+               got[first], bf16_to_float(got[first]), ref[first], bf16_bits(ref[first]));
+}
+
+/* An fp32 output of the bf16 op against the fp32 op's, bit for bit */
+static void expect_same(const char *what, const float *got, const float *ref, size_t n) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+    char line[128];
+    snprintf(line, sizeof line, "%s: fp32 bits == fp32 op, mismatches", what);
+    expect(line, bad == 0, (double)bad);
+}
+
+static void test_layernorm(int N, int C) {
+    size_t nx = (size_t)N * C;
+    uint16_t *x = act_randn(nx, 1.5f, 1), *w = act_randn(C, 1.0f, 2), *b = act_randn(C, 0.5f, 3);
+    uint16_t *dy = act_randn(nx, 1.0f, 4), *dx0 = act_randn(nx, 0.3f, 5);
+    uint16_t *y = act_sentinel(nx), *dx = act_copy(dx0, nx);
+    float *mean = f_randn(N, 1, 6), *rstd = f_randn(N, 1, 7); /* [N] */
+    float *dw = f_randn(C, 1, 8), *db = f_randn(C, 1, 9);      /* [C], "+=" */
+    float *rmean = f_copy(mean, N), *rrstd = f_copy(rstd, N);
+    float *rdw = f_copy(dw, C), *rdb = f_copy(db, C);
+    be->set_precision(GPTC_BF16);
+    be->layernorm_forward(y, mean, rstd, x, w, b, N, C, NULL);
+    be->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C, NULL);
+    float *ry = f_randn(nx, 1, 10), *rdx = wide(dx0, nx); /* rdx: "+=" onto the old values */
+    be->set_precision(GPTC_FP32);
+    be->layernorm_forward(ry, rmean, rrstd, wide(x, nx), wide(w, C), wide(b, C), N, C, NULL);
+    be->layernorm_backward(rdx, rdw, rdb, wide(dy, nx), wide(x, nx), wide(w, C), rmean, rrstd, N,
+                           C, NULL);
+    expect_rounded("layernorm fwd out", y, ry, nx);
+    expect_same("layernorm fwd mean", mean, rmean, N);
+    expect_same("layernorm fwd rstd", rstd, rrstd, N);
+    expect_rounded("layernorm bwd dinp +=", dx, rdx, nx);
+    expect_same("layernorm bwd dw +=", dw, rdw, C);
+    expect_same("layernorm bwd db +=", db, rdb, C);
+}
+
+static void test_matmul(int N, int IC, int OC, int w_rows_out) {
+    size_t nx = (size_t)N * IC, nw = (size_t)IC * OC, ny = (size_t)N * OC;
+    uint16_t *x = act_randn(nx, 1.0f, 11), *w = act_randn(nw, 0.2f, 12);
+    uint16_t *b = act_randn(OC, 0.5f, 13);
+    uint16_t *dy = act_randn(ny, 1.0f, 14), *y = act_sentinel(ny), *dx = act_sentinel(nx);
+    float *dw = f_randn(nw, 1, 15), *db = f_randn(OC, 1, 16); /* "+=" */
+    float *rdw = f_copy(dw, nw), *rdb = f_copy(db, OC);
+    be->set_precision(GPTC_BF16);
+    be->matmul_forward(y, x, w, b, N, IC, OC, w_rows_out, NULL);
+    be->matmul_backward(dx, dw, db, dy, x, w, N, IC, OC, w_rows_out, NULL);
+    float *ry = f_randn(ny, 1, 17), *rdx = f_randn(nx, 1, 18);
+    be->set_precision(GPTC_FP32);
+    be->matmul_forward(ry, wide(x, nx), wide(w, nw), wide(b, OC), N, IC, OC, w_rows_out, NULL);
+    be->matmul_backward(rdx, rdw, rdb, wide(dy, ny), wide(x, nx), wide(w, nw), N, IC, OC,
+                        w_rows_out, NULL);
+    const char *fwd = w_rows_out ? "matmul fwd (W rows out)" : "matmul fwd";
+    const char *bwd = w_rows_out ? "matmul bwd (W rows out)" : "matmul bwd";
+    expect_rounded(fwd, y, ry, ny);
+    expect_rounded(bwd, dx, rdx, nx);
+    char what[64];
+    snprintf(what, sizeof what, "%s dw +=", bwd);
+    expect_same(what, dw, rdw, nw);
+    snprintf(what, sizeof what, "%s dbias +=", bwd);
+    expect_same(what, db, rdb, OC);
+}
+
+/* The fused MLP ops: the GELU reads the fp32 sum (pre is rounded only as stored); dpre
+ * is the product times gelu'(pre), rounded once. */
+static void test_matmul_gelu(int N, int IC, int OC) {
+    size_t nx = (size_t)N * IC, nw = (size_t)IC * OC, ny = (size_t)N * OC;
+    uint16_t *x = act_randn(nx, 1.0f, 21), *w = act_randn(nw, 0.3f, 22);
+    uint16_t *b = act_randn(OC, 0.5f, 23);
+    uint16_t *pre = act_sentinel(ny), *y = act_sentinel(ny);
+    /* the backward of the projection after the GELU: pre2[N,IC2] is its GELU's input */
+    uint16_t *dout = act_randn(nx, 1.0f, 24), *dpre = act_sentinel(ny);
+    be->set_precision(GPTC_BF16);
+    be->matmul_gelu_forward(y, pre, x, w, b, N, IC, OC, NULL);
+    /* dpre[N,OC] = (dout[N,IC] @ W2^T) * gelu'(pre): W2 [OC,IC] is w read as [IC2=OC, OC2=IC] */
+    be->matmul_dgelu_backward(dpre, dout, w, pre, N, OC, IC, NULL);
+    float *rpre = f_randn(ny, 1, 25), *ry = f_randn(ny, 1, 26), *rdpre = f_randn(ny, 1, 27);
+    be->set_precision(GPTC_FP32);
+    be->matmul_gelu_forward(ry, rpre, wide(x, nx), wide(w, nw), wide(b, OC), N, IC, OC, NULL);
+    be->matmul_dgelu_backward(rdpre, wide(dout, nx), wide(w, nw), wide(pre, ny), N, OC, IC, NULL);
+    expect_rounded("matmul_gelu fwd pre", pre, rpre, ny);
+    expect_rounded("matmul_gelu fwd out (gelu of fp32 sum)", y, ry, ny);
+    expect_rounded("matmul_dgelu bwd dpre", dpre, rdpre, ny);
+}
+
+static void test_elementwise(size_t n) {
+    uint16_t *a = act_randn(n, 2.0f, 31), *b = act_randn(n, 2.0f, 32), *d = act_randn(n, 1.0f, 33);
+    uint16_t *sum = act_sentinel(n), *g = act_sentinel(n), *dg = act_sentinel(n);
+    uint16_t *inplace = act_copy(a, n); /* add(out = a, a, b): the residual stream's use */
+    be->set_precision(GPTC_BF16);
+    be->add(sum, a, b, n, NULL);
+    be->add(inplace, inplace, b, n, NULL);
+    be->gelu_forward(g, a, n, NULL);
+    be->gelu_backward(dg, a, d, n, NULL);
+    float *rsum = f_randn(n, 1, 34), *rg = f_randn(n, 1, 35), *rdg = f_randn(n, 1, 36);
+    be->set_precision(GPTC_FP32);
+    be->add(rsum, wide(a, n), wide(b, n), n, NULL);
+    be->gelu_forward(rg, wide(a, n), n, NULL);
+    be->gelu_backward(rdg, wide(a, n), wide(d, n), n, NULL);
+    expect_rounded("add", sum, rsum, n);
+    expect_rounded("add in place", inplace, rsum, n);
+    expect_rounded("gelu fwd", g, rg, n);
+    expect_rounded("gelu bwd", dg, rdg, n);
+}
+
+static void test_embedding(int N, int T, int C, int V) {
+    int v_start = 3, v_local = V - 5; /* a vocab-parallel rank: some tokens are not its own */
+    size_t ny = (size_t)N * C, nte = (size_t)v_local * C, npe = (size_t)T * C;
+    int32_t *tok = keep(malloc(N * sizeof(int32_t))); /* [N] */
+    for (int n = 0; n < N; n++) tok[n] = (n * 7 + 1) % V;
+    uint16_t *wte = act_randn(nte, 1.0f, 41), *wpe = act_randn(npe, 1.0f, 42);
+    uint16_t *dy = act_randn(ny, 1.0f, 43), *y = act_sentinel(ny);
+    float *dwte = f_randn(nte, 1, 44), *dwpe = f_randn(npe, 1, 45); /* "+=" */
+    float *rdwte = f_copy(dwte, nte), *rdwpe = f_copy(dwpe, npe);
+    be->set_precision(GPTC_BF16);
+    be->embedding_forward(y, tok, wte, wpe, N, T, C, v_start, v_local, NULL);
+    be->embedding_backward(dwte, dwpe, dy, tok, N, T, C, v_start, v_local, NULL);
+    float *ry = f_randn(ny, 1, 46);
+    be->set_precision(GPTC_FP32);
+    be->embedding_forward(ry, tok, wide(wte, nte), wide(wpe, npe), N, T, C, v_start, v_local, NULL);
+    be->embedding_backward(rdwte, rdwpe, wide(dy, ny), tok, N, T, C, v_start, v_local, NULL);
+    expect_rounded("embedding fwd", y, ry, ny);
+    expect_same("embedding bwd dwte +=", dwte, rdwte, nte);
+    expect_same("embedding bwd dwpe +=", dwpe, rdwpe, npe);
+}
+
+/* The three loss steps; each reference step starts from the bf16 op's stored logits, so
+ * the finish reads the rounded exps, as the bf16 op does. */
+static void test_cross_entropy(int N, int Vl, int v_valid, int v_start) {
+    size_t nl = (size_t)N * Vl;
+    int32_t *tgt = keep(malloc(N * sizeof(int32_t))); /* [N]: some outside this rank */
+    for (int n = 0; n < N; n++) tgt[n] = v_start - 2 + (n * 5) % (v_valid + 4);
+    uint16_t *logits = act_randn(nl, 3.0f, 51), *l0 = act_copy(logits, nl);
+    size_t ns = 2 * (size_t)N;
+    float *mx = f_randn(N, 1, 52), *stats = f_randn(ns, 1, 53), *loss = f_randn(N, 1, 54);
+    float *rmx = f_randn(N, 1, 55), *rstats = f_randn(ns, 1, 56), *rloss = f_randn(N, 1, 57);
+    float *ref = wide(l0, nl);
+    be->set_precision(GPTC_BF16);
+    be->vocab_max(mx, logits, N, Vl, v_valid, NULL);
+    be->vocab_expsum(stats, logits, mx, tgt, N, Vl, v_valid, v_start, NULL);
+    uint16_t *exps = act_copy(logits, nl);
+    be->vocab_ce_finish(loss, logits, stats, tgt, N, Vl, v_valid, v_start, 0.25f, NULL);
+    be->set_precision(GPTC_FP32);
+    be->vocab_max(rmx, ref, N, Vl, v_valid, NULL);
+    be->vocab_expsum(rstats, ref, rmx, tgt, N, Vl, v_valid, v_start, NULL);
+    expect_same("vocab_max", mx, rmx, N);
+    expect_same("vocab_expsum stats (of the fp32 exps)", stats, rstats, ns);
+    expect_rounded("vocab_expsum exps", exps, ref, nl);
+    ref = wide(exps, nl);
+    be->vocab_ce_finish(rloss, ref, rstats, tgt, N, Vl, v_valid, v_start, 0.25f, NULL);
+    expect_same("vocab_ce_finish losses", loss, rloss, N);
+    expect_rounded("vocab_ce_finish dlogits", logits, ref, nl);
+}
+
+static void test_attention(int B, int T, int C, int NH) {
+    size_t nqkv = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
+    size_t natt = be->attention_state_floats(B, T, NH);
+    uint16_t *qkv = act_randn(nqkv, 1.0f, 61), *dy = act_randn(ny, 1.0f, 62);
+    uint16_t *y = act_sentinel(ny), *dqkv = act_sentinel(nqkv);
+    float *att = f_randn(natt, 1, 63), *datt = f_randn(natt, 1, 64);
+    float *ratt = f_randn(natt, 1, 65), *rdatt = f_randn(natt, 1, 66);
+    float *ry = f_randn(ny, 1, 67), *rdqkv = f_randn(nqkv, 1, 68);
+    be->set_precision(GPTC_BF16);
+    be->attention_forward(y, att, qkv, B, T, C, NH, NULL);
+    be->attention_backward(dqkv, datt, dy, y, qkv, att, B, T, C, NH, NULL);
+    be->set_precision(GPTC_FP32);
+    /* the reference: the bf16 attention on fp32 buffers, the backward reading the stored y */
+    cpu_attention_forward_bf16(ry, ratt, wide(qkv, nqkv), B, T, C, NH);
+    cpu_attention_backward_bf16(rdqkv, rdatt, wide(dy, ny), wide(y, ny), wide(qkv, nqkv), ratt,
+                                B, T, C, NH);
+    expect_rounded("attention fwd", y, ry, ny);
+    expect_same("attention fwd probabilities", att, ratt, natt);
+    expect_rounded("attention bwd", dqkv, rdqkv, nqkv);
+}
+
+static void test_adamw_to_act(size_t n) {
+    float *p = f_randn(n, 1, 71), *g = f_randn(n, 1, 72), *m = f_randn(n, 0.1f, 73);
+    float *v = f_randn(n, 0.1f, 74);
+    for (size_t i = 0; i < n; i++) v[i] *= v[i];
+    float *rp = f_copy(p, n), *rm = f_copy(m, n), *rv = f_copy(v, n);
+    uint16_t *pa = act_sentinel(n);
+    be->set_precision(GPTC_BF16);
+    be->adamw(p, pa, g, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, NULL);
+    be->set_precision(GPTC_FP32);
+    be->adamw(rp, NULL, g, rm, rv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, NULL);
+    expect_same("adamw p", p, rp, n);
+    expect_same("adamw m", m, rm, n);
+    expect_same("adamw v", v, rv, n);
+    expect_rounded("adamw p_act", pa, rp, n);
+
+    /* to_act, with ties: 1 + 2^-8 rounds to 1 (even), 1 + 3 * 2^-8 up to 1 + 2^-6 */
+    float *src = f_randn(n, 1, 75);
+    src[0] = 1.0f + 0x1p-8f, src[1] = 1.0f + 0x3p-8f, src[2] = -(1.0f + 0x1p-8f);
+    uint16_t *h = act_sentinel(n);
+    be->set_precision(GPTC_BF16);
+    be->to_act(h, src, n, NULL);
+    expect_rounded("to_act", h, src, n);
+    expect("to_act ties to even", h[0] == 0x3f80 && h[1] == 0x3f82 && h[2] == 0xbf80, h[1]);
+
+    /* under fp32 the parameter copy is a float copy */
+    be->set_precision(GPTC_FP32);
+    float *fa = f_randn(n, 1, 76), *fb = f_copy(src, n);
+    be->to_act(fa, src, n, NULL);
+    be->to_act(fb, fb, n, NULL);
+    expect_same("fp32 to_act copies", fa, src, n);
+    expect_same("fp32 to_act in place", fb, src, n);
+    float *p2 = f_copy(rp, n), *m2 = f_copy(rm, n), *v2 = f_copy(rv, n), *pc = f_randn(n, 1, 77);
+    be->adamw(p2, pc, g, m2, v2, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, NULL);
+    be->adamw(rp, rp, g, rm, rv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, NULL);
+    expect_same("fp32 adamw p_act (a copy)", pc, p2, n);
+    expect_same("fp32 adamw p_act == p", rp, p2, n);
+}
+
+static void test_ops(void) {
+    test_layernorm(37, 72);
+    test_matmul(37, 48, 80, 0);
+    test_matmul(37, 48, 80, 1);
+    test_matmul_gelu(29, 40, 96);
+    test_elementwise(4099);
+    test_embedding(40, 8, 24, 17);
+    test_cross_entropy(13, 300, 290, 0);
+    test_cross_entropy(13, 160, 150, 140); /* a second vocab-parallel rank */
+    test_attention(2, 19, 32, 2);
+    test_adamw_to_act(1000);
+    be->set_precision(GPTC_FP32);
+    while (g_nbufs) free(g_bufs[--g_nbufs]);
+}
+
+/* ------------------------------------------------------------------ part 2: attention */
 
 static double r16(double x) { return (double)bf16_round((float)x); }
 
@@ -148,13 +448,15 @@ static void run(int B, int T, int C, int NH) {
 }
 
 int main(void) {
-    if (!cpu_backend()) return 1; /* loads OpenBLAS */
+    be = cpu_backend(); /* loads OpenBLAS */
+    if (!be) return 1;
+    test_ops();
     run(2, 37, 64, 4);   /* hs 16, a tail past any tile */
     run(1, 130, 128, 2); /* hs 64 */
     if (g_failures) {
         printf("%d check(s) failed\n", g_failures);
         return 1;
     }
-    printf("the CPU's bf16 attention rounds where the kernels do\n");
+    printf("the CPU's bf16 ops round once, and its bf16 attention where the kernels do\n");
     return 0;
 }

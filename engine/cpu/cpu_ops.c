@@ -1,6 +1,8 @@
 /* CPU reference ops. Matrix products go to OpenBLAS; everything else is a loop over
  * rows split across OpenMP threads with a static schedule, so results are bitwise
- * reproducible for a fixed thread count (exact resume depends on that). */
+ * reproducible for a fixed thread count (exact resume depends on that).
+ * Each op is written once, in fp32 (the f32_* kernels); the cpu_* entries at the end of
+ * the file run them on activation-type buffers of either precision. */
 #include "engine/cpu/cpu_ops.h"
 #include "engine/cpu/cpu_blas.h"
 #include "engine/cpu/cpu_math.h"
@@ -14,11 +16,25 @@
 
 enum { MAX_THREADS = 256 };
 
+static gptc_precision g_precision = GPTC_FP32;
+
+void cpu_set_precision(gptc_precision p) { g_precision = p; }
+gptc_precision cpu_get_precision(void) { return g_precision; }
+
+/* n floats of scratch for the bf16 ops; out of memory ends the run */
+static float *scratch_floats(size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    if (!p) {
+        log_error("rank %d: out of memory for bf16 scratch (%zu floats)", log_rank(), n);
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+
 /* ------------------------------------------------------------------ embedding */
 
-void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                           const float *wpe, int N, int T, int C, int v_start, int v_local,
-                           gptc_stream *s) {
+static void f32_embedding_forward(float *out, const int32_t *tokens, const float *wte,
+                                  const float *wpe, int N, int T, int C, int v_start, int v_local) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         int row = tokens[n] - v_start; /* this rank's row of wte, if it holds the token */
@@ -29,9 +45,9 @@ void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte,
     }
 }
 
-void cpu_embedding_backward(float *dwte, float *dwpe, const float *dout,
-                            const int32_t *tokens, int N, int T, int C, int v_start,
-                            int v_local, gptc_stream *s) {
+static void f32_embedding_backward(float *dwte, float *dwpe, const float *dout,
+                                   const int32_t *tokens, int N, int T, int C, int v_start,
+                                   int v_local) {
     /* Rows of dwte collide when a token repeats, so threads split the columns instead:
      * each thread owns a column band of every row and walks the tokens in order. */
     #pragma omp parallel
@@ -55,8 +71,8 @@ void cpu_embedding_backward(float *dwte, float *dwpe, const float *dout,
 
 /* ------------------------------------------------------------------ layernorm */
 
-void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                           const float *w, const float *b, int N, int C, gptc_stream *s) {
+static void f32_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                  const float *w, const float *b, int N, int C) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
@@ -76,9 +92,9 @@ void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *in
     }
 }
 
-void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                            const float *inp, const float *w, const float *mean,
-                            const float *rstd, int N, int C, gptc_stream *s) {
+static void f32_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                                   const float *inp, const float *w, const float *mean,
+                                   const float *rstd, int N, int C) {
     int nt_max = omp_get_max_threads();
     /* partial[thread][2][C]: per-thread dw and db, summed in thread order below */
     float *partial = calloc((size_t)nt_max * 2 * C, sizeof(float));
@@ -122,70 +138,30 @@ void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout
 
 /* ------------------------------------------------------------------ matmul */
 
-static gptc_precision g_precision = GPTC_FP32;
-
-void cpu_set_precision(gptc_precision p) { g_precision = p; }
-
-/* n floats of scratch for the bf16 ops (rounded copies); out of memory ends the run */
-static float *scratch_floats(size_t n) {
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    if (!p) {
-        log_error("rank %d: out of memory for bf16 scratch (%zu floats)", log_rank(), n);
-        exit(EXIT_FAILURE);
-    }
-    return p;
-}
-
-/* A product's operand x[n] as the product reads it: x itself in fp32; in bf16 a copy
- * rounded to bf16 (in *copy, which the caller frees), as the GPU converts its operands. */
-static const float *operand(const float *x, size_t n, float **copy) {
-    *copy = NULL;
-    if (g_precision != GPTC_BF16) return x;
-    float *c = scratch_floats(n);
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) c[i] = bf16_round(x[i]);
-    *copy = c;
-    return c;
-}
-
-void cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                        int N, int IC, int OC, int w_rows_out, gptc_stream *s) {
+static void f32_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                               int N, int IC, int OC, int w_rows_out) {
     float beta = 0.0f;
     if (bias) {
         #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(float) * OC);
         beta = 1.0f;
     }
-    float *inp_copy, *w_copy;
-    const float *a = operand(inp, (size_t)N * IC, &inp_copy);
-    const float *b = operand(w, (size_t)IC * OC, &w_copy);
     cpu_sgemm(CblasNoTrans, w_rows_out ? CblasTrans : CblasNoTrans,
-                N, OC, IC, 1.0f, a, IC, b, w_rows_out ? IC : OC, beta, out, OC);
-    free(inp_copy);
-    free(w_copy);
+                N, OC, IC, 1.0f, inp, IC, w, w_rows_out ? IC : OC, beta, out, OC);
 }
 
-void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                         const float *inp, const float *w, int N, int IC, int OC,
-                         int w_rows_out, gptc_stream *s) {
-    float *dout_copy = NULL, *w_copy = NULL, *inp_copy = NULL;
-    const float *d = dout; /* the bias gradient sums dout itself, in fp32 */
-    if (dinp || dw) d = operand(dout, (size_t)N * OC, &dout_copy);
-    if (dinp) {
-        const float *b = operand(w, (size_t)IC * OC, &w_copy);
+static void f32_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                                const float *inp, const float *w, int N, int IC, int OC,
+                                int w_rows_out) {
+    if (dinp)
         cpu_sgemm(CblasNoTrans, w_rows_out ? CblasNoTrans : CblasTrans,
-                    N, IC, OC, 1.0f, d, OC, b, w_rows_out ? IC : OC, 0.0f, dinp, IC);
-    }
+                    N, IC, OC, 1.0f, dout, OC, w, w_rows_out ? IC : OC, 0.0f, dinp, IC);
     if (dw) {
-        const float *a = operand(inp, (size_t)N * IC, &inp_copy);
         if (w_rows_out) /* dw[OC,IC] += dout^T @ inp */
-            cpu_sgemm(CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, d, OC, a, IC, 1.0f, dw, IC);
+            cpu_sgemm(CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
         else /* dw[IC,OC] += inp^T @ dout */
-            cpu_sgemm(CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, a, IC, d, OC, 1.0f, dw, OC);
+            cpu_sgemm(CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dw, OC);
     }
-    free(dout_copy);
-    free(w_copy);
-    free(inp_copy);
     if (dbias) {
         /* each thread sums its own band of columns over all rows */
         #pragma omp parallel
@@ -200,18 +176,21 @@ void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout
     }
 }
 
+static void f32_gelu_forward(float *out, const float *inp, size_t n);
+static void f32_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
 /* The fused ops are the two steps they fuse: the CPU results stay bit for bit those of
  * the unfused layer. */
-void cpu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
-                             const float *bias, int N, int IC, int OC, gptc_stream *s) {
-    cpu_matmul_forward(pre, inp, w, bias, N, IC, OC, 0, s);
-    cpu_gelu_forward(out, pre, (size_t)N * OC, s);
+static void f32_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
+                                    const float *bias, int N, int IC, int OC) {
+    f32_matmul_forward(pre, inp, w, bias, N, IC, OC, 0);
+    f32_gelu_forward(out, pre, (size_t)N * OC);
 }
 
-void cpu_matmul_dgelu_backward(float *dpre, const float *dout, const float *w, const float *pre,
-                               int N, int IC, int OC, gptc_stream *s) {
-    cpu_matmul_backward(dpre, NULL, NULL, dout, NULL, w, N, IC, OC, 0, s);
-    cpu_gelu_backward(dpre, pre, dpre, (size_t)N * IC, s);
+static void f32_matmul_dgelu_backward(float *dpre, const float *dout, const float *w,
+                                      const float *pre, int N, int IC, int OC) {
+    f32_matmul_backward(dpre, NULL, NULL, dout, NULL, w, N, IC, OC, 0);
+    f32_gelu_backward(dpre, pre, dpre, (size_t)N * IC);
 }
 
 /* ------------------------------------------------------------------ row helpers */
@@ -247,12 +226,8 @@ static float row_max(const float *x, int n) {
 /* Per (batch, head) the products are small GEMMs on strided views of qkv: head h of
  * row t has q at qkv[t*3C + h*hs], k at +C, v at +2C, so no packing copy is needed. */
 
-void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                           int NH, gptc_stream *s) {
-    if (g_precision == GPTC_BF16) {
-        cpu_attention_forward_bf16(out, att, qkv, B, T, C, NH);
-        return;
-    }
+static void f32_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                  int NH) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     /* one (batch, head) per thread: inside a parallel region the OpenMP OpenBLAS runs
@@ -280,13 +255,9 @@ size_t cpu_attention_state_floats(int B, int T, int NH) {
     return (size_t)B * NH * T * T;
 }
 
-void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *out,
-                            const float *qkv, const float *att, int B, int T, int C, int NH,
-                            gptc_stream *s) {
-    if (g_precision == GPTC_BF16) {
-        cpu_attention_backward_bf16(dqkv, datt, dout, out, qkv, att, B, T, C, NH);
-        return;
-    }
+static void f32_attention_backward(float *dqkv, float *datt, const float *dout,
+                                   const float *out, const float *qkv, const float *att, int B,
+                                   int T, int C, int NH) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for schedule(static)
@@ -410,7 +381,7 @@ void cpu_attention_backward_bf16(float *dqkv, float *datt, const float *dout, co
 
 static const float GELU_K = 0.7978845608028654f; /* sqrt(2/pi) */
 
-void cpu_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s) {
+static void f32_gelu_forward(float *out, const float *inp, size_t n) {
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -418,8 +389,7 @@ void cpu_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s) {
     }
 }
 
-void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
-                       gptc_stream *s) {
+static void f32_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -431,7 +401,7 @@ void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t 
     }
 }
 
-void cpu_add(float *out, const float *a, const float *b, size_t n, gptc_stream *s) {
+static void f32_add(float *out, const float *a, const float *b, size_t n) {
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
@@ -448,14 +418,14 @@ void cpu_scale(float *x, float a, size_t n, gptc_stream *s) {
  * all-reduces vanish and this is the plain fused loss. A rank holds Vl columns of the
  * padded vocab starting at global column v_start; only the first v_valid are real. */
 
-void cpu_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid, gptc_stream *s) {
+static void f32_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         mx[n] = v_valid > 0 ? row_max(logits + (size_t)n * Vl, v_valid) : -INFINITY;
 }
 
-void cpu_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
-                      int N, int Vl, int v_valid, int v_start, gptc_stream *s) {
+static void f32_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
+                             int N, int Vl, int v_valid, int v_start) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *row = logits + (size_t)n * Vl;
@@ -465,9 +435,9 @@ void cpu_vocab_expsum(float *stats, float *logits, const float *mx, const int32_
     }
 }
 
-void cpu_vocab_ce_finish(float *losses, float *logits, const float *stats,
-                         const int32_t *targets, int N, int Vl, int v_valid, int v_start,
-                         float dloss, gptc_stream *s) {
+static void f32_vocab_ce_finish(float *losses, float *logits, const float *stats,
+                                const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                                float dloss) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *row = logits + (size_t)n * Vl;
@@ -500,9 +470,8 @@ double cpu_sum_squares(const float *x, size_t n, gptc_stream *s) {
     return total;
 }
 
-void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-               float beta1, float beta2, float eps, float decay, float bc1, float bc2,
-               gptc_stream *s) {
+static void f32_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                      float beta1, float beta2, float eps, float decay, float bc1, float bc2) {
     /* PyTorch's order: decay the weight, update moments, then step by
      * (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps). */
     float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), shrink = 1.0f - lr * decay;
@@ -515,4 +484,300 @@ void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
         v[i] = vi;
         p[i] = p[i] * shrink - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
     }
+}
+
+/* ------------------------------------------------------------------ the activation type */
+
+/* Under GPTC_BF16 each op is its fp32 kernel above between two conversions: its act
+ * inputs are widened to fp32 scratch (exact), the kernel runs unchanged, and each act
+ * output is rounded once as it is stored (a "+=" output is widened too, so that the
+ * kernel adds to its exact old value). One copy of each computation thus serves both
+ * precisions, and a bf16 result is by construction the fp32 op on the same values,
+ * rounded once, which is the contract (engine/backend.h) and what tests/test_cpu_bf16.c
+ * checks. Under GPTC_FP32 the kernels run on the buffers themselves: nothing changes. */
+
+static int bf16(void) { return g_precision == GPTC_BF16; }
+
+/* The scratch of the conversions: one buffer per thread (ops run inline on whichever
+ * thread calls them) that grows to the largest op's need and is kept, so that a training
+ * step allocates nothing once the first has run. */
+static _Thread_local float *g_arena; /* [g_arena_n] */
+static _Thread_local size_t g_arena_n;
+
+/* n floats of scratch (earlier contents are lost); an op takes all it needs at once */
+static float *arena(size_t n) {
+    if (n > g_arena_n) {
+        free(g_arena);
+        g_arena = scratch_floats(n);
+        g_arena_n = n;
+    }
+    return g_arena;
+}
+
+/* The next n floats of an op's scratch region *next */
+static float *take(float **next, size_t n) {
+    float *p = *next;
+    *next += n;
+    return p;
+}
+
+/* The next n floats of *next holding bf16 src[n] widened (exact); NULL for a NULL src */
+static float *unpack(float **next, const gptc_act *src, size_t n) {
+    if (!src) return NULL;
+    const uint16_t *h = src;
+    float *x = take(next, n);
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] = bf16_to_float(h[i]);
+    return x;
+}
+
+/* bf16 dst[n] = x rounded to nearest even, the one rounding of an act output */
+static void pack(gptc_act *dst, const float *x, size_t n) {
+    uint16_t *h = dst;
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) h[i] = bf16_bits(x[i]);
+}
+
+void cpu_to_act(gptc_act *dst, const float *src, size_t n, gptc_stream *s) {
+    if (bf16())
+        pack(dst, src, n);
+    else if (dst != src)
+        memcpy(dst, src, n * sizeof(float));
+}
+
+void cpu_embedding_forward(gptc_act *out, const int32_t *tokens, const gptc_act *wte,
+                           const gptc_act *wpe, int N, int T, int C, int v_start, int v_local,
+                           gptc_stream *s) {
+    if (!bf16()) {
+        f32_embedding_forward(out, tokens, wte, wpe, N, T, C, v_start, v_local);
+        return;
+    }
+    size_t no = (size_t)N * C, nte = (size_t)v_local * C, npe = (size_t)T * C;
+    float *next = arena(no + nte + npe);
+    const float *te = unpack(&next, wte, nte), *pe = unpack(&next, wpe, npe);
+    float *o = take(&next, no);
+    f32_embedding_forward(o, tokens, te, pe, N, T, C, v_start, v_local);
+    pack(out, o, no);
+}
+
+void cpu_embedding_backward(float *dwte, float *dwpe, const gptc_act *dout,
+                            const int32_t *tokens, int N, int T, int C, int v_start,
+                            int v_local, gptc_stream *s) {
+    if (!bf16()) {
+        f32_embedding_backward(dwte, dwpe, dout, tokens, N, T, C, v_start, v_local);
+        return;
+    }
+    size_t nd = (size_t)N * C;
+    float *next = arena(nd);
+    const float *d = unpack(&next, dout, nd);
+    f32_embedding_backward(dwte, dwpe, d, tokens, N, T, C, v_start, v_local);
+}
+
+void cpu_layernorm_forward(gptc_act *out, float *mean, float *rstd, const gptc_act *inp,
+                           const gptc_act *w, const gptc_act *b, int N, int C, gptc_stream *s) {
+    if (!bf16()) {
+        f32_layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+        return;
+    }
+    size_t nx = (size_t)N * C;
+    float *next = arena(2 * nx + 2 * (size_t)C);
+    const float *x = unpack(&next, inp, nx), *wf = unpack(&next, w, C), *bf = unpack(&next, b, C);
+    float *o = take(&next, nx);
+    f32_layernorm_forward(o, mean, rstd, x, wf, bf, N, C);
+    pack(out, o, nx);
+}
+
+void cpu_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
+                            const gptc_act *inp, const gptc_act *w, const float *mean,
+                            const float *rstd, int N, int C, gptc_stream *s) {
+    if (!bf16()) {
+        f32_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+        return;
+    }
+    size_t nx = (size_t)N * C;
+    float *next = arena(3 * nx + (size_t)C);
+    const float *d = unpack(&next, dout, nx), *x = unpack(&next, inp, nx);
+    const float *wf = unpack(&next, w, C);
+    float *dx = unpack(&next, dinp, nx); /* "+=": the kernel adds to the old value */
+    f32_layernorm_backward(dx, dw, db, d, x, wf, mean, rstd, N, C);
+    pack(dinp, dx, nx);
+}
+
+/* The products read the bf16 operands exactly and sum in fp32, as the GPU's do. */
+void cpu_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,
+                        const gptc_act *bias, int N, int IC, int OC, int w_rows_out,
+                        gptc_stream *s) {
+    if (!bf16()) {
+        f32_matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out);
+        return;
+    }
+    size_t nx = (size_t)N * IC, nw = (size_t)IC * OC, no = (size_t)N * OC;
+    float *next = arena(nx + nw + (size_t)OC + no);
+    const float *x = unpack(&next, inp, nx), *wf = unpack(&next, w, nw);
+    const float *bf = unpack(&next, bias, OC);
+    float *o = take(&next, no);
+    f32_matmul_forward(o, x, wf, bf, N, IC, OC, w_rows_out);
+    pack(out, o, no);
+}
+
+void cpu_matmul_backward(gptc_act *dinp, float *dw, float *dbias, const gptc_act *dout,
+                         const gptc_act *inp, const gptc_act *w, int N, int IC, int OC,
+                         int w_rows_out, gptc_stream *s) {
+    if (!bf16()) {
+        f32_matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out);
+        return;
+    }
+    size_t nx = (size_t)N * IC, nw = (size_t)IC * OC, nd = (size_t)N * OC;
+    float *next = arena(nd + nw + 2 * nx);
+    const float *d = unpack(&next, dout, nd);
+    const float *wf = unpack(&next, dinp ? w : NULL, nw), *x = unpack(&next, dw ? inp : NULL, nx);
+    float *dx = dinp ? take(&next, nx) : NULL;
+    f32_matmul_backward(dx, dw, dbias, d, x, wf, N, IC, OC, w_rows_out);
+    if (dinp) pack(dinp, dx, nx);
+}
+
+void cpu_matmul_gelu_forward(gptc_act *out, gptc_act *pre, const gptc_act *inp,
+                             const gptc_act *w, const gptc_act *bias, int N, int IC, int OC,
+                             gptc_stream *s) {
+    if (!bf16()) {
+        f32_matmul_gelu_forward(out, pre, inp, w, bias, N, IC, OC);
+        return;
+    }
+    size_t nx = (size_t)N * IC, nw = (size_t)IC * OC, no = (size_t)N * OC;
+    float *next = arena(nx + nw + (size_t)OC + 2 * no);
+    const float *x = unpack(&next, inp, nx), *wf = unpack(&next, w, nw);
+    const float *bf = unpack(&next, bias, OC);
+    float *p = take(&next, no), *o = take(&next, no);
+    /* the GELU reads the fp32 sum, before pre is rounded (as cuBLASLt's epilogue does) */
+    f32_matmul_gelu_forward(o, p, x, wf, bf, N, IC, OC);
+    pack(pre, p, no);
+    pack(out, o, no);
+}
+
+void cpu_matmul_dgelu_backward(gptc_act *dpre, const gptc_act *dout, const gptc_act *w,
+                               const gptc_act *pre, int N, int IC, int OC, gptc_stream *s) {
+    if (!bf16()) {
+        f32_matmul_dgelu_backward(dpre, dout, w, pre, N, IC, OC);
+        return;
+    }
+    size_t nd = (size_t)N * OC, nw = (size_t)IC * OC, np = (size_t)N * IC;
+    float *next = arena(nd + nw + 2 * np);
+    const float *d = unpack(&next, dout, nd), *wf = unpack(&next, w, nw);
+    const float *p = unpack(&next, pre, np);
+    float *dp = take(&next, np); /* the product times gelu'(pre), rounded once */
+    f32_matmul_dgelu_backward(dp, d, wf, p, N, IC, OC);
+    pack(dpre, dp, np);
+}
+
+/* The bf16 attention kernels round their operands again: a no-op on widened bf16. */
+void cpu_attention_forward(gptc_act *out, float *att, const gptc_act *qkv, int B, int T,
+                           int C, int NH, gptc_stream *s) {
+    if (!bf16()) {
+        f32_attention_forward(out, att, qkv, B, T, C, NH);
+        return;
+    }
+    size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    float *next = arena(nqkv + no);
+    const float *q = unpack(&next, qkv, nqkv);
+    float *o = take(&next, no);
+    cpu_attention_forward_bf16(o, att, q, B, T, C, NH);
+    pack(out, o, no);
+}
+
+void cpu_attention_backward(gptc_act *dqkv, float *datt, const gptc_act *dout,
+                            const gptc_act *out, const gptc_act *qkv, const float *att, int B,
+                            int T, int C, int NH, gptc_stream *s) {
+    if (!bf16()) {
+        f32_attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH);
+        return;
+    }
+    size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    float *next = arena(2 * nqkv + 2 * no);
+    const float *d = unpack(&next, dout, no), *o = unpack(&next, out, no);
+    const float *q = unpack(&next, qkv, nqkv);
+    float *dq = take(&next, nqkv);
+    cpu_attention_backward_bf16(dq, datt, d, o, q, att, B, T, C, NH);
+    pack(dqkv, dq, nqkv);
+}
+
+void cpu_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_stream *s) {
+    if (!bf16()) {
+        f32_gelu_forward(out, inp, n);
+        return;
+    }
+    float *next = arena(2 * n);
+    const float *x = unpack(&next, inp, n);
+    float *o = take(&next, n);
+    f32_gelu_forward(o, x, n);
+    pack(out, o, n);
+}
+
+void cpu_gelu_backward(gptc_act *dinp, const gptc_act *inp, const gptc_act *dout, size_t n,
+                       gptc_stream *s) {
+    if (!bf16()) {
+        f32_gelu_backward(dinp, inp, dout, n);
+        return;
+    }
+    float *next = arena(3 * n);
+    const float *x = unpack(&next, inp, n), *d = unpack(&next, dout, n);
+    float *dx = take(&next, n);
+    f32_gelu_backward(dx, x, d, n);
+    pack(dinp, dx, n);
+}
+
+void cpu_add(gptc_act *out, const gptc_act *a, const gptc_act *b, size_t n, gptc_stream *s) {
+    if (!bf16()) {
+        f32_add(out, a, b, n);
+        return;
+    }
+    float *next = arena(3 * n);
+    const float *af = unpack(&next, a, n), *bf = unpack(&next, b, n);
+    float *o = take(&next, n);
+    f32_add(o, af, bf, n);
+    pack(out, o, n);
+}
+
+void cpu_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_valid,
+                   gptc_stream *s) {
+    if (!bf16()) {
+        f32_vocab_max(mx, logits, N, Vl, v_valid);
+        return;
+    }
+    size_t nl = (size_t)N * Vl;
+    float *next = arena(nl);
+    f32_vocab_max(mx, unpack(&next, logits, nl), N, Vl, v_valid);
+}
+
+void cpu_vocab_expsum(float *stats, gptc_act *logits, const float *mx, const int32_t *targets,
+                      int N, int Vl, int v_valid, int v_start, gptc_stream *s) {
+    if (!bf16()) {
+        f32_vocab_expsum(stats, logits, mx, targets, N, Vl, v_valid, v_start);
+        return;
+    }
+    size_t nl = (size_t)N * Vl;
+    float *next = arena(nl);
+    float *l = unpack(&next, logits, nl);
+    f32_vocab_expsum(stats, l, mx, targets, N, Vl, v_valid, v_start); /* sums the fp32 exps */
+    pack(logits, l, nl);
+}
+
+void cpu_vocab_ce_finish(float *losses, gptc_act *logits, const float *stats,
+                         const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                         float dloss, gptc_stream *s) {
+    if (!bf16()) {
+        f32_vocab_ce_finish(losses, logits, stats, targets, N, Vl, v_valid, v_start, dloss);
+        return;
+    }
+    size_t nl = (size_t)N * Vl;
+    float *next = arena(nl);
+    float *l = unpack(&next, logits, nl); /* the exps as stored, rounded */
+    f32_vocab_ce_finish(losses, l, stats, targets, N, Vl, v_valid, v_start, dloss);
+    pack(logits, l, nl);
+}
+
+void cpu_adamw(float *p, gptc_act *p_act, const float *g, float *m, float *v, size_t n,
+               float lr, float beta1, float beta2, float eps, float decay, float bc1, float bc2,
+               gptc_stream *s) {
+    f32_adamw(p, g, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2);
+    if (p_act && p_act != p) cpu_to_act(p_act, p, n, s);
 }
