@@ -6,6 +6,7 @@
 #include "parallel/comm_nccl.h"
 #include "parallel/comm_task.h"
 
+#include "engine/bf16.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/log.h"
 #include "engine/nvtx.h"
@@ -356,22 +357,28 @@ static void do_reduce_scatter(comm_group *g, const float *send, float *recv, siz
     else reduce_scatter_pieces(g, send, recv, n);
 }
 
+/* How elements of t travel when nothing adds them: bf16 as its 16 bits. */
+static MPI_Datatype mpi_type(gptc_precision t) { return t == GPTC_BF16 ? MPI_UINT16_T : MPI_FLOAT; }
+
 /* Above max_count each rank broadcasts its block piece by piece, for the same reason as
  * reduce_scatter_pieces. */
-static void do_allgather(comm_group *g, const float *send, float *recv, size_t n) {
-    float *mine = recv + (size_t)g->rank * n;
+static void do_allgather(comm_group *g, const gptc_act *send, gptc_act *recv, size_t n,
+                         gptc_precision t) {
+    size_t e = gptc_act_bytes(t);
+    MPI_Datatype type = mpi_type(t);
+    char *mine = (char *)recv + (size_t)g->rank * n * e;
     int in_place = send == mine;
     size_t p = piece_size();
     if (n <= p) {
-        ok(g, "MPI_Allgather", MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)n, MPI_FLOAT,
-                                             recv, (int)n, MPI_FLOAT, g->comm));
+        ok(g, "MPI_Allgather", MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)n, type, recv,
+                                             (int)n, type, g->comm));
         return;
     }
-    if (!in_place) memcpy(mine, send, n * sizeof(float));
+    if (!in_place) memcpy(mine, send, n * e);
     for (int r = 0; r < g->size; r++)
         for (size_t k = 0; k * p < n; k++)
-            if (!ok(g, "MPI_Bcast", MPI_Bcast(recv + (size_t)r * n + k * p, piece_len(n, p, k),
-                                              MPI_FLOAT, r, g->comm)))
+            if (!ok(g, "MPI_Bcast", MPI_Bcast((char *)recv + ((size_t)r * n + k * p) * e,
+                                              piece_len(n, p, k), type, r, g->comm)))
                 return;
 }
 
@@ -449,6 +456,58 @@ static void do_sendrecv(comm_group *g, const char *sendbuf, size_t send_bytes, i
     }
 }
 
+/* ---- bf16 sums: in fp32, rounded once ---- */
+
+/* A bf16 sum travels as fp32: each rank widens its elements (exactly), MPI sums the floats
+ * and each element of the sum is rounded once, so the result is bf16 of the fp32 sum, the
+ * same on every rank, whatever order MPI adds in. Summing the bf16 bits pairwise instead
+ * would round every partial sum. The fp32 copy belongs to the op and lives only while it
+ * runs: ops of other groups run at the same time on other threads. Failing to get it
+ * would leave the peers waiting in the op, so the job ends, saying why. */
+static float *widened(comm_group *g, const char *op, const uint16_t *h, size_t n) {
+    float *f = malloc((n ? n : 1) * sizeof *f); /* [n] */
+    if (!f) {
+        int world_rank = -1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+        log_error("rank %d: bf16 %s on %s: no memory for its fp32 copy (%zu floats)",
+                  world_rank, op, g->name, n);
+        exit(EXIT_FAILURE);
+    }
+    for (size_t i = 0; i < n; i++) f[i] = bf16_to_float(h[i]);
+    return f;
+}
+
+static void narrow(uint16_t *h, const float *f, size_t n) {
+    for (size_t i = 0; i < n; i++) h[i] = bf16_bits(f[i]);
+}
+
+static void do_allreduce_act(comm_group *g, gptc_act *buf, size_t n, gptc_precision t,
+                             MPI_Op op) {
+    if (t == GPTC_FP32) {
+        do_allreduce(g, buf, n, op);
+        return;
+    }
+    float *wide = widened(g, "allreduce", buf, n); /* [n] */
+    do_allreduce(g, wide, n, op);
+    narrow(buf, wide, n);
+    free(wide);
+}
+
+/* The fp32 copy of all of send is reduced in place, so an in-place call and the other
+ * differ only in where this rank's block is rounded to. */
+static void do_reduce_scatter_act(comm_group *g, const gptc_act *send, gptc_act *recv,
+                                  size_t n, gptc_precision t) {
+    if (t == GPTC_FP32) {
+        do_reduce_scatter(g, send, recv, n);
+        return;
+    }
+    float *wide = widened(g, "reduce_scatter", send, (size_t)g->size * n); /* [size * n] */
+    float *mine = wide + (size_t)g->rank * n;                             /* [n] */
+    do_reduce_scatter(g, wide, mine, n);
+    narrow(recv, mine, n);
+    free(wide);
+}
+
 /* ---- issuing on a stream ---- */
 
 
@@ -508,9 +567,11 @@ static void run_task(const comm_task *t) {
 
 static void run_op(const comm_task *t) {
     switch (t->kind) {
-    case OP_ALLREDUCE: do_allreduce(t->g, t->recv, t->recv_n, t->op); break;
-    case OP_REDUCE_SCATTER: do_reduce_scatter(t->g, t->send, t->recv, t->recv_n); break;
-    case OP_ALLGATHER: do_allgather(t->g, t->send, t->recv, t->send_n); break;
+    case OP_ALLREDUCE: do_allreduce_act(t->g, t->recv, t->recv_n, t->type, t->op); break;
+    case OP_REDUCE_SCATTER:
+        do_reduce_scatter_act(t->g, t->send, t->recv, t->recv_n, t->type);
+        break;
+    case OP_ALLGATHER: do_allgather(t->g, t->send, t->recv, t->send_n, t->type); break;
     case OP_BROADCAST: do_broadcast(t->g, t->recv, t->recv_n, t->peer); break;
     case OP_REDUCE: do_reduce(t->g, t->recv, t->recv_n, t->peer); break;
     case OP_SEND: do_send(t->g, t->send, t->send_n, t->peer, t->tag); break;
@@ -535,11 +596,12 @@ typedef struct {
     int read, written;
 } region;
 
+/* The reduce's type is always fp32 (its task leaves type at 0, GPTC_FP32). */
 static size_t elem_size(const comm_task *t) {
     return t->kind == OP_BROADCAST || t->kind == OP_SEND || t->kind == OP_RECV ||
                    t->kind == OP_SENDRECV
                ? 1
-               : sizeof(float);
+               : gptc_act_bytes(t->type);
 }
 
 /* [0] the send buffer, [1] the receive buffer; bytes 0 where the op has none */
@@ -738,22 +800,42 @@ static void issue(comm_task t, gptc_stream *s) {
     t.g->be->launch_host_func(s, run_and_free, copy);
 }
 
+void comm_allreduce_sum_act(comm_group *g, gptc_act *buf, size_t n, gptc_precision t,
+                            gptc_stream *s) {
+    issue((comm_task){.kind = OP_ALLREDUCE, .g = g, .recv = buf, .recv_n = n, .op = MPI_SUM,
+                      .type = t},
+          s);
+}
+
 void comm_allreduce_sum(comm_group *g, float *buf, size_t n, gptc_stream *s) {
-    issue((comm_task){.kind = OP_ALLREDUCE, .g = g, .recv = buf, .recv_n = n, .op = MPI_SUM}, s);
+    comm_allreduce_sum_act(g, buf, n, GPTC_FP32, s);
 }
 
 void comm_allreduce_max(comm_group *g, float *buf, size_t n, gptc_stream *s) {
     issue((comm_task){.kind = OP_ALLREDUCE, .g = g, .recv = buf, .recv_n = n, .op = MPI_MAX}, s);
 }
 
+void comm_reduce_scatter_sum_act(comm_group *g, const gptc_act *send, gptc_act *recv, size_t n,
+                                 gptc_precision t, gptc_stream *s) {
+    issue((comm_task){.kind = OP_REDUCE_SCATTER, .g = g, .send = send, .recv = recv, .recv_n = n,
+                      .type = t},
+          s);
+}
+
 void comm_reduce_scatter_sum(comm_group *g, const float *send, float *recv, size_t n,
                              gptc_stream *s) {
-    issue((comm_task){.kind = OP_REDUCE_SCATTER, .g = g, .send = send, .recv = recv, .recv_n = n},
+    comm_reduce_scatter_sum_act(g, send, recv, n, GPTC_FP32, s);
+}
+
+void comm_allgather_act(comm_group *g, const gptc_act *send, gptc_act *recv, size_t n,
+                        gptc_precision t, gptc_stream *s) {
+    issue((comm_task){.kind = OP_ALLGATHER, .g = g, .send = send, .recv = recv, .send_n = n,
+                      .type = t},
           s);
 }
 
 void comm_allgather(comm_group *g, const float *send, float *recv, size_t n, gptc_stream *s) {
-    issue((comm_task){.kind = OP_ALLGATHER, .g = g, .send = send, .recv = recv, .send_n = n}, s);
+    comm_allgather_act(g, send, recv, n, GPTC_FP32, s);
 }
 
 void comm_broadcast(comm_group *g, void *buf, size_t bytes, int root, gptc_stream *s) {

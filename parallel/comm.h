@@ -84,8 +84,11 @@ void comm_reduce_scatter_sum(comm_group *g, const float *send, float *recv, size
  * send == recv + rank * n. */
 void comm_allgather(comm_group *g, const float *send, float *recv, size_t n, gptc_stream *s);
 /* The same three on elements of the activation type of precision t (engine/backend.h):
- * float, or bfloat16 (activations under train.precision = bf16). bf16 sums: on MPI,
- * summed in fp32 and rounded to bf16 once per element; on NCCL, ncclBfloat16. */
+ * float, or bfloat16 (activations under train.precision = bf16); counts are elements.
+ * GPTC_FP32 is exactly the float functions above. bf16 sums: on MPI, summed in fp32 and
+ * rounded to bf16 once per element (bf16 of the fp32 sum, the same on every rank); on
+ * NCCL, ncclBfloat16, whose partial sums are rounded as they pass between ranks. The
+ * all-gather copies the bits. */
 void comm_allreduce_sum_act(comm_group *g, gptc_act *buf, size_t n, gptc_precision t,
                             gptc_stream *s);
 void comm_reduce_scatter_sum_act(comm_group *g, const gptc_act *send, gptc_act *recv, size_t n,

@@ -87,26 +87,30 @@ int comm_nccl_split(comm_group *parent, comm_group *g, int color, int key,
     return 0;
 }
 
-/* ncclAllReduce and friends count elements of one type; byte-sized ops go as ncclChar */
+/* ncclAllReduce and friends count elements of one type: the task's type for the
+ * all-reduce, reduce-scatter and all-gather (bf16 sums are NCCL's own: it rounds partial
+ * sums as they pass between ranks, unlike the MPI path's one rounding), float for the
+ * reduce; byte-sized ops go as ncclChar. */
 void comm_nccl_issue(const comm_task *t, gptc_stream *s) {
     comm_group *g = t->g;
     ncclComm_t c = (ncclComm_t)g->nccl;
     cudaStream_t cs = cuda_stream_of(s);
+    ncclDataType_t type = t->type == GPTC_BF16 ? ncclBfloat16 : ncclFloat32;
     ncclResult_t rc = ncclSuccess;
     const char *call = "nccl";
     switch (t->kind) {
     case OP_ALLREDUCE:
         call = "ncclAllReduce";
-        rc = ncclAllReduce(t->recv, t->recv, t->recv_n, ncclFloat32,
+        rc = ncclAllReduce(t->recv, t->recv, t->recv_n, type,
                            t->op == MPI_MAX ? ncclMax : ncclSum, c, cs);
         break;
     case OP_REDUCE_SCATTER:
         call = "ncclReduceScatter";
-        rc = ncclReduceScatter(t->send, t->recv, t->recv_n, ncclFloat32, ncclSum, c, cs);
+        rc = ncclReduceScatter(t->send, t->recv, t->recv_n, type, ncclSum, c, cs);
         break;
     case OP_ALLGATHER:
         call = "ncclAllGather";
-        rc = ncclAllGather(t->send, t->recv, t->send_n, ncclFloat32, c, cs);
+        rc = ncclAllGather(t->send, t->recv, t->send_n, type, c, cs);
         break;
     case OP_BROADCAST:
         call = "ncclBroadcast";

@@ -12,8 +12,8 @@ typedef enum {
 } op_kind;
 
 /* Everything an op needs, copied when it is issued: the caller's stack is gone by the
- * time a stream thread runs it. Counts are floats for the reductions and gathers, bytes
- * otherwise. */
+ * time a stream thread runs it. Counts are elements of type for the all-reduce,
+ * reduce-scatter and all-gather, floats for the reduce, bytes otherwise. */
 typedef struct {
     op_kind kind;
     comm_group *g;
@@ -21,6 +21,7 @@ typedef struct {
     void *recv;
     size_t send_n, recv_n;
     MPI_Op op; /* of the all-reduce */
+    gptc_precision type; /* element type of the all-reduce, reduce-scatter, all-gather */
     int peer;  /* root (broadcast), destination (send, sendrecv) or source (recv) */
     int src;   /* source of sendrecv */
     int tag;

@@ -1,20 +1,25 @@
 /* The MPI communication layer on 4 ranks: every op on world and on the grid groups of two
  * layouts (tp=2,pp=2,dp=1 and tp=1,pp=2,dp=2), in place and not, issued on the caller and
- * on comm streams; the path for counts above INT_MAX (with the piece size lowered);
- * ordering through events and host functions; and errors that are reported, not fatal.
+ * on comm streams; the collectives on the activation type (fp32 and bf16); the path for
+ * counts above INT_MAX (with the piece size lowered); the host-staged path of device
+ * backends (on a CPU table that claims device memory); ordering through events and host
+ * functions; and errors that are reported, not fatal.
  *
  * Rank w contributes value(w, i) at index i: the power of two says which ranks entered a
  * sum and the 16*i term which element it is, so a wrong group, block or offset shows as a
  * wrong exact integer. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <mpi.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "engine/backend.h"
+#include "engine/bf16.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 
@@ -155,6 +160,150 @@ static void test_broadcast(const team *t, size_t n, gptc_stream *s) {
     free(buf);
 }
 
+/* ---- collectives on the activation type ---- */
+
+/* Rank w's element i of an act buffer: a power of two, so fp32 and bf16 buffers hold it
+ * exactly. Rank i % 4 gives 256 and the others 1 or 2, their pattern
+ * cycling through every combination as i/4 grows; the power of two sets elements apart.
+ * Any group's sum is exact in fp32 whatever the order (all are multiples of one power of
+ * two, at most 262 of it), so the expected bf16 sum is that sum rounded once, while many
+ * sums (259, 261) are ties that rounding partial sums (256 + 1 -> 256) gets wrong. */
+static float act_value(int w, size_t i) {
+    int m = w == (int)(i % 4) ? 256 : 1 + (int)((i / 4 >> w) & 1);
+    return ldexpf((float)m, (int)(i % 61) - 30);
+}
+
+static void act_put(gptc_act *buf, size_t i, gptc_precision t, float x) {
+    if (t == GPTC_BF16) ((uint16_t *)buf)[i] = bf16_bits(x);
+    else ((float *)buf)[i] = x;
+}
+
+/* Element i's bits: results are compared bit for bit. */
+static uint32_t act_bits(const gptc_act *buf, size_t i, gptc_precision t) {
+    if (t == GPTC_BF16) return ((const uint16_t *)buf)[i];
+    uint32_t u;
+    memcpy(&u, (const float *)buf + i, sizeof u);
+    return u;
+}
+
+/* x as an element of t: one rounding to bf16 */
+static uint32_t act_bits_of(float x, gptc_precision t) {
+    float b; /* room for either type */
+    act_put(&b, 0, t, x);
+    return act_bits(&b, 0, t);
+}
+
+static uint32_t act_sum_bits(const team *t, size_t i, gptc_precision type) {
+    float s = 0;
+    for (int r = 0; r < t->g->size; r++) s += act_value(t->members[r], i);
+    return act_bits_of(s, type);
+}
+
+static gptc_act *acts(size_t n, gptc_precision t) {
+    gptc_act *p = malloc((n ? n : 1) * gptc_act_bytes(t));
+    if (!p) {
+        printf("out of memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    return p;
+}
+
+/* 1 when every rank of the group holds the same bytes as group rank 0. */
+static int same_on_group(const team *t, const void *buf, size_t bytes) {
+    char *first = malloc(bytes ? bytes : 1);
+    if (t->g->rank == 0) memcpy(first, buf, bytes);
+    MPI_Bcast(first, (int)bytes, MPI_BYTE, 0, t->g->comm);
+    int same = memcmp(first, buf, bytes) == 0, all = 0;
+    MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, t->g->comm);
+    free(first);
+    return all;
+}
+
+static const char *type_name(gptc_precision t) { return t == GPTC_BF16 ? "bf16" : "fp32"; }
+
+static void test_allreduce_act(const team *t, size_t n, gptc_precision type, gptc_stream *s) {
+    gptc_act *buf = acts(n, type);
+    for (size_t i = 0; i < n; i++) act_put(buf, i, type, act_value(me(t), i));
+    comm_allreduce_sum_act(t->g, buf, n, type, s);
+    finish(t, s);
+    size_t bad = n;
+    for (size_t i = 0; i < n && bad == n; i++)
+        if (act_bits(buf, i, type) != act_sum_bits(t, i, type)) bad = i;
+    check(bad == n, "%s allreduce on %s n=%zu: element %zu", type_name(type), t->g->name, n, bad);
+    check(same_on_group(t, buf, n * gptc_act_bytes(type)), "%s allreduce on %s n=%zu: ranks differ",
+          type_name(type), t->g->name, n);
+    free(buf);
+}
+
+static void test_reduce_scatter_act(const team *t, size_t n, gptc_precision type,
+                                    gptc_stream *s) {
+    size_t size = (size_t)t->g->size, rank = (size_t)t->g->rank;
+    gptc_act *send = acts(size * n, type), *recv = acts(n, type);
+    for (int in_place = 0; in_place < 2; in_place++) {
+        for (size_t j = 0; j < size * n; j++) act_put(send, j, type, act_value(me(t), j));
+        for (size_t i = 0; i < n; i++) act_put(recv, i, type, -1);
+        gptc_act *out = in_place ? gptc_act_at(send, rank * n, type) : recv;
+        comm_reduce_scatter_sum_act(t->g, send, out, n, type, s);
+        finish(t, s);
+        size_t bad = n;
+        for (size_t i = 0; i < n && bad == n; i++)
+            if (act_bits(out, i, type) != act_sum_bits(t, rank * n + i, type)) bad = i;
+        check(bad == n, "%s%s reduce_scatter on %s n=%zu: element %zu", type_name(type),
+              in_place ? " in-place" : "", t->g->name, n, bad);
+        size_t changed = size * n;
+        for (size_t j = 0; j < size * n && changed == size * n && !in_place; j++)
+            if (act_bits(send, j, type) != act_bits_of(act_value(me(t), j), type)) changed = j;
+        check(changed == size * n, "%s reduce_scatter on %s n=%zu wrote send element %zu",
+              type_name(type), t->g->name, n, changed);
+    }
+    free(send);
+    free(recv);
+}
+
+static void test_allgather_act(const team *t, size_t n, gptc_precision type, gptc_stream *s) {
+    size_t size = (size_t)t->g->size, rank = (size_t)t->g->rank;
+    gptc_act *send = acts(n, type), *recv = acts(size * n, type);
+    for (size_t i = 0; i < n; i++) act_put(send, i, type, act_value(me(t), i));
+    for (int in_place = 0; in_place < 2; in_place++) {
+        for (size_t j = 0; j < size * n; j++) act_put(recv, j, type, -1);
+        gptc_act *mine = gptc_act_at(recv, rank * n, type);
+        if (in_place) memcpy(mine, send, n * gptc_act_bytes(type));
+        comm_allgather_act(t->g, in_place ? mine : send, recv, n, type, s);
+        finish(t, s);
+        size_t bad = size * n;
+        for (size_t j = 0; j < size * n && bad == size * n; j++)
+            if (act_bits(recv, j, type) != act_bits_of(act_value(t->members[j / n], j % n), type))
+                bad = j;
+        check(bad == size * n, "%s%s allgather on %s n=%zu: element %zu", type_name(type),
+              in_place ? " in-place" : "", t->g->name, n, bad);
+        check(same_on_group(t, recv, size * n * gptc_act_bytes(type)),
+              "%s allgather on %s n=%zu: ranks differ", type_name(type), t->g->name, n);
+    }
+    free(send);
+    free(recv);
+}
+
+static void test_act(const team *t, size_t n, gptc_stream *s) {
+    for (int k = 0; k < 2; k++) {
+        gptc_precision type = k ? GPTC_BF16 : GPTC_FP32;
+        test_allreduce_act(t, n, type, s);
+        test_reduce_scatter_act(t, n, type, s);
+        test_allgather_act(t, n, type, s);
+    }
+}
+
+/* The values above test the one rounding only if some sums are not bf16 numbers. */
+static void test_act_values_round(void) {
+    int inexact = 0;
+    for (size_t i = 0; i < 1000; i++) {
+        float s = 0;
+        for (int w = 0; w < 4; w++) s += act_value(w, i);
+        inexact += bf16_round(s) != s;
+    }
+    check(inexact > 100 && bf16_bits(259.0f) == 0x4382 && bf16_bits(257.0f) == 0x4380,
+          "bf16 test values: %d of 1000 world sums round", inexact);
+}
+
 /* ---- point to point ---- */
 
 /* Ring: each rank sends to the next and receives from the previous. On the caller, even
@@ -224,6 +373,7 @@ static void test_group(const team *t, gptc_stream *s1, gptc_stream *s2) {
             test_allreduce(t, n, s);
             test_reduce_scatter(t, n, s);
             test_allgather(t, n, s);
+            test_act(t, n, s);
             test_broadcast(t, n, s);
             test_ring(t, n, s, on_stream ? s2 : NULL);
             test_sendrecv(t, n, s);
@@ -445,6 +595,7 @@ static void test_pieces(const team *world, gptc_stream *s1, gptc_stream *s2) {
             test_allreduce(world, n, s);
             test_reduce_scatter(world, n, s);
             test_allgather(world, n, s);
+            test_act(world, n, s);
             test_broadcast(world, n, s);
             test_ring(world, n, s, on_stream ? s2 : NULL);
             test_sendrecv(world, n, s);
@@ -453,6 +604,26 @@ static void test_pieces(const team *world, gptc_stream *s1, gptc_stream *s2) {
     comm_set_max_count_for_testing(0);
     check(comm_error(world->g) == NULL, "no error in pieces: %s",
           comm_error(world->g) ? comm_error(world->g) : "");
+}
+
+/* ---- MPI on host copies of device buffers ---- */
+
+/* A device backend's groups stage every op through host buffers (GPTC_TEST_STAGED does
+ * the same for whole runs): here a copy of the CPU table that claims device memory, its
+ * streams being the CPU's. Its world group takes MPI like the first world did (the
+ * backend is decided once, for a host backend here), so its ops take the staged path. */
+static void test_staged(const gptc_backend *be, gptc_stream *s1, gptc_stream *s2) {
+    gptc_backend device = *be;
+    device.on_device = 1;
+    comm_group g;
+    if (comm_world(&g, &device) != 0) {
+        check(0, "comm_world on the staged table: %s", comm_error(&g) ? comm_error(&g) : "");
+        return;
+    }
+    team t = {&g, {0, 1, 2, 3}};
+    test_group(&t, s1, s2);
+    test_pieces(&t, s1, s2);
+    comm_group_free(&g);
 }
 
 /* ---- errors come back, they do not abort ---- */
@@ -510,6 +681,8 @@ int main(int argc, char **argv) {
     test_layout(be, 1, 2, 2, s1, s2);
     test_bad_grid(be);
     test_pieces(&wt, s1, s2);
+    test_act_values_round();
+    test_staged(be, s1, s2);
     test_overlap(&wt, be, s1);
     test_two_streams(&wt, &world2, be, s1, s2);
     test_rerecorded_event(&wt, be, s1);
