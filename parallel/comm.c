@@ -508,6 +508,18 @@ static void do_reduce_scatter_act(comm_group *g, const gptc_act *send, gptc_act 
     free(wide);
 }
 
+/* Only root's sum is kept, so only root rounds (other ranks' buffers are only read). */
+static void do_reduce_act(comm_group *g, gptc_act *buf, size_t n, int root, gptc_precision t) {
+    if (t == GPTC_FP32) {
+        do_reduce(g, buf, n, root);
+        return;
+    }
+    float *wide = widened(g, "reduce", buf, n); /* [n] */
+    do_reduce(g, wide, n, root);
+    if (g->rank == root) narrow(buf, wide, n);
+    free(wide);
+}
+
 /* ---- issuing on a stream ---- */
 
 
@@ -573,7 +585,7 @@ static void run_op(const comm_task *t) {
         break;
     case OP_ALLGATHER: do_allgather(t->g, t->send, t->recv, t->send_n, t->type); break;
     case OP_BROADCAST: do_broadcast(t->g, t->recv, t->recv_n, t->peer); break;
-    case OP_REDUCE: do_reduce(t->g, t->recv, t->recv_n, t->peer); break;
+    case OP_REDUCE: do_reduce_act(t->g, t->recv, t->recv_n, t->peer, t->type); break;
     case OP_SEND: do_send(t->g, t->send, t->send_n, t->peer, t->tag); break;
     case OP_RECV: do_recv(t->g, t->recv, t->recv_n, t->peer, t->tag); break;
     case OP_SENDRECV:
@@ -596,7 +608,6 @@ typedef struct {
     int read, written;
 } region;
 
-/* The reduce's type is always fp32 (its task leaves type at 0, GPTC_FP32). */
 static size_t elem_size(const comm_task *t) {
     return t->kind == OP_BROADCAST || t->kind == OP_SEND || t->kind == OP_RECV ||
                    t->kind == OP_SENDRECV
@@ -843,8 +854,15 @@ void comm_broadcast(comm_group *g, void *buf, size_t bytes, int root, gptc_strea
           s);
 }
 
+void comm_reduce_sum_act(comm_group *g, gptc_act *buf, size_t n, int root, gptc_precision t,
+                         gptc_stream *s) {
+    issue((comm_task){.kind = OP_REDUCE, .g = g, .recv = buf, .recv_n = n, .peer = root,
+                      .type = t},
+          s);
+}
+
 void comm_reduce_sum(comm_group *g, float *buf, size_t n, int root, gptc_stream *s) {
-    issue((comm_task){.kind = OP_REDUCE, .g = g, .recv = buf, .recv_n = n, .peer = root}, s);
+    comm_reduce_sum_act(g, buf, n, root, GPTC_FP32, s);
 }
 
 void comm_send(comm_group *g, const void *buf, size_t bytes, int peer, int tag, gptc_stream *s) {

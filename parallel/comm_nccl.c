@@ -118,7 +118,7 @@ void comm_nccl_issue(const comm_task *t, gptc_stream *s) {
         break;
     case OP_REDUCE:
         call = "ncclReduce";
-        rc = ncclReduce(t->recv, t->recv, t->recv_n, ncclFloat32, ncclSum, t->peer, c, cs);
+        rc = ncclReduce(t->recv, t->recv, t->recv_n, type, ncclSum, t->peer, c, cs);
         break;
     case OP_SEND:
         call = "ncclSend";
