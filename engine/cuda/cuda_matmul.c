@@ -2,9 +2,17 @@
  * column-major [C,R] matrix of its transpose. So y[N,OC] = x[N,IC] @ W[IC,OC] is issued as
  * y^T (OC x N) = W^T (OC x IC) @ x^T (IC x N), with every buffer passed as it lies.
  *
+ * Types: under fp32 every matrix, the bias and the aux matrix are CUDA_R_32F. Under bf16
+ * the operands (inputs, weights, dout) are CUDA_R_16BF, and so are the outputs that are
+ * activations (out, dinp, the GELU epilogue's pre and out, dpre), the bias and the aux
+ * matrix; the weight gradient is CUDA_R_32F (C = D, accumulated with beta = 1). Both
+ * compute in CUBLAS_COMPUTE_32F with fp32 scales: the epilogue (bias, GELU, GELU') acts
+ * on the fp32 accumulator, and a bf16 D or aux is rounded once, when stored.
+ *
  * Choosing an algorithm (the heuristic query) costs tens of microseconds, as much as a
  * small GEMM, so each distinct problem is planned once: a small table keyed by shape,
- * transposes, epilogue, beta and pointer alignment keeps its descriptors and algorithm.
+ * transposes, types, epilogue, beta and pointer alignment keeps its descriptors and
+ * algorithm.
  * All products run on one workspace; that is safe because only the compute stream
  * issues them. */
 #include "engine/cuda/cuda_matmul.h"
@@ -29,7 +37,8 @@ typedef struct {
     int ta, tb, m, n, k, lda, ldb, ldc, bias, accumulate;
     int epi, ldaux; /* EPI_*, and the aux matrix's leading dimension */
     int unfused;    /* cuBLASLt has no algorithm with this epilogue: the caller runs it apart */
-    cublasComputeType_t compute;
+    cudaDataType_t ab_type; /* A and B (the activation type) */
+    cudaDataType_t c_type;  /* C and D; the bias and the aux matrix are of this type too */
     int align[4]; /* bytes: A, B, C, bias */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
@@ -38,9 +47,8 @@ typedef struct {
 
 static struct {
     cublasLtHandle_t lt;
-    /* CUBLAS_COMPUTE_32F: strict fp32 (no TF32). precision = bf16: _FAST_16BF, which
-     * converts both fp32 operands to bf16 for the tensor cores and accumulates in fp32 */
-    cublasComputeType_t compute;
+    gptc_precision precision;
+    cudaDataType_t act; /* the activation type: CUDA_R_32F, or CUDA_R_16BF under bf16 */
     void *workspace; /* [WORKSPACE_BYTES] */
     plan plans[PLAN_SLOTS];
 } g;
@@ -52,11 +60,12 @@ static void lt_check(cublasStatus_t rc, const char *what) {
 }
 
 void cuda_matmul_set_precision(gptc_precision p) {
-    g.compute = p == GPTC_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+    g.precision = p;
+    g.act = p == GPTC_BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
 int cuda_matmul_init(char *err, size_t errlen) {
-    g.compute = CUBLAS_COMPUTE_32F;
+    cuda_matmul_set_precision(GPTC_FP32);
     cublasStatus_t rc = cublasLtCreate(&g.lt);
     if (rc != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "train.device = cuda: cuBLASLt failed to start (%s)",
@@ -72,11 +81,11 @@ int cuda_matmul_init(char *err, size_t errlen) {
 }
 
 /* The largest power of two (up to 256) dividing the address: cuBLASLt picks its
- * vectorised kernels by the alignment it is promised. */
+ * vectorised kernels by the alignment it is promised. A bf16 view may lie on 2 bytes. */
 static int alignment(const void *p) {
     uintptr_t a = (uintptr_t)p;
     int bytes = 256;
-    while (bytes > 4 && a % (uintptr_t)bytes) bytes /= 2;
+    while (bytes > 2 && a % (uintptr_t)bytes) bytes /= 2;
     return bytes;
 }
 
@@ -106,7 +115,8 @@ static plan *make_plan(const plan *key) {
         p = &g.plans[0];
     }
     *p = *key;
-    lt_check(cublasLtMatmulDescCreate(&p->op, key->compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    /* strict fp32 accumulation (no TF32) for fp32 and bf16 operands alike */
+    lt_check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     cublasOperation_t ta = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t tb = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     set_op(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
@@ -115,16 +125,20 @@ static plan *make_plan(const plan *key) {
     if (key->epi == EPI_GELU_AUX) epi = key->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     if (key->epi == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
     set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-    if (key->epi != EPI_NONE) {
+    if (key->bias) { /* the default (D's type) is ours too, but a wrong guess reads garbage */
+        int32_t bt = (int32_t)key->c_type;
+        set_op(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+    }
+    if (key->epi != EPI_NONE) { /* the aux matrix takes D's type, the default */
         int64_t ld = key->ldaux;
         set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
     }
     /* stored shapes: op(A) is m x k, op(B) is k x n */
-    lt_check(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, key->ta ? key->k : key->m,
+    lt_check(cublasLtMatrixLayoutCreate(&p->a, key->ab_type, key->ta ? key->k : key->m,
                                         key->ta ? key->m : key->k, key->lda), "layout A");
-    lt_check(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, key->tb ? key->n : key->k,
+    lt_check(cublasLtMatrixLayoutCreate(&p->b, key->ab_type, key->tb ? key->n : key->k,
                                         key->tb ? key->k : key->n, key->ldb), "layout B");
-    lt_check(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, key->m, key->n, key->ldc), "layout C");
+    lt_check(cublasLtMatrixLayoutCreate(&p->c, key->c_type, key->m, key->n, key->ldc), "layout C");
 
     cublasLtMatmulPreference_t pref;
     lt_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -166,7 +180,8 @@ static plan *find_plan(const plan *key) {
         plan *q = &g.plans[i];
         if (q->used && q->ta == key->ta && q->tb == key->tb && q->m == key->m && q->n == key->n &&
             q->k == key->k && q->lda == key->lda && q->ldb == key->ldb && q->ldc == key->ldc &&
-            q->bias == key->bias && q->accumulate == key->accumulate && q->compute == key->compute &&
+            q->bias == key->bias && q->accumulate == key->accumulate && q->ab_type == key->ab_type &&
+            q->c_type == key->c_type &&
             q->epi == key->epi && q->ldaux == key->ldaux &&
             memcmp(q->align, key->align, sizeof q->align) == 0)
             return q;
@@ -174,23 +189,26 @@ static plan *find_plan(const plan *key) {
     return make_plan(key);
 }
 
-/* C (m x n, column-major) = op(A) @ op(B) (+ C when accumulate) (+ bias[m] per column),
- * through the epilogue epi with its aux matrix (m x n, leading dimension ldaux): for
+/* C (m x n, column-major, of type c_type) = op(A) @ op(B) (+ C when accumulate)
+ * (+ bias[m] per column), A and B of the activation type, the bias of C's, through the
+ * epilogue epi with its aux matrix (m x n, leading dimension ldaux, of C's type): for
  * EPI_GELU_AUX, aux = the product (+ bias) and C = gelu(aux); for EPI_DGELU,
  * C = product * gelu'(aux). Returns 0 when cuBLASLt cannot fuse that epilogue here (then
  * nothing ran), else 1. */
-static int gemm_epi(int ta, int tb, int m, int n, int k, const float *A, int lda, const float *B,
-                    int ldb, float *C, int ldc, int accumulate, const float *bias, int epi,
-                    const float *aux, int ldaux, cudaStream_t s) {
+static int gemm_epi(int ta, int tb, int m, int n, int k, const gptc_act *A, int lda,
+                    const gptc_act *B, int ldb, void *C, int ldc, cudaDataType_t c_type,
+                    int accumulate, const gptc_act *bias, int epi, const gptc_act *aux, int ldaux,
+                    cudaStream_t s) {
     if (m == 0 || n == 0) return 1;
-    /* cuBLASLt wants the aux leading dimension divisible by 8 */
+    /* cuBLASLt wants the aux leading dimension divisible by 8 elements (fp32 or bf16
+     * alike) and, for its vector loads, an aux matrix on 16 bytes */
     if (epi != EPI_NONE && (ldaux % 8 != 0 || alignment(aux) < 16)) return 0;
     plan key = {0};
     key.ta = ta, key.tb = tb, key.m = m, key.n = n, key.k = k;
     key.lda = lda, key.ldb = ldb, key.ldc = ldc, key.bias = bias != NULL;
     key.accumulate = accumulate;
     key.epi = epi, key.ldaux = epi != EPI_NONE ? ldaux : 0;
-    key.compute = g.compute;
+    key.ab_type = g.act, key.c_type = c_type;
     key.align[0] = alignment(A), key.align[1] = alignment(B), key.align[2] = alignment(C);
     key.align[3] = bias ? alignment(bias) : 0;
     plan *p = find_plan(&key);
@@ -203,48 +221,64 @@ static int gemm_epi(int ta, int tb, int m, int n, int k, const float *A, int lda
     return 1;
 }
 
-static void gemm(int ta, int tb, int m, int n, int k, const float *A, int lda, const float *B,
-                 int ldb, float *C, int ldc, int accumulate, const float *bias, cudaStream_t s) {
-    gemm_epi(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, accumulate, bias, EPI_NONE, NULL, 0, s);
+/* an activation-type product: C of the activation type, overwritten */
+static void gemm(int ta, int tb, int m, int n, int k, const gptc_act *A, int lda,
+                 const gptc_act *B, int ldb, gptc_act *C, int ldc, const gptc_act *bias,
+                 cudaStream_t s) {
+    gemm_epi(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, g.act, 0, bias, EPI_NONE, NULL, 0, s);
 }
 
-void cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                         int N, int IC, int OC, int w_rows_out, cudaStream_t s) {
+/* a weight gradient: fp32 C += op(A) @ op(B) */
+static void gemm_grad(int ta, int tb, int m, int n, int k, const gptc_act *A, int lda,
+                      const gptc_act *B, int ldb, float *C, int ldc, cudaStream_t s) {
+    gemm_epi(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, CUDA_R_32F, 1, NULL, EPI_NONE, NULL, 0, s);
+}
+
+void cuda_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,
+                         const gptc_act *bias, int N, int IC, int OC, int w_rows_out,
+                         cudaStream_t s) {
     /* out^T (OC x N) = W^T (OC x IC) @ inp^T (IC x N) */
     if (w_rows_out) /* w is [OC,IC]: column-major IC x OC, transposed */
-        gemm(1, 0, OC, N, IC, w, IC, inp, IC, out, OC, 0, bias, s);
+        gemm(1, 0, OC, N, IC, w, IC, inp, IC, out, OC, bias, s);
     else            /* w is [IC,OC]: column-major OC x IC as it lies */
-        gemm(0, 0, OC, N, IC, w, OC, inp, IC, out, OC, 0, bias, s);
+        gemm(0, 0, OC, N, IC, w, OC, inp, IC, out, OC, bias, s);
 }
 
-void cuda_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp,
-                          const float *w, int N, int IC, int OC, int w_rows_out, cudaStream_t s) {
+void cuda_matmul_backward(gptc_act *dinp, float *dw, const gptc_act *dout, const gptc_act *inp,
+                          const gptc_act *w, int N, int IC, int OC, int w_rows_out,
+                          cudaStream_t s) {
     if (dinp) { /* dinp^T (IC x N) = W (IC x OC) @ dout^T (OC x N) */
         if (w_rows_out)
-            gemm(0, 0, IC, N, OC, w, IC, dout, OC, dinp, IC, 0, NULL, s);
+            gemm(0, 0, IC, N, OC, w, IC, dout, OC, dinp, IC, NULL, s);
         else
-            gemm(1, 0, IC, N, OC, w, OC, dout, OC, dinp, IC, 0, NULL, s);
+            gemm(1, 0, IC, N, OC, w, OC, dout, OC, dinp, IC, NULL, s);
     }
     if (dw) {
         if (w_rows_out) /* dw [OC,IC] = column-major IC x OC: inp^T (IC x N) @ dout (N x OC) */
-            gemm(0, 1, IC, OC, N, inp, IC, dout, OC, dw, IC, 1, NULL, s);
+            gemm_grad(0, 1, IC, OC, N, inp, IC, dout, OC, dw, IC, s);
         else            /* dw [IC,OC] = column-major OC x IC: dout^T (OC x N) @ inp (N x IC) */
-            gemm(0, 1, OC, IC, N, dout, OC, inp, IC, dw, OC, 1, NULL, s);
+            gemm_grad(0, 1, OC, IC, N, dout, OC, inp, IC, dw, OC, s);
     }
 }
 
-void cuda_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
-                              const float *bias, int N, int IC, int OC, cudaStream_t s) {
+void cuda_matmul_gelu_forward(gptc_act *out, gptc_act *pre, const gptc_act *inp,
+                              const gptc_act *w, const gptc_act *bias, int N, int IC, int OC,
+                              cudaStream_t s) {
     /* out^T = gelu(W^T @ inp^T + bias), pre^T the argument: both column-major OC x N */
-    if (gemm_epi(0, 0, OC, N, IC, w, OC, inp, IC, out, OC, 0, bias, EPI_GELU_AUX, pre, OC, s)) return;
-    gemm(0, 0, OC, N, IC, w, OC, inp, IC, pre, OC, 0, bias, s);
-    cuda_gelu_forward(out, pre, (size_t)N * OC, s);
+    if (gemm_epi(0, 0, OC, N, IC, w, OC, inp, IC, out, OC, g.act, 0, bias, EPI_GELU_AUX, pre,
+                 OC, s))
+        return;
+    gemm(0, 0, OC, N, IC, w, OC, inp, IC, pre, OC, bias, s);
+    cuda_gelu_forward(out, pre, (size_t)N * OC, g.precision, s);
 }
 
-void cuda_matmul_dgelu_backward(float *dpre, const float *dout, const float *w, const float *pre,
-                                int N, int IC, int OC, cudaStream_t s) {
+void cuda_matmul_dgelu_backward(gptc_act *dpre, const gptc_act *dout, const gptc_act *w,
+                                const gptc_act *pre, int N, int IC, int OC, cudaStream_t s) {
     /* dpre^T (IC x N) = (W (IC x OC) @ dout^T (OC x N)) * gelu'(pre^T) */
-    if (gemm_epi(1, 0, IC, N, OC, w, OC, dout, OC, dpre, IC, 0, NULL, EPI_DGELU, pre, IC, s)) return;
-    gemm(1, 0, IC, N, OC, w, OC, dout, OC, dpre, IC, 0, NULL, s);
-    cuda_gelu_backward(dpre, pre, dpre, (size_t)N * IC, s);
+    if (gemm_epi(1, 0, IC, N, OC, w, OC, dout, OC, dpre, IC, g.act, 0, NULL, EPI_DGELU, pre, IC,
+                 s))
+        return;
+    /* under bf16 the product is rounded once more here, before the kernel reads it */
+    gemm(1, 0, IC, N, OC, w, OC, dout, OC, dpre, IC, NULL, s);
+    cuda_gelu_backward(dpre, pre, dpre, (size_t)N * IC, g.precision, s);
 }

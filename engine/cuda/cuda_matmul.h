@@ -1,6 +1,8 @@
-/* Matrix products of the CUDA backend through cuBLASLt, in strict fp32 (TF32 off: the fp32
- * path is the reference the CPU run is compared with), or with bf16 operands for
- * precision = bf16. Shapes and layouts as the op table's matmul_forward / matmul_backward
+/* Matrix products of the CUDA backend through cuBLASLt, accumulated in strict fp32 (TF32
+ * off: the fp32 path is the reference the CPU run is compared with). Under precision =
+ * bf16 the act buffers are bf16 in memory: operands read exactly, act outputs rounded once
+ * from the fp32 accumulator (after the bias or GELU epilogue), fp32 weight gradients.
+ * Shapes and layouts as the op table's matmul_forward / matmul_backward
  * (engine/backend.h). */
 #ifndef GPTC_CUDA_MATMUL_H
 #define GPTC_CUDA_MATMUL_H
@@ -34,7 +36,7 @@ void cuda_matmul_gelu_forward(gptc_act *out, gptc_act *pre, const gptc_act *inp,
                               const gptc_act *w, const gptc_act *bias, int N, int IC, int OC,
                               cudaStream_t s);
 /* dpre[N,IC] = (dout @ W^T) * gelu'(pre), all act: the DGELU epilogue, or the GEMM then the
- * kernel */
+ * kernel (under bf16 the product is then rounded once more, where dpre holds it) */
 void cuda_matmul_dgelu_backward(gptc_act *dpre, const gptc_act *dout, const gptc_act *w,
                                 const gptc_act *pre, int N, int IC, int OC, cudaStream_t s);
 

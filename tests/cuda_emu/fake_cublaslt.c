@@ -10,18 +10,27 @@
  * aux being an m x n matrix with leading dimension EPILOGUE_AUX_LD (a multiple of 8).
  * where op(X) is X, or its transpose when the descriptor's TRANSA / TRANSB is
  * CUBLAS_OP_T; a layout (rows, cols, ld) describes the matrix as stored, before op:
- * element (i, j) lies at X[i + j * ld]. op(A) is m x k, op(B) k x n, C and D m x n. The
- * sums are taken in double (sizes are small); with beta = 0, C is not read, as cuBLASLt
- * does not read it. The product runs in the stream's order on the stream's thread
+ * element (i, j) lies at X[i + j * ld]. op(A) is m x k, op(B) k x n, C and D m x n.
+ *
+ * Types: every matrix is read as the type of its layout (CUDA_R_32F, or CUDA_R_16BF: the
+ * upper half of a float), the bias as BIAS_DATA_TYPE and the aux matrix as
+ * EPILOGUE_AUX_DATA_TYPE (both default to D's type, as in cuBLASLt). The sum runs over
+ * l = 0..k-1 in that order, in double (sizes are small: it stands for the GPU's fp32
+ * accumulator, which differs only by rounding and order), and is rounded to float once;
+ * alpha, beta * C and the bias are added and the GELU or GELU' is applied to that fp32
+ * value, which is then stored: a bf16 D or aux rounded once (to nearest even,
+ * engine/bf16.h), as the real epilogue rounds on store. With beta = 0, C is not read, as
+ * cuBLASLt does not read it. The product runs in the stream's order on the stream's thread
  * (fake_runtime.c); alpha, beta and the descriptor's attributes (the bias pointer
  * included) are read when cublasLtMatmul is called, as the real library reads them.
  *
  * Checked, each refused with a line on stderr and the status the real library would
- * give (or INVALID_VALUE): attribute sizes and values; fp32 matrices and scales only, with
- * CUBLAS_COMPUTE_32F (strict) or CUBLAS_COMPUTE_32F_FAST_16BF, for which both operands'
- * elements are rounded to bf16 (to nearest even, engine/bf16.h, as the CPU backend does)
- * before the product: that the real library converts the same way is for test_cuda_ops
- * on a GPU to show (TF32 and other types are not emulated); ld >= rows;
+ * give (or INVALID_VALUE): attribute sizes and values; CUBLAS_COMPUTE_32F (strict) with
+ * CUDA_R_32F scales only (TF32 and the fast modes are not emulated); the type
+ * combinations of cuBLASLt's table for that compute type, of which only these are
+ * emulated: A, B, C, D all CUDA_R_32F; or A, B CUDA_R_16BF with C = D of CUDA_R_16BF or
+ * CUDA_R_32F (mixed A and B, fp32 operands into a bf16 D and C unlike D are refused, as
+ * cuBLASLt refuses them); a bias and an aux matrix of D's type; ld >= rows;
  * shapes of A, B, C and D that agree with the transposes; every matrix, the bias and the
  * workspace inside one device (or pinned) allocation over the whole extent the product
  * reads or writes; D not overlapping A, B or the bias; an in-place C == D with the same
@@ -55,6 +64,7 @@ struct cublasLtMatmulDescOpaque_st {
     const void *bias;
     const void *aux;
     int64_t aux_ld;
+    int32_t bias_type, aux_type; /* cudaDataType; -1: D's type */
 };
 
 struct cublasLtMatrixLayoutOpaque_st {
@@ -110,10 +120,9 @@ cublasStatus_t emu_cublasLtDestroy(cublasLtHandle_t handle) {
 
 cublasStatus_t emu_cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, cublasComputeType_t computeType,
                                             cudaDataType_t scaleType) {
-    if ((computeType != CUBLAS_COMPUTE_32F && computeType != CUBLAS_COMPUTE_32F_FAST_16BF) ||
-        scaleType != CUDA_R_32F)
+    if (computeType != CUBLAS_COMPUTE_32F || scaleType != CUDA_R_32F)
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmulDescCreate",
-                      "only CUBLAS_COMPUTE_32F or _32F_FAST_16BF with CUDA_R_32F scales is emulated");
+                      "only CUBLAS_COMPUTE_32F with CUDA_R_32F scales is emulated");
     struct cublasLtMatmulDescOpaque_st *d = calloc(1, sizeof *d);
     if (!d) return CUBLAS_STATUS_ALLOC_FAILED;
     d->magic = DESC_MAGIC;
@@ -121,6 +130,7 @@ cublasStatus_t emu_cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, cublasCo
     d->scale = scaleType;
     d->transa = d->transb = CUBLAS_OP_N;
     d->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    d->bias_type = d->aux_type = -1;
     *desc = d;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -191,9 +201,21 @@ cublasStatus_t emu_cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
         if ((st = take(&v32, sizeof v32, buf, size, "COMPUTE_TYPE/SCALE_TYPE")) != CUBLAS_STATUS_SUCCESS)
             return st;
         if (attr == CUBLASLT_MATMUL_DESC_SCALE_TYPE ? v32 != (int32_t)CUDA_R_32F
-                : v32 != (int32_t)CUBLAS_COMPUTE_32F && v32 != (int32_t)CUBLAS_COMPUTE_32F_FAST_16BF)
-            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "only fp32 and fp32 with bf16 operands are emulated");
+                : v32 != (int32_t)CUBLAS_COMPUTE_32F)
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call,
+                          "only CUBLAS_COMPUTE_32F with CUDA_R_32F scales is emulated");
         if (attr == CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) d->compute = (cublasComputeType_t)v32;
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE:
+        if ((st = take(&v32, sizeof v32, buf, size, "BIAS_DATA_TYPE/EPILOGUE_AUX_DATA_TYPE")) !=
+            CUBLAS_STATUS_SUCCESS)
+            return st;
+        if (v32 != (int32_t)CUDA_R_32F && v32 != (int32_t)CUDA_R_16BF)
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call,
+                          "only CUDA_R_32F and CUDA_R_16BF biases and aux matrices are emulated");
+        if (attr == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE) d->bias_type = v32;
+        else d->aux_type = v32;
         return CUBLAS_STATUS_SUCCESS;
     default:
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "an attribute the fake does not know");
@@ -204,7 +226,8 @@ cublasStatus_t emu_cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *layout, cu
                                               uint64_t rows, uint64_t cols, int64_t ld) {
     const char *call = "cublasLtMatrixLayoutCreate";
     char why[160];
-    if (type != CUDA_R_32F) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "only CUDA_R_32F is emulated");
+    if (type != CUDA_R_32F && type != CUDA_R_16BF)
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, "only CUDA_R_32F and CUDA_R_16BF are emulated");
     if (ld < 1 || (uint64_t)ld < rows) {
         snprintf(why, sizeof why, "column-major %llu x %llu with ld %lld: ld must be >= rows",
                  (unsigned long long)rows, (unsigned long long)cols, (long long)ld);
@@ -312,6 +335,51 @@ static int shape_of(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A, cublasLtMa
     return 0;
 }
 
+static const char *type_name(int32_t t) {
+    return t == CUDA_R_32F ? "CUDA_R_32F" : t == CUDA_R_16BF ? "CUDA_R_16BF" : "another type";
+}
+
+/* The bias's and the aux matrix's types (their defaults resolved to D's) */
+static int32_t bias_type(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t D) {
+    return d->bias_type < 0 ? (int32_t)D->type : d->bias_type;
+}
+static int32_t aux_type(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t D) {
+    return d->aux_type < 0 ? (int32_t)D->type : d->aux_type;
+}
+
+/* The type combination is one cuBLASLt runs (and this fake emulates) with
+ * CUBLAS_COMPUTE_32F: 0, or -1 with why. */
+static int types_ok(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                    cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D, char *why, size_t n) {
+    int ok = A->type == B->type && C->type == D->type &&
+             (A->type == CUDA_R_32F ? D->type == CUDA_R_32F
+                                    : D->type == CUDA_R_16BF || D->type == CUDA_R_32F);
+    if (!ok) {
+        snprintf(why, n, "A %s, B %s, C %s, D %s: not a combination cuBLASLt runs with "
+                 "CUBLAS_COMPUTE_32F (or not emulated)", type_name(A->type), type_name(B->type),
+                 type_name(C->type), type_name(D->type));
+        return -1;
+    }
+    if (bias_type(d, D) != (int32_t)D->type) {
+        snprintf(why, n, "a %s bias with a %s D (the bias takes D's type)",
+                 type_name(bias_type(d, D)), type_name(D->type));
+        return -1;
+    }
+    if (aux_type(d, D) != (int32_t)D->type) {
+        snprintf(why, n, "a %s aux matrix with a %s D (the GELU aux takes D's type)",
+                 type_name(aux_type(d, D)), type_name(D->type));
+        return -1;
+    }
+    return 0;
+}
+
+/* the types of A, C, D, the bias and the aux matrix in one word, for the algorithm */
+static uint64_t types_word(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A,
+                           cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D) {
+    return (uint64_t)A->type | (uint64_t)C->type << 8 | (uint64_t)D->type << 16 |
+           (uint64_t)bias_type(d, D) << 24 | (uint64_t)aux_type(d, D) << 32;
+}
+
 /* What cublasLtMatmulAlgoGetHeuristic hands out: it remembers the promise it was made
  * (the preference's alignments) and the problem it was chosen for. */
 enum { ALGO_TA, ALGO_TB, ALGO_M, ALGO_N, ALGO_K };
@@ -328,6 +396,7 @@ cublasStatus_t emu_cublasLtMatmulAlgoGetHeuristic(
     if (!pref || pref->magic != PREF_MAGIC) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "not a live preference");
     if (requested < 1) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "requestedAlgoCount < 1");
     if (shape_of(d, A, B, C, D, &p, why, sizeof why) != 0) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
+    if (types_ok(d, A, B, C, D, why, sizeof why) != 0) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, why);
     memset(&results[0], 0, sizeof results[0]);
     uint64_t *a = results[0].algo.data;
     a[0] = ALGO_MAGIC;
@@ -335,6 +404,7 @@ cublasStatus_t emu_cublasLtMatmulAlgoGetHeuristic(
     a[2] = ((uint64_t)pref->align[2] << 32) | pref->align[3];
     a[3] = p.m, a[4] = p.n, a[5] = p.k;
     a[6] = (uint64_t)p.ta << 1 | (uint64_t)p.tb;
+    a[7] = types_word(d, A, C, D);
     results[0].workspaceSize = 0;
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].wavesCount = 1.0f;
@@ -347,17 +417,30 @@ cublasStatus_t emu_cublasLtMatmulAlgoGetHeuristic(
 typedef struct {
     problem p;
     float alpha, beta;
-    const float *A, *B, *C, *bias;
-    float *D;
+    const void *A, *B, *C, *bias;
+    void *D;
     int64_t lda, ldb, ldc, ldd;
+    int32_t ta_, tc, td, tbias, taux; /* the types of A (and B), C, D, the bias, aux */
     uint32_t corr; /* CUPTI's correlation id (of the kernel the real library launches) */
-    int bf16;      /* CUBLAS_COMPUTE_32F_FAST_16BF: operands rounded to bf16 */
     int gelu;      /* 0, or EPI_GELU / EPI_DGELU */
-    float *aux;    /* m x n, leading dimension aux_ld */
+    void *aux;     /* m x n, leading dimension aux_ld */
     int64_t aux_ld;
 } gemm_job;
 
 enum { EPI_GELU = 1, EPI_DGELU = 2 };
+
+static size_t type_size(int32_t t) { return t == CUDA_R_16BF ? 2 : 4; }
+
+/* element i of a matrix or vector of type t, exactly */
+static float load(const void *x, size_t i, int32_t t) {
+    return t == CUDA_R_16BF ? bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+/* stores the fp32 value v as element i of type t: a bf16 is rounded here, once */
+static void store(void *x, size_t i, int32_t t, float v) {
+    if (t == CUDA_R_16BF) ((uint16_t *)x)[i] = bf16_bits(v);
+    else ((float *)x)[i] = v;
+}
 
 /* the tanh-approximated GELU and its derivative, in double */
 static double gelu(double x) {
@@ -368,10 +451,9 @@ static double gelu_grad(double x) {
     return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 3 * 0.044715 * x * x);
 }
 
-static double operand(float x, int bf16) { return bf16 ? (double)bf16_round(x) : (double)x; }
-
 /* Column by column: op(B)'s column j gathered first, then either dot products with the
- * rows of op(A) (A transposed: contiguous in A) or a sum of A's columns (contiguous). */
+ * rows of op(A) (A transposed: contiguous in A) or a sum of A's columns (contiguous);
+ * either way each sum runs over l in order. */
 static void run_gemm(void *arg) {
     gemm_job *g = arg;
     const problem *p = &g->p;
@@ -381,32 +463,30 @@ static void run_gemm(void *arg) {
     if (!bcol) emu_fail("cublasLtMatmul: out of host memory");
     for (uint64_t j = 0; j < p->n; j++) {
         for (uint64_t l = 0; l < p->k; l++)
-            bcol[l] = operand(p->tb ? g->B[j + l * g->ldb] : g->B[l + j * g->ldb], g->bf16);
+            bcol[l] = load(g->B, p->tb ? j + l * g->ldb : l + j * g->ldb, g->ta_);
         if (p->ta) {
             for (uint64_t i = 0; i < p->m; i++) {
-                const float *a = g->A + i * g->lda; /* op(A)(i, :) */
-                double s = 0;
-                for (uint64_t l = 0; l < p->k; l++) s += operand(a[l], g->bf16) * bcol[l];
+                double s = 0; /* op(A)(i, :) is A's column i */
+                for (uint64_t l = 0; l < p->k; l++) s += (double)load(g->A, l + i * g->lda, g->ta_) * bcol[l];
                 acc[i] = s;
             }
         } else {
             for (uint64_t i = 0; i < p->m; i++) acc[i] = 0;
-            for (uint64_t l = 0; l < p->k; l++) {
-                const float *a = g->A + l * g->lda; /* op(A)(:, l) */
-                for (uint64_t i = 0; i < p->m; i++) acc[i] += operand(a[i], g->bf16) * bcol[l];
-            }
+            for (uint64_t l = 0; l < p->k; l++) /* op(A)(:, l) is A's column l */
+                for (uint64_t i = 0; i < p->m; i++)
+                    acc[i] += (double)load(g->A, i + l * g->lda, g->ta_) * bcol[l];
         }
         for (uint64_t i = 0; i < p->m; i++) {
-            double d = (double)g->alpha * acc[i];
-            if (g->beta != 0.0f) d += (double)g->beta * g->C[i + j * g->ldc];
-            if (g->bias) d += g->bias[i];
+            double d = (double)g->alpha * (double)(float)acc[i];
+            if (g->beta != 0.0f) d += (double)g->beta * load(g->C, i + j * g->ldc, g->tc);
+            if (g->bias) d += load(g->bias, i, g->tbias);
             if (g->gelu == EPI_GELU) {
-                g->aux[i + j * g->aux_ld] = (float)d;
+                store(g->aux, i + j * g->aux_ld, g->taux, (float)d);
                 d = gelu((double)(float)d);
             } else if (g->gelu == EPI_DGELU) {
-                d *= gelu_grad((double)g->aux[i + j * g->aux_ld]);
+                d *= gelu_grad((double)load(g->aux, i + j * g->aux_ld, g->taux));
             }
-            g->D[i + j * g->ldd] = (float)d;
+            store(g->D, i + j * g->ldd, g->td, (float)d);
         }
     }
     free(bcol);
@@ -414,10 +494,10 @@ static void run_gemm(void *arg) {
     free(g);
 }
 
-/* Bytes a column-major rows x cols matrix with leading dimension ld spans. */
-static size_t extent(uint64_t rows, uint64_t cols, int64_t ld) {
+/* Bytes a column-major rows x cols matrix of type t with leading dimension ld spans. */
+static size_t extent(uint64_t rows, uint64_t cols, int64_t ld, int32_t t) {
     if (rows == 0 || cols == 0) return 0;
-    return ((size_t)(cols - 1) * (size_t)ld + rows) * sizeof(float);
+    return ((size_t)(cols - 1) * (size_t)ld + rows) * type_size(t);
 }
 
 static int overlaps(const void *x, size_t xb, const void *y, size_t yb) {
@@ -443,15 +523,18 @@ cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, co
     problem p;
     if (!h || h->magic != HANDLE_MAGIC) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, call, "not a live handle");
     if (shape_of(d, Ad, Bd, Cd, Dd, &p, why, sizeof why) != 0) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
+    if (types_ok(d, Ad, Bd, Cd, Dd, why, sizeof why) != 0) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, why);
     if (!emu_stream_valid(stream)) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "not a live stream");
     if (!algo || algo->data[0] != ALGO_MAGIC)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "an algorithm that did not come from the heuristic");
     const uint64_t *a = algo->data;
-    if (a[3] != p.m || a[4] != p.n || a[5] != p.k || a[6] != ((uint64_t)p.ta << 1 | (uint64_t)p.tb))
+    if (a[3] != p.m || a[4] != p.n || a[5] != p.k || a[6] != ((uint64_t)p.ta << 1 | (uint64_t)p.tb) ||
+        a[7] != types_word(d, Ad, Cd, Dd))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the algorithm was chosen for another problem");
     if (!alpha || !beta) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "alpha or beta is NULL");
     gemm_job g = {p, *(const float *)alpha, *(const float *)beta, A, B, C, NULL, D,
-                  Ad->ld, Bd->ld, Cd->ld, Dd->ld, 0, d->compute == CUBLAS_COMPUTE_32F_FAST_16BF, 0, NULL, 0};
+                  Ad->ld, Bd->ld, Cd->ld, Dd->ld, (int32_t)Ad->type, (int32_t)Cd->type,
+                  (int32_t)Dd->type, bias_type(d, Dd), aux_type(d, Dd), 0, 0, NULL, 0};
     int with_bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     if (with_bias && !d->bias)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the BIAS epilogue without a bias pointer");
@@ -462,40 +545,49 @@ cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, co
     if (g.gelu && (!d->aux || d->aux_ld < (int64_t)p.m))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call,
                       "a GELU epilogue without an aux pointer, or with EPILOGUE_AUX_LD below m");
-    g.aux = (float *)d->aux, g.aux_ld = d->aux_ld;
+    g.aux = (void *)d->aux, g.aux_ld = d->aux_ld;
     if (p.m == 0 || p.n == 0) return CUBLAS_STATUS_SUCCESS;
 
     /* every operand lies in memory the GPU can reach, over its whole extent */
-    size_t bytes_a = extent(Ad->rows, Ad->cols, Ad->ld), bytes_b = extent(Bd->rows, Bd->cols, Bd->ld);
-    size_t bytes_c = g.beta != 0.0f ? extent(Cd->rows, Cd->cols, Cd->ld) : 0;
-    size_t bytes_d = extent(Dd->rows, Dd->cols, Dd->ld), bytes_bias = with_bias ? p.m * sizeof(float) : 0;
+    size_t bytes_a = extent(Ad->rows, Ad->cols, Ad->ld, Ad->type);
+    size_t bytes_b = extent(Bd->rows, Bd->cols, Bd->ld, Bd->type);
+    size_t bytes_c = g.beta != 0.0f ? extent(Cd->rows, Cd->cols, Cd->ld, Cd->type) : 0;
+    size_t bytes_d = extent(Dd->rows, Dd->cols, Dd->ld, Dd->type);
+    size_t bytes_bias = with_bias ? p.m * type_size(g.tbias) : 0;
+    size_t bytes_aux = g.gelu ? extent(p.m, p.n, g.aux_ld, g.taux) : 0;
     if (emu_check_device_range(A, p.k ? bytes_a : 0, "A", why, sizeof why) != 0 ||
         emu_check_device_range(B, p.k ? bytes_b : 0, "B", why, sizeof why) != 0 ||
         emu_check_device_range(C, bytes_c, "C", why, sizeof why) != 0 ||
         emu_check_device_range(D, bytes_d, "D", why, sizeof why) != 0 ||
         emu_check_device_range(g.bias, bytes_bias, "the bias", why, sizeof why) != 0 ||
-        emu_check_device_range(g.aux, g.gelu ? extent(p.m, p.n, g.aux_ld) : 0, "the aux matrix", why,
-                               sizeof why) != 0 ||
+        emu_check_device_range(g.aux, bytes_aux, "the aux matrix", why, sizeof why) != 0 ||
         emu_check_device_range(workspace, workspace_bytes, "the workspace", why, sizeof why) != 0)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
     if (overlaps(D, bytes_d, A, p.k ? bytes_a : 0) || overlaps(D, bytes_d, B, p.k ? bytes_b : 0) ||
-        overlaps(D, bytes_d, g.bias, bytes_bias) ||
-        overlaps(D, bytes_d, g.aux, g.gelu ? extent(p.m, p.n, g.aux_ld) : 0))
+        overlaps(D, bytes_d, g.bias, bytes_bias) || overlaps(D, bytes_d, g.aux, bytes_aux))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "D overlaps A, B, the bias or the aux matrix");
     if (bytes_c && C != D && overlaps(D, bytes_d, C, bytes_c))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "D partly overlaps C");
     if (bytes_c && C == D && Cd->ld != Dd->ld)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "in place (C == D) with different layouts");
-    /* the alignments the algorithm was chosen for */
+    /* the alignments the algorithm was chosen for; every pointer on its element size */
     uint32_t promised[4] = {(uint32_t)(a[1] >> 32), (uint32_t)a[1], (uint32_t)(a[2] >> 32), (uint32_t)a[2]};
     const void *ptr[4] = {A, B, C, D};
+    const int32_t type[4] = {Ad->type, Bd->type, Cd->type, Dd->type};
     static const char *const name[4] = {"A", "B", "C", "D"};
-    for (int i = 0; i < 4; i++)
-        if (promised[i] && (i != 2 || bytes_c) && align_of(ptr[i]) < (int)promised[i]) {
+    for (int i = 0; i < 4; i++) {
+        if (i == 2 && !bytes_c) continue;
+        if (promised[i] && align_of(ptr[i]) < (int)promised[i]) {
             snprintf(why, sizeof why, "%s = %p is %d-byte aligned, but the algorithm was chosen for "
                      "%u-byte alignment", name[i], ptr[i], align_of(ptr[i]), promised[i]);
             return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
         }
+        if (align_of(ptr[i]) < (int)type_size(type[i])) {
+            snprintf(why, sizeof why, "%s = %p is not aligned on its %s elements", name[i], ptr[i],
+                     type_name(type[i]));
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
+        }
+    }
     gemm_job *job = malloc(sizeof *job);
     if (!job) return CUBLAS_STATUS_ALLOC_FAILED;
     *job = g;
