@@ -1,20 +1,26 @@
-"""train.precision = bf16 on the CPU reference: matmul operands rounded to bf16 (nearest
-even) with fp32 accumulation, and attention as tensor-core flash kernels compute it
-(engine/cpu/cpu_ops.c, cpu_attention_forward_bf16; test_cpu_bf16 checks it op by op).
+"""train.precision = bf16 on the CPU reference: activations, their gradients and the
+parameter copy compute reads stored as bf16 (each op rounds its outputs once, to nearest
+even), fp32 master parameters, gradients and optimizer state (engine/backend.h;
+test_cpu_bf16 checks the ops one by one).
 
 The tiny GPT-2 of test_layouts for 5 steps. What bf16 must show, and why these numbers:
-  - Rounding really happens: step 1 (the same parameters in every run, so only the
-    forward and backward differ) gives a grad norm that differs from the fp32 run's by
-    more than STEP1_GRAD (measured 8.9e-5; a run that silently stayed fp32 differs by
-    ~1e-7) yet a loss within 1e-4 (bf16 keeps 8 bits: the loss of a 4-layer model moves
-    by ~1e-6).
-  - Layouts agree with one rank: at step 1 within STEP1_GRAD on the grad norm and 1e-6
-    on the loss (a layout changes only fp32 summation order, ~1e-7; an element that
-    lands near a bf16 rounding boundary can then round the other way, which moved the
-    step-1 grad norm by at most 8.7e-6 over the layouts below); over all 5 steps within
-    ALL_STEPS (AdamW takes steps of ~lr whatever the gradient's size, so those flips
-    grow: measured at most 1.1e-3 on the grad norm, 1.4e-5 on the loss).
-  - A save in bf16 resumes with exactly the uninterrupted run's losses."""
+  - Rounding really happens: step 1 (the same master parameters in every run) gives a
+    grad norm that differs from the fp32 run's by more than APART (measured 7.5e-5; a
+    run that silently stayed fp32 differs by ~1e-7) yet a loss within 1e-4 (measured
+    8.1e-6).
+  - Layouts without tensor parallelism (dp, pp) round exactly where one rank does: at
+    step 1 within STEP1_LOSS / STEP1_GRAD of one rank (measured: equal), and over 5
+    steps within ALL_STEPS (DP sums the fp32 gradients in another order; AdamW's steps
+    of ~lr grow such differences: measured 1.0e-4).
+  - Tensor parallelism rounds more: a row-parallel product's partial sums are stored
+    (rounded) before the TP all-reduce adds them, and the sum is rounded again, at each
+    of a layer's four TP reductions, as Megatron's bf16 all-reduce does. At step 1 the
+    TP layouts are within TP_STEP1_LOSS / TP_STEP1_GRAD of one rank (measured 1.6e-5 /
+    2.8e-4, against 8.1e-6 / 7.5e-5 between bf16 and fp32 on one rank: about three
+    roundings where one rank makes one), over 5 steps within TP_ALL_STEPS (measured
+    3.4e-3). A buffer read as the wrong type gives a loss off by orders of magnitude.
+  - A save in bf16 resumes with exactly the uninterrupted run's losses (the bf16 copy is
+    rebuilt from the fp32 masters as the optimizer would have written it)."""
 import os
 import sys
 import tempfile
@@ -24,9 +30,13 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import compare_metrics, fail, read_metrics, run_train, write_tokens  # noqa: E402
 
+APART = 2e-5
 STEP1_GRAD = 2e-5
 STEP1_LOSS = 1e-6
 ALL_STEPS = 3e-3
+TP_STEP1_GRAD = 1e-3
+TP_STEP1_LOSS = 1e-4
+TP_ALL_STEPS = 1e-2
 D = tempfile.mkdtemp(prefix="gptc_bf16_")
 
 
@@ -47,12 +57,13 @@ def rel(a, b, key):
     return abs(a[key] - b[key]) / abs(a[key])
 
 
-def compare_bf16(name, ref, got):
+def compare_bf16(name, ref, got, tp):
     """got against the one-rank bf16 run ref: step 1 tightly, every step loosely."""
-    worst = compare_metrics(name, ref, got, ALL_STEPS, "one rank's")
-    if not rel(ref[0], got[0], "loss") <= STEP1_LOSS or not rel(ref[0], got[0], "grad_norm") <= STEP1_GRAD:
+    step1_loss, step1_grad = (TP_STEP1_LOSS, TP_STEP1_GRAD) if tp else (STEP1_LOSS, STEP1_GRAD)
+    worst = compare_metrics(name, ref, got, TP_ALL_STEPS if tp else ALL_STEPS, "one rank's")
+    if not rel(ref[0], got[0], "loss") <= step1_loss or not rel(ref[0], got[0], "grad_norm") <= step1_grad:
         fail(f"{name}: step 1 loss {got[0]['loss']!r} / grad norm {got[0]['grad_norm']!r} vs one rank's "
-             f"{ref[0]['loss']!r} / {ref[0]['grad_norm']!r}: beyond {STEP1_LOSS} / {STEP1_GRAD}")
+             f"{ref[0]['loss']!r} / {ref[0]['grad_norm']!r}: beyond {step1_loss} / {step1_grad}")
     print(f"ok   {name:<34} step 1 grad norm {rel(ref[0], got[0], 'grad_norm'):.1e}, "
           f"worst over 5 steps {worst:.1e}")
 
@@ -78,16 +89,16 @@ def main():
     if "precision: bf16" not in out:
         fail(f"the start-up lines do not name the precision:\n{out[-1500:]}")
     d_loss, d_grad = rel(fp32[0], bf16[0], "loss"), rel(fp32[0], bf16[0], "grad_norm")
-    if not d_grad > STEP1_GRAD:
+    if not d_grad > APART:
         fail(f"step 1 grad norm of bf16 {bf16[0]['grad_norm']!r} vs fp32 {fp32[0]['grad_norm']!r}: "
-             f"rel {d_grad:.1e}, not above {STEP1_GRAD}: are the operands rounded?")
+             f"rel {d_grad:.1e}, not above {APART}: is anything rounded?")
     if not d_loss <= 1e-4:
         fail(f"step 1 loss of bf16 {bf16[0]['loss']!r} vs fp32 {fp32[0]['loss']!r}: rel {d_loss:.1e} > 1e-4")
     print(f"ok   bf16 vs fp32 at step 1: loss {d_loss:.1e}, grad norm {d_grad:.1e} (rounding happens)")
 
     for name, ranks, extra in LAYOUTS:
         got, _ = train(name.replace(" ", "_"), ranks, ["--train.precision=bf16"] + extra)
-        compare_bf16(name, bf16, got)
+        compare_bf16(name, bf16, got, any("parallel.tp" in a for a in extra))
 
     resumed, _ = train("bf16_resumed", 1, ["--train.precision=bf16", f"--train.init={D}/bf16.step3.h5"])
     want = [m for m in bf16 if m["step"] > 3]

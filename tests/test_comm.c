@@ -260,6 +260,25 @@ static void test_reduce_scatter_act(const team *t, size_t n, gptc_precision type
     free(recv);
 }
 
+/* The sum lands on the root (the last group rank) only; the others' buffers stay as they
+ * were. */
+static void test_reduce_act(const team *t, size_t n, gptc_precision type, gptc_stream *s) {
+    int root = t->g->size - 1;
+    gptc_act *buf = acts(n, type);
+    for (size_t i = 0; i < n; i++) act_put(buf, i, type, act_value(me(t), i));
+    comm_reduce_sum_act(t->g, buf, n, root, type, s);
+    finish(t, s);
+    size_t bad = n;
+    for (size_t i = 0; i < n && bad == n; i++) {
+        uint32_t want = t->g->rank == root ? act_sum_bits(t, i, type)
+                                           : act_bits_of(act_value(me(t), i), type);
+        if (act_bits(buf, i, type) != want) bad = i;
+    }
+    check(bad == n, "%s reduce to %d on %s n=%zu: element %zu", type_name(type), root,
+          t->g->name, n, bad);
+    free(buf);
+}
+
 static void test_allgather_act(const team *t, size_t n, gptc_precision type, gptc_stream *s) {
     size_t size = (size_t)t->g->size, rank = (size_t)t->g->rank;
     gptc_act *send = acts(n, type), *recv = acts(size * n, type);
@@ -288,6 +307,7 @@ static void test_act(const team *t, size_t n, gptc_stream *s) {
         gptc_precision type = k ? GPTC_BF16 : GPTC_FP32;
         test_allreduce_act(t, n, type, s);
         test_reduce_scatter_act(t, n, type, s);
+        test_reduce_act(t, n, type, s);
         test_allgather_act(t, n, type, s);
     }
 }
