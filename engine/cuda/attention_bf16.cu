@@ -2,15 +2,17 @@
  * attention.cu (same buffers, same lse [B,NH,T], same scratch, same three backward
  * kernels and the same determinism: no atomics, every element of dqkv written once), with
  * the tile products as mma.sync m16n8k16 bf16 (fp32 accumulate, engine/cuda/mma.cuh).
- * Storage is fp32; the rounding to bf16 happens where an operand enters a product:
- *   - q, k, v and dout are rounded (nearest even) as their tiles enter shared memory;
+ * qkv, out, dout and dqkv are bf16 storage (uint16_t bits, engine/bf16.h), read as they
+ * are (their tiles enter shared memory as bf16 pairs, no conversion); lse and the
+ * scratch D are fp32. Besides the stores of out and dqkv (each rounded once, from fp32
+ * accumulators), bf16 rounding happens where an fp32 value enters a product:
  *   - the probabilities P (after the online softmax's rescaling) are rounded as the
  *     A operand of P V (forward) and P^T dO (dv);
  *   - dS = P (dP - D) is computed in fp32 and rounded as the A operand of dS K (dq) and
  *     dS^T Q (dk).
  * Scores, softmax statistics, lse, D and all accumulators are fp32. D = rowsum(dout * out)
- * uses the rounded dout, the same dO that dP = dO V^T sees, so that each row of dS still
- * sums to (about) zero as the softmax gradient does.
+ * reads the stored bf16 dout and out, the same dO that dP = dO V^T sees, so that each
+ * row of dS still sums to (about) zero as the softmax gradient does.
  *
  * Tiling: a block is 4 warps (128 threads) and 64 rows of its own (queries in the forward
  * and in the dq kernel, keys in the dk/dv kernel), 16 per warp; the other side streams
@@ -39,38 +41,38 @@ static __host__ __device__ __forceinline__ int ab_rp(int hs) { return hs / 2 + 4
 
 /* ------------------------------------------------------------------ tiles */
 
-/* x[0..3] = p[0..3] (one 16-byte load when vec4: p is then 16-byte aligned) */
-static __device__ __forceinline__ void load4(float x[4], const float *p, int vec4) {
-    if (vec4) {
-        float4 v = __ldg((const float4 *)p);
-        x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+/* x[0..3] = p[0..3], bf16 bits (two 4-byte loads when vec: p is then 8-byte aligned) */
+static __device__ __forceinline__ void load4(uint32_t x[4], const uint16_t *p, int vec) {
+    if (vec) {
+        uint32_t lo = __ldg((const unsigned int *)p), hi = __ldg((const unsigned int *)p + 1);
+        x[0] = lo & 0xffffu, x[1] = lo >> 16, x[2] = hi & 0xffffu, x[3] = hi >> 16;
     } else {
         for (int i = 0; i < 4; i++) x[i] = __ldg(p + i);
     }
 }
 
-/* Rows r < nrows of src (a [64][hs] view, row pitch ld floats) rounded to bf16, rows
+/* Rows r < nrows of src (a [64][hs] view of bf16, row pitch ld elements), rows
  * nrows..63 zero: into rows[r][d / 2] (row-major) and/or cols[d][r / 2] (transposed),
  * either may be NULL. A thread takes 2 rows x 4 columns at a time, the 4-column groups
  * of a row on consecutive lanes, so the global reads coalesce. */
 static __device__ __forceinline__ void load_tile(uint32_t *rows /* [64][ab_rp(hs)] */,
                                                  uint32_t *cols /* [hs][AB_TP] */,
-                                                 const float *src, size_t ld, int nrows,
-                                                 int hs, int vec4) {
+                                                 const uint16_t *src, size_t ld, int nrows,
+                                                 int hs, int vec) {
     int nq = hs / 4, rp = ab_rp(hs);
     for (int u = threadIdx.x; u < AB_TILE / 2 * nq; u += AB_THREADS) {
         int pr = u / nq, q = u % nq, r = 2 * pr;
-        float x0[4] = {0, 0, 0, 0}, x1[4] = {0, 0, 0, 0};
-        if (r < nrows) load4(x0, src + (size_t)r * ld + 4 * q, vec4);
-        if (r + 1 < nrows) load4(x1, src + (size_t)(r + 1) * ld + 4 * q, vec4);
+        uint32_t x0[4] = {0, 0, 0, 0}, x1[4] = {0, 0, 0, 0};
+        if (r < nrows) load4(x0, src + (size_t)r * ld + 4 * q, vec);
+        if (r + 1 < nrows) load4(x1, src + (size_t)(r + 1) * ld + 4 * q, vec);
         if (rows) {
-            rows[r * rp + 2 * q] = pack_bf16x2(x0[0], x0[1]);
-            rows[r * rp + 2 * q + 1] = pack_bf16x2(x0[2], x0[3]);
-            rows[(r + 1) * rp + 2 * q] = pack_bf16x2(x1[0], x1[1]);
-            rows[(r + 1) * rp + 2 * q + 1] = pack_bf16x2(x1[2], x1[3]);
+            rows[r * rp + 2 * q] = x0[0] | x0[1] << 16;
+            rows[r * rp + 2 * q + 1] = x0[2] | x0[3] << 16;
+            rows[(r + 1) * rp + 2 * q] = x1[0] | x1[1] << 16;
+            rows[(r + 1) * rp + 2 * q + 1] = x1[2] | x1[3] << 16;
         }
         if (cols)
-            for (int i = 0; i < 4; i++) cols[(4 * q + i) * AB_TP + pr] = pack_bf16x2(x0[i], x1[i]);
+            for (int i = 0; i < 4; i++) cols[(4 * q + i) * AB_TP + pr] = x0[i] | x1[i] << 16;
     }
 }
 
@@ -161,17 +163,24 @@ static __device__ __forceinline__ void zero_acc(float acc[AB_MAX_HS / 8][4], int
     for (int j = 0; j < hs / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 }
 
-/* dst[row][8j + 2t + (0, 1)] = mul * acc[j] for this lane's two rows (g, g + 8) of a
- * warp's 16 x hs block whose row g starts at row0 (NULL: the row is past T) */
-static __device__ __forceinline__ void store_acc(float *row0, float *row8,
+/* dst[row][8j + 2t + (0, 1)] = mul * acc[j], rounded to bf16, for this lane's two rows
+ * (g, g + 8) of a warp's 16 x hs block whose row g starts at row0 (NULL: the row is past
+ * T) */
+static __device__ __forceinline__ void store_acc(uint16_t *row0, uint16_t *row8,
                                                  const float acc[AB_MAX_HS / 8][4], float mul0,
                                                  float mul8, int hs) {
     int t = threadIdx.x & 3;
 #pragma unroll
     for (int j = 0; j < hs / 8; j++) {
         int c = 8 * j + 2 * t;
-        if (row0) row0[c] = mul0 * acc[j][0], row0[c + 1] = mul0 * acc[j][1];
-        if (row8) row8[c] = mul8 * acc[j][2], row8[c + 1] = mul8 * acc[j][3];
+        if (row0) {
+            row0[c] = bf16_bits(mul0 * acc[j][0]);
+            row0[c + 1] = bf16_bits(mul0 * acc[j][1]);
+        }
+        if (row8) {
+            row8[c] = bf16_bits(mul8 * acc[j][2]);
+            row8[c + 1] = bf16_bits(mul8 * acc[j][3]);
+        }
     }
 }
 
@@ -184,9 +193,9 @@ static __device__ __forceinline__ void store_acc(float *row0, float *row8,
  * the row's 64 scores are spread over the quad), O = alpha O + P V. Then out = O / l and
  * lse = ln 2 * m + ln l. Barriers guard the reload of K, V (after the last tile's
  * readers) and the loaded tiles (before the products). */
-static __device__ __forceinline__ void attn_fwd(uint32_t *sm, float *out, float *lse,
-                                                const float *qkv, int T, int C, int NH,
-                                                float sl2, int vec4, int hs) {
+static __device__ __forceinline__ void attn_fwd(uint32_t *sm, uint16_t *out, float *lse,
+                                                const uint16_t *qkv, int T, int C, int NH,
+                                                float sl2, int vec, int hs) {
     int rp = ab_rp(hs);
     uint32_t *Qs = sm;                /* [64][rp] this block's queries */
     uint32_t *Ks = Qs + AB_TILE * rp; /* [64][rp] current key tile */
@@ -196,10 +205,10 @@ static __device__ __forceinline__ void attn_fwd(uint32_t *sm, float *out, float 
     int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * AB_TILE;
     size_t ld = 3 * (size_t)C;
-    const float *base = qkv + (size_t)b * T * ld + (size_t)h * hs; /* q of row 0 */
+    const uint16_t *base = qkv + (size_t)b * T * ld + (size_t)h * hs; /* q of row 0 */
     int tq[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8}; /* this lane's queries */
 
-    load_tile(Qs, NULL, base + (size_t)q0 * ld, ld, T - q0, hs, vec4);
+    load_tile(Qs, NULL, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
     __syncthreads(); /* Qs loaded */
     uint32_t qf[AB_MAX_HS / 16][4];
 #pragma unroll
@@ -210,8 +219,8 @@ static __device__ __forceinline__ void attn_fwd(uint32_t *sm, float *out, float 
     for (int kt = 0; kt <= qt; kt++) {
         int k0 = kt * AB_TILE;
         __syncthreads(); /* the previous tile's readers of Ks, Vt are done */
-        load_tile(Ks, NULL, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec4);
-        load_tile(NULL, Vt, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec4);
+        load_tile(Ks, NULL, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec);
+        load_tile(NULL, Vt, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec);
         __syncthreads(); /* Ks, Vt loaded */
 
         float s[8][4];
@@ -256,7 +265,7 @@ static __device__ __forceinline__ void attn_fwd(uint32_t *sm, float *out, float 
         tile_sv(o, s, Vt, hs);
     }
 
-    float *orow[2];
+    uint16_t *orow[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         orow[r] = tq[r] < T ? out + ((size_t)b * T + tq[r]) * C + (size_t)h * hs : NULL;
@@ -266,29 +275,29 @@ static __device__ __forceinline__ void attn_fwd(uint32_t *sm, float *out, float 
 }
 
 __global__ void __launch_bounds__(AB_THREADS)
-attention_bf16_fwd64_kernel(float *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
-                            const float *qkv /* [B,T,3C] */, int T, int C, int NH, float sl2,
-                            int vec4) {
+attention_bf16_fwd64_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
+                            const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
+                            float sl2, int vec) {
     extern __shared__ float4 ab_smem[];
-    attn_fwd((uint32_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec4, 64);
+    attn_fwd((uint32_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, 64);
 }
 
 __global__ void __launch_bounds__(AB_THREADS)
-attention_bf16_fwd128_kernel(float *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
-                             const float *qkv /* [B,T,3C] */, int T, int C, int NH, float sl2,
-                             int vec4) {
+attention_bf16_fwd128_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
+                             const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
+                             float sl2, int vec) {
     extern __shared__ float4 ab_smem[];
-    attn_fwd((uint32_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec4, 128);
+    attn_fwd((uint32_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, 128);
 }
 
 /* ------------------------------------------------------------------ backward */
 
-/* D[b,h,t] = sum_i bf16(dout[b,t,h*hs+i]) * out[b,t,h*hs+i]: one warp per (b, t, h), with
- * consecutive warps on consecutive heads of a row so the reads coalesce. */
+/* D[b,h,t] = sum_i dout[b,t,h*hs+i] * out[b,t,h*hs+i] (both bf16): one warp per
+ * (b, t, h), with consecutive warps on consecutive heads of a row so the reads coalesce. */
 __global__ void attention_bf16_dot_kernel(float *D /* [B,NH,T] */,
-                                          const float *dout /* [B,T,C] */,
-                                          const float *out /* [B,T,C] */, int B, int T, int C,
-                                          int NH) {
+                                          const uint16_t *dout /* [B,T,C] */,
+                                          const uint16_t *out /* [B,T,C] */, int B, int T,
+                                          int C, int NH) {
     int hs = C / NH, lane = threadIdx.x & 31;
     size_t rows = (size_t)B * T * NH;
     size_t stride = ((size_t)gridDim.x * blockDim.x) >> 5;
@@ -296,9 +305,10 @@ __global__ void attention_bf16_dot_kernel(float *D /* [B,NH,T] */,
          w += stride) {
         size_t bt = w / NH;
         int h = (int)(w % NH);
-        const float *a = dout + bt * C + (size_t)h * hs, *o = out + bt * C + (size_t)h * hs;
+        const uint16_t *a = dout + bt * C + (size_t)h * hs, *o = out + bt * C + (size_t)h * hs;
         float acc = 0.0f;
-        for (int i = lane; i < hs; i += 32) acc += bf16_round(__ldg(a + i)) * __ldg(o + i);
+        for (int i = lane; i < hs; i += 32)
+            acc += bf16_to_float(__ldg(a + i)) * bf16_to_float(__ldg(o + i));
         acc = warp_sum(acc);
         if (lane == 0) {
             size_t b = bt / T, t = bt % T;
@@ -323,11 +333,11 @@ static __device__ __forceinline__ void prob_and_ds(float *s, float *dp, int u, i
  * dK += dS^T Q with P^T and dS^T straight from the accumulators. Q and dO enter in both
  * layouts: row-major as the B operand of the scores, transposed as that of dV and dK.
  * Writes dk = dK / sqrt(hs) and dv for its keys < T. */
-static __device__ __forceinline__ void attn_bwd_dkdv(uint32_t *sm, float *dqkv,
-                                                     const float *dout, const float *qkv,
-                                                     const float *lse, const float *D, int T,
-                                                     int C, int NH, float sl2, float scale,
-                                                     int vec4, int hs) {
+static __device__ __forceinline__ void attn_bwd_dkdv(uint32_t *sm, uint16_t *dqkv,
+                                                     const uint16_t *dout,
+                                                     const uint16_t *qkv, const float *lse,
+                                                     const float *D, int T, int C, int NH,
+                                                     float sl2, float scale, int vec, int hs) {
     int rp = ab_rp(hs);
     uint32_t *Ks = sm;                    /* [64][rp] this block's keys */
     uint32_t *Vs = Ks + AB_TILE * rp;     /* [64][rp] this block's values */
@@ -342,12 +352,12 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint32_t *sm, float *dqkv,
     int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     int ktile = blockIdx.y, k0 = ktile * AB_TILE, ntiles = gridDim.y;
     size_t ld = 3 * (size_t)C;
-    const float *base = qkv + (size_t)b * T * ld + (size_t)h * hs;   /* q of row 0 */
-    const float *dbase = dout + (size_t)b * T * C + (size_t)h * hs; /* dout of row 0 */
+    const uint16_t *base = qkv + (size_t)b * T * ld + (size_t)h * hs;   /* q of row 0 */
+    const uint16_t *dbase = dout + (size_t)b * T * C + (size_t)h * hs; /* dout of row 0 */
     int u[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8}; /* this lane's keys */
 
-    load_tile(Ks, NULL, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec4);
-    load_tile(Vs, NULL, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec4);
+    load_tile(Ks, NULL, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec);
+    load_tile(Vs, NULL, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec);
 
     float dk[AB_MAX_HS / 8][4], dv[AB_MAX_HS / 8][4];
     zero_acc(dk, hs);
@@ -355,8 +365,8 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint32_t *sm, float *dqkv,
     for (int qt = ktile; qt < ntiles; qt++) {
         int q0 = qt * AB_TILE;
         __syncthreads(); /* the previous tile's readers of Qs, dOs, Qt, dOt, lse_s, D_s done */
-        load_tile(Qs, Qt, base + (size_t)q0 * ld, ld, T - q0, hs, vec4);
-        load_tile(dOs, dOt, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec4);
+        load_tile(Qs, Qt, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
+        load_tile(dOs, dOt, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec);
         load_row_vec(lse_s, lse + (size_t)bh * T + q0, T - q0, AB_LOG2E);
         load_row_vec(D_s, D + (size_t)bh * T + q0, T - q0, 1.0f);
         __syncthreads(); /* Ks, Vs (first pass), the query tile loaded */
@@ -375,7 +385,7 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint32_t *sm, float *dqkv,
         tile_sv(dk, dp, Qt, hs);
     }
 
-    float *krow[2], *vrow[2];
+    uint16_t *krow[2], *vrow[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         krow[r] = u[r] < T ? dqkv + ((size_t)b * T + u[r]) * ld + C + (size_t)h * hs : NULL;
@@ -390,10 +400,11 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint32_t *sm, float *dqkv,
  * up to the diagonal: S = Q K^T, dP = dO V^T, P and dS as in the dk/dv kernel, then
  * dQ += dS K (K also transposed, as the B operand). Writes dq = dQ / sqrt(hs) for its
  * queries < T. */
-static __device__ __forceinline__ void attn_bwd_dq(uint32_t *sm, float *dqkv, const float *dout,
-                                                   const float *qkv, const float *lse,
-                                                   const float *D, int T, int C, int NH,
-                                                   float sl2, float scale, int vec4, int hs) {
+static __device__ __forceinline__ void attn_bwd_dq(uint32_t *sm, uint16_t *dqkv,
+                                                   const uint16_t *dout, const uint16_t *qkv,
+                                                   const float *lse, const float *D, int T,
+                                                   int C, int NH, float sl2, float scale,
+                                                   int vec, int hs) {
     int rp = ab_rp(hs);
     uint32_t *Qs = sm;                    /* [64][rp] this block's queries */
     uint32_t *dOs = Qs + AB_TILE * rp;    /* [64][rp] their output gradient */
@@ -407,12 +418,12 @@ static __device__ __forceinline__ void attn_bwd_dq(uint32_t *sm, float *dqkv, co
     int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * AB_TILE;
     size_t ld = 3 * (size_t)C;
-    const float *base = qkv + (size_t)b * T * ld + (size_t)h * hs;
-    const float *dbase = dout + (size_t)b * T * C + (size_t)h * hs;
+    const uint16_t *base = qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const uint16_t *dbase = dout + (size_t)b * T * C + (size_t)h * hs;
     int r0 = 16 * warp + g, tq[2] = {q0 + r0, q0 + r0 + 8}; /* this lane's queries */
 
-    load_tile(Qs, NULL, base + (size_t)q0 * ld, ld, T - q0, hs, vec4);
-    load_tile(dOs, NULL, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec4);
+    load_tile(Qs, NULL, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
+    load_tile(dOs, NULL, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec);
     load_row_vec(lse_s, lse + (size_t)bh * T + q0, T - q0, AB_LOG2E);
     load_row_vec(D_s, D + (size_t)bh * T + q0, T - q0, 1.0f);
 
@@ -421,8 +432,8 @@ static __device__ __forceinline__ void attn_bwd_dq(uint32_t *sm, float *dqkv, co
     for (int kt = 0; kt <= qt; kt++) {
         int k0 = kt * AB_TILE;
         __syncthreads(); /* the previous tile's readers of Ks, Vs, Kt are done */
-        load_tile(Ks, Kt, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec4);
-        load_tile(Vs, NULL, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec4);
+        load_tile(Ks, Kt, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec);
+        load_tile(Vs, NULL, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec);
         __syncthreads(); /* Qs, dOs, lse_s, D_s (first pass), the key tile loaded */
 
         float s[8][4], dp[8][4];
@@ -439,7 +450,7 @@ static __device__ __forceinline__ void attn_bwd_dq(uint32_t *sm, float *dqkv, co
         tile_sv(dq, dp, Kt, hs);
     }
 
-    float *qrow[2];
+    uint16_t *qrow[2];
 #pragma unroll
     for (int r = 0; r < 2; r++)
         qrow[r] = tq[r] < T ? dqkv + ((size_t)b * T + tq[r]) * ld + (size_t)h * hs : NULL;
@@ -447,29 +458,29 @@ static __device__ __forceinline__ void attn_bwd_dq(uint32_t *sm, float *dqkv, co
 }
 
 #define AB_BWD_ARGS                                                                        \
-    float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,                          \
-        const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,                 \
-        const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2, float scale, int vec4
+    uint16_t *dqkv /* [B,T,3C] */, const uint16_t *dout /* [B,T,C] */,                    \
+        const uint16_t *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,              \
+        const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2, float scale, int vec
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv64_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec4, 64);
+    attn_bwd_dkdv((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv128_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec4,
+    attn_bwd_dkdv((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
                   128);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq64_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dq((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec4, 64);
+    attn_bwd_dq((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dq((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec4, 128);
+    attn_bwd_dq((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128);
 }
 
 /* Never runs: launched with an empty grid to report an unsupported shape through
@@ -492,6 +503,13 @@ static size_t ab_dq_smem(int hs) {
            sizeof(uint32_t);
 }
 
+/* 1 when bf16 buffers a and b (either may be NULL) allow the 4-byte loads of load4: every
+ * tile row starts a multiple of 4 elements in (C and hs are multiples of 64), so 8-byte
+ * aligned bases are enough */
+static int ab_vec(const void *a, const void *b) {
+    return ((uintptr_t)a & 7u) == 0 && ((uintptr_t)b & 7u) == 0;
+}
+
 /* 1 when a kernel exists for the head size: C = NH * hs, hs 64 or 128 */
 static int ab_shape_ok(int C, int NH) {
     return NH > 0 && C > 0 && C % NH == 0 && (C / NH == 64 || C / NH == 128);
@@ -499,14 +517,14 @@ static int ab_shape_ok(int C, int NH) {
 
 extern "C" {
 
-void cuda_attention_forward_bf16(float *out, float *lse, const float *qkv, int B, int T,
+void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv, int B, int T,
                                  int C, int NH, cudaStream_t s) {
     if (!ab_shape_ok(C, NH)) {
         attention_bf16_unsupported_kernel<<<0, 1, 0, s>>>();
         return;
     }
     if (B <= 0 || T <= 0) return;
-    int hs = C / NH, vec4 = aligned16(qkv);
+    int hs = C / NH, vec = ab_vec(qkv, NULL);
     float sl2 = AB_LOG2E / sqrtf((float)hs);
     size_t smem = ab_fwd_smem(hs);
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + AB_TILE - 1) / AB_TILE));
@@ -514,24 +532,24 @@ void cuda_attention_forward_bf16(float *out, float *lse, const float *qkv, int B
         (void)cudaFuncSetAttribute(attention_bf16_fwd64_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attention_bf16_fwd64_kernel<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH,
-                                                                   sl2, vec4);
+                                                                   sl2, vec);
     } else {
         (void)cudaFuncSetAttribute(attention_bf16_fwd128_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attention_bf16_fwd128_kernel<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH,
-                                                                    sl2, vec4);
+                                                                    sl2, vec);
     }
 }
 
-void cuda_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
-                                  const float *out, const float *qkv, const float *lse, int B,
-                                  int T, int C, int NH, cudaStream_t s) {
+void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
+                                  const uint16_t *out, const uint16_t *qkv, const float *lse,
+                                  int B, int T, int C, int NH, cudaStream_t s) {
     if (!ab_shape_ok(C, NH)) {
         attention_bf16_unsupported_kernel<<<0, 1, 0, s>>>();
         return;
     }
     if (B <= 0 || T <= 0) return;
-    int hs = C / NH, vec4 = aligned16(qkv) && aligned16(dout);
+    int hs = C / NH, vec = ab_vec(qkv, dout);
     float scale = 1.0f / sqrtf((float)hs), sl2 = AB_LOG2E * scale;
     attention_bf16_dot_kernel<<<grid_for((size_t)B * T * NH, AB_THREADS / 32), AB_THREADS, 0,
                                 s>>>(scratch, dout, out, B, T, C, NH);
@@ -543,18 +561,18 @@ void cuda_attention_backward_bf16(float *dqkv, float *scratch, const float *dout
         (void)cudaFuncSetAttribute(attention_bf16_dq64_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
         attention_bf16_dkdv64_kernel<<<grid, AB_THREADS, smem_kv, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec4);
+            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
         attention_bf16_dq64_kernel<<<grid, AB_THREADS, smem_q, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec4);
+            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
     } else {
         (void)cudaFuncSetAttribute(attention_bf16_dkdv128_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
         (void)cudaFuncSetAttribute(attention_bf16_dq128_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
         attention_bf16_dkdv128_kernel<<<grid, AB_THREADS, smem_kv, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec4);
+            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
         attention_bf16_dq128_kernel<<<grid, AB_THREADS, smem_q, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec4);
+            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
     }
 }
 

@@ -1,9 +1,10 @@
 /* Vocab-parallel softmax cross-entropy in three steps around two all-reduces (see
  * cpu_vocab_max / cpu_vocab_expsum / cpu_vocab_ce_finish): this rank holds Vl columns
  * of the padded vocab starting at global column v_start; the first v_valid are real.
- * A row is Vl floats (50304/tp: tens of thousands), so each kernel gives a row to one
- * block whose threads stride the columns (coalesced; float4 when Vl % 4 == 0 and the
- * buffer is 16-byte aligned) and reduce with a block reduction. */
+ * A row is Vl logits (50304/tp: tens of thousands), so each kernel gives a row to one
+ * block whose threads stride the columns (coalesced; float4 when fp32, Vl % 4 == 0 and
+ * the buffer is 16-byte aligned) and reduce with a block reduction. The logits are of the
+ * activation type (act_ld / act_st); mx, stats and losses fp32. */
 #include "engine/cuda/cuda_common.cuh"
 
 #define CE_THREADS 512
@@ -17,11 +18,12 @@ static __device__ __forceinline__ int valid_cols(int v_valid, int Vl) {
 static __device__ __forceinline__ float max_sel(float a, float x) { return x > a ? x : a; }
 
 /* mx[n] = max over the valid columns (-inf if none); one block per row. */
-__global__ void vocab_max_kernel(float *mx /* [N] */, const float *logits /* [N,Vl] */, int N,
-                                 int Vl, int v_valid, int vec) {
+__global__ void vocab_max_kernel(float *mx /* [N] */, const gptc_act *logits /* [N,Vl] */,
+                                 int N, int Vl, int v_valid, int vec, int bf16) {
     __shared__ float sh[32]; /* block_max scratch */
     int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
-    const float *row = logits + (size_t)n * Vl;
+    size_t r0 = (size_t)n * Vl; /* row n */
+    const float *row = (const float *)logits + r0; /* only read when vec (fp32) */
     float m = -INFINITY;
     if (vec) {
         for (int i = threadIdx.x; i < nv / 4; i += blockDim.x) {
@@ -30,7 +32,8 @@ __global__ void vocab_max_kernel(float *mx /* [N] */, const float *logits /* [N,
         }
         done = nv / 4 * 4;
     }
-    for (int i = done + threadIdx.x; i < nv; i += blockDim.x) m = max_sel(m, row[i]);
+    for (int i = done + threadIdx.x; i < nv; i += blockDim.x)
+        m = max_sel(m, act_ld(logits, r0 + i, bf16));
     m = block_max(m, sh);
     if (threadIdx.x == 0) mx[n] = m;
 }
@@ -38,19 +41,22 @@ __global__ void vocab_max_kernel(float *mx /* [N] */, const float *logits /* [N,
 /* One block per row: logits := exp(logits - mx) on the valid columns (padded columns
  * are left as they are, as on the CPU); stats[n] = their sum, each thread summing in
  * double and the block in double (the CPU sums 256-element float blocks in double; this
- * is at least as accurate); stats[N + n] = target logit - mx if this rank holds the
- * target among its valid columns, else 0. The target logit is read before the barrier
- * that precedes the in-place exp, which may overwrite it. */
-__global__ void vocab_expsum_kernel(float *stats /* [2,N] */, float *logits /* [N,Vl] */,
+ * is at least as accurate; the sum is of the fp32 exps, before a bf16 store rounds
+ * them); stats[N + n] = target logit - mx if this rank holds the target among its valid
+ * columns, else 0. The target logit is read before the barrier that precedes the
+ * in-place exp, which may overwrite it. */
+__global__ void vocab_expsum_kernel(float *stats /* [2,N] */, gptc_act *logits /* [N,Vl] */,
                                     const float *mx /* [N] */, const int32_t *targets /* [N] */,
-                                    int N, int Vl, int v_valid, int v_start, int vec) {
+                                    int N, int Vl, int v_valid, int v_start, int vec,
+                                    int bf16) {
     __shared__ double sh[32]; /* block_sum_double scratch */
     int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
-    float *row = logits + (size_t)n * Vl;
+    size_t r0 = (size_t)n * Vl; /* row n */
+    float *row = (float *)logits + r0; /* only used when vec (fp32) */
     float shift = mx[n];
     int y = targets[n] - v_start;
     float target = 0.0f;
-    if (threadIdx.x == 0 && y >= 0 && y < nv) target = row[y] - shift;
+    if (threadIdx.x == 0 && y >= 0 && y < nv) target = act_ld(logits, r0 + y, bf16) - shift;
     __syncthreads();
     double acc = 0.0;
     if (vec) {
@@ -66,8 +72,8 @@ __global__ void vocab_expsum_kernel(float *stats /* [2,N] */, float *logits /* [
         done = nv / 4 * 4;
     }
     for (int i = done + threadIdx.x; i < nv; i += blockDim.x) {
-        float e = expf(row[i] - shift);
-        row[i] = e;
+        float e = expf(act_ld(logits, r0 + i, bf16) - shift);
+        act_st(logits, r0 + i, e, bf16);
         acc += e;
     }
     acc = block_sum_double(acc, sh);
@@ -87,13 +93,16 @@ static __device__ __forceinline__ float ce_grad(float e, int i, int nv, int y, f
 }
 
 /* One block per row over all Vl columns (valid and padded): every element of the row is
- * rewritten, each by one thread, so no barrier is needed. */
-__global__ void vocab_ce_finish_kernel(float *losses /* [N] */, float *logits /* [N,Vl] */,
+ * rewritten, each by one thread, so no barrier is needed. Under bf16 the gradient comes
+ * from the stored (rounded) exps. */
+__global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits /* [N,Vl] */,
                                        const float *stats /* [2,N] */,
                                        const int32_t *targets /* [N] */, int N, int Vl,
-                                       int v_valid, int v_start, float dloss, int vec) {
+                                       int v_valid, int v_start, float dloss, int vec,
+                                       int bf16) {
     int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
-    float *row = logits + (size_t)n * Vl;
+    size_t r0 = (size_t)n * Vl; /* row n */
+    float *row = (float *)logits + r0; /* only used when vec (fp32) */
     float sum = stats[n];
     if (threadIdx.x == 0) losses[n] = logf(sum) - stats[N + n];
     float scale = dloss / sum;
@@ -112,33 +121,42 @@ __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, float *logits /*
         done = Vl / 4 * 4;
     }
     for (int i = done + threadIdx.x; i < Vl; i += blockDim.x)
-        row[i] = ce_grad(row[i], i, nv, y, scale, dloss);
+        act_st(logits, r0 + i, ce_grad(act_ld(logits, r0 + i, bf16), i, nv, y, scale, dloss),
+               bf16);
 }
 
 extern "C" {
 
-void cuda_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid,
-                    cudaStream_t s) {
-    if (N <= 0) return;
-    int vec = Vl % 4 == 0 && aligned16(logits);
-    vocab_max_kernel<<<N, CE_THREADS, 0, s>>>(mx, logits, N, Vl, v_valid, vec);
+/* float4 rows: fp32, Vl % 4 == 0, 16-byte aligned */
+static int ce_vec(const gptc_act *logits, int Vl, int bf16) {
+    return !bf16 && Vl % 4 == 0 && aligned16(logits);
 }
 
-void cuda_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
-                       int N, int Vl, int v_valid, int v_start, cudaStream_t s) {
+void cuda_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_valid,
+                    gptc_precision p, cudaStream_t s) {
     if (N <= 0) return;
-    int vec = Vl % 4 == 0 && aligned16(logits);
+    int bf16 = p == GPTC_BF16;
+    vocab_max_kernel<<<N, CE_THREADS, 0, s>>>(mx, logits, N, Vl, v_valid,
+                                              ce_vec(logits, Vl, bf16), bf16);
+}
+
+void cuda_vocab_expsum(float *stats, gptc_act *logits, const float *mx, const int32_t *targets,
+                       int N, int Vl, int v_valid, int v_start, gptc_precision p,
+                       cudaStream_t s) {
+    if (N <= 0) return;
+    int bf16 = p == GPTC_BF16;
     vocab_expsum_kernel<<<N, CE_THREADS, 0, s>>>(stats, logits, mx, targets, N, Vl, v_valid,
-                                                 v_start, vec);
+                                                 v_start, ce_vec(logits, Vl, bf16), bf16);
 }
 
-void cuda_vocab_ce_finish(float *losses, float *logits, const float *stats,
+void cuda_vocab_ce_finish(float *losses, gptc_act *logits, const float *stats,
                           const int32_t *targets, int N, int Vl, int v_valid, int v_start,
-                          float dloss, cudaStream_t s) {
+                          float dloss, gptc_precision p, cudaStream_t s) {
     if (N <= 0) return;
-    int vec = Vl % 4 == 0 && aligned16(logits);
+    int bf16 = p == GPTC_BF16;
     vocab_ce_finish_kernel<<<N, CE_THREADS, 0, s>>>(losses, logits, stats, targets, N, Vl,
-                                                    v_valid, v_start, dloss, vec);
+                                                    v_valid, v_start, dloss,
+                                                    ce_vec(logits, Vl, bf16), bf16);
 }
 
 } /* extern "C" */

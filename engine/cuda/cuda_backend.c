@@ -160,100 +160,122 @@ static void cu_launch_host_func(gptc_stream *s, void (*fn)(void *), void *arg) {
 
 /* ---- compute ops ---- */
 
-static void cu_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                                 const float *wpe, int N, int T, int C, int v_start, int v_local,
-                                 gptc_stream *s) {
-    cuda_embedding_forward(out, tokens, wte, wpe, N, T, C, v_start, v_local, cu(s));
-    check_launch("embedding_forward");
-}
-static void cu_embedding_backward(float *dwte, float *dwpe, const float *dout,
-                                  const int32_t *tokens, int N, int T, int C, int v_start,
-                                  int v_local, gptc_stream *s) {
-    cuda_embedding_backward(dwte, dwpe, dout, tokens, N, T, C, v_start, v_local, cu(s));
-    check_launch("embedding_backward");
-}
-static void cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                 const float *w, const float *b, int N, int C, gptc_stream *s) {
-    cuda_layernorm_forward(out, mean, rstd, inp, w, b, N, C, cu(s));
-    check_launch("layernorm_forward");
-}
-static void cu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                                  const float *inp, const float *w, const float *mean,
-                                  const float *rstd, int N, int C, gptc_stream *s) {
-    cuda_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, cu(s));
-    check_launch("layernorm_backward");
-}
+/* The precision every launcher is given: the type of the act buffers (engine/backend.h) */
 static gptc_precision g_precision = GPTC_FP32;
 static void cu_set_precision(gptc_precision p) {
     g_precision = p;
     cuda_matmul_set_precision(p);
 }
-static void cu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                              int N, int IC, int OC, int w_rows_out, gptc_stream *s) {
+static gptc_precision cu_get_precision(void) { return g_precision; }
+
+static void cu_to_act(gptc_act *dst, const float *src, size_t n, gptc_stream *s) {
+    cuda_to_act(dst, src, n, g_precision, cu(s));
+    check_launch("to_act");
+}
+static void cu_embedding_forward(gptc_act *out, const int32_t *tokens, const gptc_act *wte,
+                                 const gptc_act *wpe, int N, int T, int C, int v_start,
+                                 int v_local, gptc_stream *s) {
+    cuda_embedding_forward(out, tokens, wte, wpe, N, T, C, v_start, v_local, g_precision, cu(s));
+    check_launch("embedding_forward");
+}
+static void cu_embedding_backward(float *dwte, float *dwpe, const gptc_act *dout,
+                                  const int32_t *tokens, int N, int T, int C, int v_start,
+                                  int v_local, gptc_stream *s) {
+    cuda_embedding_backward(dwte, dwpe, dout, tokens, N, T, C, v_start, v_local, g_precision,
+                            cu(s));
+    check_launch("embedding_backward");
+}
+static void cu_layernorm_forward(gptc_act *out, float *mean, float *rstd, const gptc_act *inp,
+                                 const gptc_act *w, const gptc_act *b, int N, int C,
+                                 gptc_stream *s) {
+    cuda_layernorm_forward(out, mean, rstd, inp, w, b, N, C, g_precision, cu(s));
+    check_launch("layernorm_forward");
+}
+static void cu_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
+                                  const gptc_act *inp, const gptc_act *w, const float *mean,
+                                  const float *rstd, int N, int C, gptc_stream *s) {
+    cuda_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, g_precision, cu(s));
+    check_launch("layernorm_backward");
+}
+static void cu_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,
+                              const gptc_act *bias, int N, int IC, int OC, int w_rows_out,
+                              gptc_stream *s) {
     cuda_matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, cu(s));
 }
-static void cu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                               const float *inp, const float *w, int N, int IC, int OC,
+static void cu_matmul_backward(gptc_act *dinp, float *dw, float *dbias, const gptc_act *dout,
+                               const gptc_act *inp, const gptc_act *w, int N, int IC, int OC,
                                int w_rows_out, gptc_stream *s) {
     cuda_matmul_backward(dinp, dw, dout, inp, w, N, IC, OC, w_rows_out, cu(s));
     if (dbias) {
-        cuda_bias_backward(dbias, dout, N, OC, cu(s));
+        cuda_bias_backward(dbias, dout, N, OC, g_precision, cu(s));
         check_launch("matmul_backward (bias)");
     }
 }
-static void cu_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
-                                   const float *bias, int N, int IC, int OC, gptc_stream *s) {
+static void cu_matmul_gelu_forward(gptc_act *out, gptc_act *pre, const gptc_act *inp,
+                                   const gptc_act *w, const gptc_act *bias, int N, int IC,
+                                   int OC, gptc_stream *s) {
     cuda_matmul_gelu_forward(out, pre, inp, w, bias, N, IC, OC, cu(s));
     check_launch("matmul_gelu_forward");
 }
-static void cu_matmul_dgelu_backward(float *dpre, const float *dout, const float *w,
-                                     const float *pre, int N, int IC, int OC, gptc_stream *s) {
+static void cu_matmul_dgelu_backward(gptc_act *dpre, const gptc_act *dout, const gptc_act *w,
+                                     const gptc_act *pre, int N, int IC, int OC,
+                                     gptc_stream *s) {
     cuda_matmul_dgelu_backward(dpre, dout, w, pre, N, IC, OC, cu(s));
     check_launch("matmul_dgelu_backward");
 }
 static size_t cu_attention_state_floats(int B, int T, int NH) { return (size_t)B * NH * T; }
-static void cu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                                 int NH, gptc_stream *s) {
-    if (g_precision == GPTC_BF16) cuda_attention_forward_bf16(out, att, qkv, B, T, C, NH, cu(s));
-    else cuda_attention_forward(out, att, qkv, B, T, C, NH, cu(s));
+/* bf16: the tensor-core kernels on bf16 storage (attention_bf16.cu); fp32: attention.cu */
+static void cu_attention_forward(gptc_act *out, float *att, const gptc_act *qkv, int B, int T,
+                                 int C, int NH, gptc_stream *s) {
+    if (g_precision == GPTC_BF16)
+        cuda_attention_forward_bf16((uint16_t *)out, att, (const uint16_t *)qkv, B, T, C, NH,
+                                    cu(s));
+    else
+        cuda_attention_forward((float *)out, att, (const float *)qkv, B, T, C, NH, cu(s));
     check_launch("attention_forward");
 }
-static void cu_attention_backward(float *dqkv, float *datt, const float *dout, const float *out,
-                                  const float *qkv, const float *att, int B, int T, int C, int NH,
-                                  gptc_stream *s) {
+static void cu_attention_backward(gptc_act *dqkv, float *datt, const gptc_act *dout,
+                                  const gptc_act *out, const gptc_act *qkv, const float *att,
+                                  int B, int T, int C, int NH, gptc_stream *s) {
     if (g_precision == GPTC_BF16)
-        cuda_attention_backward_bf16(dqkv, datt, dout, out, qkv, att, B, T, C, NH, cu(s));
+        cuda_attention_backward_bf16((uint16_t *)dqkv, datt, (const uint16_t *)dout,
+                                     (const uint16_t *)out, (const uint16_t *)qkv, att, B, T,
+                                     C, NH, cu(s));
     else
-        cuda_attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, cu(s));
+        cuda_attention_backward((float *)dqkv, datt, (const float *)dout, (const float *)out,
+                                (const float *)qkv, att, B, T, C, NH, cu(s));
     check_launch("attention_backward");
 }
-static void cu_gelu_forward(float *out, const float *inp, size_t n, gptc_stream *s) {
-    cuda_gelu_forward(out, inp, n, cu(s));
+static void cu_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_stream *s) {
+    cuda_gelu_forward(out, inp, n, g_precision, cu(s));
     check_launch("gelu_forward");
 }
-static void cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
-                             gptc_stream *s) {
-    cuda_gelu_backward(dinp, inp, dout, n, cu(s));
+static void cu_gelu_backward(gptc_act *dinp, const gptc_act *inp, const gptc_act *dout,
+                             size_t n, gptc_stream *s) {
+    cuda_gelu_backward(dinp, inp, dout, n, g_precision, cu(s));
     check_launch("gelu_backward");
 }
-static void cu_add(float *out, const float *a, const float *b, size_t n, gptc_stream *s) {
-    cuda_add(out, a, b, n, cu(s));
+static void cu_add(gptc_act *out, const gptc_act *a, const gptc_act *b, size_t n,
+                   gptc_stream *s) {
+    cuda_add(out, a, b, n, g_precision, cu(s));
     check_launch("add");
 }
-static void cu_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid,
+static void cu_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_valid,
                          gptc_stream *s) {
-    cuda_vocab_max(mx, logits, N, Vl, v_valid, cu(s));
+    cuda_vocab_max(mx, logits, N, Vl, v_valid, g_precision, cu(s));
     check_launch("vocab_max");
 }
-static void cu_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
-                            int N, int Vl, int v_valid, int v_start, gptc_stream *s) {
-    cuda_vocab_expsum(stats, logits, mx, targets, N, Vl, v_valid, v_start, cu(s));
+static void cu_vocab_expsum(float *stats, gptc_act *logits, const float *mx,
+                            const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                            gptc_stream *s) {
+    cuda_vocab_expsum(stats, logits, mx, targets, N, Vl, v_valid, v_start, g_precision, cu(s));
     check_launch("vocab_expsum");
 }
-static void cu_vocab_ce_finish(float *losses, float *logits, const float *stats,
+static void cu_vocab_ce_finish(float *losses, gptc_act *logits, const float *stats,
                                const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                                float dloss, gptc_stream *s) {
-    cuda_vocab_ce_finish(losses, logits, stats, targets, N, Vl, v_valid, v_start, dloss, cu(s));
+    cuda_vocab_ce_finish(losses, logits, stats, targets, N, Vl, v_valid, v_start, dloss,
+                         g_precision, cu(s));
     check_launch("vocab_ce_finish");
 }
 /* The result comes back to the host, so this waits for the stream: callers sum whole
@@ -270,10 +292,13 @@ static void cu_scale(float *x, float a, size_t n, gptc_stream *s) {
     cuda_scale(x, a, n, cu(s));
     check_launch("scale");
 }
-static void cu_adamw(float *p, const float *gr, float *m, float *v, size_t n, float lr,
-                     float beta1, float beta2, float eps, float decay, float bc1, float bc2,
-                     gptc_stream *s) {
-    cuda_adamw(p, gr, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2, cu(s));
+/* the parameter copy is written only where it is a bf16 buffer of its own: under fp32
+ * the copy compute reads is p itself */
+static void cu_adamw(float *p, gptc_act *p_act, const float *gr, float *m, float *v, size_t n,
+                     float lr, float beta1, float beta2, float eps, float decay, float bc1,
+                     float bc2, gptc_stream *s) {
+    uint16_t *copy = g_precision == GPTC_BF16 && p_act != (gptc_act *)p ? p_act : NULL;
+    cuda_adamw(p, copy, gr, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2, cu(s));
     check_launch("adamw");
 }
 
@@ -339,6 +364,8 @@ static const gptc_backend CUDA = {
     .layernorm_forward = cu_layernorm_forward,
     .layernorm_backward = cu_layernorm_backward,
     .set_precision = cu_set_precision,
+    .get_precision = cu_get_precision,
+    .to_act = cu_to_act,
     .matmul_forward = cu_matmul_forward,
     .matmul_backward = cu_matmul_backward,
     .matmul_gelu_forward = cu_matmul_gelu_forward,

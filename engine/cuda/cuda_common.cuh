@@ -1,8 +1,10 @@
-/* Device helpers shared by the kernel files (engine/cuda, the .cu files): warp and
- * block reductions, and the host-side helpers that size grid-stride launches. */
+/* Device helpers shared by the kernel files (engine/cuda, the .cu files): loads and
+ * stores of the activation type, warp and block reductions, and the host-side helpers
+ * that size grid-stride launches. */
 #ifndef GPTC_CUDA_COMMON_CUH
 #define GPTC_CUDA_COMMON_CUH
 
+#include "engine/bf16.h"
 #include "engine/cuda/cuda_kernels.h"
 
 #include <cuda_runtime.h>
@@ -11,6 +13,23 @@
 #include <stdint.h>
 
 #define FULL_MASK 0xffffffffu
+
+/* ------------------------------------------------------------------ activation type */
+
+/* Element i of an act buffer (engine/backend.h: gptc_act) as a float: the bf16 bits
+ * widened (exact) when bf16, else the float itself. bf16 is a kernel argument, the same
+ * for every thread of a launch, so the branch never diverges; under fp32 the value and
+ * hence every result is what a plain float load gave. */
+static __device__ __forceinline__ float act_ld(const gptc_act *base, size_t i, int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+/* Stores x into element i of an act buffer: rounded to nearest even when bf16 (the one
+ * rounding of an act output), as is under fp32. */
+static __device__ __forceinline__ void act_st(gptc_act *base, size_t i, float x, int bf16) {
+    if (bf16) ((uint16_t *)base)[i] = bf16_bits(x);
+    else ((float *)base)[i] = x;
+}
 
 /* ------------------------------------------------------------------ warp reductions */
 

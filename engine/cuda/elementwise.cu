@@ -1,7 +1,8 @@
-/* Elementwise kernels (GELU, add, scale, NaN fill), the bias gradient's column sums,
- * the host-flag wait and the launch check. Elementwise kernels are grid-stride loops
- * with size_t indices; when every buffer is 16-byte aligned they move float4s (the
- * bandwidth-bound case) and finish the last n % 4 elements one by one. */
+/* Elementwise kernels (GELU, add, to_act, scale, NaN fill), the bias gradient's column
+ * sums, the host-flag wait and the launch check. Elementwise kernels are grid-stride
+ * loops with size_t indices; when every buffer is fp32 and 16-byte aligned they move
+ * float4s (the bandwidth-bound case) and finish the last n % 4 elements one by one. Act
+ * buffers in bf16 take the element-by-element loop (act_ld / act_st). */
 #include "engine/cuda/cuda_common.cuh"
 
 #define EW_THREADS 256
@@ -28,9 +29,9 @@ static unsigned int ew_grid(size_t n, int vec) {
 
 /* ------------------------------------------------------------------ GELU */
 
-/* Grid-stride, float4 body when vec (all pointers 16-byte aligned), scalar tail. */
-__global__ void gelu_forward_kernel(float *out /* [n] */, const float *inp /* [n] */,
-                                    size_t n, int vec) {
+/* Grid-stride, float4 body when vec (fp32, all pointers 16-byte aligned), scalar tail. */
+__global__ void gelu_forward_kernel(gptc_act *out /* [n] */, const gptc_act *inp /* [n] */,
+                                    size_t n, int vec, int bf16) {
     size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
     if (vec) {
@@ -42,12 +43,14 @@ __global__ void gelu_forward_kernel(float *out /* [n] */, const float *inp /* [n
         }
         done = n4 * 4;
     }
-    for (size_t i = done + i0; i < n; i += stride) out[i] = gelu_fwd(inp[i]);
+    for (size_t i = done + i0; i < n; i += stride)
+        act_st(out, i, gelu_fwd(act_ld(inp, i, bf16)), bf16);
 }
 
 /* Same layout as gelu_forward_kernel. */
-__global__ void gelu_backward_kernel(float *dinp /* [n] */, const float *inp /* [n] */,
-                                     const float *dout /* [n] */, size_t n, int vec) {
+__global__ void gelu_backward_kernel(gptc_act *dinp /* [n] */, const gptc_act *inp /* [n] */,
+                                     const gptc_act *dout /* [n] */, size_t n, int vec,
+                                     int bf16) {
     size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
     if (vec) {
@@ -59,14 +62,15 @@ __global__ void gelu_backward_kernel(float *dinp /* [n] */, const float *inp /* 
         }
         done = n4 * 4;
     }
-    for (size_t i = done + i0; i < n; i += stride) dinp[i] = gelu_bwd(inp[i], dout[i]);
+    for (size_t i = done + i0; i < n; i += stride)
+        act_st(dinp, i, gelu_bwd(act_ld(inp, i, bf16), act_ld(dout, i, bf16)), bf16);
 }
 
-/* ------------------------------------------------------------------ add, scale, fill */
+/* ---------------------------------------------------------- add, to_act, scale, fill */
 
 /* out may alias a or b: each element is read before it is written, by one thread. */
-__global__ void add_kernel(float *out /* [n] */, const float *a /* [n] */,
-                           const float *b /* [n] */, size_t n, int vec) {
+__global__ void add_kernel(gptc_act *out /* [n] */, const gptc_act *a /* [n] */,
+                           const gptc_act *b /* [n] */, size_t n, int vec, int bf16) {
     size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
     if (vec) {
@@ -77,7 +81,22 @@ __global__ void add_kernel(float *out /* [n] */, const float *a /* [n] */,
         }
         done = n4 * 4;
     }
-    for (size_t i = done + i0; i < n; i += stride) out[i] = a[i] + b[i];
+    for (size_t i = done + i0; i < n; i += stride)
+        act_st(out, i, act_ld(a, i, bf16) + act_ld(b, i, bf16), bf16);
+}
+
+/* dst = src rounded to the activation type (a copy under fp32); same layout as
+ * add_kernel */
+__global__ void to_act_kernel(gptc_act *dst /* [n] */, const float *src /* [n] */, size_t n,
+                              int vec, int bf16) {
+    size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
+    if (vec) {
+        size_t n4 = n / 4;
+        for (size_t i = i0; i < n4; i += stride) ((float4 *)dst)[i] = ((const float4 *)src)[i];
+        done = n4 * 4;
+    }
+    for (size_t i = done + i0; i < n; i += stride) act_st(dst, i, src[i], bf16);
 }
 
 /* In place, same layout as add_kernel. */
@@ -119,8 +138,9 @@ __global__ void fill_nan_kernel(float *x /* [n] */, size_t n, int vec) {
  * the 8 per-warp sums are added in shared memory in a fixed order, and one atomicAdd
  * per column adds the slice's sum into dbias. With one slice (wide OC) the result is
  * deterministic; with several, only the order of the slices' atomics varies. */
-__global__ void bias_backward_kernel(float *dbias /* [OC] */, const float *dout /* [N,OC] */,
-                                     int N, int OC, int rows_per_slice) {
+__global__ void bias_backward_kernel(float *dbias /* [OC] */,
+                                     const gptc_act *dout /* [N,OC] */, int N, int OC,
+                                     int rows_per_slice, int bf16) {
     __shared__ float part[BB_WARPS][BB_COLS]; /* per-warp column sums */
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int c = blockIdx.x * BB_COLS + lane;
@@ -128,7 +148,8 @@ __global__ void bias_backward_kernel(float *dbias /* [OC] */, const float *dout 
     int r1 = r0 + rows_per_slice < N ? r0 + rows_per_slice : N;
     float acc = 0.0f;
     if (c < OC)
-        for (int r = r0 + warp; r < r1; r += BB_WARPS) acc += dout[(size_t)r * OC + c];
+        for (int r = r0 + warp; r < r1; r += BB_WARPS)
+            acc += act_ld(dout, (size_t)r * OC + c, bf16);
     part[warp][lane] = acc;
     __syncthreads();
     if (warp == 0 && c < OC) {
@@ -164,23 +185,35 @@ __global__ void set_flag_kernel(volatile unsigned int *flag /* [1], host-mapped 
 
 extern "C" {
 
-void cuda_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s) {
+void cuda_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_precision p,
+                       cudaStream_t s) {
     if (n == 0) return;
-    int vec = aligned16(out) && aligned16(inp);
-    gelu_forward_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(out, inp, n, vec);
+    int bf16 = p == GPTC_BF16, vec = !bf16 && aligned16(out) && aligned16(inp);
+    gelu_forward_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(out, inp, n, vec, bf16);
 }
 
-void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
-                        cudaStream_t s) {
+void cuda_gelu_backward(gptc_act *dinp, const gptc_act *inp, const gptc_act *dout, size_t n,
+                        gptc_precision p, cudaStream_t s) {
     if (n == 0) return;
-    int vec = aligned16(dinp) && aligned16(inp) && aligned16(dout);
-    gelu_backward_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(dinp, inp, dout, n, vec);
+    int bf16 = p == GPTC_BF16;
+    int vec = !bf16 && aligned16(dinp) && aligned16(inp) && aligned16(dout);
+    gelu_backward_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(dinp, inp, dout, n, vec,
+                                                                 bf16);
 }
 
-void cuda_add(float *out, const float *a, const float *b, size_t n, cudaStream_t s) {
+void cuda_add(gptc_act *out, const gptc_act *a, const gptc_act *b, size_t n, gptc_precision p,
+              cudaStream_t s) {
     if (n == 0) return;
-    int vec = aligned16(out) && aligned16(a) && aligned16(b);
-    add_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(out, a, b, n, vec);
+    int bf16 = p == GPTC_BF16, vec = !bf16 && aligned16(out) && aligned16(a) && aligned16(b);
+    add_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(out, a, b, n, vec, bf16);
+}
+
+void cuda_to_act(gptc_act *dst, const float *src, size_t n, gptc_precision p,
+                 cudaStream_t s) {
+    int bf16 = p == GPTC_BF16;
+    if (n == 0 || (!bf16 && dst == (const gptc_act *)src)) return;
+    int vec = !bf16 && aligned16(dst) && aligned16(src);
+    to_act_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(dst, src, n, vec, bf16);
 }
 
 void cuda_scale(float *x, float a, size_t n, cudaStream_t s) {
@@ -195,7 +228,8 @@ void cuda_fill_nan(float *x, size_t n, cudaStream_t s) {
     fill_nan_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(x, n, vec);
 }
 
-void cuda_bias_backward(float *dbias, const float *dout, int N, int OC, cudaStream_t s) {
+void cuda_bias_backward(float *dbias, const gptc_act *dout, int N, int OC, gptc_precision p,
+                        cudaStream_t s) {
     if (N <= 0 || OC <= 0) return;
     int col_blocks = (OC + BB_COLS - 1) / BB_COLS;
     /* enough row slices for about 4 blocks per SM, each slice at least 64 rows */
@@ -207,7 +241,8 @@ void cuda_bias_backward(float *dbias, const float *dout, int N, int OC, cudaStre
     int rows_per_slice = (int)((N + slices - 1) / slices);
     slices = (N + rows_per_slice - 1) / rows_per_slice;
     dim3 grid((unsigned int)col_blocks, (unsigned int)slices);
-    bias_backward_kernel<<<grid, BB_WARPS * 32, 0, s>>>(dbias, dout, N, OC, rows_per_slice);
+    bias_backward_kernel<<<grid, BB_WARPS * 32, 0, s>>>(dbias, dout, N, OC, rows_per_slice,
+                                                        p == GPTC_BF16);
 }
 
 void cuda_wait_flag(const volatile unsigned int *flag, unsigned int target, cudaStream_t s) {

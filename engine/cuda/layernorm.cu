@@ -9,25 +9,28 @@
 /* One warp per row: a row is a few thousand floats at most, so the lanes stride it
  * (coalesced) and shuffles reduce it with no shared memory or barrier. The row is read
  * three times (mean, centred variance, output, as the CPU does); the re-reads hit L1. */
-__global__ void layernorm_forward_kernel(float *out /* [N,C] */, float *mean /* [N] */,
-                                         float *rstd /* [N] */, const float *inp /* [N,C] */,
-                                         const float *w /* [C] */, const float *b /* [C] */,
-                                         int N, int C) {
+__global__ void layernorm_forward_kernel(gptc_act *out /* [N,C] */, float *mean /* [N] */,
+                                         float *rstd /* [N] */,
+                                         const gptc_act *inp /* [N,C] */,
+                                         const gptc_act *w /* [C] */,
+                                         const gptc_act *b /* [C] */, int N, int C, int bf16) {
     int lane = threadIdx.x & 31;
     int nwarps = gridDim.x * LN_WARPS;
     for (int n = blockIdx.x * LN_WARPS + (threadIdx.x >> 5); n < N; n += nwarps) {
-        const float *x = inp + (size_t)n * C;
+        size_t x = (size_t)n * C; /* row n of inp and of out */
         float sum = 0.0f;
-        for (int c = lane; c < C; c += 32) sum += x[c];
+        for (int c = lane; c < C; c += 32) sum += act_ld(inp, x + c, bf16);
         float m = warp_sum(sum) / C;
         float var = 0.0f;
         for (int c = lane; c < C; c += 32) {
-            float d = x[c] - m;
+            float d = act_ld(inp, x + c, bf16) - m;
             var += d * d;
         }
         float r = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
-        float *o = out + (size_t)n * C;
-        for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * w[c] + b[c];
+        for (int c = lane; c < C; c += 32)
+            act_st(out, x + c,
+                   (act_ld(inp, x + c, bf16) - m) * r * act_ld(w, c, bf16) + act_ld(b, c, bf16),
+                   bf16);
         if (lane == 0) {
             mean[n] = m;
             rstd[n] = r;
@@ -44,12 +47,14 @@ __global__ void layernorm_forward_kernel(float *out /* [N,C] */, float *mean /* 
  * the block adds its accumulator into dw, db with one atomicAdd per column (only the
  * order of the blocks' additions varies). When 2*C floats exceed LN_SMEM_MAX
  * (use_smem = 0) each chunk's column sums go to dw, db by atomicAdd directly. */
-__global__ void layernorm_backward_kernel(float *dinp /* [N,C] */, float *dw /* [C] */,
-                                          float *db /* [C] */, const float *dout /* [N,C] */,
-                                          const float *inp /* [N,C] */,
-                                          const float *w /* [C] */, const float *mean /* [N] */,
+__global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw /* [C] */,
+                                          float *db /* [C] */,
+                                          const gptc_act *dout /* [N,C] */,
+                                          const gptc_act *inp /* [N,C] */,
+                                          const gptc_act *w /* [C] */,
+                                          const float *mean /* [N] */,
                                           const float *rstd /* [N] */, int N, int C,
-                                          int rows_per_block, int use_smem) {
+                                          int rows_per_block, int use_smem, int bf16) {
     extern __shared__ float acc[]; /* [2][C]: this block's dw | db sums, when use_smem */
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (use_smem) {
@@ -61,28 +66,31 @@ __global__ void layernorm_backward_kernel(float *dinp /* [N,C] */, float *dw /* 
     for (int n0 = n_begin; n0 < n_end; n0 += LN_WARPS) {
         int n = n0 + warp;
         if (n < n_end) { /* warp-uniform */
-            const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
-            float *dx = dinp + (size_t)n * C;
+            size_t x = (size_t)n * C; /* row n of inp, dout and dinp */
             float m = mean[n], r = rstd[n];
             float mean_dn = 0.0f, mean_dn_xhat = 0.0f;
             for (int c = lane; c < C; c += 32) {
-                float xhat = (x[c] - m) * r, dn = w[c] * d[c];
+                float xhat = (act_ld(inp, x + c, bf16) - m) * r;
+                float dn = act_ld(w, c, bf16) * act_ld(dout, x + c, bf16);
                 mean_dn += dn;
                 mean_dn_xhat += dn * xhat;
             }
             mean_dn = warp_sum(mean_dn) / C;
             mean_dn_xhat = warp_sum(mean_dn_xhat) / C;
             for (int c = lane; c < C; c += 32) {
-                float xhat = (x[c] - m) * r;
-                dx[c] += (w[c] * d[c] - mean_dn - xhat * mean_dn_xhat) * r;
+                float xhat = (act_ld(inp, x + c, bf16) - m) * r;
+                float wc = act_ld(w, c, bf16), dc = act_ld(dout, x + c, bf16);
+                act_st(dinp, x + c,
+                       act_ld(dinp, x + c, bf16) + (wc * dc - mean_dn - xhat * mean_dn_xhat) * r,
+                       bf16);
             }
         }
         int n1 = n0 + LN_WARPS < n_end ? n0 + LN_WARPS : n_end;
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
             float pw = 0.0f, pb = 0.0f;
             for (int k = n0; k < n1; k++) {
-                float d = dout[(size_t)k * C + c];
-                float xhat = (inp[(size_t)k * C + c] - mean[k]) * rstd[k];
+                float d = act_ld(dout, (size_t)k * C + c, bf16);
+                float xhat = (act_ld(inp, (size_t)k * C + c, bf16) - mean[k]) * rstd[k];
                 pw += d * xhat;
                 pb += d;
             }
@@ -105,16 +113,18 @@ __global__ void layernorm_backward_kernel(float *dinp /* [N,C] */, float *dw /* 
 
 extern "C" {
 
-void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                            const float *w, const float *b, int N, int C, cudaStream_t s) {
+void cuda_layernorm_forward(gptc_act *out, float *mean, float *rstd, const gptc_act *inp,
+                            const gptc_act *w, const gptc_act *b, int N, int C,
+                            gptc_precision p, cudaStream_t s) {
     if (N <= 0 || C <= 0) return;
     layernorm_forward_kernel<<<grid_for((size_t)N, LN_WARPS), LN_THREADS, 0, s>>>(
-        out, mean, rstd, inp, w, b, N, C);
+        out, mean, rstd, inp, w, b, N, C, p == GPTC_BF16);
 }
 
-void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                             const float *inp, const float *w, const float *mean,
-                             const float *rstd, int N, int C, cudaStream_t s) {
+void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
+                             const gptc_act *inp, const gptc_act *w, const float *mean,
+                             const float *rstd, int N, int C, gptc_precision p,
+                             cudaStream_t s) {
     if (N <= 0 || C <= 0) return;
     /* about 4 blocks per SM, each at least one chunk, runs a multiple of the chunk */
     long target = (long)cuda_sm_count() * 4;
@@ -125,7 +135,8 @@ void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dou
     size_t smem = 2 * (size_t)C * sizeof(float);
     int use_smem = smem <= LN_SMEM_MAX;
     layernorm_backward_kernel<<<blocks, LN_THREADS, use_smem ? smem : 0, s>>>(
-        dinp, dw, db, dout, inp, w, mean, rstd, N, C, rows_per_block, use_smem);
+        dinp, dw, db, dout, inp, w, mean, rstd, N, C, rows_per_block, use_smem,
+        p == GPTC_BF16);
 }
 
 } /* extern "C" */

@@ -20,8 +20,11 @@ static __device__ __forceinline__ float adamw_one(float p, float g, float *m, fl
     return p * shrink - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
 }
 
-/* Grid-stride; float4 body when p, g, m, v are all 16-byte aligned, scalar tail. */
-__global__ void adamw_kernel(float *p /* [n] */, const float *g /* [n] */, float *m /* [n] */,
+/* Grid-stride; float4 body when p, g, m, v are all 16-byte aligned, scalar tail. The bf16
+ * parameter copy p_act (when not NULL) is written element by element (8 bytes per float4:
+ * its alignment does not matter). */
+__global__ void adamw_kernel(float *p /* [n] */, uint16_t *p_act /* [n] or NULL */,
+                             const float *g /* [n] */, float *m /* [n] */,
                              float *v /* [n] */, size_t n, float beta1, float beta2,
                              float eps, float step_size, float bc2_sqrt, float shrink,
                              int vec) {
@@ -41,6 +44,12 @@ __global__ void adamw_kernel(float *p /* [n] */, const float *g /* [n] */, float
             p4.w = adamw_one(p4.w, g4.w, &m4.w, &v4.w, beta1, beta2, eps, step_size, bc2_sqrt,
                              shrink);
             ((float4 *)p)[i] = p4;
+            if (p_act) {
+                p_act[4 * i] = bf16_bits(p4.x);
+                p_act[4 * i + 1] = bf16_bits(p4.y);
+                p_act[4 * i + 2] = bf16_bits(p4.z);
+                p_act[4 * i + 3] = bf16_bits(p4.w);
+            }
             ((float4 *)m)[i] = m4;
             ((float4 *)v)[i] = v4;
         }
@@ -48,8 +57,10 @@ __global__ void adamw_kernel(float *p /* [n] */, const float *g /* [n] */, float
     }
     for (size_t i = done + i0; i < n; i += stride) {
         float mi = m[i], vi = v[i];
-        p[i] = adamw_one(p[i], g[i], &mi, &vi, beta1, beta2, eps, step_size, bc2_sqrt,
-                         shrink);
+        float pi = adamw_one(p[i], g[i], &mi, &vi, beta1, beta2, eps, step_size, bc2_sqrt,
+                             shrink);
+        p[i] = pi;
+        if (p_act) p_act[i] = bf16_bits(pi);
         m[i] = mi;
         v[i] = vi;
     }
@@ -97,15 +108,15 @@ __global__ void sum_squares_final_kernel(double *out /* [1] */,
 
 extern "C" {
 
-void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                float beta1, float beta2, float eps, float decay, float bc1, float bc2,
-                cudaStream_t s) {
+void cuda_adamw(float *p, uint16_t *p_act, const float *g, float *m, float *v, size_t n,
+                float lr, float beta1, float beta2, float eps, float decay, float bc1,
+                float bc2, cudaStream_t s) {
     if (n == 0) return;
     float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), shrink = 1.0f - lr * decay;
     int vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
     unsigned int grid = grid_for(vec ? n / 4 + 1 : n, ADAM_THREADS);
-    adamw_kernel<<<grid, ADAM_THREADS, 0, s>>>(p, g, m, v, n, beta1, beta2, eps, step_size,
-                                               bc2_sqrt, shrink, vec);
+    adamw_kernel<<<grid, ADAM_THREADS, 0, s>>>(p, p_act, g, m, v, n, beta1, beta2, eps,
+                                               step_size, bc2_sqrt, shrink, vec);
 }
 
 size_t cuda_sum_squares_partials(void) { return SUMSQ_PARTIALS; }

@@ -118,6 +118,8 @@ static inline double __shfl_xor_sync(unsigned int mask, double v, int lane_mask)
 static inline float atomicAdd(float *p, float v) { return emu_atomic_add(p, v); }
 static inline float __ldg(const float *p) { return *p; }
 static inline float4 __ldg(const float4 *p) { return *p; }
+static inline unsigned int __ldg(const unsigned int *p) { return *p; }
+static inline unsigned short __ldg(const unsigned short *p) { return *p; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline float __int_as_float(int i) {
     float f;

@@ -39,6 +39,7 @@ static void check_launch(const char *what) {
 /* A head size above 128 has no kernel: the launchers report it as a launch error. */
 static void test_attention_unsupported(void) {
     float x[4] = {0};
+    uint16_t h[4] = {0};
     cuda_attention_forward(x, x, x, 1, 1, 258, 2, NULL);
     int fwd = cuda_check_launch();
     cuda_attention_backward(x, x, x, x, x, x, 1, 1, 258, 2, NULL);
@@ -47,9 +48,9 @@ static void test_attention_unsupported(void) {
            "attention hs=129 refused", fwd, bwd);
     if (!(fwd && bwd)) g_failures++;
     /* the bf16 kernels exist for hs 64 and 128 only */
-    cuda_attention_forward_bf16(x, x, x, 1, 1, 96, 3, NULL);
+    cuda_attention_forward_bf16(h, x, h, 1, 1, 96, 3, NULL);
     fwd = cuda_check_launch();
-    cuda_attention_backward_bf16(x, x, x, x, x, x, 1, 1, 96, 3, NULL);
+    cuda_attention_backward_bf16(h, x, h, h, h, x, 1, 1, 96, 3, NULL);
     bwd = cuda_check_launch();
     printf("%s %-28s launch errors %d, %d\n", fwd && bwd ? "ok  " : "FAIL",
            "attention bf16 hs=32 refused", fwd, bwd);
