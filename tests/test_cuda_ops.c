@@ -297,12 +297,6 @@ static void test_layernorm(int N, int C) {
     gpu->release(d_dw), gpu->release(d_db);
 }
 
-/* precision = bf16 on both backends: the CPU rounds the operands to bf16 (nearest even)
- * and multiplies in fp32; cuBLASLt's CUBLAS_COMPUTE_32F_FAST_16BF converts them for the
- * tensor cores. The same 1e-5 bound holds only if the GPU rounds as the CPU does (a
- * conversion toward zero would differ by ~1e-3): that is what these runs check. */
-static int g_bf16;
-
 /* The GPU's bf16 output d_out[n] (act: bf16 storage under bf16) really is rounded: it
  * differs from the CPU's strict fp32 result exact[n] by far more than summation order
  * (1e-6) would; bf16 gives ~1e-3. */
@@ -417,16 +411,9 @@ static void check_rounded(const char *what, const gptc_act *d_got, const float *
     free(got);
 }
 
-/* The CPU backend in strict fp32 for the references (fp32 = 1), or back on the GPU's
- * precision, which main keeps both backends on (fp32 = 0). */
-static void mm_cpu_fp32(int fp32) {
-    cpu->set_precision(fp32 ? GPTC_FP32 : gpu->get_precision());
-}
-
 static void test_matmul(int N, int IC, int OC, int w_rows_out, int with_bias) {
     size_t nw = (size_t)IC * OC;
     const char *bf = mm_bf16() ? " bf16" : "";
-    mm_cpu_fp32(1);
     float *inp = mm_act_values((size_t)N * IC, 1, 20), *w = mm_act_values(nw, 0.1f, 21);
     float *bias = with_bias ? mm_act_values(OC, 1, 22) : NULL;
     float *out = malloc((size_t)N * OC * sizeof(float)); /* [N,OC] */
@@ -453,7 +440,6 @@ static void test_matmul(int N, int IC, int OC, int w_rows_out, int with_bias) {
     compare(name, d_dw, dw, nw, 1e-5);
     snprintf(name, sizeof name, "matmul_backward dbias%s", bf);
     if (with_bias) compare(name, d_dbias, dbias, OC, 1e-5);
-    mm_cpu_fp32(0);
     free(inp), free(w), free(bias), free(out), free(dout), free(dw), free(dbias), free(dinp);
     gpu->release(d_inp), gpu->release(d_w), gpu->release(d_out), gpu->release(d_dout);
     gpu->release(d_dw), gpu->release(d_dbias), gpu->release(d_dinp);
@@ -471,7 +457,6 @@ static void test_matmul(int N, int IC, int OC, int w_rows_out, int with_bias) {
 static void test_matmul_gelu(int N, int IC, int OC) {
     size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)IC * OC;
     const char *bf = mm_bf16() ? " bf16" : "";
-    mm_cpu_fp32(1);
     float *inp = mm_act_values(ni, 1, 40), *w = mm_act_values(nw, 0.2f, 41);
     float *bias = mm_act_values(OC, 1, 42);
     float *out = malloc(no * sizeof(float)), *pre = malloc(no * sizeof(float)); /* [N,OC] */
@@ -510,7 +495,6 @@ static void test_matmul_gelu(int N, int IC, int OC) {
     gpu->matmul_dgelu_backward(d_dpre, d_dout, d_w, d_pre2, N, IC, OC, NULL);
     snprintf(name, sizeof name, "matmul_dgelu_backward %dx%dx%d%s", N, IC, OC, bf);
     check_rounded(name, d_dpre, dpre, alt2, ni);
-    mm_cpu_fp32(0);
     free(inp), free(w), free(bias), free(out), free(pre), free(pre2), free(dout), free(dpre);
     free(alt), free(alt2);
     gpu->release(d_inp), gpu->release(d_w), gpu->release(d_bias), gpu->release(d_out);
@@ -869,11 +853,6 @@ int main(int argc, char **argv) {
     test_matmul(33, 7, 5, 0, 1);    /* no dimension a multiple of 4: unaligned views */
     test_matmul_gelu(37, 48, 192);  /* the epilogues */
     test_matmul_gelu(37, 45, 100);  /* leading dimensions not multiples of 8: the kernels */
-    cpu->set_precision(GPTC_BF16), gpu->set_precision(GPTC_BF16), g_bf16 = 1;
-    test_matmul(37, 48, 144, 0, 1);
-    test_matmul(37, 48, 101, 1, 0);
-    if (!quick) test_matmul(128, 768, 256, 0, 1);
-    cpu->set_precision(GPTC_FP32), gpu->set_precision(GPTC_FP32), g_bf16 = 0;
     test_attention(2, 37, 64, 4);   /* hs 16 */
     test_attention(1, 130, 128, 2); /* hs 64, T beyond one tile */
     if (!quick) test_attention(2, 64, 256, 2); /* hs 128 */
@@ -897,7 +876,13 @@ int main(int argc, char **argv) {
 
     /* precision = bf16 for the GPU; the CPU reference runs fp32 on the same bf16 values
      * (top comment) */
-    cpu->set_precision(GPTC_FP32), gpu->set_precision(GPTC_BF16), g_bf16 = 1;
+    cpu->set_precision(GPTC_FP32), gpu->set_precision(GPTC_BF16);
+    test_matmul(37, 48, 144, 0, 1);
+    test_matmul(37, 48, 101, 1, 0);
+    if (!quick) test_matmul(128, 768, 256, 0, 1);
+    test_matmul(33, 7, 5, 0, 1);
+    test_matmul_gelu(37, 48, 192);
+    test_matmul_gelu(37, 45, 100);
     test_attention(1, 130, 128, 2); /* hs 64 */
     if (!quick) test_attention(2, 64, 256, 2); /* hs 128 */
     test_embedding(48);
@@ -916,7 +901,7 @@ int main(int argc, char **argv) {
     if (!quick) test_cross_entropy(19, 4096, 4096, 4096);
     test_adamw(quick ? 10007 : 100003, 0);
     test_adamw(1003, 1);
-    gpu->set_precision(GPTC_FP32), g_bf16 = 0;
+    gpu->set_precision(GPTC_FP32);
     if (g_failures) {
         printf("%d comparison(s) failed\n", g_failures);
         return 1;
