@@ -31,6 +31,43 @@ static __device__ __forceinline__ void act_st(gptc_act *base, size_t i, float x,
     else ((float *)base)[i] = x;
 }
 
+/* Eight consecutive bf16, 16 bytes: moved with one vector access (ld/st.global.v4)
+ * instead of eight 2-byte ones, which would use an eighth of each memory transaction.
+ * A plain aligned struct rather than uint4, which the CPU emulator (tests/cuda_emu)
+ * does not define; nvcc still emits the v4 access for it. Element 2k is the low half of
+ * w[k] (memory order on a little-endian device, as bf16x2_bits packs it). */
+typedef struct alignas(16) bf16x8 {
+    uint32_t w[4];
+} bf16x8;
+
+/* f[0..7] = the 8 bf16 of v, widened (exact) */
+static __device__ __forceinline__ void bf16x8_unpack(float f[8], bf16x8 v) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        f[2 * k] = bf16_to_float((uint16_t)(v.w[k] & 0xffffu));
+        f[2 * k + 1] = bf16_to_float((uint16_t)(v.w[k] >> 16));
+    }
+}
+
+/* f[0..7], each rounded once (bf16_bits), packed in memory order */
+static __device__ __forceinline__ bf16x8 bf16x8_pack(const float f[8]) {
+    bf16x8 v;
+#pragma unroll
+    for (int k = 0; k < 4; k++) v.w[k] = bf16x2_bits(f[2 * k], f[2 * k + 1]);
+    return v;
+}
+
+/* f[0..7] = elements i .. i+7 of a bf16 act buffer; base + i must be 16-byte aligned
+ * (i a multiple of 8 and base aligned16). */
+static __device__ __forceinline__ void act_ld8(float f[8], const gptc_act *base, size_t i) {
+    bf16x8_unpack(f, *(const bf16x8 *)((const uint16_t *)base + i));
+}
+
+/* elements i .. i+7 of a bf16 act buffer = f[0..7] rounded; alignment as act_ld8 */
+static __device__ __forceinline__ void act_st8(gptc_act *base, size_t i, const float f[8]) {
+    *(bf16x8 *)((uint16_t *)base + i) = bf16x8_pack(f);
+}
+
 /* ------------------------------------------------------------------ warp reductions */
 
 /* Butterfly (xor) reductions: every lane ends with the same, bitwise identical value
