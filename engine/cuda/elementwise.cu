@@ -1,8 +1,10 @@
 /* Elementwise kernels (GELU, add, to_act, scale, NaN fill), the bias gradient's column
  * sums, the host-flag wait and the launch check. Elementwise kernels are grid-stride
- * loops with size_t indices; when every buffer is fp32 and 16-byte aligned they move
- * float4s (the bandwidth-bound case) and finish the last n % 4 elements one by one. Act
- * buffers in bf16 take the element-by-element loop (act_ld / act_st). */
+ * loops with size_t indices and bandwidth-bound: when every buffer is 16-byte aligned
+ * (vec) each thread moves 16 bytes per access, a float4 under fp32 or 8 bf16 (act_ld8 /
+ * act_st8) under bf16, and the last n % 4 (n % 8) elements go one by one (act_ld /
+ * act_st), as does everything when a buffer is not aligned. The arithmetic per element
+ * is the same on every path, so the path never changes a result. */
 #include "engine/cuda/cuda_common.cuh"
 
 #define EW_THREADS 256
@@ -22,19 +24,30 @@ static __device__ __forceinline__ float gelu_bwd(float x, float dout) {
     return local * dout;
 }
 
-/* Blocks for an elementwise op on n floats, counted in float4 when vec. */
-static unsigned int ew_grid(size_t n, int vec) {
-    return grid_for(vec ? n / 4 + 1 : n, EW_THREADS);
+/* Blocks for an elementwise op on n elements, counted in 16-byte vectors when vec:
+ * float4 (4 elements) under fp32, 8 bf16 under bf16. */
+static unsigned int ew_grid(size_t n, int vec, int bf16) {
+    return grid_for(vec ? n / (bf16 ? 8 : 4) + 1 : n, EW_THREADS);
 }
 
 /* ------------------------------------------------------------------ GELU */
 
-/* Grid-stride, float4 body when vec (fp32, all pointers 16-byte aligned), scalar tail. */
+/* Grid-stride; when vec (all pointers 16-byte aligned) a body of 8-bf16 groups (bf16) or
+ * float4s (fp32), then the scalar tail. */
 __global__ void gelu_forward_kernel(gptc_act *out /* [n] */, const gptc_act *inp /* [n] */,
                                     size_t n, int vec, int bf16) {
     size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
-    if (vec) {
+    if (vec && bf16) {
+        size_t n8 = n / 8;
+        for (size_t i = i0; i < n8; i += stride) {
+            float x[8]; /* elements 8i .. 8i+7 */
+            act_ld8(x, inp, 8 * i);
+            for (int j = 0; j < 8; j++) x[j] = gelu_fwd(x[j]);
+            act_st8(out, 8 * i, x);
+        }
+        done = n8 * 8;
+    } else if (vec) {
         size_t n4 = n / 4;
         for (size_t i = i0; i < n4; i += stride) {
             float4 x = ((const float4 *)inp)[i];
@@ -53,7 +66,17 @@ __global__ void gelu_backward_kernel(gptc_act *dinp /* [n] */, const gptc_act *i
                                      int bf16) {
     size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
-    if (vec) {
+    if (vec && bf16) {
+        size_t n8 = n / 8;
+        for (size_t i = i0; i < n8; i += stride) {
+            float x[8], d[8]; /* elements 8i .. 8i+7 of inp, dout */
+            act_ld8(x, inp, 8 * i);
+            act_ld8(d, dout, 8 * i);
+            for (int j = 0; j < 8; j++) x[j] = gelu_bwd(x[j], d[j]);
+            act_st8(dinp, 8 * i, x);
+        }
+        done = n8 * 8;
+    } else if (vec) {
         size_t n4 = n / 4;
         for (size_t i = i0; i < n4; i += stride) {
             float4 x = ((const float4 *)inp)[i], d = ((const float4 *)dout)[i];
@@ -73,7 +96,17 @@ __global__ void add_kernel(gptc_act *out /* [n] */, const gptc_act *a /* [n] */,
                            const gptc_act *b /* [n] */, size_t n, int vec, int bf16) {
     size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
-    if (vec) {
+    if (vec && bf16) {
+        size_t n8 = n / 8;
+        for (size_t i = i0; i < n8; i += stride) {
+            float x[8], y[8]; /* elements 8i .. 8i+7 of a, b */
+            act_ld8(x, a, 8 * i);
+            act_ld8(y, b, 8 * i);
+            for (int j = 0; j < 8; j++) x[j] = x[j] + y[j];
+            act_st8(out, 8 * i, x);
+        }
+        done = n8 * 8;
+    } else if (vec) {
         size_t n4 = n / 4;
         for (size_t i = i0; i < n4; i += stride) {
             float4 x = ((const float4 *)a)[i], y = ((const float4 *)b)[i];
@@ -86,12 +119,20 @@ __global__ void add_kernel(gptc_act *out /* [n] */, const gptc_act *a /* [n] */,
 }
 
 /* dst = src rounded to the activation type (a copy under fp32); same layout as
- * add_kernel */
+ * add_kernel: under bf16 a group is two float4s of src in, 8 bf16 out. */
 __global__ void to_act_kernel(gptc_act *dst /* [n] */, const float *src /* [n] */, size_t n,
                               int vec, int bf16) {
     size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
-    if (vec) {
+    if (vec && bf16) {
+        size_t n8 = n / 8;
+        for (size_t i = i0; i < n8; i += stride) {
+            float4 lo = ((const float4 *)src)[2 * i], hi = ((const float4 *)src)[2 * i + 1];
+            float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}; /* src 8i .. 8i+7 */
+            act_st8(dst, 8 * i, x);
+        }
+        done = n8 * 8;
+    } else if (vec) {
         size_t n4 = n / 4;
         for (size_t i = i0; i < n4; i += stride) ((float4 *)dst)[i] = ((const float4 *)src)[i];
         done = n4 * 4;
@@ -188,44 +229,44 @@ extern "C" {
 void cuda_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_precision p,
                        cudaStream_t s) {
     if (n == 0) return;
-    int bf16 = p == GPTC_BF16, vec = !bf16 && aligned16(out) && aligned16(inp);
-    gelu_forward_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(out, inp, n, vec, bf16);
+    int bf16 = p == GPTC_BF16, vec = aligned16(out) && aligned16(inp);
+    gelu_forward_kernel<<<ew_grid(n, vec, bf16), EW_THREADS, 0, s>>>(out, inp, n, vec, bf16);
 }
 
 void cuda_gelu_backward(gptc_act *dinp, const gptc_act *inp, const gptc_act *dout, size_t n,
                         gptc_precision p, cudaStream_t s) {
     if (n == 0) return;
     int bf16 = p == GPTC_BF16;
-    int vec = !bf16 && aligned16(dinp) && aligned16(inp) && aligned16(dout);
-    gelu_backward_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(dinp, inp, dout, n, vec,
-                                                                 bf16);
+    int vec = aligned16(dinp) && aligned16(inp) && aligned16(dout);
+    gelu_backward_kernel<<<ew_grid(n, vec, bf16), EW_THREADS, 0, s>>>(dinp, inp, dout, n, vec,
+                                                                       bf16);
 }
 
 void cuda_add(gptc_act *out, const gptc_act *a, const gptc_act *b, size_t n, gptc_precision p,
               cudaStream_t s) {
     if (n == 0) return;
-    int bf16 = p == GPTC_BF16, vec = !bf16 && aligned16(out) && aligned16(a) && aligned16(b);
-    add_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(out, a, b, n, vec, bf16);
+    int bf16 = p == GPTC_BF16, vec = aligned16(out) && aligned16(a) && aligned16(b);
+    add_kernel<<<ew_grid(n, vec, bf16), EW_THREADS, 0, s>>>(out, a, b, n, vec, bf16);
 }
 
 void cuda_to_act(gptc_act *dst, const float *src, size_t n, gptc_precision p,
                  cudaStream_t s) {
     int bf16 = p == GPTC_BF16;
     if (n == 0 || (!bf16 && dst == (const gptc_act *)src)) return;
-    int vec = !bf16 && aligned16(dst) && aligned16(src);
-    to_act_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(dst, src, n, vec, bf16);
+    int vec = aligned16(dst) && aligned16(src);
+    to_act_kernel<<<ew_grid(n, vec, bf16), EW_THREADS, 0, s>>>(dst, src, n, vec, bf16);
 }
 
 void cuda_scale(float *x, float a, size_t n, cudaStream_t s) {
     if (n == 0) return;
     int vec = aligned16(x);
-    scale_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(x, a, n, vec);
+    scale_kernel<<<ew_grid(n, vec, 0), EW_THREADS, 0, s>>>(x, a, n, vec);
 }
 
 void cuda_fill_nan(float *x, size_t n, cudaStream_t s) {
     if (n == 0) return;
     int vec = aligned16(x);
-    fill_nan_kernel<<<ew_grid(n, vec), EW_THREADS, 0, s>>>(x, n, vec);
+    fill_nan_kernel<<<ew_grid(n, vec, 0), EW_THREADS, 0, s>>>(x, n, vec);
 }
 
 void cuda_bias_backward(float *dbias, const gptc_act *dout, int N, int OC, gptc_precision p,
