@@ -2,9 +2,12 @@
  * cpu_vocab_max / cpu_vocab_expsum / cpu_vocab_ce_finish): this rank holds Vl columns
  * of the padded vocab starting at global column v_start; the first v_valid are real.
  * A row is Vl logits (50304/tp: tens of thousands), so each kernel gives a row to one
- * block whose threads stride the columns (coalesced; float4 when fp32, Vl % 4 == 0 and
- * the buffer is 16-byte aligned) and reduce with a block reduction. The logits are of the
- * activation type (act_ld / act_st); mx, stats and losses fp32. */
+ * block whose threads stride the columns (coalesced) and reduce with a block reduction.
+ * When vec (the buffer 16-byte aligned and every row too: Vl % 4 == 0 under fp32,
+ * Vl % 8 == 0 under bf16) a thread moves 16 bytes per access, a float4 or 8 bf16
+ * (act_ld8 / act_st8: 2-byte accesses would waste most of each transaction), and the
+ * columns past the last whole group go one by one. The logits are of the activation type
+ * (act_ld / act_st); mx, stats and losses fp32. */
 #include "engine/cuda/cuda_common.cuh"
 
 #define CE_THREADS 512
@@ -23,9 +26,16 @@ __global__ void vocab_max_kernel(float *mx /* [N] */, const gptc_act *logits /* 
     __shared__ float sh[32]; /* block_max scratch */
     int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
     size_t r0 = (size_t)n * Vl; /* row n */
-    const float *row = (const float *)logits + r0; /* only read when vec (fp32) */
+    const float *row = (const float *)logits + r0; /* only read when vec and fp32 */
     float m = -INFINITY;
-    if (vec) {
+    if (vec && bf16) { /* the maximum does not depend on the order */
+        for (int i = threadIdx.x; i < nv / 8; i += blockDim.x) {
+            float x[8]; /* columns 8i .. 8i+7 */
+            act_ld8(x, logits, r0 + 8 * (size_t)i);
+            for (int j = 0; j < 8; j++) m = max_sel(m, x[j]);
+        }
+        done = nv / 8 * 8;
+    } else if (vec) {
         for (int i = threadIdx.x; i < nv / 4; i += blockDim.x) {
             float4 x = ((const float4 *)row)[i];
             m = max_sel(max_sel(max_sel(max_sel(m, x.x), x.y), x.z), x.w);
@@ -52,14 +62,25 @@ __global__ void vocab_expsum_kernel(float *stats /* [2,N] */, gptc_act *logits /
     __shared__ double sh[32]; /* block_sum_double scratch */
     int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
     size_t r0 = (size_t)n * Vl; /* row n */
-    float *row = (float *)logits + r0; /* only used when vec (fp32) */
+    float *row = (float *)logits + r0; /* only used when vec and fp32 */
     float shift = mx[n];
     int y = targets[n] - v_start;
     float target = 0.0f;
     if (threadIdx.x == 0 && y >= 0 && y < nv) target = act_ld(logits, r0 + y, bf16) - shift;
     __syncthreads();
     double acc = 0.0;
-    if (vec) {
+    if (vec && bf16) { /* groups wholly among the valid columns; padding is not touched */
+        for (int i = threadIdx.x; i < nv / 8; i += blockDim.x) {
+            float x[8]; /* columns 8i .. 8i+7 */
+            act_ld8(x, logits, r0 + 8 * (size_t)i);
+            for (int j = 0; j < 8; j++) {
+                x[j] = expf(x[j] - shift);
+                acc += x[j];
+            }
+            act_st8(logits, r0 + 8 * (size_t)i, x);
+        }
+        done = nv / 8 * 8;
+    } else if (vec) {
         for (int i = threadIdx.x; i < nv / 4; i += blockDim.x) {
             float4 x = ((float4 *)row)[i];
             x.x = expf(x.x - shift);
@@ -102,13 +123,21 @@ __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits
                                        int bf16) {
     int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
     size_t r0 = (size_t)n * Vl; /* row n */
-    float *row = (float *)logits + r0; /* only used when vec (fp32) */
+    float *row = (float *)logits + r0; /* only used when vec and fp32 */
     float sum = stats[n];
     if (threadIdx.x == 0) losses[n] = logf(sum) - stats[N + n];
     float scale = dloss / sum;
     int y = targets[n] - v_start;
     if (y < 0 || y >= nv) y = -1; /* not held here: no column matches */
-    if (vec) {
+    if (vec && bf16) {
+        for (int i = threadIdx.x; i < Vl / 8; i += blockDim.x) {
+            float x[8]; /* columns 8i .. 8i+7 */
+            act_ld8(x, logits, r0 + 8 * (size_t)i);
+            for (int j = 0; j < 8; j++) x[j] = ce_grad(x[j], 8 * i + j, nv, y, scale, dloss);
+            act_st8(logits, r0 + 8 * (size_t)i, x);
+        }
+        done = Vl / 8 * 8;
+    } else if (vec) {
         for (int i = threadIdx.x; i < Vl / 4; i += blockDim.x) {
             float4 x = ((float4 *)row)[i];
             int c = 4 * i;
@@ -127,9 +156,9 @@ __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits
 
 extern "C" {
 
-/* float4 rows: fp32, Vl % 4 == 0, 16-byte aligned */
+/* 16-byte rows: the buffer 16-byte aligned, Vl a multiple of 4 floats or 8 bf16 */
 static int ce_vec(const gptc_act *logits, int Vl, int bf16) {
-    return !bf16 && Vl % 4 == 0 && aligned16(logits);
+    return Vl % (bf16 ? 8 : 4) == 0 && aligned16(logits);
 }
 
 void cuda_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_valid,

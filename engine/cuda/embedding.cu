@@ -6,9 +6,10 @@
 #define EMB_THREADS 256
 
 /* Blocks stride over rows and threads over the row's columns, so the token lookup is
- * done once per row and every read and write is coalesced; float4 when vec (fp32,
- * C % 4 == 0 and out, wte, wpe 16-byte aligned). Same sum as the CPU: te + pe, each 0 if
- * absent, rounded once when bf16. */
+ * done once per row and every read and write is coalesced. vec (out, wte, wpe 16-byte
+ * aligned and C % 4 == 0 under fp32, C % 8 == 0 under bf16): 16 bytes per access, a
+ * float4 or 8 bf16 (2-byte accesses would waste most of each transaction). Same sum as
+ * the CPU: te + pe, each 0 if absent, rounded once when bf16. */
 __global__ void embedding_forward_kernel(gptc_act *out /* [N,C] */,
                                          const int32_t *tokens /* [N] */,
                                          const gptc_act *wte /* [v_local,C] */,
@@ -19,7 +20,16 @@ __global__ void embedding_forward_kernel(gptc_act *out /* [N,C] */,
         int row = tokens[n] - v_start; /* this rank's row of wte, if it holds the token */
         int has_te = row >= 0 && row < v_local;
         size_t te = (size_t)row * C, pe = (size_t)(n % T) * C, o = (size_t)n * C;
-        if (vec) {
+        if (vec && bf16) {
+            for (int c = 8 * threadIdx.x; c < C; c += 8 * blockDim.x) {
+                float a[8], b[8]; /* columns c .. c+7 of the wte row, the wpe row (or 0) */
+                for (int j = 0; j < 8; j++) a[j] = b[j] = 0.0f;
+                if (has_te) act_ld8(a, wte, te + c);
+                if (wpe) act_ld8(b, wpe, pe + c);
+                for (int j = 0; j < 8; j++) a[j] = a[j] + b[j];
+                act_st8(out, o + c, a);
+            }
+        } else if (vec) {
             const float *tef = has_te ? (const float *)wte + te : NULL;
             const float *pef = wpe ? (const float *)wpe + pe : NULL;
             float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -79,7 +89,7 @@ void cuda_embedding_forward(gptc_act *out, const int32_t *tokens, const gptc_act
                             gptc_precision p, cudaStream_t s) {
     if (N <= 0 || C <= 0) return;
     int bf16 = p == GPTC_BF16;
-    int vec = !bf16 && C % 4 == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
+    int vec = C % (bf16 ? 8 : 4) == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
     embedding_forward_kernel<<<grid_for((size_t)N, 1), EMB_THREADS, 0, s>>>(
         out, tokens, wte, wpe, N, T, C, v_start, v_local, vec, bf16);
 }
