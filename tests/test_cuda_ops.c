@@ -3,9 +3,11 @@
  * comparison; outputs it accumulates into start from the same random values on both
  * sides, so a missing or doubled "+=" fails too. Shapes include sizes that are not
  * multiples of any tile or warp (T = 37, C = 48, a vocabulary of 101 columns of which 97
- * are real). The kernels' float4 bodies need 16-byte aligned buffers, so their scalar
- * paths run on C = 45 and on views one float into an allocation ("unaligned"); layernorm
- * at C = 7000 takes its path without shared memory. Exits 77 (ctest: skipped) when there
+ * are real). The kernels' vector bodies (a float4, or 8 bf16 under bf16) need 16-byte
+ * aligned buffers and rows, so their scalar paths run on C = 45, Vl = 101 and on views one
+ * element into an allocation ("unaligned"); C = 48, 768, 7000, Vl = 104 (97 real: a scalar
+ * tail in the rows) and n = 10007 (a tail of 7) take them; layernorm at C = 7000 takes its
+ * path without shared memory. Exits 77 (ctest: skipped) when there
  * is no GPU. The same source runs on the fake CUDA runtime of tests/cuda_emu as
  * test_cuda_ops_emu; what needs the launchers or the emulator themselves (refused shapes,
  * which the op table turns into an exit, fill_nan, the host flags, the emulated mma) is
@@ -783,7 +785,9 @@ static void test_cross_entropy(int N, int Vl, int v_valid, int v_start) {
     int32_t *d_tgt = ints_to_gpu(tgt, N);
     cpu->vocab_max(mx, logits, N, Vl, v_valid, NULL);
     gpu->vocab_max(d_mx, d_logits, N, Vl, v_valid, NULL);
-    compare("vocab_max", d_mx, mx, N, 0);
+    char name[64];
+    snprintf(name, sizeof name, "vocab_max Vl=%d", Vl);
+    compare(name, d_mx, mx, N, 0);
     cpu->vocab_expsum(stats, logits, mx, tgt, N, Vl, v_valid, v_start, NULL);
     gpu->vocab_expsum(d_stats, d_logits, d_mx, d_tgt, N, Vl, v_valid, v_start, NULL);
     compare("vocab_expsum stats", d_stats, stats, 2 * (size_t)N, 1e-5);
@@ -845,6 +849,7 @@ int main(int argc, char **argv) {
     test_embedding(48);
     test_embedding(45);
     test_layernorm(37, 48);
+    test_layernorm(37, 45);
     if (!quick) test_layernorm(64, 768);
     test_layernorm(5, 7000); /* 2C floats above 48 KiB: dw, db by atomics, no shared memory */
     test_matmul(37, 48, 144, 0, 1);
@@ -865,6 +870,7 @@ int main(int argc, char **argv) {
     test_elementwise(quick ? 10007 : 1000003, 0);
     test_elementwise(1003, 1);
     test_cross_entropy(37, 101, 97, 0);
+    test_cross_entropy(37, 104, 97, 0);  /* vector rows, a scalar tail of valid columns */
     test_cross_entropy(37, 101, 0, 101); /* a rank holding padding only */
     if (!quick) test_cross_entropy(19, 4096, 4096, 4096);
     test_adamw(quick ? 10007 : 100003, 0);
@@ -888,6 +894,7 @@ int main(int argc, char **argv) {
     test_embedding(48);
     test_embedding(45);
     test_layernorm(37, 48);
+    test_layernorm(37, 45);
     if (!quick) test_layernorm(64, 768);
     test_layernorm(5, 7000);
     test_bias_backward(37, 101);
@@ -897,6 +904,7 @@ int main(int argc, char **argv) {
     test_to_act(1003, 0);
     test_to_act(1003, 1);
     test_cross_entropy(37, 101, 97, 0);
+    test_cross_entropy(37, 104, 97, 0);
     test_cross_entropy(37, 101, 0, 101);
     if (!quick) test_cross_entropy(19, 4096, 4096, 4096);
     test_adamw(quick ? 10007 : 100003, 0);
