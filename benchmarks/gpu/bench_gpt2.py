@@ -118,7 +118,7 @@ def main():
             row["overhead_vs_off"] = row["ms_per_step"] / rows[0]["ms_per_step"] - 1
         record(row)
         rows.append(row)
-    # precision = bf16 (so far: bf16 tensor-core matmuls, the rest fp32)
+    # precision = bf16: bf16 activations and parameter copy, tensor-core products
     if left() >= 30:
         row = gptc("bf16", micro, 6, [], precision="bf16")
         record(row)
