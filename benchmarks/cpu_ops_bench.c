@@ -18,7 +18,7 @@ static void crossentropy(const gptc_backend *be, float *loss, float *logits, flo
                          float *stats, const int32_t *tgt, int N, int V) {
     be->vocab_max(mx, logits, N, V, V, NULL);
     be->vocab_expsum(stats, logits, mx, tgt, N, V, V, 0, NULL);
-    be->vocab_ce_finish(loss, logits, stats, tgt, N, V, V, 0, 1.0f, NULL);
+    be->vocab_ce_finish(loss, logits, mx, stats, tgt, N, V, V, 0, 1.0f, NULL);
 }
 
 static void report(const char *what, double ms, int per_step) {

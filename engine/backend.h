@@ -189,22 +189,22 @@ typedef struct gptc_backend {
     /* Softmax cross-entropy over a vocabulary split across ranks, in three steps around
      * two all-reduces (max, then sum): this rank holds Vl columns of the padded vocab
      * starting at global column v_start, of which the first v_valid are real (padded
-     * columns never enter the softmax).
-     * The logits are act; mx, stats and losses fp32.
+     * columns never enter the softmax). The logits are act; mx, stats and losses fp32.
+     * No step stores probabilities: the last one recomputes them from the logits and
+     * writes the gradient over the logits, so they are read three times and written once.
      * vocab_max: mx[N] = max over the valid columns of logits[N,Vl] (-inf if none). */
     void (*vocab_max)(float *mx, const gptc_act *logits, int N, int Vl, int v_valid,
                       gptc_stream *s);
-    /* logits := exp(logits - mx) on valid columns; stats[2,N] = row sums (of the fp32
-     * exps, before they are rounded) | target logit minus mx where this rank holds the
-     * target, else 0 */
-    void (*vocab_expsum)(float *stats, gptc_act *logits, const float *mx,
+    /* stats[2,N] = row sums of exp(logits - mx) over the valid columns | target logit
+     * minus mx where this rank holds the target, else 0 */
+    void (*vocab_expsum)(float *stats, const gptc_act *logits, const float *mx,
                          const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                          gptc_stream *s);
     /* with stats summed over ranks: losses[N] = log(sum) - target; logits[N,Vl] becomes
-     * dloss * (p - onehot), zero in padded columns */
-    void (*vocab_ce_finish)(float *losses, gptc_act *logits, const float *stats,
-                            const int32_t *targets, int N, int Vl, int v_valid, int v_start,
-                            float dloss, gptc_stream *s);
+     * dloss * (p - onehot) with p = exp(logit - mx) / sum, zero in padded columns */
+    void (*vocab_ce_finish)(float *losses, gptc_act *logits, const float *mx,
+                            const float *stats, const int32_t *targets, int N, int Vl,
+                            int v_valid, int v_start, float dloss, gptc_stream *s);
 
     /* The optimizer's ops work on fp32 buffers only.
      * Sum of squares of x[n], accumulated in double, returned to the host. */

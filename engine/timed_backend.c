@@ -216,7 +216,7 @@ static void t_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_
     done("loss_max", t0, s);
 }
 
-static void t_vocab_expsum(float *stats, gptc_act *logits, const float *mx,
+static void t_vocab_expsum(float *stats, const gptc_act *logits, const float *mx,
                            const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                            gptc_stream *s) {
     op_start t0 = begin("loss_expsum", s);
@@ -225,11 +225,12 @@ static void t_vocab_expsum(float *stats, gptc_act *logits, const float *mx,
     scan("loss_expsum", stats, 2 * (size_t)N);
 }
 
-static void t_vocab_ce_finish(float *losses, gptc_act *logits, const float *stats,
-                              const int32_t *targets, int N, int Vl, int v_valid, int v_start,
-                              float dloss, gptc_stream *s) {
+static void t_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx,
+                              const float *stats, const int32_t *targets, int N, int Vl,
+                              int v_valid, int v_start, float dloss, gptc_stream *s) {
     op_start t0 = begin("loss_finish", s);
-    g_inner->vocab_ce_finish(losses, logits, stats, targets, N, Vl, v_valid, v_start, dloss, s);
+    g_inner->vocab_ce_finish(losses, logits, mx, stats, targets, N, Vl, v_valid, v_start, dloss,
+                             s);
     done("loss_finish", t0, s);
     scan("loss_finish", losses, (size_t)N);
 }

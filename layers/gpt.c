@@ -532,8 +532,8 @@ static void head_forward(gpt_model *m, slot_acts *sa, const gptc_act *x, const d
     be->vocab_expsum(sa->loss_stats, sa->logits, sa->loss_max, sa->targets, N, d->Vl, d->v_valid,
                      d->v_start, s);
     tp_allreduce_sum(&m->tp, sa->loss_stats, 2 * (size_t)N, s);
-    be->vocab_ce_finish(sa->losses, sa->logits, sa->loss_stats, sa->targets, N, d->Vl,
-                        d->v_valid, d->v_start, dloss, s);
+    be->vocab_ce_finish(sa->losses, sa->logits, sa->loss_max, sa->loss_stats, sa->targets, N,
+                        d->Vl, d->v_valid, d->v_start, dloss, s);
     if (m->n_losses >= m->n_micro) {
         log_error("rank %d: more than %d micro-batches forwarded through the head in one step",
                   log_rank(), m->n_micro);

@@ -5,20 +5,20 @@ test_cpu_bf16 checks the ops one by one).
 
 The tiny GPT-2 of test_layouts for 5 steps. What bf16 must show, and why these numbers:
   - Rounding really happens: step 1 (the same master parameters in every run) gives a
-    grad norm that differs from the fp32 run's by more than APART (measured 7.5e-5; a
+    grad norm that differs from the fp32 run's by more than APART (measured 2.1e-4; a
     run that silently stayed fp32 differs by ~1e-7) yet a loss within 1e-4 (measured
     8.1e-6).
   - Layouts without tensor parallelism (dp, pp) round exactly where one rank does: at
     step 1 within STEP1_LOSS / STEP1_GRAD of one rank (measured: equal), and over 5
     steps within ALL_STEPS (DP sums the fp32 gradients in another order; AdamW's steps
-    of ~lr grow such differences: measured 1.0e-4).
+    of ~lr grow such differences: measured 6.6e-5).
   - Tensor parallelism rounds more: a row-parallel product's partial sums are stored
     (rounded) before the TP all-reduce adds them, and the sum is rounded again, at each
     of a layer's four TP reductions, as Megatron's bf16 all-reduce does. At step 1 the
     TP layouts are within TP_STEP1_LOSS / TP_STEP1_GRAD of one rank (measured 1.6e-5 /
-    2.8e-4, against 8.1e-6 / 7.5e-5 between bf16 and fp32 on one rank: about three
-    roundings where one rank makes one), over 5 steps within TP_ALL_STEPS (measured
-    3.4e-3). A buffer read as the wrong type gives a loss off by orders of magnitude.
+    1.0e-4: about three roundings where one rank makes one), over 5 steps within
+    TP_ALL_STEPS (measured 1.6e-3). A buffer read as the wrong type gives a loss off by
+    orders of magnitude.
   - A save in bf16 resumes with exactly the uninterrupted run's losses (the bf16 copy is
     rebuilt from the fp32 masters as the optimizer would have written it)."""
 import os

@@ -170,7 +170,7 @@ static void crossentropy(float *losses, float *logits, const int32_t *y, int N, 
     float mx[8], stats[16];
     be->vocab_max(mx, logits, N, Vp, V, NULL);
     be->vocab_expsum(stats, logits, mx, y, N, Vp, V, 0, NULL);
-    be->vocab_ce_finish(losses, logits, stats, y, N, Vp, V, 0, 1.0f, NULL);
+    be->vocab_ce_finish(losses, logits, mx, stats, y, N, Vp, V, 0, 1.0f, NULL);
 }
 
 typedef struct { int N, V, Vp; float *logits, *work, *losses; int32_t *y; } ce_ctx;

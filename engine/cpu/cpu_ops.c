@@ -214,6 +214,19 @@ static double exp_shift_sum(float *x, int n, float shift) {
     return total;
 }
 
+/* The sum of exp(x[i] - shift) for i < n, summed as exp_shift_sum does, x left as it is */
+static double exp_sum(const float *x, int n, float shift) {
+    double total = 0.0;
+    for (int i0 = 0; i0 < n; i0 += 256) {
+        int i1 = i0 + 256 < n ? i0 + 256 : n;
+        float block = 0.0f;
+        #pragma omp simd reduction(+ : block)
+        for (int i = i0; i < i1; i++) block += cpu_expf(x[i] - shift);
+        total += block;
+    }
+    return total;
+}
+
 static float row_max(const float *x, int n) {
     float mx = x[0];
     #pragma omp simd reduction(max : mx)
@@ -424,26 +437,27 @@ static void f32_vocab_max(float *mx, const float *logits, int N, int Vl, int v_v
         mx[n] = v_valid > 0 ? row_max(logits + (size_t)n * Vl, v_valid) : -INFINITY;
 }
 
-static void f32_vocab_expsum(float *stats, float *logits, const float *mx, const int32_t *targets,
-                             int N, int Vl, int v_valid, int v_start) {
+static void f32_vocab_expsum(float *stats, const float *logits, const float *mx,
+                             const int32_t *targets, int N, int Vl, int v_valid, int v_start) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        float *row = logits + (size_t)n * Vl;
+        const float *row = logits + (size_t)n * Vl;
         int y = targets[n] - v_start;
         stats[N + n] = y >= 0 && y < v_valid ? row[y] - mx[n] : 0.0f;
-        stats[n] = (float)exp_shift_sum(row, v_valid, mx[n]);
+        stats[n] = (float)exp_sum(row, v_valid, mx[n]);
     }
 }
 
-static void f32_vocab_ce_finish(float *losses, float *logits, const float *stats,
-                                const int32_t *targets, int N, int Vl, int v_valid, int v_start,
-                                float dloss) {
+static void f32_vocab_ce_finish(float *losses, float *logits, const float *mx,
+                                const float *stats, const int32_t *targets, int N, int Vl,
+                                int v_valid, int v_start, float dloss) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        float *row = logits + (size_t)n * Vl;
+        float *row = logits + (size_t)n * Vl, shift = mx[n];
         losses[n] = logf(stats[n]) - stats[N + n];
         float scale = dloss / stats[n];
-        for (int i = 0; i < v_valid; i++) row[i] *= scale;
+        #pragma omp simd
+        for (int i = 0; i < v_valid; i++) row[i] = cpu_expf(row[i] - shift) * scale;
         int y = targets[n] - v_start;
         if (y >= 0 && y < v_valid) row[y] -= dloss;
         for (int i = v_valid < 0 ? 0 : v_valid; i < Vl; i++) row[i] = 0.0f;
@@ -748,30 +762,29 @@ void cpu_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_valid
     f32_vocab_max(mx, unpack(&next, logits, nl), N, Vl, v_valid);
 }
 
-void cpu_vocab_expsum(float *stats, gptc_act *logits, const float *mx, const int32_t *targets,
-                      int N, int Vl, int v_valid, int v_start, gptc_stream *s) {
+void cpu_vocab_expsum(float *stats, const gptc_act *logits, const float *mx,
+                      const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                      gptc_stream *s) {
     if (!bf16()) {
         f32_vocab_expsum(stats, logits, mx, targets, N, Vl, v_valid, v_start);
         return;
     }
     size_t nl = (size_t)N * Vl;
     float *next = arena(nl);
-    float *l = unpack(&next, logits, nl);
-    f32_vocab_expsum(stats, l, mx, targets, N, Vl, v_valid, v_start); /* sums the fp32 exps */
-    pack(logits, l, nl);
+    f32_vocab_expsum(stats, unpack(&next, logits, nl), mx, targets, N, Vl, v_valid, v_start);
 }
 
-void cpu_vocab_ce_finish(float *losses, gptc_act *logits, const float *stats,
+void cpu_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx, const float *stats,
                          const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                          float dloss, gptc_stream *s) {
     if (!bf16()) {
-        f32_vocab_ce_finish(losses, logits, stats, targets, N, Vl, v_valid, v_start, dloss);
+        f32_vocab_ce_finish(losses, logits, mx, stats, targets, N, Vl, v_valid, v_start, dloss);
         return;
     }
     size_t nl = (size_t)N * Vl;
     float *next = arena(nl);
-    float *l = unpack(&next, logits, nl); /* the exps as stored, rounded */
-    f32_vocab_ce_finish(losses, l, stats, targets, N, Vl, v_valid, v_start, dloss);
+    float *l = unpack(&next, logits, nl);
+    f32_vocab_ce_finish(losses, l, mx, stats, targets, N, Vl, v_valid, v_start, dloss);
     pack(logits, l, nl);
 }
 

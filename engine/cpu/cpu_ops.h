@@ -53,9 +53,10 @@ void cpu_gelu_backward(gptc_act *dinp, const gptc_act *inp, const gptc_act *dout
 void cpu_add(gptc_act *out, const gptc_act *a, const gptc_act *b, size_t n, gptc_stream *s);
 void cpu_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_valid,
                    gptc_stream *s);
-void cpu_vocab_expsum(float *stats, gptc_act *logits, const float *mx, const int32_t *targets,
-                      int N, int Vl, int v_valid, int v_start, gptc_stream *s);
-void cpu_vocab_ce_finish(float *losses, gptc_act *logits, const float *stats,
+void cpu_vocab_expsum(float *stats, const gptc_act *logits, const float *mx,
+                      const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                      gptc_stream *s);
+void cpu_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx, const float *stats,
                          const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                          float dloss, gptc_stream *s);
 double cpu_sum_squares(const float *x, size_t n, gptc_stream *s);

@@ -48,75 +48,60 @@ __global__ void vocab_max_kernel(float *mx /* [N] */, const gptc_act *logits /* 
     if (threadIdx.x == 0) mx[n] = m;
 }
 
-/* One block per row: logits := exp(logits - mx) on the valid columns (padded columns
- * are left as they are, as on the CPU); stats[n] = their sum, each thread summing in
- * double and the block in double (the CPU sums 256-element float blocks in double; this
- * is at least as accurate; the sum is of the fp32 exps, before a bf16 store rounds
- * them); stats[N + n] = target logit - mx if this rank holds the target among its valid
- * columns, else 0. The target logit is read before the barrier that precedes the
- * in-place exp, which may overwrite it. */
-__global__ void vocab_expsum_kernel(float *stats /* [2,N] */, gptc_act *logits /* [N,Vl] */,
+/* One block per row, the logits only read: stats[n] = the sum of exp(logit - mx) over the
+ * valid columns, each thread summing in double and the block in double (the CPU sums
+ * 256-element float blocks in double; this is at least as accurate); stats[N + n] =
+ * target logit - mx if this rank holds the target among its valid columns, else 0. */
+__global__ void vocab_expsum_kernel(float *stats /* [2,N] */,
+                                    const gptc_act *logits /* [N,Vl] */,
                                     const float *mx /* [N] */, const int32_t *targets /* [N] */,
                                     int N, int Vl, int v_valid, int v_start, int vec,
                                     int bf16) {
     __shared__ double sh[32]; /* block_sum_double scratch */
     int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
     size_t r0 = (size_t)n * Vl; /* row n */
-    float *row = (float *)logits + r0; /* only used when vec and fp32 */
+    const float *row = (const float *)logits + r0; /* only read when vec and fp32 */
     float shift = mx[n];
-    int y = targets[n] - v_start;
-    float target = 0.0f;
-    if (threadIdx.x == 0 && y >= 0 && y < nv) target = act_ld(logits, r0 + y, bf16) - shift;
-    __syncthreads();
     double acc = 0.0;
-    if (vec && bf16) { /* groups wholly among the valid columns; padding is not touched */
+    if (vec && bf16) { /* groups wholly among the valid columns; padding is not read */
         for (int i = threadIdx.x; i < nv / 8; i += blockDim.x) {
             float x[8]; /* columns 8i .. 8i+7 */
             act_ld8(x, logits, r0 + 8 * (size_t)i);
-            for (int j = 0; j < 8; j++) {
-                x[j] = expf(x[j] - shift);
-                acc += x[j];
-            }
-            act_st8(logits, r0 + 8 * (size_t)i, x);
+            for (int j = 0; j < 8; j++) acc += expf(x[j] - shift);
         }
         done = nv / 8 * 8;
     } else if (vec) {
         for (int i = threadIdx.x; i < nv / 4; i += blockDim.x) {
-            float4 x = ((float4 *)row)[i];
-            x.x = expf(x.x - shift);
-            x.y = expf(x.y - shift);
-            x.z = expf(x.z - shift);
-            x.w = expf(x.w - shift);
-            ((float4 *)row)[i] = x;
-            acc += (double)x.x + (double)x.y + (double)x.z + (double)x.w;
+            float4 x = ((const float4 *)row)[i];
+            acc += (double)expf(x.x - shift) + (double)expf(x.y - shift) +
+                   (double)expf(x.z - shift) + (double)expf(x.w - shift);
         }
         done = nv / 4 * 4;
     }
-    for (int i = done + threadIdx.x; i < nv; i += blockDim.x) {
-        float e = expf(act_ld(logits, r0 + i, bf16) - shift);
-        act_st(logits, r0 + i, e, bf16);
-        acc += e;
-    }
+    for (int i = done + threadIdx.x; i < nv; i += blockDim.x)
+        acc += expf(act_ld(logits, r0 + i, bf16) - shift);
     acc = block_sum_double(acc, sh);
     if (threadIdx.x == 0) {
+        int y = targets[n] - v_start;
         stats[n] = (float)acc;
-        stats[N + n] = target;
+        stats[N + n] = y >= 0 && y < nv ? act_ld(logits, r0 + y, bf16) - shift : 0.0f;
     }
 }
 
-/* the gradient of one column: p * dloss (p = e / sum, as e * (dloss / sum) on the CPU),
- * minus dloss on the target, 0 on padded columns */
-static __device__ __forceinline__ float ce_grad(float e, int i, int nv, int y, float scale,
-                                                float dloss) {
+/* the gradient of one column from its logit x: p * dloss (p = exp(x - shift) / sum, as
+ * exp(x - shift) * (dloss / sum) on the CPU), minus dloss on the target, 0 on padded
+ * columns */
+static __device__ __forceinline__ float ce_grad(float x, int i, int nv, int y, float shift,
+                                                float scale, float dloss) {
     if (i >= nv) return 0.0f;
-    float g = e * scale;
+    float g = expf(x - shift) * scale;
     return i == y ? g - dloss : g;
 }
 
-/* One block per row over all Vl columns (valid and padded): every element of the row is
- * rewritten, each by one thread, so no barrier is needed. Under bf16 the gradient comes
- * from the stored (rounded) exps. */
+/* One block per row over all Vl columns (valid and padded): every logit is read and its
+ * gradient written over it by one thread, so no barrier is needed. */
 __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits /* [N,Vl] */,
+                                       const float *mx /* [N] */,
                                        const float *stats /* [2,N] */,
                                        const int32_t *targets /* [N] */, int N, int Vl,
                                        int v_valid, int v_start, float dloss, int vec,
@@ -124,7 +109,7 @@ __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits
     int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
     size_t r0 = (size_t)n * Vl; /* row n */
     float *row = (float *)logits + r0; /* only used when vec and fp32 */
-    float sum = stats[n];
+    float sum = stats[n], shift = mx[n];
     if (threadIdx.x == 0) losses[n] = logf(sum) - stats[N + n];
     float scale = dloss / sum;
     int y = targets[n] - v_start;
@@ -133,7 +118,8 @@ __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits
         for (int i = threadIdx.x; i < Vl / 8; i += blockDim.x) {
             float x[8]; /* columns 8i .. 8i+7 */
             act_ld8(x, logits, r0 + 8 * (size_t)i);
-            for (int j = 0; j < 8; j++) x[j] = ce_grad(x[j], 8 * i + j, nv, y, scale, dloss);
+            for (int j = 0; j < 8; j++)
+                x[j] = ce_grad(x[j], 8 * i + j, nv, y, shift, scale, dloss);
             act_st8(logits, r0 + 8 * (size_t)i, x);
         }
         done = Vl / 8 * 8;
@@ -141,17 +127,17 @@ __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits
         for (int i = threadIdx.x; i < Vl / 4; i += blockDim.x) {
             float4 x = ((float4 *)row)[i];
             int c = 4 * i;
-            x.x = ce_grad(x.x, c, nv, y, scale, dloss);
-            x.y = ce_grad(x.y, c + 1, nv, y, scale, dloss);
-            x.z = ce_grad(x.z, c + 2, nv, y, scale, dloss);
-            x.w = ce_grad(x.w, c + 3, nv, y, scale, dloss);
+            x.x = ce_grad(x.x, c, nv, y, shift, scale, dloss);
+            x.y = ce_grad(x.y, c + 1, nv, y, shift, scale, dloss);
+            x.z = ce_grad(x.z, c + 2, nv, y, shift, scale, dloss);
+            x.w = ce_grad(x.w, c + 3, nv, y, shift, scale, dloss);
             ((float4 *)row)[i] = x;
         }
         done = Vl / 4 * 4;
     }
     for (int i = done + threadIdx.x; i < Vl; i += blockDim.x)
-        act_st(logits, r0 + i, ce_grad(act_ld(logits, r0 + i, bf16), i, nv, y, scale, dloss),
-               bf16);
+        act_st(logits, r0 + i,
+               ce_grad(act_ld(logits, r0 + i, bf16), i, nv, y, shift, scale, dloss), bf16);
 }
 
 extern "C" {
@@ -169,21 +155,21 @@ void cuda_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_vali
                                               ce_vec(logits, Vl, bf16), bf16);
 }
 
-void cuda_vocab_expsum(float *stats, gptc_act *logits, const float *mx, const int32_t *targets,
-                       int N, int Vl, int v_valid, int v_start, gptc_precision p,
-                       cudaStream_t s) {
+void cuda_vocab_expsum(float *stats, const gptc_act *logits, const float *mx,
+                       const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                       gptc_precision p, cudaStream_t s) {
     if (N <= 0) return;
     int bf16 = p == GPTC_BF16;
     vocab_expsum_kernel<<<N, CE_THREADS, 0, s>>>(stats, logits, mx, targets, N, Vl, v_valid,
                                                  v_start, ce_vec(logits, Vl, bf16), bf16);
 }
 
-void cuda_vocab_ce_finish(float *losses, gptc_act *logits, const float *stats,
+void cuda_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx, const float *stats,
                           const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                           float dloss, gptc_precision p, cudaStream_t s) {
     if (N <= 0) return;
     int bf16 = p == GPTC_BF16;
-    vocab_ce_finish_kernel<<<N, CE_THREADS, 0, s>>>(losses, logits, stats, targets, N, Vl,
+    vocab_ce_finish_kernel<<<N, CE_THREADS, 0, s>>>(losses, logits, mx, stats, targets, N, Vl,
                                                     v_valid, v_start, dloss,
                                                     ce_vec(logits, Vl, bf16), bf16);
 }

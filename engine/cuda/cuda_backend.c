@@ -265,16 +265,16 @@ static void cu_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v
     cuda_vocab_max(mx, logits, N, Vl, v_valid, g_precision, cu(s));
     check_launch("vocab_max");
 }
-static void cu_vocab_expsum(float *stats, gptc_act *logits, const float *mx,
+static void cu_vocab_expsum(float *stats, const gptc_act *logits, const float *mx,
                             const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                             gptc_stream *s) {
     cuda_vocab_expsum(stats, logits, mx, targets, N, Vl, v_valid, v_start, g_precision, cu(s));
     check_launch("vocab_expsum");
 }
-static void cu_vocab_ce_finish(float *losses, gptc_act *logits, const float *stats,
-                               const int32_t *targets, int N, int Vl, int v_valid, int v_start,
-                               float dloss, gptc_stream *s) {
-    cuda_vocab_ce_finish(losses, logits, stats, targets, N, Vl, v_valid, v_start, dloss,
+static void cu_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx,
+                               const float *stats, const int32_t *targets, int N, int Vl,
+                               int v_valid, int v_start, float dloss, gptc_stream *s) {
+    cuda_vocab_ce_finish(losses, logits, mx, stats, targets, N, Vl, v_valid, v_start, dloss,
                          g_precision, cu(s));
     check_launch("vocab_ce_finish");
 }

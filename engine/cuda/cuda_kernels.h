@@ -69,10 +69,10 @@ void cuda_scale(float *x, float a, size_t n, cudaStream_t s);
 
 void cuda_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_valid,
                     gptc_precision p, cudaStream_t s);
-void cuda_vocab_expsum(float *stats, gptc_act *logits, const float *mx, const int32_t *targets,
-                       int N, int Vl, int v_valid, int v_start, gptc_precision p,
-                       cudaStream_t s);
-void cuda_vocab_ce_finish(float *losses, gptc_act *logits, const float *stats,
+void cuda_vocab_expsum(float *stats, const gptc_act *logits, const float *mx,
+                       const int32_t *targets, int N, int Vl, int v_valid, int v_start,
+                       gptc_precision p, cudaStream_t s);
+void cuda_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx, const float *stats,
                           const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                           float dloss, gptc_precision p, cudaStream_t s);
 
