@@ -338,6 +338,7 @@ static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n)
     /* the optimizer state in parameter layout, assembled from the DP shards if sharded */
     float *opt_m = NULL, *opt_v = NULL;
     dp_params_settle(&r->dpc, m); /* prefetched all-gathers land before parameters are read */
+    dp_gather_masters(&r->dpc, m);
     if (t > 0) {
         opt_m = calloc(m->n_params, sizeof(float));
         opt_v = calloc(m->n_params, sizeof(float));

@@ -64,16 +64,12 @@ void dp_gather_params(dp_context *dp, gpt_model *m, gptc_stream *compute) {
     for (int b = m->n_buckets - 1; b >= 0; b--) {
         const grad_bucket *bk = &m->buckets[b];
         size_t piece = bk->count / (size_t)dp->size;
-        float *whole = m->params + bk->offset; /* [count] */
-        comm_allgather(dp->group, whole + (size_t)dp->rank * piece, whole, piece, s);
-        /* the compute copy too: the optimizer wrote this rank's piece of it. (Gathering
-         * only the bf16 copy would halve the traffic, but the fp32 masters of every piece
-         * are what a checkpoint saves.) */
-        if (m->params_act != m->params) {
-            gptc_act *copy = gptc_act_at(m->params_act, bk->offset, m->prec); /* [count] */
-            comm_allgather_act(dp->group, gptc_act_at(copy, (size_t)dp->rank * piece, m->prec),
-                               copy, piece, m->prec, s);
-        }
+        /* what compute reads: the bf16 copy when there is one (the optimizer wrote this
+         * rank's piece of it; other pieces of the fp32 masters wait for a checkpoint,
+         * dp_gather_masters), else the parameters themselves */
+        gptc_act *whole = gptc_act_at(m->params_act, bk->offset, m->prec); /* [count] */
+        comm_allgather_act(dp->group, gptc_act_at(whole, (size_t)dp->rank * piece, m->prec),
+                           whole, piece, m->prec, s);
         if (prefetch) dp->lane->be->event_record(dp->gathered[b], s);
     }
     if (prefetch) dp->n_gathered = m->n_buckets;
@@ -100,6 +96,16 @@ void dp_free(dp_context *dp) {
         if (dp->gathered[b]) dp->lane->be->event_destroy(dp->gathered[b]);
     free(dp->gathered);
     dp->gathered = NULL;
+}
+
+void dp_gather_masters(dp_context *dp, gpt_model *m) {
+    if (!dp->sharded || m->params_act == m->params) return;
+    for (int b = 0; b < m->n_buckets; b++) {
+        const grad_bucket *bk = &m->buckets[b];
+        size_t piece = bk->count / (size_t)dp->size;
+        float *whole = m->params + bk->offset; /* [count] */
+        comm_allgather(dp->group, whole + (size_t)dp->rank * piece, whole, piece, NULL);
+    }
 }
 
 /* The state of a sharded bucket is gathered where the backend keeps memory: the CPU's

@@ -36,11 +36,15 @@ void dp_grads_final(dp_context *dp, gpt_model *m, size_t ready);
  * compute waits for all of them. A bucket is summed over the DP group in place: all of
  * it, or when sharded this rank's piece (reduce-scatter). */
 void dp_finish_gradients(dp_context *dp, gpt_model *m);
-/* After a sharded optimizer step: every rank's updated piece to every rank. none: the
- * all-gathers finish before the step ends; bucket: they run behind the next step's
- * forward, in the order it reads the buckets, and compute waits for each bucket only
- * when it reaches it (dp_params_needed). */
+/* After a sharded optimizer step: every rank's updated piece of the parameters compute
+ * reads (the bf16 copy under precision = bf16) to every rank. none: the all-gathers
+ * finish before the step ends; bucket: they run behind the next step's forward, in the
+ * order it reads the buckets, and compute waits for each bucket only when it reaches it
+ * (dp_params_needed). */
 void dp_gather_params(dp_context *dp, gpt_model *m, gptc_stream *s);
+/* Under bf16 with sharded optimizer state a rank's fp32 masters are current only in its
+ * own pieces: this gathers the others (before a checkpoint saves them); synchronous. */
+void dp_gather_masters(dp_context *dp, gpt_model *m);
 /* Compute is about to read parameters [lo, hi): waits for their buckets' all-gathers. */
 void dp_params_needed(dp_context *dp, gpt_model *m, size_t lo, size_t hi);
 /* Waits for every all-gather still in flight (before a checkpoint reads parameters). */

@@ -20,7 +20,8 @@ The tiny GPT-2 of test_layouts for 5 steps. What bf16 must show, and why these n
     TP_ALL_STEPS (measured 1.6e-3). A buffer read as the wrong type gives a loss off by
     orders of magnitude.
   - A save in bf16 resumes with exactly the uninterrupted run's losses (the bf16 copy is
-    rebuilt from the fp32 masters as the optimizer would have written it)."""
+    rebuilt from the fp32 masters as the optimizer would have written it), on one rank
+    and with ZeRO-1, whose steps gather only the bf16 copy."""
 import os
 import sys
 import tempfile
@@ -68,6 +69,17 @@ def compare_bf16(name, ref, got, tp):
           f"worst over 5 steps {worst:.1e}")
 
 
+def check_resume(name, ranks, extra, uninterrupted):
+    """A run of `name`'s layout from its step-3 checkpoint logs exactly its steps 4-5."""
+    resumed, _ = train(f"{name}_resumed", ranks, ["--train.precision=bf16",
+                                                  f"--train.init={D}/{name}.step3.h5"] + extra)
+    want = [m for m in uninterrupted if m["step"] > 3]
+    if [(m["step"], m["loss"], m["grad_norm"]) for m in resumed] != \
+            [(m["step"], m["loss"], m["grad_norm"]) for m in want]:
+        fail(f"{name} resume from step 3: {resumed} != {want}")
+    print(f"ok   {name} resume from step 3: steps 4-5 identical to the uninterrupted run")
+
+
 LAYOUTS = [
     ("bf16 dp2", 2, ["--parallel.dp=2"]),
     ("bf16 tp2 SP chunked", 2, ["--parallel.tp=2", "--parallel.sequence_parallel=true",
@@ -100,12 +112,15 @@ def main():
         got, _ = train(name.replace(" ", "_"), ranks, ["--train.precision=bf16"] + extra)
         compare_bf16(name, bf16, got, any("parallel.tp" in a for a in extra))
 
-    resumed, _ = train("bf16_resumed", 1, ["--train.precision=bf16", f"--train.init={D}/bf16.step3.h5"])
-    want = [m for m in bf16 if m["step"] > 3]
-    if [(m["step"], m["loss"], m["grad_norm"]) for m in resumed] != \
-            [(m["step"], m["loss"], m["grad_norm"]) for m in want]:
-        fail(f"bf16 resume from step 3: {resumed} != {want}")
-    print("ok   bf16 resume from step 3: steps 4-5 identical to the uninterrupted run")
+    check_resume("bf16", 1, [], bf16)
+    # ZeRO-1 under bf16 gathers only the bf16 copy after a step; the checkpoint must still
+    # hold every rank's fp32 masters (dp_gather_masters)
+    zero = ["--parallel.dp=2", "--overlap.dp=bucket", "--overlap.dp_shard=optimizer",
+            "--overlap.dp_bucket_mb=0.01"]
+    got, _ = train("bf16_zero1", 2, ["--train.precision=bf16", f"--train.save={D}/bf16_zero1.h5",
+                                     "--train.save_every=3", "--train.keep=2"] + zero)
+    compare_bf16("bf16 dp2 ZeRO-1 bucket", bf16, got, False)
+    check_resume("bf16_zero1", 2, zero, got)
     print("PASS: bf16 rounds, agrees across layouts and resumes exactly")
 
 
