@@ -167,24 +167,32 @@ static void decide_backend(comm_group *g) {
 }
 
 /* The live NCCL groups, for the watchdog thread: it polls their asynchronous errors and
- * aborts them all when the job must end. */
+ * aborts them all when the job must end. A poll holds g_poll_mu while it queries, and a
+ * group leaves the registry under it: once comm_group_free has taken a group out, no
+ * poll is still reading its communicator, which it then destroys. */
 enum { MAX_NCCL_GROUPS = 16 };
 static comm_group *_Atomic g_nccl_groups[MAX_NCCL_GROUPS];
+static pthread_mutex_t g_poll_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void nccl_register(comm_group *g, int add) {
+    pthread_mutex_lock(&g_poll_mu);
     for (int i = 0; i < MAX_NCCL_GROUPS; i++) {
         comm_group *expect = add ? NULL : g;
-        if (atomic_compare_exchange_strong(&g_nccl_groups[i], &expect, add ? g : NULL)) return;
+        if (atomic_compare_exchange_strong(&g_nccl_groups[i], &expect, add ? g : NULL)) break;
     }
+    pthread_mutex_unlock(&g_poll_mu);
 }
 
+/* ncclCommGetAsyncError does not block, so holding the lock here is brief. */
 const char *comm_poll_async_errors(void) {
-    for (int i = 0; i < MAX_NCCL_GROUPS; i++) {
+    const char *e = NULL;
+    pthread_mutex_lock(&g_poll_mu);
+    for (int i = 0; i < MAX_NCCL_GROUPS && !e; i++) {
         comm_group *g = atomic_load(&g_nccl_groups[i]);
-        const char *e = g ? comm_nccl_async_error(g) : NULL;
-        if (e) return e;
+        e = g ? comm_nccl_async_error(g) : NULL;
     }
-    return NULL;
+    pthread_mutex_unlock(&g_poll_mu);
+    return e;
 }
 
 void comm_abort_all(void) {

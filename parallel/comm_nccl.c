@@ -88,9 +88,9 @@ int comm_nccl_split(comm_group *parent, comm_group *g, int color, int key,
 }
 
 /* ncclAllReduce and friends count elements of one type: the task's type for the
- * all-reduce, reduce-scatter and all-gather (bf16 sums are NCCL's own: it rounds partial
- * sums as they pass between ranks, unlike the MPI path's one rounding), float for the
- * reduce; byte-sized ops go as ncclChar. */
+ * all-reduce, reduce-scatter, all-gather and reduce (bf16 sums are NCCL's own: it rounds
+ * partial sums as they pass between ranks, unlike the MPI path's one rounding);
+ * byte-sized ops go as ncclChar. */
 void comm_nccl_issue(const comm_task *t, gptc_stream *s) {
     comm_group *g = t->g;
     ncclComm_t c = (ncclComm_t)g->nccl;

@@ -13,7 +13,7 @@ typedef enum {
 
 /* Everything an op needs, copied when it is issued: the caller's stack is gone by the
  * time a stream thread runs it. Counts are elements of type for the all-reduce,
- * reduce-scatter and all-gather, floats for the reduce, bytes otherwise. */
+ * reduce-scatter, all-gather and reduce, bytes otherwise. */
 typedef struct {
     op_kind kind;
     comm_group *g;
@@ -21,7 +21,7 @@ typedef struct {
     void *recv;
     size_t send_n, recv_n;
     MPI_Op op; /* of the all-reduce */
-    gptc_precision type; /* element type of the all-reduce, reduce-scatter, all-gather */
+    gptc_precision type; /* element type of the all-reduce, reduce-scatter, all-gather, reduce */
     int peer;  /* root (broadcast), destination (send, sendrecv) or source (recv) */
     int src;   /* source of sendrecv */
     int tag;
