@@ -2,7 +2,17 @@
 train.comm_timeout_s plus a margin, and a surviving rank says which rank it is, that a peer
 died or hung, and what it was waiting in. Argument: the device (cpu, or cuda: the ranks
 then share a GPU over NCCL or host-staged MPI, and the watchdog also aborts NCCL's
-communicators); cuda exits 77 (skipped) without a GPU."""
+communicators); cuda exits 77 (skipped) without a GPU.
+
+    test_dead_rank.py emu-nccl GPTC_TRAIN_EMU_NCCL
+
+runs the same on the CPU emulator with parallel/comm_nccl.c on the fake NCCL
+(tests/cuda_emu/fake_nccl.c; NCCL_MULTI_RANK_GPU_ENABLE=1 lets the comm layer pick it for
+two ranks on the one fake GPU): after SIGSTOP the watchdog must also have aborted the
+communicators (comm_abort_all -> ncclCommAbort, which makes an op in flight return), and a
+third run injects a lost peer connection on rank 1 (GPTC_FAKE_NCCL_FAIL): its watchdog
+must see the asynchronous error (comm_poll_async_errors -> ncclCommGetAsyncError) and
+abort the job well before the timeout."""
 import os
 import signal
 import subprocess
@@ -16,31 +26,47 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import MPIRUN, TRAIN, env, fail, gpu_present, read_metrics, write_tokens  # noqa: E402
 
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+EMU_NCCL = DEVICE == "emu-nccl"
+if EMU_NCCL:
+    TRAIN, DEVICE = sys.argv[2], "cuda"
+    EXTRA_ENV = {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+else:
+    EXTRA_ENV = {}
 
 D = tempfile.mkdtemp(prefix="gptc_dead_")
 TIMEOUT = 4
 
 
-def run(name, sig):
+def run(name, sig, extra_env=None):
+    """Starts 2 ranks; once 3 steps are logged, sends sig to the second (None: sends
+    nothing, waits for the job to end by itself). Returns the seconds from the signal (or
+    from step 3) to the end, and stderr."""
     log = f"{D}/{name}.jsonl"
     args = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.n_ctx=32",
             "--model.vocab_size=64", f"--data.path={D}/tok.h5", "--train.steps=100000",
             "--train.global_batch=8", "--train.seq_len=32", "--parallel.tp=2",
             f"--train.comm_timeout_s={TIMEOUT}", f"--train.log_file={log}",
             f"--train.device={DEVICE}"]
+    e = env(2)
+    e.update(EXTRA_ENV)
+    e.update(extra_env or {})
     p = subprocess.Popen([*MPIRUN, "-np", "2", TRAIN, *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env(2))
+                         stderr=subprocess.PIPE, text=True, env=e)
     deadline = time.time() + 60
-    while time.time() < deadline and not (os.path.exists(log) and len(read_metrics(log)) >= 3):
+    while time.time() < deadline and p.poll() is None and \
+            not (os.path.exists(log) and len(read_metrics(log)) >= 3):
         time.sleep(0.05)
     ranks = [int(x) for x in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
                                             text=True).stdout.split()]
+    if sig is None:
+        ranks = ranks if len(ranks) == 2 else [0, 0]  # it may have ended already
     if len(ranks) != 2:
         p.kill()
         fail(f"{name}: expected 2 rank processes, found {ranks}")
     victim = max(ranks)  # the second one launched
     t0 = time.time()
-    os.kill(victim, sig)
+    if sig is not None:
+        os.kill(victim, sig)
     try:
         out, err = p.communicate(timeout=TIMEOUT + 40)
     except subprocess.TimeoutExpired:
@@ -53,17 +79,31 @@ def run(name, sig):
         fail(f"{name}: the job still ran {TIMEOUT + 40} s after a rank was stopped")
     took = time.time() - t0
     for pid in ranks:  # a stopped rank may outlive mpirun's abort
+        if not pid:
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     if p.returncode == 0:
         fail(f"{name}: exit code 0 after a rank was lost")
+    if EMU_NCCL and "communication: nccl" not in out:
+        fail(f"{name}: the comm layer did not pick the fake NCCL:\n{out[-2000:]}")
     return took, err
 
 
+def aborts(name, err):
+    """The fake's lines from ncclCommAbort (one per communicator the watchdog aborted);
+    fails unless there are some and every op in flight returned."""
+    lines = [ln for ln in err.splitlines() if "ncclCommAbort of communicator" in ln]
+    if not lines or any("still running" in ln for ln in lines):
+        fail(f"{name}: the watchdog's comm_abort_all did not abort the communicators, or an op "
+             f"in flight did not return:\n{err[-3000:]}")
+    return lines
+
+
 def main():
-    if DEVICE == "cuda" and not gpu_present():
+    if DEVICE == "cuda" and not EMU_NCCL and not gpu_present():
         print("skipped: no GPU visible")
         sys.exit(77)
     write_tokens(f"{D}/tok.h5", np.random.default_rng(8).integers(0, 64, 20000), 64)
@@ -76,6 +116,23 @@ def main():
     if took > TIMEOUT + 20:
         fail(f"SIGSTOP: took {took:.1f} s with train.comm_timeout_s = {TIMEOUT}")
     print(f"ok   SIGSTOP of one rank: aborted after {took:.1f} s: {lines[0]}")
+    if EMU_NCCL:
+        ab = aborts("SIGSTOP", err)
+        print(f"ok   SIGSTOP: the watchdog aborted {len(ab)} communicator(s); ops in flight: "
+              f"{sum(int(ln.split(' op(s)')[0].split()[-1]) for ln in ab)}, all returned")
+        # an injected lost connection: the poll path, long before the timeout
+        took, err = run("inject", None, {"GPTC_FAKE_NCCL_FAIL": "1:60"})
+        lines = [ln for ln in err.splitlines() if "aborting the job" in ln]
+        if not lines or "rank 1: NCCL on " not in lines[0] or \
+                "remote process exited or there was a network error" not in lines[0]:
+            fail(f"injected: no watchdog message from rank 1 with NCCL's remote error:\n{err[-3000:]}")
+        if any("no progress" in ln for ln in lines):
+            fail(f"injected: the timeout fired, not the asynchronous error:\n{err[-3000:]}")
+        ab = [ln for ln in aborts("injected", err) if "rank 1:" in ln]
+        if not any("1 op(s) in flight, all returned" in ln for ln in ab):
+            fail(f"injected: rank 1's hung op did not return on ncclCommAbort:\n{err[-3000:]}")
+        print(f"ok   injected remote error on rank 1: aborted through its asynchronous error: "
+              f"{lines[0]}")
     print("PASS: a lost rank ends the job")
 
 
