@@ -469,11 +469,46 @@ static void do_sendrecv(comm_group *g, const char *sendbuf, size_t send_bytes, i
 /* A bf16 sum travels as fp32: each rank widens its elements (exactly), MPI sums the floats
  * and each element of the sum is rounded once, so the result is bf16 of the fp32 sum, the
  * same on every rank, whatever order MPI adds in. Summing the bf16 bits pairwise instead
- * would round every partial sum. The fp32 copy belongs to the op and lives only while it
- * runs: ops of other groups run at the same time on other threads. Failing to get it
- * would leave the peers waiting in the op, so the job ends, saying why. */
+ * would round every partial sum.
+ * The fp32 copy is scratch of the thread that runs the op (ops of other groups run at the
+ * same time on other threads; one thread runs one op at a time), kept between ops and
+ * grown as needed: a fresh allocation of an activation's size per op would fault its
+ * pages in again every time. It is freed when the thread ends. Failing to get it would
+ * leave the peers waiting in the op, so the job ends, saying why. */
+typedef struct {
+    float *p;
+    size_t n;
+} wide_scratch;
+
+static pthread_key_t g_wide_key;
+static pthread_once_t g_wide_once = PTHREAD_ONCE_INIT;
+
+static void wide_scratch_free(void *arg) {
+    wide_scratch *w = arg;
+    free(w->p);
+    free(w);
+}
+
+static void wide_key_make(void) { pthread_key_create(&g_wide_key, wide_scratch_free); }
+
+/* The calling thread's scratch of at least n floats, or NULL when out of memory */
+static float *wide_scratch_get(size_t n) {
+    pthread_once(&g_wide_once, wide_key_make);
+    wide_scratch *w = pthread_getspecific(g_wide_key);
+    if (!w) {
+        if (!(w = calloc(1, sizeof *w))) return NULL;
+        pthread_setspecific(g_wide_key, w);
+    }
+    if (n > w->n) {
+        free(w->p);
+        w->p = malloc(n * sizeof(float));
+        w->n = w->p ? n : 0;
+    }
+    return w->p;
+}
+
 static float *widened(comm_group *g, const char *op, const uint16_t *h, size_t n) {
-    float *f = malloc((n ? n : 1) * sizeof *f); /* [n] */
+    float *f = wide_scratch_get(n ? n : 1); /* [n] */
     if (!f) {
         int world_rank = -1;
         MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -498,7 +533,6 @@ static void do_allreduce_act(comm_group *g, gptc_act *buf, size_t n, gptc_precis
     float *wide = widened(g, "allreduce", buf, n); /* [n] */
     do_allreduce(g, wide, n, op);
     narrow(buf, wide, n);
-    free(wide);
 }
 
 /* The fp32 copy of all of send is reduced in place, so an in-place call and the other
@@ -513,7 +547,6 @@ static void do_reduce_scatter_act(comm_group *g, const gptc_act *send, gptc_act 
     float *mine = wide + (size_t)g->rank * n;                             /* [n] */
     do_reduce_scatter(g, wide, mine, n);
     narrow(recv, mine, n);
-    free(wide);
 }
 
 /* Only root's sum is kept, so only root rounds (other ranks' buffers are only read). */
@@ -525,7 +558,6 @@ static void do_reduce_act(comm_group *g, gptc_act *buf, size_t n, int root, gptc
     float *wide = widened(g, "reduce", buf, n); /* [n] */
     do_reduce(g, wide, n, root);
     if (g->rank == root) narrow(buf, wide, n);
-    free(wide);
 }
 
 /* ---- issuing on a stream ---- */
