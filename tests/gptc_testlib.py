@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -30,6 +31,31 @@ def run_train(args, np_ranks=None, timeout=600, extra_env=None, train=None):
     e = env(np_ranks or 1)
     e.update(extra_env or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def train_tiny(d, name, ranks, device, extra, steps, vocab, binary=None, extra_env=None,
+               refused=("cuda_emu",), timeout=300):
+    """Trains the tiny GPT-2 of the device tests (4 layers, d_model 64 unless extra says
+    otherwise, 8 rows of 32 tokens in micro-batches of 2, warm-up and cosine decay,
+    clipping) on the tokens in d/tok.h5, saving to d/name.h5, with gptc-train or binary.
+    Fails on a nonzero exit, or when stderr holds one of refused (a fake library
+    complained, even if the engine went on). Returns (metrics, CompletedProcess, seconds)."""
+    log = f"{d}/{name}.jsonl"
+    args = ["--model.n_layer=4", "--model.n_head=4", "--model.d_model=64", "--model.n_ctx=32",
+            f"--model.vocab_size={vocab}", f"--data.path={d}/tok.h5", f"--train.steps={steps}",
+            "--train.global_batch=8", "--train.micro_batch=2", "--train.seq_len=32",
+            "--train.lr=3e-3", "--train.warmup_steps=1", "--train.lr_schedule=cosine",
+            "--train.grad_clip=0.5", f"--train.log_file={log}", f"--train.device={device}",
+            f"--train.save={d}/{name}.h5"] + extra
+    t0 = time.time()
+    r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=timeout,
+                  extra_env=extra_env, train=binary)
+    if r.returncode:
+        fail(f"{name}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    for who in refused:
+        if who in r.stderr:
+            fail(f"{name}: the fake complained:\n{r.stderr[-3000:]}")
+    return read_metrics(log), r, time.time() - t0
 
 
 def gpu_present():

@@ -22,13 +22,12 @@ import os
 import re
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import (compare_bf16_run, compare_metrics, compare_params, fail,  # noqa: E402
-                          read_metrics, run_train, write_tokens)
+                          train_tiny, write_tokens)
 
 RTOL = 1e-5
 PARAM_TENSOR_RTOL = 1e-3
@@ -40,22 +39,8 @@ KINDS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "sen
 
 
 def train(name, ranks, device, extra, binary=None, extra_env=None, steps=STEPS):
-    log = f"{D}/{name}.jsonl"
-    args = ["--model.n_layer=4", "--model.n_head=4", "--model.d_model=64", "--model.n_ctx=32",
-            f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", f"--train.steps={steps}",
-            "--train.global_batch=8", "--train.micro_batch=2", "--train.seq_len=32",
-            "--train.lr=3e-3", "--train.warmup_steps=1", "--train.lr_schedule=cosine",
-            "--train.grad_clip=0.5", f"--train.log_file={log}", f"--train.device={device}",
-            f"--train.save={D}/{name}.h5"] + extra
-    t0 = time.time()
-    r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=300,
-                  extra_env=extra_env, train=binary)
-    if r.returncode:
-        fail(f"{name}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    for who in ("cuda_emu", "fake_nccl:"):  # a refused call, even if the engine went on
-        if who in r.stderr:
-            fail(f"{name}: the fake complained:\n{r.stderr[-3000:]}")
-    return read_metrics(log), r, time.time() - t0
+    return train_tiny(D, name, ranks, device, extra, steps, VOCAB, binary, extra_env,
+                      refused=("cuda_emu", "fake_nccl:"))
 
 
 def stats(name, stderr, ranks):

@@ -30,13 +30,12 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import (compare_bf16_run, compare_metrics, compare_params, fail,  # noqa: E402
-                          read_metrics, run_train, write_tokens)
+                          train_tiny, write_tokens)
 
 RTOL = 1e-5
 PARAM_TENSOR_RTOL = 1e-3
@@ -47,21 +46,8 @@ D = tempfile.mkdtemp(prefix="gptc_cuda_fake_train_")
 
 
 def train(name, ranks, device, extra, binary=None, extra_env=None):
-    log = f"{D}/{name}.jsonl"
-    args = ["--model.n_layer=4", "--model.n_head=4", "--model.d_model=64", "--model.n_ctx=32",
-            f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", f"--train.steps={STEPS}",
-            "--train.global_batch=8", "--train.micro_batch=2", "--train.seq_len=32",
-            "--train.lr=3e-3", "--train.warmup_steps=1", "--train.lr_schedule=cosine",
-            "--train.grad_clip=0.5", f"--train.log_file={log}", f"--train.device={device}",
-            f"--train.save={D}/{name}.h5"] + extra
-    t0 = time.time()
-    r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=300,
-                  extra_env=extra_env, train=binary)
-    if r.returncode:
-        fail(f"{name}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    if "cuda_emu" in r.stderr:  # the fake runtime refused a call, even if the engine went on
-        fail(f"{name}: the fake CUDA runtime complained:\n{r.stderr[-3000:]}")
-    return read_metrics(log), r.stdout, time.time() - t0
+    metrics, r, secs = train_tiny(D, name, ranks, device, extra, STEPS, VOCAB, binary, extra_env)
+    return metrics, r.stdout, secs
 
 
 def compare(name, ref, got, first=1):

@@ -12,7 +12,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import (compare_bf16_run, compare_metrics, compare_params, fail,  # noqa: E402
-                          gpu_present, read_metrics, run_train, write_tokens)
+                          gpu_present, train_tiny, write_tokens)
 
 RTOL = 1e-4
 D = tempfile.mkdtemp(prefix="gptc_cuda_train_")
@@ -20,20 +20,12 @@ VOCAB = 251
 
 
 def train(name, ranks, device, extra, extra_env=None):
-    log = f"{D}/{name}.jsonl"
-    args = ["--model.n_layer=4", "--model.n_head=4", "--model.d_model=64", "--model.n_ctx=32",
-            f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", "--train.steps=5",
-            "--train.global_batch=8", "--train.micro_batch=2", "--train.seq_len=32",
-            "--train.lr=3e-3", "--train.warmup_steps=1", "--train.lr_schedule=cosine",
-            "--train.grad_clip=0.5", f"--train.log_file={log}", f"--train.device={device}",
-            f"--train.save={D}/{name}.h5"] + extra
-    r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=600, extra_env=extra_env)
-    if r.returncode:
-        fail(f"{name}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    metrics, r, _ = train_tiny(D, name, ranks, device, extra, 5, VOCAB, extra_env=extra_env,
+                               refused=(), timeout=600)
     for line in r.stdout.splitlines():
         if line.startswith("backend:") or line.startswith("overlap policies"):
             print(f"     {name}: {line}")
-    return read_metrics(log)
+    return metrics
 
 
 def compare(name, key, ref, got):
