@@ -160,6 +160,13 @@ static void act_download(float *h, const gptc_act *d, size_t n) {
     free(b);
 }
 
+/* act d[n] (device) as floats on the host (malloc'ed) */
+static float *act_to_host(const gptc_act *d, size_t n) {
+    float *h = malloc(n * sizeof(float)); /* [n] */
+    act_download(h, d, n);
+    return h;
+}
+
 static gptc_act *act_to_gpu(const float *h, size_t n) {
     gptc_act *d = gpu->alloc(n * gptc_act_bytes(gpu->get_precision())); /* act [n] */
     act_upload(d, h, n);
@@ -324,54 +331,9 @@ static void check_apart_from_fp32(const char *what, const gptc_act *d_out, const
  * to summation order), and each act output must be that result rounded once: within
  * half a bf16 ulp, 2^-8 |ref|, plus 1e-5 max |ref| for the order. A conversion toward
  * zero, a second rounding or a product of rounded-again operands fails that bound;
- * fp32 weight and bias gradients keep the 1e-5 bound. */
-static int mm_bf16(void) { return gpu->get_precision() == GPTC_BF16; }
-
-/* n random values (host_randn), rounded to bf16 when the GPU runs bf16 */
-static float *mm_act_values(size_t n, float std, uint64_t key) {
-    float *x = host_randn(n, std, key); /* [n] */
-    if (mm_bf16())
-        for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
-    return x;
-}
-
-/* a device act buffer holding h[n] (bf16 bits under bf16: h holds bf16 values) */
-static gptc_act *mm_act_to_gpu(const float *h, size_t n) {
-    if (!mm_bf16()) return to_gpu(h, n);
-    uint16_t *b = malloc(n * sizeof(uint16_t)); /* [n] */
-    for (size_t i = 0; i < n; i++) b[i] = bf16_bits(h[i]);
-    gptc_act *d = gpu->alloc(n * sizeof(uint16_t)); /* [n] act */
-    gpu->copy_from_host(d, b, n * sizeof(uint16_t), NULL);
-    free(b);
-    return d;
-}
-
-/* a device act buffer of n elements, every one NaN */
-static gptc_act *mm_act_poisoned(size_t n) {
-    if (!mm_bf16()) return poisoned(n);
-    uint16_t *b = malloc(n * sizeof(uint16_t)); /* [n] */
-    for (size_t i = 0; i < n; i++) b[i] = 0x7fc0; /* a quiet NaN */
-    gptc_act *d = gpu->alloc(n * sizeof(uint16_t)); /* [n] act */
-    gpu->copy_from_host(d, b, n * sizeof(uint16_t), NULL);
-    free(b);
-    return d;
-}
-
-/* the device act buffer d[n] as floats on the host (malloc'ed) */
-static float *mm_act_to_host(const gptc_act *d, size_t n) {
-    float *h = malloc(n * sizeof(float)); /* [n] */
-    if (!mm_bf16()) {
-        gpu->copy_to_host(h, d, n * sizeof(float), NULL);
-        return h;
-    }
-    uint16_t *b = malloc(n * sizeof(uint16_t)); /* [n] */
-    gpu->copy_to_host(b, d, n * sizeof(uint16_t), NULL);
-    for (size_t i = 0; i < n; i++) h[i] = bf16_to_float(b[i]);
-    free(b);
-    return h;
-}
-
-/* The worst element of got[n] against ref[n] in units of the bound of one bf16 rounding
+ * fp32 weight and bias gradients keep the 1e-5 bound.
+ *
+ * The worst element of got[n] against ref[n] in units of the bound of one bf16 rounding
  * (> 1: too far; infinite: a non-finite value where ref has none), its index in *worst. */
 static double mm_rounding_error(const float *got, const float *ref, size_t n, size_t *worst) {
     double max_ref = 0, worst_q = 0;
@@ -394,11 +356,11 @@ static double mm_rounding_error(const float *got, const float *ref, size_t n, si
  * named. */
 static void check_rounded(const char *what, const gptc_act *d_got, const float *ref,
                           const float *alt, size_t n) {
-    if (!mm_bf16()) {
+    if (!act_bf16()) {
         compare(what, d_got, ref, n, 1e-5);
         return;
     }
-    float *got = mm_act_to_host(d_got, n);
+    float *got = act_to_host(d_got, n);
     size_t worst, worst_alt = 0;
     double q = mm_rounding_error(got, ref, n, &worst);
     double q_alt = alt ? mm_rounding_error(got, alt, n, &worst_alt) : INFINITY;
@@ -415,23 +377,23 @@ static void check_rounded(const char *what, const gptc_act *d_got, const float *
 
 static void test_matmul(int N, int IC, int OC, int w_rows_out, int with_bias) {
     size_t nw = (size_t)IC * OC;
-    const char *bf = mm_bf16() ? " bf16" : "";
-    float *inp = mm_act_values((size_t)N * IC, 1, 20), *w = mm_act_values(nw, 0.1f, 21);
-    float *bias = with_bias ? mm_act_values(OC, 1, 22) : NULL;
+    const char *bf = act_bf16() ? " bf16" : "";
+    float *inp = host_randn_act((size_t)N * IC, 1, 20), *w = host_randn_act(nw, 0.1f, 21);
+    float *bias = with_bias ? host_randn_act(OC, 1, 22) : NULL;
     float *out = malloc((size_t)N * OC * sizeof(float)); /* [N,OC] */
     cpu->matmul_forward(out, inp, w, bias, N, IC, OC, w_rows_out, NULL);
-    gptc_act *d_inp = mm_act_to_gpu(inp, (size_t)N * IC), *d_w = mm_act_to_gpu(w, nw);
-    gptc_act *d_bias = bias ? mm_act_to_gpu(bias, OC) : NULL;
-    gptc_act *d_out = mm_act_poisoned((size_t)N * OC);
+    gptc_act *d_inp = act_to_gpu(inp, (size_t)N * IC), *d_w = act_to_gpu(w, nw);
+    gptc_act *d_bias = bias ? act_to_gpu(bias, OC) : NULL;
+    gptc_act *d_out = act_poisoned((size_t)N * OC);
     gpu->matmul_forward(d_out, d_inp, d_w, d_bias, N, IC, OC, w_rows_out, NULL);
     char name[96];
     snprintf(name, sizeof name, "matmul_forward %dx%dx%d%s%s%s", N, IC, OC,
              w_rows_out ? " W^T" : "", with_bias ? " +b" : "", bf);
     check_rounded(name, d_out, out, NULL, (size_t)N * OC);
 
-    float *dout = mm_act_values((size_t)N * OC, 1, 23), *dw = host_randn(nw, 1, 24);
+    float *dout = host_randn_act((size_t)N * OC, 1, 23), *dw = host_randn(nw, 1, 24);
     float *dbias = host_randn(OC, 1, 25), *dinp = malloc((size_t)N * IC * sizeof(float));
-    gptc_act *d_dout = mm_act_to_gpu(dout, (size_t)N * OC), *d_dinp = mm_act_poisoned((size_t)N * IC);
+    gptc_act *d_dout = act_to_gpu(dout, (size_t)N * OC), *d_dinp = act_poisoned((size_t)N * IC);
     float *d_dw = to_gpu(dw, nw), *d_dbias = to_gpu(dbias, OC);
     cpu->matmul_backward(dinp, dw, with_bias ? dbias : NULL, dout, inp, w, N, IC, OC, w_rows_out, NULL);
     gpu->matmul_backward(d_dinp, d_dw, with_bias ? d_dbias : NULL, d_dout, d_inp, d_w, N, IC, OC,
@@ -458,18 +420,18 @@ static void test_matmul(int N, int IC, int OC, int w_rows_out, int with_bias) {
  * the output must be one rounding from either. */
 static void test_matmul_gelu(int N, int IC, int OC) {
     size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)IC * OC;
-    const char *bf = mm_bf16() ? " bf16" : "";
-    float *inp = mm_act_values(ni, 1, 40), *w = mm_act_values(nw, 0.2f, 41);
-    float *bias = mm_act_values(OC, 1, 42);
+    const char *bf = act_bf16() ? " bf16" : "";
+    float *inp = host_randn_act(ni, 1, 40), *w = host_randn_act(nw, 0.2f, 41);
+    float *bias = host_randn_act(OC, 1, 42);
     float *out = malloc(no * sizeof(float)), *pre = malloc(no * sizeof(float)); /* [N,OC] */
     cpu->matmul_gelu_forward(out, pre, inp, w, bias, N, IC, OC, NULL);
-    gptc_act *d_inp = mm_act_to_gpu(inp, ni), *d_w = mm_act_to_gpu(w, nw);
-    gptc_act *d_bias = mm_act_to_gpu(bias, OC);
-    gptc_act *d_out = mm_act_poisoned(no), *d_pre = mm_act_poisoned(no);
+    gptc_act *d_inp = act_to_gpu(inp, ni), *d_w = act_to_gpu(w, nw);
+    gptc_act *d_bias = act_to_gpu(bias, OC);
+    gptc_act *d_out = act_poisoned(no), *d_pre = act_poisoned(no);
     gpu->matmul_gelu_forward(d_out, d_pre, d_inp, d_w, d_bias, N, IC, OC, NULL);
     float *alt = NULL; /* [N,OC] gelu of the GPU's rounded pre: the unfused path under bf16 */
-    if (mm_bf16()) {
-        float *got_pre = mm_act_to_host(d_pre, no);
+    if (act_bf16()) {
+        float *got_pre = act_to_host(d_pre, no);
         alt = malloc(no * sizeof(float));
         cpu->gelu_forward(alt, got_pre, no, NULL);
         free(got_pre);
@@ -480,11 +442,11 @@ static void test_matmul_gelu(int N, int IC, int OC) {
     snprintf(name, sizeof name, "matmul_gelu_forward pre%s", bf);
     check_rounded(name, d_pre, pre, NULL, no);
     /* the backward through a projection IC -> OC whose input was gelu(pre2[N,IC]) */
-    float *pre2 = mm_act_values(ni, 1, 43), *dout = mm_act_values(no, 1, 44);
+    float *pre2 = host_randn_act(ni, 1, 43), *dout = host_randn_act(no, 1, 44);
     float *dpre = malloc(ni * sizeof(float)); /* [N,IC] */
     cpu->matmul_dgelu_backward(dpre, dout, w, pre2, N, IC, OC, NULL);
     float *alt2 = NULL; /* [N,IC] the rounded product times gelu'(pre2): the unfused path */
-    if (mm_bf16()) {
+    if (act_bf16()) {
         float *prod = malloc(ni * sizeof(float)); /* [N,IC] */
         cpu->matmul_backward(prod, NULL, NULL, dout, NULL, w, N, IC, OC, 0, NULL);
         for (size_t i = 0; i < ni; i++) prod[i] = bf16_round(prod[i]);
@@ -492,8 +454,8 @@ static void test_matmul_gelu(int N, int IC, int OC) {
         cpu->gelu_backward(alt2, pre2, prod, ni, NULL);
         free(prod);
     }
-    gptc_act *d_pre2 = mm_act_to_gpu(pre2, ni), *d_dout = mm_act_to_gpu(dout, no);
-    gptc_act *d_dpre = mm_act_poisoned(ni);
+    gptc_act *d_pre2 = act_to_gpu(pre2, ni), *d_dout = act_to_gpu(dout, no);
+    gptc_act *d_dpre = act_poisoned(ni);
     gpu->matmul_dgelu_backward(d_dpre, d_dout, d_w, d_pre2, N, IC, OC, NULL);
     snprintf(name, sizeof name, "matmul_dgelu_backward %dx%dx%d%s", N, IC, OC, bf);
     check_rounded(name, d_dpre, dpre, alt2, ni);
