@@ -5,13 +5,11 @@
  * backends (on a CPU table that claims device memory); ordering through events and host
  * functions; and errors that are reported, not fatal.
  *
- * Rank w contributes value(w, i) at index i: the power of two says which ranks entered a
- * sum and the 16*i term which element it is, so a wrong group, block or offset shows as a
- * wrong exact integer. */
+ * Rank w contributes value(w, i) at index i, or act_value(w, i) on the activation type
+ * (tests/comm_test.h says why those values). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <mpi.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,23 +20,7 @@
 #include "engine/bf16.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
-
-static int failures;
-static int world_rank;
-
-static void check(int cond, const char *fmt, ...) {
-    if (cond) return;
-    va_list ap;
-    va_start(ap, fmt);
-    printf("rank %d FAIL: ", world_rank);
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    failures++;
-}
-
-static float value(int w, size_t i) { return (float)((1 << w) + 16 * (double)i); }
+#include "tests/comm_test.h"
 
 static float *floats(size_t n) {
     float *p = malloc((n ? n : 1) * sizeof *p);
@@ -53,14 +35,6 @@ static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
 }
-
-/* A group under test: the world ranks of its members, in group-rank order. */
-typedef struct {
-    comm_group *g;
-    int members[4];
-} team;
-
-static int me(const team *t) { return t->members[t->g->rank]; }
 
 static float sum_over(const team *t, size_t i) {
     float s = 0;
@@ -161,17 +135,6 @@ static void test_broadcast(const team *t, size_t n, gptc_stream *s) {
 }
 
 /* ---- collectives on the activation type ---- */
-
-/* Rank w's element i of an act buffer: a power of two, so fp32 and bf16 buffers hold it
- * exactly. Rank i % 4 gives 256 and the others 1 or 2, their pattern
- * cycling through every combination as i/4 grows; the power of two sets elements apart.
- * Any group's sum is exact in fp32 whatever the order (all are multiples of one power of
- * two, at most 262 of it), so the expected bf16 sum is that sum rounded once, while many
- * sums (259, 261) are ties that rounding partial sums (256 + 1 -> 256) gets wrong. */
-static float act_value(int w, size_t i) {
-    int m = w == (int)(i % 4) ? 256 : 1 + (int)((i / 4 >> w) & 1);
-    return ldexpf((float)m, (int)(i % 61) - 30);
-}
 
 static void act_put(gptc_act *buf, size_t i, gptc_precision t, float x) {
     if (t == GPTC_BF16) ((uint16_t *)buf)[i] = bf16_bits(x);

@@ -11,13 +11,12 @@
  * sendrecv ring (one ncclGroupStart/End). Device buffers are filled and read through the
  * backend's copies on the op's stream.
  *
- * Rank w's values are those of test_comm.c: exact integers for fp32, powers of two for the
- * activation type whose bf16 sums are often ties, so a wrong group, block, offset, root,
- * type or rounding shows. */
+ * Rank w's values are those of test_comm.c (tests/comm_test.h): exact integers for fp32,
+ * powers of two for the activation type whose bf16 sums are often ties, so a wrong group,
+ * block, offset, root, type or rounding shows. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <mpi.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,36 +27,9 @@
 #include "engine/cuda/cuda_backend.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
+#include "tests/comm_test.h"
 
-static int failures, world_rank;
 static const gptc_backend *be;
-
-static void check(int cond, const char *fmt, ...) {
-    if (cond) return;
-    va_list ap;
-    va_start(ap, fmt);
-    printf("rank %d FAIL: ", world_rank);
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    failures++;
-}
-
-typedef struct {
-    comm_group *g;
-    int members[4]; /* world rank of each group rank */
-} team;
-
-static int me(const team *t) { return t->members[t->g->rank]; }
-
-static float value(int w, size_t i) { return (float)((1 << w) + 16 * (double)i); }
-
-/* test_comm.c's act_value: powers of two, so any group's fp32 sum is exact */
-static float act_value(int w, size_t i) {
-    int m = w == (int)(i % 4) ? 256 : 1 + (int)((i / 4 >> w) & 1);
-    return ldexpf((float)m, (int)(i % 61) - 30);
-}
 
 /* host scratch and its device twin: n elements of es bytes */
 typedef struct {
