@@ -215,12 +215,13 @@ attention_forward_kernel(float *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
 
 /* ------------------------------------------------------------------ backward */
 
-/* D[b,h,t] = sum_i dout[b,t,h*hs+i] * out[b,t,h*hs+i]: one warp per (b, t, h), with
+/* D[b,h,t] = sum_i dout[b,t,h*hs+i] * out[b,t,h*hs+i] (act: fp32 here, bf16 for
+ * attention_bf16.cu, through cuda_attention_dot): one warp per (b, t, h), with
  * consecutive warps on consecutive heads of a row so the reads coalesce. */
 __global__ void attention_bwd_dot_kernel(float *D /* [B,NH,T] */,
-                                         const float *dout /* [B,T,C] */,
-                                         const float *out /* [B,T,C] */, int B, int T, int C,
-                                         int NH) {
+                                         const gptc_act *dout /* [B,T,C] */,
+                                         const gptc_act *out /* [B,T,C] */, int B, int T,
+                                         int C, int NH, int bf16) {
     int hs = C / NH, lane = threadIdx.x & 31;
     size_t rows = (size_t)B * T * NH;
     size_t stride = ((size_t)gridDim.x * blockDim.x) >> 5;
@@ -228,9 +229,10 @@ __global__ void attention_bwd_dot_kernel(float *D /* [B,NH,T] */,
          w += stride) {
         size_t bt = w / NH;
         int h = (int)(w % NH);
-        const float *a = dout + bt * C + (size_t)h * hs, *o = out + bt * C + (size_t)h * hs;
+        size_t row = bt * C + (size_t)h * hs; /* this head's elements of dout and out */
         float acc = 0.0f;
-        for (int i = lane; i < hs; i += 32) acc += a[i] * o[i];
+        for (int i = lane; i < hs; i += 32)
+            acc += act_ld(dout, row + i, bf16) * act_ld(out, row + i, bf16);
         acc = warp_sum(acc);
         if (lane == 0) {
             size_t b = bt / T, t = bt % T;
@@ -448,6 +450,12 @@ void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int
     attention_forward_kernel<<<grid, ATT_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, scale);
 }
 
+void cuda_attention_dot(float *D, const gptc_act *dout, const gptc_act *out, int B, int T,
+                        int C, int NH, gptc_precision p, cudaStream_t s) {
+    attention_bwd_dot_kernel<<<grid_for((size_t)B * T * NH, ATT_THREADS / 32), ATT_THREADS,
+                               0, s>>>(D, dout, out, B, T, C, NH, p == GPTC_BF16);
+}
+
 void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
                              const float *out, const float *qkv, const float *lse, int B,
                              int T, int C, int NH, cudaStream_t s) {
@@ -458,8 +466,7 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
     if (B <= 0 || T <= 0) return;
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-    attention_bwd_dot_kernel<<<grid_for((size_t)B * T * NH, ATT_THREADS / 32), ATT_THREADS,
-                               0, s>>>(scratch, dout, out, B, T, C, NH);
+    cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_FP32, s);
     size_t smem = att_bwd_smem(hs);
     (void)cudaFuncSetAttribute(attention_bwd_dkdv_kernel,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

@@ -292,31 +292,6 @@ attention_bf16_fwd128_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T]
 
 /* ------------------------------------------------------------------ backward */
 
-/* D[b,h,t] = sum_i dout[b,t,h*hs+i] * out[b,t,h*hs+i] (both bf16): one warp per
- * (b, t, h), with consecutive warps on consecutive heads of a row so the reads coalesce. */
-__global__ void attention_bf16_dot_kernel(float *D /* [B,NH,T] */,
-                                          const uint16_t *dout /* [B,T,C] */,
-                                          const uint16_t *out /* [B,T,C] */, int B, int T,
-                                          int C, int NH) {
-    int hs = C / NH, lane = threadIdx.x & 31;
-    size_t rows = (size_t)B * T * NH;
-    size_t stride = ((size_t)gridDim.x * blockDim.x) >> 5;
-    for (size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < rows;
-         w += stride) {
-        size_t bt = w / NH;
-        int h = (int)(w % NH);
-        const uint16_t *a = dout + bt * C + (size_t)h * hs, *o = out + bt * C + (size_t)h * hs;
-        float acc = 0.0f;
-        for (int i = lane; i < hs; i += 32)
-            acc += bf16_to_float(__ldg(a + i)) * bf16_to_float(__ldg(o + i));
-        acc = warp_sum(acc);
-        if (lane == 0) {
-            size_t b = bt / T, t = bt % T;
-            D[(b * NH + h) * T + t] = acc;
-        }
-    }
-}
-
 /* P = exp2(s - lse2) where key u <= query tq < T, else 0, and dS = P (dp - D), in place
  * in s and dp: one accumulator element, its query's log2-domain lse and D given */
 static __device__ __forceinline__ void prob_and_ds(float *s, float *dp, int u, int tq, int T,
@@ -551,8 +526,7 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = ab_vec(qkv, dout);
     float scale = 1.0f / sqrtf((float)hs), sl2 = AB_LOG2E * scale;
-    attention_bf16_dot_kernel<<<grid_for((size_t)B * T * NH, AB_THREADS / 32), AB_THREADS, 0,
-                                s>>>(scratch, dout, out, B, T, C, NH);
+    cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_BF16, s);
     size_t smem_kv = ab_dkdv_smem(hs), smem_q = ab_dq_smem(hs);
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + AB_TILE - 1) / AB_TILE));
     if (hs == 64) {

@@ -46,6 +46,11 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
                              const float *out, const float *qkv, const float *lse, int B,
                              int T, int C, int NH, cudaStream_t s);
 
+/* The backward's first step, shared by both: D[B,NH,T] = rowsum(dout * out) per head,
+ * for act dout, out [B,T,C] of precision p. */
+void cuda_attention_dot(float *D, const gptc_act *dout, const gptc_act *out, int B, int T,
+                        int C, int NH, gptc_precision p, cudaStream_t s);
+
 /* The same ops for train.precision = bf16 (attention_bf16.cu), with the same buffers and
  * sizes, qkv, out, dout and dqkv in bf16 storage (uint16_t bits): tensor-core products of
  * bf16 operands with fp32 accumulation, the probabilities and their gradients rounded to
