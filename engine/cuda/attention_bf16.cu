@@ -3,8 +3,8 @@
  * kernels and the same determinism: no atomics, every element of dqkv written once), with
  * the tile products as mma.sync m16n8k16 bf16 (fp32 accumulate, engine/cuda/mma.cuh).
  * qkv, out, dout and dqkv are bf16 storage (uint16_t bits, engine/bf16.h), read as they
- * are (their tiles enter shared memory as bf16 pairs, no conversion); lse and the
- * scratch D are fp32. Besides the stores of out and dqkv (each rounded once, from fp32
+ * are (their tiles enter shared memory as bf16, no conversion); lse and the scratch D
+ * are fp32. Besides the stores of out and dqkv (each rounded once, from fp32
  * accumulators), bf16 rounding happens where an fp32 value enters a product:
  *   - the probabilities P (after the online softmax's rescaling) are rounded as the
  *     A operand of P V (forward) and P^T dO (dv);
@@ -16,63 +16,58 @@
  *
  * Tiling: a block is 4 warps (128 threads) and 64 rows of its own (queries in the forward
  * and in the dq kernel, keys in the dk/dv kernel), 16 per warp; the other side streams
- * through shared memory in tiles of 64. A warp's 16 x 64 score block is 8 n-tiles of
- * mma accumulators, which (mma.cuh) are also the A fragments of the next product, so P and
- * dS never go through shared memory. Operand tiles are bf16 pairs in 32-bit words, in
- * two layouts: row-major [64][hs] (pitch AB_RP words) where the product's reduction runs
- * along hs, and transposed [hs][64] (pitch AB_TP) where it runs along the 64 rows; both
- * pitches are 4 words past a multiple of 32, so the 32 lanes of a fragment load (word t
- * of row g, g < 8, t < 4) hit 32 different banks. Tiles past T are zero-filled and
- * masked. The kernel body takes the head size as an argument and is inlined into one
- * kernel per supported head size (64 and 128), so its loops and register arrays are
- * sized at compile time. */
+ * through shared memory in tiles of 64 rows. A warp's 16 x 64 score block is 8 n-tiles
+ * of mma accumulators, which (mma.cuh) are also the A fragments of the next product, so
+ * P and dS never go through shared memory.
+ *
+ * Every tile is stored once, row-major [64][hs] as in global memory, with a pitch of
+ * hs + 8 elements: 16 bytes past a multiple of 128, so the 8 rows an ldmatrix phase
+ * reads fall in 8 different 16-byte bank groups. ldmatrix makes every operand from that
+ * one layout: A fragments and the B of a product that reduces along hs (Q K^T: K's rows
+ * are B's columns) directly, the B of a product that reduces along the 64 rows (P V,
+ * P^T dO, dS K, dS^T Q) with .trans.
+ *
+ * Pipelining: the streamed tiles are double-buffered. Each thread issues the cp.async
+ * copies of tile i + 1 into the other stage, then waits for tile i's group only, so the
+ * next tile's loads run under this tile's products. Two barriers per tile: one after the
+ * wait (every thread's copies of tile i have landed), one after the products (nobody
+ * reads the stage that iteration i + 1 refills). When qkv or dout is not 16-byte aligned
+ * the same code loads synchronously, two bytes at a time. Rows past T are zero-filled
+ * (cp.async's src-size 0) and masked. The kernel body takes the head size as an argument
+ * and is inlined into one kernel per supported head size (64 and 128), so its loops and
+ * register arrays are sized at compile time. */
 #include "engine/cuda/cuda_common.cuh"
 #include "engine/cuda/mma.cuh"
 
-#define AB_TILE 64              /* rows of a block, and rows of a streamed tile */
-#define AB_THREADS 128          /* 4 warps x 16 rows */
+#define AB_TILE 64     /* rows of a block, and rows of a streamed tile */
+#define AB_THREADS 128 /* 4 warps x 16 rows */
 #define AB_MAX_HS 128
-#define AB_TP (AB_TILE / 2 + 4) /* words per row of a transposed [hs][64] tile */
+#define AB_PAD 8       /* elements past hs in a tile row (16 bytes) */
 #define AB_LOG2E 1.4426950408889634f
 #define AB_LN2 0.6931471805599453f
 
-/* words per row of a row-major [64][hs] tile */
-static __host__ __device__ __forceinline__ int ab_rp(int hs) { return hs / 2 + 4; }
+/* elements per row of a [64][hs] tile */
+static __host__ __device__ __forceinline__ int ab_pitch(int hs) { return hs + AB_PAD; }
 
 /* ------------------------------------------------------------------ tiles */
 
-/* x[0..3] = p[0..3], bf16 bits (two 4-byte loads when vec: p is then 8-byte aligned) */
-static __device__ __forceinline__ void load4(uint32_t x[4], const uint16_t *p, int vec) {
-    if (vec) {
-        uint32_t lo = __ldg((const unsigned int *)p), hi = __ldg((const unsigned int *)p + 1);
-        x[0] = lo & 0xffffu, x[1] = lo >> 16, x[2] = hi & 0xffffu, x[3] = hi >> 16;
-    } else {
-        for (int i = 0; i < 4; i++) x[i] = __ldg(p + i);
-    }
-}
-
-/* Rows r < nrows of src (a [64][hs] view of bf16, row pitch ld elements), rows
- * nrows..63 zero: into rows[r][d / 2] (row-major) and/or cols[d][r / 2] (transposed),
- * either may be NULL. A thread takes 2 rows x 4 columns at a time, the 4-column groups
- * of a row on consecutive lanes, so the global reads coalesce. */
-static __device__ __forceinline__ void load_tile(uint32_t *rows /* [64][ab_rp(hs)] */,
-                                                 uint32_t *cols /* [hs][AB_TP] */,
+/* tile[r][0..hs) = src[r * ld + 0..hs) for r < nrows, 0 for nrows <= r < 64 (src: a [64][hs]
+ * view of bf16, row pitch ld elements; nrows >= 1). vec: cp.async in 16-byte chunks (src
+ * and every row 16-byte aligned), which the caller commits and waits for; else plain
+ * 2-byte loads. A row's chunks go to consecutive threads, so the reads coalesce. */
+static __device__ __forceinline__ void load_tile(uint16_t *tile /* [64][ab_pitch(hs)] */,
                                                  const uint16_t *src, size_t ld, int nrows,
                                                  int hs, int vec) {
-    int nq = hs / 4, rp = ab_rp(hs);
-    for (int u = threadIdx.x; u < AB_TILE / 2 * nq; u += AB_THREADS) {
-        int pr = u / nq, q = u % nq, r = 2 * pr;
-        uint32_t x0[4] = {0, 0, 0, 0}, x1[4] = {0, 0, 0, 0};
-        if (r < nrows) load4(x0, src + (size_t)r * ld + 4 * q, vec);
-        if (r + 1 < nrows) load4(x1, src + (size_t)(r + 1) * ld + 4 * q, vec);
-        if (rows) {
-            rows[r * rp + 2 * q] = x0[0] | x0[1] << 16;
-            rows[r * rp + 2 * q + 1] = x0[2] | x0[3] << 16;
-            rows[(r + 1) * rp + 2 * q] = x1[0] | x1[1] << 16;
-            rows[(r + 1) * rp + 2 * q + 1] = x1[2] | x1[3] << 16;
+    int nc = hs / 8, p = ab_pitch(hs);
+    for (int u = threadIdx.x; u < AB_TILE * nc; u += AB_THREADS) {
+        int r = u / nc, c = 8 * (u % nc), ok = r < nrows;
+        uint16_t *dst = tile + r * p + c;
+        const uint16_t *from = src + (size_t)(ok ? r : 0) * ld + c; /* a valid address */
+        if (vec) {
+            cp_async16(dst, from, ok ? 16 : 0);
+        } else {
+            for (int i = 0; i < 8; i++) dst[i] = ok ? __ldg(from + i) : (uint16_t)0;
         }
-        if (cols)
-            for (int i = 0; i < 4; i++) cols[(4 * q + i) * AB_TP + pr] = x0[i] | x1[i] << 16;
     }
 }
 
@@ -86,52 +81,61 @@ static __device__ __forceinline__ void load_row_vec(float *dst /* [64] */,
 
 /* ------------------------------------------------------------------ fragments */
 
-/* A fragment of k-step ks (columns 16 ks .. 16 ks + 15) of a row-major 16-row block
- * (mma.cuh: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][..], a[2], a[3] 8 columns on) */
-static __device__ __forceinline__ void frag_a(uint32_t a[4], const uint32_t *R /* [16][rp] */,
-                                              int rp, int ks) {
-    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = 8 * ks + t;
-    a[0] = R[g * rp + w];
-    a[1] = R[(g + 8) * rp + w];
-    a[2] = R[g * rp + w + 4];
-    a[3] = R[(g + 8) * rp + w + 4];
+/* A fragment of the 16 x 16 block at rows r0, columns c0 of a row-major tile (matrices:
+ * rows r0 / r0 + 8 at column c0, then the same at c0 + 8, as mma.cuh's a[0..3]) */
+static __device__ __forceinline__ void frag_a(uint32_t a[4], const uint16_t *tile, int p,
+                                              int r0, int c0) {
+    int lane = threadIdx.x & 31;
+    ldsm_x4(a, tile + (r0 + (lane & 15)) * p + c0 + 8 * (lane >> 4));
 }
 
-/* B fragment of k-step ks, n-tile n0 .. n0 + 7, from a tile that holds B's columns as
- * rows (row n = B[.][n]: a row-major K tile for Q K^T, a transposed V tile for P V)
- * (mma.cuh: b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g]) */
-static __device__ __forceinline__ void frag_b(uint32_t b[2], const uint32_t *R /* [n][rp] */,
-                                              int rp, int n0, int ks) {
-    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t *row = R + (n0 + g) * rp + 8 * ks + t;
-    b[0] = row[0];
-    b[1] = row[4];
+/* B fragments of n-tiles n0 .. n0 + 7 (b0) and n0 + 8 .. n0 + 15 (b1) at k-step k0, from a
+ * tile whose rows are B's columns (tile[n][k]: the K tile of Q K^T) */
+static __device__ __forceinline__ void frag_b_nk(uint32_t b0[2], uint32_t b1[2],
+                                                 const uint16_t *tile, int p, int n0, int k0) {
+    int lane = threadIdx.x & 31;
+    uint32_t r[4];
+    ldsm_x4(r, tile + (n0 + (lane & 7) + 8 * (lane >> 4)) * p + k0 + 8 * ((lane >> 3) & 1));
+    b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 
-/* acc[j] = A (16 x hs, row-major block) times the transpose of B rows n = 8j + (0..7)
- * (a [64][hs] row-major tile): a warp's 16 x 64 block of scores Q K^T (or dO V^T ...) */
-static __device__ __forceinline__ void tile_scores(float acc[8][4], const uint32_t *A,
-                                                   const uint32_t *B, int hs) {
-    int rp = ab_rp(hs);
+/* The same from a tile stored as B itself (tile[k][n]: the V tile of P V), transposed by
+ * ldmatrix */
+static __device__ __forceinline__ void frag_b_kn(uint32_t b0[2], uint32_t b1[2],
+                                                 const uint16_t *tile, int p, int n0, int k0) {
+    int lane = threadIdx.x & 31;
+    uint32_t r[4];
+    ldsm_x4_trans(r, tile + (k0 + (lane & 15)) * p + n0 + 8 * (lane >> 4));
+    b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+
+/* acc[j] = rows r0 .. r0 + 15 of tile A (16 x hs) times the transpose of tile B's 64 rows
+ * (n = 8j + 0..7): a warp's 16 x 64 block of scores Q K^T (or dO V^T, K Q^T, ...) */
+static __device__ __forceinline__ void tile_scores(float acc[8][4], const uint16_t *A, int r0,
+                                                   const uint16_t *B, int hs) {
+    int p = ab_pitch(hs);
 #pragma unroll
     for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < hs / 16; ks++) {
         uint32_t a[4];
-        frag_a(a, A, rp, ks);
+        frag_a(a, A, p, r0, 16 * ks);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            uint32_t b[2];
-            frag_b(b, B, rp, 8 * j, ks);
-            mma_bf16_16816(acc[j], a, b);
+        for (int jj = 0; jj < 4; jj++) {
+            uint32_t b0[2], b1[2];
+            frag_b_nk(b0, b1, B, p, 16 * jj, 16 * ks);
+            mma_bf16_16816(acc[2 * jj], a, b0);
+            mma_bf16_16816(acc[2 * jj + 1], a, b1);
         }
     }
 }
 
-/* acc[jd] += S (16 x 64, this warp's accumulators s) times V (64 x hs, given as the
- * transposed tile Vt [hs][64]); S is rounded to bf16 here, the one rounding of P or dS */
+/* acc[jd] += S (16 x 64, this warp's accumulators s) times tile V (64 x hs, row-major);
+ * S is rounded to bf16 here, the one rounding of P or dS */
 static __device__ __forceinline__ void tile_sv(float acc[AB_MAX_HS / 8][4], const float s[8][4],
-                                               const uint32_t *Vt /* [hs][AB_TP] */, int hs) {
+                                               const uint16_t *V /* [64][ab_pitch(hs)] */,
+                                               int hs) {
+    int p = ab_pitch(hs);
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         uint32_t a[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]),
@@ -139,10 +143,11 @@ static __device__ __forceinline__ void tile_sv(float acc[AB_MAX_HS / 8][4], cons
                          pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                          pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-        for (int jd = 0; jd < hs / 8; jd++) {
-            uint32_t b[2];
-            frag_b(b, Vt, AB_TP, 8 * jd, kk);
-            mma_bf16_16816(acc[jd], a, b);
+        for (int jj = 0; jj < hs / 16; jj++) {
+            uint32_t b0[2], b1[2];
+            frag_b_kn(b0, b1, V, p, 16 * jj, 16 * kk);
+            mma_bf16_16816(acc[2 * jj], a, b0);
+            mma_bf16_16816(acc[2 * jj + 1], a, b1);
         }
     }
 }
@@ -184,6 +189,15 @@ static __device__ __forceinline__ void store_acc(uint16_t *row0, uint16_t *row8,
     }
 }
 
+/* Waits for the tile a loop iteration computes on: the copies of every group but the
+ * next tile's, when one was issued (vec), then the barrier that makes every thread's
+ * copies (and plain stores) visible */
+static __device__ __forceinline__ void tile_landed(int next_issued) {
+    if (next_issued) cp_async_wait_one();
+    else cp_async_wait_all();
+    __syncthreads();
+}
+
 /* ------------------------------------------------------------------ forward */
 
 /* Block (bh, y): batch b = bh / NH, head h = bh % NH, query tile NT-1-y (the longest
@@ -191,15 +205,13 @@ static __device__ __forceinline__ void store_acc(uint16_t *row0, uint16_t *row8,
  * registers. Per key tile up to the diagonal: S = Q K^T in the log2 domain (sl2 =
  * log2(e) / sqrt(hs)), causal mask, online softmax per row (this lane's rows g and g + 8;
  * the row's 64 scores are spread over the quad), O = alpha O + P V. Then out = O / l and
- * lse = ln 2 * m + ln l. Barriers guard the reload of K, V (after the last tile's
- * readers) and the loaded tiles (before the products). */
-static __device__ __forceinline__ void attn_fwd(uint32_t *sm, uint16_t *out, float *lse,
+ * lse = ln 2 * m + ln l. */
+static __device__ __forceinline__ void attn_fwd(uint16_t *sm, uint16_t *out, float *lse,
                                                 const uint16_t *qkv, int T, int C, int NH,
                                                 float sl2, int vec, int hs) {
-    int rp = ab_rp(hs);
-    uint32_t *Qs = sm;                /* [64][rp] this block's queries */
-    uint32_t *Ks = Qs + AB_TILE * rp; /* [64][rp] current key tile */
-    uint32_t *Vt = Ks + AB_TILE * rp; /* [hs][AB_TP] current value tile, transposed */
+    int p = ab_pitch(hs), tile = AB_TILE * p;
+    uint16_t *Qs = sm;        /* [64][p] this block's queries */
+    uint16_t *KV = Qs + tile; /* [2 stages][K, V][64][p] the streamed key and value tiles */
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int bh = blockIdx.x, b = bh / NH, h = bh % NH;
@@ -208,20 +220,29 @@ static __device__ __forceinline__ void attn_fwd(uint32_t *sm, uint16_t *out, flo
     const uint16_t *base = qkv + (size_t)b * T * ld + (size_t)h * hs; /* q of row 0 */
     int tq[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8}; /* this lane's queries */
 
-    load_tile(Qs, NULL, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
-    __syncthreads(); /* Qs loaded */
-    uint32_t qf[AB_MAX_HS / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < hs / 16; ks++) frag_a(qf[ks], Qs + 16 * warp * rp, rp, ks);
+    load_tile(Qs, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
+    load_tile(KV, base + C, ld, T, hs, vec);
+    load_tile(KV + tile, base + 2 * (size_t)C, ld, T, hs, vec);
+    cp_async_commit();
 
+    uint32_t qf[AB_MAX_HS / 16][4];
     float o[AB_MAX_HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     zero_acc(o, hs);
     for (int kt = 0; kt <= qt; kt++) {
-        int k0 = kt * AB_TILE;
-        __syncthreads(); /* the previous tile's readers of Ks, Vt are done */
-        load_tile(Ks, NULL, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec);
-        load_tile(NULL, Vt, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec);
-        __syncthreads(); /* Ks, Vt loaded */
+        int k0 = kt * AB_TILE, next = kt < qt;
+        const uint16_t *Ks = KV + 2 * (kt & 1) * tile, *Vs = Ks + tile;
+        if (next) {
+            uint16_t *Kn = KV + 2 * ((kt + 1) & 1) * tile;
+            size_t row = (size_t)(k0 + AB_TILE) * ld;
+            load_tile(Kn, base + C + row, ld, T - k0 - AB_TILE, hs, vec);
+            load_tile(Kn + tile, base + 2 * (size_t)C + row, ld, T - k0 - AB_TILE, hs, vec);
+            cp_async_commit();
+        }
+        tile_landed(next);
+        if (kt == 0) {
+#pragma unroll
+            for (int ks = 0; ks < hs / 16; ks++) frag_a(qf[ks], Qs, p, 16 * warp, 16 * ks);
+        }
 
         float s[8][4];
 #pragma unroll
@@ -229,10 +250,11 @@ static __device__ __forceinline__ void attn_fwd(uint32_t *sm, uint16_t *out, flo
 #pragma unroll
         for (int ks = 0; ks < hs / 16; ks++)
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                uint32_t bf[2];
-                frag_b(bf, Ks, rp, 8 * j, ks);
-                mma_bf16_16816(s[j], qf[ks], bf);
+            for (int jj = 0; jj < 4; jj++) {
+                uint32_t b0[2], b1[2];
+                frag_b_nk(b0, b1, Ks, p, 16 * jj, 16 * ks);
+                mma_bf16_16816(s[2 * jj], qf[ks], b0);
+                mma_bf16_16816(s[2 * jj + 1], qf[ks], b1);
             }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -253,16 +275,17 @@ static __device__ __forceinline__ void attn_fwd(uint32_t *sm, uint16_t *out, flo
             for (int j = 0; j < 8; j++)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    float p = exp2f(s[j][2 * r + i] - ref);
-                    s[j][2 * r + i] = p;
-                    ls += p;
+                    float pr = exp2f(s[j][2 * r + i] - ref);
+                    s[j][2 * r + i] = pr;
+                    ls += pr;
                 }
             l[r] = l[r] * alpha + quad_sum(ls);
             m[r] = mn;
 #pragma unroll
             for (int jd = 0; jd < hs / 8; jd++) o[jd][2 * r] *= alpha, o[jd][2 * r + 1] *= alpha;
         }
-        tile_sv(o, s, Vt, hs);
+        tile_sv(o, s, Vs, hs);
+        __syncthreads(); /* this stage's readers are done: the next iteration refills it */
     }
 
     uint16_t *orow[2];
@@ -279,7 +302,7 @@ attention_bf16_fwd64_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T] 
                             const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
                             float sl2, int vec) {
     extern __shared__ float4 ab_smem[];
-    attn_fwd((uint32_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, 64);
+    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, 64);
 }
 
 __global__ void __launch_bounds__(AB_THREADS)
@@ -287,7 +310,7 @@ attention_bf16_fwd128_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T]
                              const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
                              float sl2, int vec) {
     extern __shared__ float4 ab_smem[];
-    attn_fwd((uint32_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, 128);
+    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, 128);
 }
 
 /* ------------------------------------------------------------------ backward */
@@ -305,23 +328,19 @@ static __device__ __forceinline__ void prob_and_ds(float *s, float *dp, int u, i
  * K, V of the tile stay in shared memory; for each query tile at or after it, in the
  * transposed view (rows: this warp's keys, columns: the tile's 64 queries):
  * S^T = K Q^T and dP^T = V dO^T, P^T and dS^T from lse and D, then dV += P^T dO and
- * dK += dS^T Q with P^T and dS^T straight from the accumulators. Q and dO enter in both
- * layouts: row-major as the B operand of the scores, transposed as that of dV and dK.
- * Writes dk = dK / sqrt(hs) and dv for its keys < T. */
-static __device__ __forceinline__ void attn_bwd_dkdv(uint32_t *sm, uint16_t *dqkv,
+ * dK += dS^T Q with P^T and dS^T straight from the accumulators (Q and dO as the B of
+ * both kinds of product, through the two ldmatrix forms). Writes dk = dK / sqrt(hs) and
+ * dv for its keys < T. */
+static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm, uint16_t *dqkv,
                                                      const uint16_t *dout,
                                                      const uint16_t *qkv, const float *lse,
                                                      const float *D, int T, int C, int NH,
                                                      float sl2, float scale, int vec, int hs) {
-    int rp = ab_rp(hs);
-    uint32_t *Ks = sm;                    /* [64][rp] this block's keys */
-    uint32_t *Vs = Ks + AB_TILE * rp;     /* [64][rp] this block's values */
-    uint32_t *Qs = Vs + AB_TILE * rp;     /* [64][rp] current query tile */
-    uint32_t *dOs = Qs + AB_TILE * rp;    /* [64][rp] its output gradient */
-    uint32_t *Qt = dOs + AB_TILE * rp;    /* [hs][AB_TP] current query tile, transposed */
-    uint32_t *dOt = Qt + hs * AB_TP;      /* [hs][AB_TP] its output gradient, transposed */
-    float *lse_s = (float *)(dOt + hs * AB_TP); /* [64] log2(e) lse of the current queries */
-    float *D_s = lse_s + AB_TILE;               /* [64] D of the current queries */
+    int p = ab_pitch(hs), tile = AB_TILE * p;
+    uint16_t *Ks = sm;           /* [64][p] this block's keys */
+    uint16_t *Vs = Ks + tile;    /* [64][p] this block's values */
+    uint16_t *QdO = Vs + tile;   /* [2 stages][Q, dO][64][p] the streamed query tiles */
+    float *stats = (float *)(QdO + 4 * tile); /* [2 stages][lse2, D][64] of their queries */
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int bh = blockIdx.x, b = bh / NH, h = bh % NH;
@@ -329,26 +348,39 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint32_t *sm, uint16_t *dqk
     size_t ld = 3 * (size_t)C;
     const uint16_t *base = qkv + (size_t)b * T * ld + (size_t)h * hs;   /* q of row 0 */
     const uint16_t *dbase = dout + (size_t)b * T * C + (size_t)h * hs; /* dout of row 0 */
+    const float *lse_bh = lse + (size_t)bh * T, *D_bh = D + (size_t)bh * T;
     int u[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8}; /* this lane's keys */
 
-    load_tile(Ks, NULL, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec);
-    load_tile(Vs, NULL, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec);
+    load_tile(Ks, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec);
+    load_tile(Vs, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec);
+    load_tile(QdO, base + (size_t)k0 * ld, ld, T - k0, hs, vec);
+    load_tile(QdO + tile, dbase + (size_t)k0 * C, (size_t)C, T - k0, hs, vec);
+    cp_async_commit();
+    load_row_vec(stats, lse_bh + k0, T - k0, AB_LOG2E);
+    load_row_vec(stats + AB_TILE, D_bh + k0, T - k0, 1.0f);
 
     float dk[AB_MAX_HS / 8][4], dv[AB_MAX_HS / 8][4];
     zero_acc(dk, hs);
     zero_acc(dv, hs);
     for (int qt = ktile; qt < ntiles; qt++) {
-        int q0 = qt * AB_TILE;
-        __syncthreads(); /* the previous tile's readers of Qs, dOs, Qt, dOt, lse_s, D_s done */
-        load_tile(Qs, Qt, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
-        load_tile(dOs, dOt, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec);
-        load_row_vec(lse_s, lse + (size_t)bh * T + q0, T - q0, AB_LOG2E);
-        load_row_vec(D_s, D + (size_t)bh * T + q0, T - q0, 1.0f);
-        __syncthreads(); /* Ks, Vs (first pass), the query tile loaded */
+        int q0 = qt * AB_TILE, stage = (qt - ktile) & 1, next = qt + 1 < ntiles;
+        const uint16_t *Qs = QdO + 2 * stage * tile, *dOs = Qs + tile;
+        const float *lse_s = stats + 2 * stage * AB_TILE, *D_s = lse_s + AB_TILE;
+        if (next) {
+            int q1 = q0 + AB_TILE;
+            uint16_t *Qn = QdO + 2 * (stage ^ 1) * tile;
+            float *sn = stats + 2 * (stage ^ 1) * AB_TILE;
+            load_tile(Qn, base + (size_t)q1 * ld, ld, T - q1, hs, vec);
+            load_tile(Qn + tile, dbase + (size_t)q1 * C, (size_t)C, T - q1, hs, vec);
+            cp_async_commit();
+            load_row_vec(sn, lse_bh + q1, T - q1, AB_LOG2E);
+            load_row_vec(sn + AB_TILE, D_bh + q1, T - q1, 1.0f);
+        }
+        tile_landed(next);
 
         float s[8][4], dp[8][4];
-        tile_scores(s, Ks + 16 * warp * rp, Qs, hs);   /* k_u . q_t */
-        tile_scores(dp, Vs + 16 * warp * rp, dOs, hs); /* v_u . dout_t */
+        tile_scores(s, Ks, 16 * warp, Qs, hs);   /* k_u . q_t */
+        tile_scores(dp, Vs, 16 * warp, dOs, hs); /* v_u . dout_t */
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -356,8 +388,9 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint32_t *sm, uint16_t *dqk
                 int c = 8 * j + 2 * t + (i & 1); /* query q0 + c */
                 prob_and_ds(&s[j][i], &dp[j][i], u[i >> 1], q0 + c, T, sl2, lse_s[c], D_s[c]);
             }
-        tile_sv(dv, s, dOt, hs);
-        tile_sv(dk, dp, Qt, hs);
+        tile_sv(dv, s, dOs, hs);
+        tile_sv(dk, dp, Qs, hs);
+        __syncthreads(); /* this stage's readers are done: the next iteration refills it */
     }
 
     uint16_t *krow[2], *vrow[2];
@@ -373,21 +406,19 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint32_t *sm, uint16_t *dqk
 /* Block (bh, y): query tile NT-1-y (the longest loops first); warp w owns queries
  * q0 + 16 w .. + 15. Q, dO, lse, D of the tile stay in shared memory; for each key tile
  * up to the diagonal: S = Q K^T, dP = dO V^T, P and dS as in the dk/dv kernel, then
- * dQ += dS K (K also transposed, as the B operand). Writes dq = dQ / sqrt(hs) for its
+ * dQ += dS K (K through ldmatrix .trans as that B). Writes dq = dQ / sqrt(hs) for its
  * queries < T. */
-static __device__ __forceinline__ void attn_bwd_dq(uint32_t *sm, uint16_t *dqkv,
+static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm, uint16_t *dqkv,
                                                    const uint16_t *dout, const uint16_t *qkv,
                                                    const float *lse, const float *D, int T,
                                                    int C, int NH, float sl2, float scale,
                                                    int vec, int hs) {
-    int rp = ab_rp(hs);
-    uint32_t *Qs = sm;                    /* [64][rp] this block's queries */
-    uint32_t *dOs = Qs + AB_TILE * rp;    /* [64][rp] their output gradient */
-    uint32_t *Ks = dOs + AB_TILE * rp;    /* [64][rp] current key tile */
-    uint32_t *Vs = Ks + AB_TILE * rp;     /* [64][rp] current value tile */
-    uint32_t *Kt = Vs + AB_TILE * rp;     /* [hs][AB_TP] current key tile, transposed */
-    float *lse_s = (float *)(Kt + hs * AB_TP); /* [64] log2(e) lse of this block's queries */
-    float *D_s = lse_s + AB_TILE;              /* [64] D of this block's queries */
+    int p = ab_pitch(hs), tile = AB_TILE * p;
+    uint16_t *Qs = sm;          /* [64][p] this block's queries */
+    uint16_t *dOs = Qs + tile;  /* [64][p] their output gradient */
+    uint16_t *KV = dOs + tile;  /* [2 stages][K, V][64][p] the streamed key and value tiles */
+    float *lse_s = (float *)(KV + 4 * tile); /* [64] log2(e) lse of this block's queries */
+    float *D_s = lse_s + AB_TILE;            /* [64] D of this block's queries */
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int bh = blockIdx.x, b = bh / NH, h = bh % NH;
@@ -397,23 +428,31 @@ static __device__ __forceinline__ void attn_bwd_dq(uint32_t *sm, uint16_t *dqkv,
     const uint16_t *dbase = dout + (size_t)b * T * C + (size_t)h * hs;
     int r0 = 16 * warp + g, tq[2] = {q0 + r0, q0 + r0 + 8}; /* this lane's queries */
 
-    load_tile(Qs, NULL, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
-    load_tile(dOs, NULL, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec);
+    load_tile(Qs, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
+    load_tile(dOs, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec);
+    load_tile(KV, base + C, ld, T, hs, vec);
+    load_tile(KV + tile, base + 2 * (size_t)C, ld, T, hs, vec);
+    cp_async_commit();
     load_row_vec(lse_s, lse + (size_t)bh * T + q0, T - q0, AB_LOG2E);
     load_row_vec(D_s, D + (size_t)bh * T + q0, T - q0, 1.0f);
 
     float dq[AB_MAX_HS / 8][4];
     zero_acc(dq, hs);
     for (int kt = 0; kt <= qt; kt++) {
-        int k0 = kt * AB_TILE;
-        __syncthreads(); /* the previous tile's readers of Ks, Vs, Kt are done */
-        load_tile(Ks, Kt, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec);
-        load_tile(Vs, NULL, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec);
-        __syncthreads(); /* Qs, dOs, lse_s, D_s (first pass), the key tile loaded */
+        int k0 = kt * AB_TILE, next = kt < qt;
+        const uint16_t *Ks = KV + 2 * (kt & 1) * tile, *Vs = Ks + tile;
+        if (next) {
+            uint16_t *Kn = KV + 2 * ((kt + 1) & 1) * tile;
+            size_t row = (size_t)(k0 + AB_TILE) * ld;
+            load_tile(Kn, base + C + row, ld, T - k0 - AB_TILE, hs, vec);
+            load_tile(Kn + tile, base + 2 * (size_t)C + row, ld, T - k0 - AB_TILE, hs, vec);
+            cp_async_commit();
+        }
+        tile_landed(next);
 
         float s[8][4], dp[8][4];
-        tile_scores(s, Qs + 16 * warp * rp, Ks, hs);   /* q_t . k_u */
-        tile_scores(dp, dOs + 16 * warp * rp, Vs, hs); /* dout_t . v_u */
+        tile_scores(s, Qs, 16 * warp, Ks, hs);   /* q_t . k_u */
+        tile_scores(dp, dOs, 16 * warp, Vs, hs); /* dout_t . v_u */
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -422,7 +461,8 @@ static __device__ __forceinline__ void attn_bwd_dq(uint32_t *sm, uint16_t *dqkv,
                 prob_and_ds(&s[j][i], &dp[j][i], k0 + 8 * j + 2 * t + (i & 1), q0 + r, T, sl2,
                             lse_s[r], D_s[r]);
             }
-        tile_sv(dq, dp, Kt, hs);
+        tile_sv(dq, dp, Ks, hs);
+        __syncthreads(); /* this stage's readers are done: the next iteration refills it */
     }
 
     uint16_t *qrow[2];
@@ -437,25 +477,27 @@ static __device__ __forceinline__ void attn_bwd_dq(uint32_t *sm, uint16_t *dqkv,
         const uint16_t *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,              \
         const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2, float scale, int vec
 
-__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv64_kernel(AB_BWD_ARGS) {
+/* at most 168 registers, for 3 blocks (12 warps) an SM: unbounded, ptxas takes 187 and leaves
+ * room for 2; bounded, it spills 8 bytes (sm_90, nvcc 13.0) */
+__global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64);
+    attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv128_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
+    attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
                   128);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq64_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dq((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64);
+    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dq((uint32_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128);
+    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128);
 }
 
 /* Never runs: launched with an empty grid to report an unsupported shape through
@@ -464,25 +506,22 @@ __global__ void attention_bf16_unsupported_kernel(void) {}
 
 /* ------------------------------------------------------------------ launchers */
 
-static size_t ab_fwd_smem(int hs) {
-    return (2 * (size_t)AB_TILE * ab_rp(hs) + (size_t)hs * AB_TP) * sizeof(uint32_t);
-}
+/* bytes of a [64][hs] tile */
+static size_t ab_tile_bytes(int hs) { return (size_t)AB_TILE * ab_pitch(hs) * sizeof(uint16_t); }
+
+static size_t ab_fwd_smem(int hs) { return 5 * ab_tile_bytes(hs); }
 
 static size_t ab_dkdv_smem(int hs) {
-    return (4 * (size_t)AB_TILE * ab_rp(hs) + 2 * (size_t)hs * AB_TP + 2 * AB_TILE) *
-           sizeof(uint32_t);
+    return 6 * ab_tile_bytes(hs) + 4 * AB_TILE * sizeof(float);
 }
 
-static size_t ab_dq_smem(int hs) {
-    return (4 * (size_t)AB_TILE * ab_rp(hs) + (size_t)hs * AB_TP + 2 * AB_TILE) *
-           sizeof(uint32_t);
-}
+static size_t ab_dq_smem(int hs) { return 6 * ab_tile_bytes(hs) + 2 * AB_TILE * sizeof(float); }
 
-/* 1 when bf16 buffers a and b (either may be NULL) allow the 4-byte loads of load4: every
- * tile row starts a multiple of 4 elements in (C and hs are multiples of 64), so 8-byte
- * aligned bases are enough */
+/* 1 when bf16 buffers a and b (either may be NULL) allow load_tile's 16-byte cp.async:
+ * every tile row starts a multiple of 8 elements in (C and hs are multiples of 64), so
+ * 16-byte aligned bases are enough */
 static int ab_vec(const void *a, const void *b) {
-    return ((uintptr_t)a & 7u) == 0 && ((uintptr_t)b & 7u) == 0;
+    return ((uintptr_t)a & 15u) == 0 && ((uintptr_t)b & 15u) == 0;
 }
 
 /* 1 when a kernel exists for the head size: C = NH * hs, hs 64 or 128 */

@@ -1,5 +1,6 @@
-/* The warp-level tensor-core product and the bf16 conversion the bf16 kernels use, as
- * small device functions: inline PTX under nvcc (sm_80 and later), and the CPU
+/* The warp-level tensor-core product, its shared-memory fragment loads (ldmatrix), the
+ * asynchronous global-to-shared copies (cp.async) and the bf16 conversion that the bf16
+ * kernels use, as small device functions: inline PTX under nvcc (sm_80 and later), and the CPU
  * emulator's own versions (tests/cuda_emu/emu_mma.h) otherwise. This header is the one
  * place where kernel code differs between the two; the emulator's versions follow the
  * PTX ISA's fragment layouts exactly (checked on their own by test_cuda_emu's mma test).
@@ -13,7 +14,20 @@
  *   C, D (16 x 8, fp32):     d[0], d[1] = D[g][2t, 2t+1]  d[2], d[3] = D[g+8][2t, 2t+1]
  * so the accumulators of two n-tiles side by side are, once packed to bf16, exactly the
  * A fragment of the 16 x 16 block they form (the flash-attention trick that keeps P and
- * dS in registers). */
+ * dS in registers).
+ *
+ * ldmatrix .x4 loads four 8 x 8 bf16 matrices whose rows lie in shared memory, 16 bytes
+ * each, 16-byte aligned: lanes 8i .. 8i+7 give the addresses of matrix i's rows 0..7, and
+ * register r[i] of lane 4g + t receives matrix i's row g, columns 2t, 2t+1 (.trans: its
+ * column g, rows 2t, 2t+1), the lower index in the low half. That is one A fragment, or
+ * the B fragments of two n-tiles, per instruction, from row-major tiles: B from a tile
+ * stored [n][k] without .trans, from one stored [k][n] with it.
+ *
+ * cp.async copies 16 bytes from global to shared memory without passing through
+ * registers, so a block loads its next tile while it computes on the current one. A
+ * thread's copies form groups (commit); wait(k) returns once all but its newest k groups
+ * have landed, and only then (after a __syncthreads for other threads' copies) may the
+ * destination be read. */
 #ifndef GPTC_MMA_CUH
 #define GPTC_MMA_CUH
 
@@ -38,6 +52,51 @@ static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     uint32_t r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
+}
+
+/* the 32-bit shared-state-space address of a generic pointer to shared memory */
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* r[4] = four 8 x 8 matrices; row_addr is this lane's row (see above). The "memory"
+ * clobbers keep the compiler from moving shared-memory loads across the cp.async waits
+ * and barriers that order them. */
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *row_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(row_addr))
+                 : "memory");
+}
+
+static __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const uint16_t *row_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(row_addr))
+                 : "memory");
+}
+
+/* 16 bytes to dst (shared) from src (global): the first `valid` bytes (0 or 16) copied,
+ * the rest zero-filled; both 16-byte aligned */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :
+                 : "r"(smem_u32(dst)), "l"(src), "r"(valid)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* every committed group has landed */
+static __device__ __forceinline__ void cp_async_wait_all(void) {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+/* every committed group but the newest has landed */
+static __device__ __forceinline__ void cp_async_wait_one(void) {
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
 
 #else

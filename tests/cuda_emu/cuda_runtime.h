@@ -42,6 +42,12 @@ void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane);
 #define EMU_GATHER_MAX 32
 void emu_warp_gather(const void *in, void *out, size_t size);
 float emu_atomic_add(float *p, float v);
+/* cp.async of n bytes (valid from src, then zeros) from global to shared memory, queued
+ * until emu_cp_async_wait covers it; commit closes a group; wait(k) makes every committed
+ * group's copies but the newest k groups' (cp.async.wait_group k) */
+void emu_cp_async(void *dst, const void *src, unsigned int n, unsigned int valid);
+void emu_cp_async_commit(void);
+void emu_cp_async_wait(unsigned int newest);
 /* Prints "cuda_emu: " msg, with the calling CUDA thread if any, and aborts. */
 void emu_fail(const char *msg);
 

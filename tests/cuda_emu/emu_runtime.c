@@ -35,6 +35,8 @@
  *  - a __syncthreads or shuffle that not every thread of the block (warp) reaches, at
  *    once: a thread that arrives at another barrier than the ones waiting there, or
  *    every live thread waiting with no barrier able to complete (a message, then abort);
+ *  - cp.async misuse: a read of the destination before the wait that covers its group
+ *    (the destination holds NaN until then), and copies a thread never waits for;
  *  - launch configuration errors (block size, grid, dynamic shared memory above 48 KiB
  *    without cudaFuncSetAttribute, or above 227 KiB), as cudaGetLastError reports them;
  *  - under GPTC_SANITIZE=address: out-of-bounds reads and writes of global memory (each
@@ -42,11 +44,12 @@
  *    size the launch asked for), misaligned float4 accesses (UBSan), undefined behaviour
  *    in kernel code.
  * What it cannot catch:
- *  - races in general. Within a block, the threads between two barriers run one after
- *    another, upwards through the thread indices after one barrier and downwards after
- *    the next (run_fibers), so a missing barrier between a write of shared memory and a
- *    read by another thread shows (the read gets NaN) in the phases where the reader
- *    runs first, and not in the others: deterministic, but not every pattern.
+ *  - races in general. Within a block, each warp in turn runs up to the next
+ *    __syncthreads, upwards through the warps in one pass and downwards in the next
+ *    (run_fibers), so a missing barrier between a write of shared memory and a read by
+ *    another warp shows (the read gets NaN, or a cp.async's poison) in the passes where
+ *    the reader runs first, and a refill that does not wait for the readers of the old
+ *    contents in the passes where the writer does: deterministic, but not every pattern.
  *    Between blocks there is no concurrency at all: blocks run one after another, so a
  *    plain += where blocks collide (and atomicAdd is needed) passes; nor between kernels
  *    of different streams (one grid at a time);
@@ -58,7 +61,8 @@
  *  - exact device arithmetic: expf, tanhf, ... are the host's, and contraction into FMA
  *    follows the host compiler, so results agree with the GPU only to rounding.
  * Limits: 1-D blocks, 1- or 2-D grids, full-warp shuffles of float and double, full-warp
- * mma.sync m16n8k16 bf16 with fp32 accumulators (summed in double here); anything
+ * mma.sync m16n8k16 bf16 with fp32 accumulators (summed in double here), full-warp
+ * ldmatrix .x4 (and .trans), 16-byte cp.async with its commit groups; anything
  * else stops with a message (or does not compile), and cuda_runtime.h is where to add it.
  * A test tool can hide bugs of its own: tests/test_cuda_ops.c on a real GPU remains the
  * reference check of the kernels. */
@@ -172,6 +176,14 @@ typedef struct barrier {
 
 enum { F_RUN, F_WAIT, F_DONE };
 
+/* One pending cp.async: n bytes to dst, the first valid from src and the rest zero,
+ * in commit group `group` */
+typedef struct cp_async_copy {
+    void *dst;
+    const void *src;
+    unsigned int n, valid, group;
+} cp_async_copy;
+
 typedef struct fiber {
     jmp_buf resume;      /* where it goes on (after its first start) */
     ucontext_t start;    /* its first start (and, sanitized, every switch) */
@@ -181,6 +193,9 @@ typedef struct fiber {
     unsigned int parity; /* shuffle slot set */
     int state, started;
     barrier *waiting;    /* F_WAIT: the barrier it waits at */
+    /* its cp.async copies not waited for yet (emu_cp_async): made at cp.async.wait_group */
+    struct cp_async_copy *cp;
+    unsigned int cp_n, cp_cap, cp_groups; /* pending, allocated, groups committed so far */
 #ifdef EMU_ASAN
     void *fake_stack;
 #endif
@@ -325,6 +340,49 @@ void emu_warp_gather(const void *in, void *out, size_t size) {
     for (unsigned int l = 0; l < 32; l++) memcpy((char *)out + l * size, slot[base + l], size);
 }
 
+/* cp.async (engine/cuda/mma.cuh, tests/cuda_emu/emu_mma.h): the destination is
+ * poisoned (0xff bytes: NaN as float and as bf16) when the copy is issued, and the copy
+ * is made only at the wait that covers its group. So a read of the destination before
+ * the wait (and the barrier after it) gets NaN, and so does a thread still reading what
+ * was there when another thread issued the copy (a missing barrier before a refill). */
+void emu_cp_async(void *dst, const void *src, unsigned int n, unsigned int valid) {
+    fiber *f = running;
+    if (!f) emu_fail("cp.async outside a kernel");
+    if (valid > n || ((uintptr_t)dst % n) || ((uintptr_t)src % n))
+        emu_fail("cp.async: source or destination not aligned to its size, or src-size > cp-size");
+    if (f->cp_n == f->cp_cap) {
+        unsigned int cap = f->cp_cap ? 2 * f->cp_cap : 64;
+        cp_async_copy *c = realloc(f->cp, cap * sizeof *c);
+        if (!c) emu_fail("no memory for cp.async");
+        f->cp = c, f->cp_cap = cap;
+    }
+    f->cp[f->cp_n++] = (cp_async_copy){dst, src, n, valid, f->cp_groups};
+    memset(dst, 0xff, n);
+}
+
+void emu_cp_async_commit(void) {
+    if (!running) emu_fail("cp.async.commit_group outside a kernel");
+    running->cp_groups++;
+}
+
+/* cp.async.wait_group newest: the copies of every committed group but the newest
+ * `newest` ones are made; later (uncommitted or newer) copies stay queued, in order */
+void emu_cp_async_wait(unsigned int newest) {
+    fiber *f = running;
+    if (!f) emu_fail("cp.async.wait_group outside a kernel");
+    unsigned int kept = 0;
+    for (unsigned int i = 0; i < f->cp_n; i++) {
+        cp_async_copy *c = &f->cp[i];
+        if (c->group + newest < f->cp_groups) {
+            memcpy(c->dst, c->src, c->valid);
+            memset((char *)c->dst + c->valid, 0, c->n - c->valid);
+        } else {
+            f->cp[kept++] = *c;
+        }
+    }
+    f->cp_n = kept;
+}
+
 float emu_atomic_add(float *p, float v) {
     pthread_mutex_lock(&atomic_mu);
     float old = *p;
@@ -395,6 +453,7 @@ static void fiber_main(void) {
             f->block_idx.y = emu_block_idx.y = by;
             f->block_idx.z = emu_block_idx.z = 0;
             cur.body(cur.ctx);
+            if (f->cp_n) emu_fail("cp.async copies the thread never waited for");
             /* the last thread to finish the block refills shared memory for the next */
             barrier_wait(&block_barrier, AT_BLOCK_END, poison_shared);
         }
@@ -441,21 +500,34 @@ static void resume(fiber *f) {
     running = NULL;
 }
 
-/* Runs the grid's fibers to the end: passes over the runnable ones, alternately upwards
- * and downwards, so that a read of shared memory another thread writes without a
- * barrier in between shows (as NaN) whichever of the two has the lower index. */
+/* Runs the grid's fibers to the end. A pass takes the warps in turn, alternately upwards
+ * and downwards, and runs each warp's lanes (in the same direction) until none of them can
+ * go on, i.e. until the whole warp waits at a __syncthreads (or is done), before the next
+ * warp starts: a warp runs as far ahead of the others as a barrier lets it, as one may on
+ * a GPU. So a read of shared memory that another warp writes without a barrier in between
+ * shows (as NaN, or as a cp.async's poison) in the passes where the reader goes first,
+ * and a write (or cp.async) that should wait for other warps' reads of the old contents
+ * shows in the passes where the writer goes first. */
 static void run_fibers(unsigned int nt) {
     char msg[240];
+    unsigned int nw = (nt + 31) / 32;
     for (int pass = 0;; pass++) {
         unsigned int alive = 0, ran = 0;
-        for (unsigned int i = 0; i < nt; i++) {
-            fiber *f = &fibers[pass & 1 ? nt - 1 - i : i];
-            if (f->state == F_DONE) continue;
-            alive++;
-            if (f->state != F_RUN) continue;
-            resume(f);
-            ran++;
+        for (unsigned int k = 0; k < nw; k++) {
+            unsigned int w = pass & 1 ? nw - 1 - k : k, first = 32 * w;
+            unsigned int n = nt - first < 32 ? nt - first : 32;
+            for (unsigned int ran_warp = 1; ran_warp;) {
+                ran_warp = 0;
+                for (unsigned int i = 0; i < n; i++) {
+                    fiber *f = &fibers[first + (pass & 1 ? n - 1 - i : i)];
+                    if (f->state != F_RUN) continue;
+                    resume(f);
+                    ran_warp++;
+                }
+                ran += ran_warp;
+            }
         }
+        for (unsigned int t = 0; t < nt; t++) alive += fibers[t].state != F_DONE;
         if (!alive) return;
         if (ran) continue;
         /* every live thread waits, and no barrier can complete */
@@ -519,6 +591,7 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
         f->state = F_RUN;
         f->started = 0;
         f->waiting = NULL;
+        f->cp_n = f->cp_groups = 0;
 #ifdef EMU_ASAN
         f->fake_stack = NULL;
 #endif

@@ -8,6 +8,9 @@
  *  - one emulated mma.sync (mma_check.cu, a kernel of this test) against a plain product:
  *    the fragment layout of emu_mma.h, on which the bf16 attention kernels' results
  *    on the emulator rest;
+ *  - cp.async and ldmatrix on one warp (the same file), each lane checking what it sees
+ *    against the PTX ISA's statements: the fragments of ldmatrix and its .trans, the
+ *    groups of cp.async.wait_group, src-size 0's zero fill;
  *  - fill_nan, which is no op of the op table (tests poison with it), aligned and not;
  *  - wait_flag and set_flag, the host flags of host_tasks.c, on host memory.
  * Everything runs on the NULL stream, which the emulator runs before a launch returns, so
@@ -24,6 +27,9 @@
 
 /* mma_check.cu: d[16][8] = a[16][16] b[16][8] + c on one emulated mma.sync */
 void emu_mma_check(float *d, const float *a, const float *b, const float *c);
+
+/* mma_check.cu: cp.async and ldmatrix on one warp, mismatches per lane in bad[32] */
+void emu_cp_async_ldsm_check(int *bad, const uint16_t *m);
 
 static int g_failures;
 
@@ -87,6 +93,23 @@ static void test_mma(void) {
     g_failures += !ok;
 }
 
+/* cp.async and ldmatrix as emulated (emu_mma.h, emu_runtime.c) against the PTX ISA's
+ * statements, which cp_async_ldsm_check_kernel checks lane by lane: a wrong lane or half
+ * in emu_ldsm_x4, a copy made before its wait, or no zero fill gives mismatches. The
+ * elements are the integers 1..256 (exact in bf16), all different. */
+static void test_cp_async_ldsm(void) {
+    uint16_t m[16 * 16];
+    int bad[32], total = 0;
+    for (int i = 0; i < 16 * 16; i++) m[i] = bf16_bits((float)(i + 1));
+    for (int i = 0; i < 32; i++) bad[i] = -1;
+    emu_cp_async_ldsm_check(bad, m);
+    check_launch("cp_async_ldsm_check");
+    for (int i = 0; i < 32; i++) total += bad[i] < 0 ? 1000 : bad[i];
+    printf("%s %-28s %d mismatches\n", total ? "FAIL" : "ok  ", "cp.async + ldmatrix (emulated)",
+           total);
+    g_failures += total != 0;
+}
+
 /* fill_nan on x[n] of random values; offset 1 puts x one float into its allocation, for
  * the scalar path */
 static void test_fill_nan(size_t n, int offset) {
@@ -126,6 +149,7 @@ int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* in order with the emulator's messages on stderr */
     test_attention_unsupported();
     test_mma();
+    test_cp_async_ldsm();
     /* 100003: several grid-stride passes */
     test_fill_nan(100003, 0);
     test_fill_nan(1003, 1);
