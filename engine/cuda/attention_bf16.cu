@@ -257,17 +257,25 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm, uint16_t *out, flo
                 mma_bf16_16816(s[2 * jj + 1], qf[ks], b1);
             }
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) s[j][i] *= sl2;
+        /* only the diagonal tile has keys past a query (or past T): the others skip the
+         * mask */
+        if (kt == qt) {
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    int u = k0 + 8 * j + 2 * t + i;
-                    float v = u <= tq[r] && u < T ? s[j][2 * r + i] * sl2 : -INFINITY;
-                    s[j][2 * r + i] = v;
-                    mx = fmaxf(mx, v);
+                for (int i = 0; i < 4; i++) {
+                    int u = k0 + 8 * j + 2 * t + (i & 1);
+                    if (u > tq[i >> 1] || u >= T) s[j][i] = -INFINITY;
                 }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
             float mn = fmaxf(m[r], quad_max(mx));
             float ref = mn == -INFINITY ? 0.0f : mn; /* no key yet: all terms stay 0 */
             float alpha = exp2f(m[r] - ref), ls = 0.0f;
@@ -315,13 +323,49 @@ attention_bf16_fwd128_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T]
 
 /* ------------------------------------------------------------------ backward */
 
-/* P = exp2(s - lse2) where key u <= query tq < T, else 0, and dS = P (dp - D), in place
- * in s and dp: one accumulator element, its query's log2-domain lse and D given */
+/* P = exp2(s sl2 - lse2) and dS = P (dP - D), in place in s and dp, for one element whose
+ * query's log2-domain lse and D are given. masked: P = 0 where key u is past query tq or
+ * tq is past T. Only the diagonal tile and a partial last one need that: the callers
+ * pass a constant, so that the other tiles' code has no test at all. */
 static __device__ __forceinline__ void prob_and_ds(float *s, float *dp, int u, int tq, int T,
-                                                   float sl2, float lse2, float D) {
-    float p = u <= tq && tq < T ? exp2f(*s * sl2 - lse2) : 0.0f;
+                                                   float sl2, float lse2, float D, int masked) {
+    float p = exp2f(*s * sl2 - lse2);
+    if (masked && (u > tq || tq >= T)) p = 0.0f;
     *s = p;
     *dp = p * (*dp - D);
+}
+
+/* prob_and_ds over a dk/dv warp's block: rows are its keys u[2] (this lane's), columns
+ * the 64 queries from q0, whose stats are lse2[64] and D[64] */
+static __device__ __forceinline__ void probs_by_key(float s[8][4], float dp[8][4],
+                                                    const int u[2], int q0, int T, float sl2,
+                                                    const float *lse2, const float *D,
+                                                    int masked) {
+    int t = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int c = 8 * j + 2 * t + (i & 1); /* query q0 + c */
+            prob_and_ds(&s[j][i], &dp[j][i], u[i >> 1], q0 + c, T, sl2, lse2[c], D[c], masked);
+        }
+}
+
+/* prob_and_ds over a dq warp's block: rows are its queries q0 + r0 (+ 8), whose stats are
+ * lse2[r], D[r] (r = r0, r0 + 8), columns the 64 keys from k0 */
+static __device__ __forceinline__ void probs_by_query(float s[8][4], float dp[8][4], int k0,
+                                                      int q0, int r0, int T, float sl2,
+                                                      const float *lse2, const float *D,
+                                                      int masked) {
+    int t = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = r0 + 8 * (i >> 1); /* query q0 + r */
+            prob_and_ds(&s[j][i], &dp[j][i], k0 + 8 * j + 2 * t + (i & 1), q0 + r, T, sl2,
+                        lse2[r], D[r], masked);
+        }
 }
 
 /* Block (bh, y): key tile y (the longest loops first); warp w owns keys k0 + 16 w .. + 15.
@@ -342,7 +386,7 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm, uint16_t *dqk
     uint16_t *QdO = Vs + tile;   /* [2 stages][Q, dO][64][p] the streamed query tiles */
     float *stats = (float *)(QdO + 4 * tile); /* [2 stages][lse2, D][64] of their queries */
 
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     int ktile = blockIdx.y, k0 = ktile * AB_TILE, ntiles = gridDim.y;
     size_t ld = 3 * (size_t)C;
@@ -381,13 +425,10 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm, uint16_t *dqk
         float s[8][4], dp[8][4];
         tile_scores(s, Ks, 16 * warp, Qs, hs);   /* k_u . q_t */
         tile_scores(dp, Vs, 16 * warp, dOs, hs); /* v_u . dout_t */
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int c = 8 * j + 2 * t + (i & 1); /* query q0 + c */
-                prob_and_ds(&s[j][i], &dp[j][i], u[i >> 1], q0 + c, T, sl2, lse_s[c], D_s[c]);
-            }
+        if (qt == ktile || q0 + AB_TILE > T) /* the diagonal, or queries past T */
+            probs_by_key(s, dp, u, q0, T, sl2, lse_s, D_s, 1);
+        else
+            probs_by_key(s, dp, u, q0, T, sl2, lse_s, D_s, 0);
         tile_sv(dv, s, dOs, hs);
         tile_sv(dk, dp, Qs, hs);
         __syncthreads(); /* this stage's readers are done: the next iteration refills it */
@@ -420,7 +461,7 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm, uint16_t *dqkv,
     float *lse_s = (float *)(KV + 4 * tile); /* [64] log2(e) lse of this block's queries */
     float *D_s = lse_s + AB_TILE;            /* [64] D of this block's queries */
 
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int bh = blockIdx.x, b = bh / NH, h = bh % NH;
     int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * AB_TILE;
     size_t ld = 3 * (size_t)C;
@@ -453,14 +494,10 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm, uint16_t *dqkv,
         float s[8][4], dp[8][4];
         tile_scores(s, Qs, 16 * warp, Ks, hs);   /* q_t . k_u */
         tile_scores(dp, dOs, 16 * warp, Vs, hs); /* dout_t . v_u */
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = r0 + 8 * (i >> 1); /* query q0 + r */
-                prob_and_ds(&s[j][i], &dp[j][i], k0 + 8 * j + 2 * t + (i & 1), q0 + r, T, sl2,
-                            lse_s[r], D_s[r]);
-            }
+        if (kt == qt) /* the diagonal (the only tile with keys past T, or rows past T) */
+            probs_by_query(s, dp, k0, q0, r0, T, sl2, lse_s, D_s, 1);
+        else
+            probs_by_query(s, dp, k0, q0, r0, T, sl2, lse_s, D_s, 0);
         tile_sv(dq, dp, Ks, hs);
         __syncthreads(); /* this stage's readers are done: the next iteration refills it */
     }
@@ -477,8 +514,9 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm, uint16_t *dqkv,
         const uint16_t *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,              \
         const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2, float scale, int vec
 
-/* at most 168 registers, for 3 blocks (12 warps) an SM: unbounded, ptxas takes 187 and leaves
- * room for 2; bounded, it spills 8 bytes (sm_90, nvcc 13.0) */
+/* at most 168 registers, for 3 blocks (12 warps) an SM: unbounded, ptxas takes 190 and leaves
+ * room for 2; bounded, it spills 24 bytes (sm_90, nvcc 13.0). Which is faster is not yet
+ * measured. */
 __global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
     attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64);
