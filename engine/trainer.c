@@ -188,13 +188,15 @@ static int plan_pipeline(const gptc_config *c, const grid *g, const gpt_shape *s
     return pp_schedule_validate(c->schedule, g->pp, c->virtual_stages, bp->n_micro, err, n);
 }
 
-/* Refuses a save path we could not write at the end of a long run. */
-static int check_save_path(const char *path, char *err, size_t n) {
+/* Refuses an output path (key names it) that we could not write at the end of a long
+ * run: checkpoints, the trace and the report are all written after the last step. */
+static int check_output_path(const char *key, const char *path, char *err, size_t n) {
+    if (!path[0]) return 0;
     char copy[CFG_STR_MAX];
     snprintf(copy, sizeof(copy), "%s", path);
     const char *dir = dirname(copy);
     if (access(dir, W_OK | X_OK) != 0) {
-        snprintf(err, n, "train.save %s: directory %s is not writable: %s", path, dir, strerror(errno));
+        snprintf(err, n, "%s %s: directory %s is not writable: %s", key, path, dir, strerror(errno));
         return -1;
     }
     return 0;
@@ -488,7 +490,10 @@ int train_run(const gptc_config *c, const grid *g) {
         plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0 ||
         plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
         goto fail_config;
-    if (c->save[0] && check_save_path(c->save, err, sizeof(err)) != 0) goto fail_config;
+    if (check_output_path("train.save", c->save, err, sizeof(err)) != 0 ||
+        check_output_path("profile.trace", c->trace, err, sizeof(err)) != 0 ||
+        check_output_path("profile.report", c->report, err, sizeof(err)) != 0)
+        goto fail_config;
     if (check_precision(c, &shape, err, sizeof(err)) != 0) goto fail_config;
     long first = init ? meta.step + 1 : 1;
     if (first > c->steps + 1) {

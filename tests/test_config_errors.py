@@ -38,6 +38,11 @@ CASES = [
     ("model contradicts checkpoint", [f"--train.init={D}/ck.h5", "--model.n_layer=3"],
      ["model.n_layer", "ck.h5"]),
     ("save dir missing", [f"--train.save={D}/no/such/dir/ck.h5"], ["train.save", "no/such/dir"]),
+    # written after the last step, so checked before the first
+    ("trace dir missing", ["--profile.timing=kernel", f"--profile.trace={D}/no/such/dir/t.json"],
+     ["profile.trace", "no/such/dir"]),
+    ("report dir missing", ["--profile.timing=kernel", f"--profile.report={D}/no/such/dir/r.json"],
+     ["profile.report", "no/such/dir"]),
     ("power on the cpu", ["--profile.power=true"], ["profile.power", "train.device = cuda"]),
     ("bf16 on cuda with a head size of 16", ["--train.device=cuda", "--train.precision=bf16"],
      ["train.precision = bf16", "head size", "64 or 128", "not 16"]),
