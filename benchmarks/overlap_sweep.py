@@ -152,7 +152,15 @@ def run_one(model, layout, label, overlap, a, work, tokens, rep):
     steps = [{**cols, **s} for s in rpt["steps"]]
     kernels = [{**cols, **k} for k in rpt["kernels"]]
     with open(trace) as f:
-        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        raw = json.load(f)["traceEvents"]
+    # the timed records, and each step's span (an async "b" / "e" pair per rank) as one
+    # event of cat "step" with a duration, as the timeline below draws them
+    events = [e for e in raw if e.get("ph") == "X"]
+    begins = {(e["pid"], e["args"]["step"]): e for e in raw if e.get("ph") == "b"}
+    for e in raw:
+        b = begins.get((e["pid"], e["args"]["step"])) if e.get("ph") == "e" else None
+        if b:
+            events.append({**b, "ph": "X", "dur": e["ts"] - b["ts"]})
     if not a.keep_traces:  # a few MB each
         os.remove(trace)
     return cols, steps, kernels, events

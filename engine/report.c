@@ -243,11 +243,17 @@ static void trace_text(text *t, int rank) {
     for (int s = 0; s < TIMING_STREAMS; s++)
         put(t, "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s\"}},\n",
             rank, s, streams[s]);
+    /* Each step is an async span (a "b" / "e" pair, an id local to the rank), so Perfetto
+     * draws it on a track of its own: the contract's complete ("X") events are the timed
+     * records alone, each of category compute or comm. */
     const timing_step_summary *st = timing_steps();
     for (int i = 0; i < timing_n_steps(); i++)
-        put(t, "  {\"name\": \"step %ld\", \"cat\": \"step\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, "
-               "\"pid\": %d, \"tid\": 0, \"args\": {\"step\": %ld}},\n",
-            st[i].step, st[i].start_us, st[i].end_us - st[i].start_us, rank, st[i].step);
+        for (int end = 0; end < 2; end++)
+            put(t, "  {\"name\": \"step %ld\", \"cat\": \"step\", \"ph\": \"%s\", "
+                   "\"id2\": {\"local\": \"%ld\"}, \"ts\": %.3f, \"pid\": %d, \"tid\": 0, "
+                   "\"args\": {\"step\": %ld}},\n",
+                st[i].step, end ? "e" : "b", st[i].step, end ? st[i].end_us : st[i].start_us,
+                rank, st[i].step);
     const timing_record *r = timing_trace();
     for (size_t i = 0; i < timing_n_trace(); i++)
         put(t, "  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, "

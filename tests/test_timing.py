@@ -40,10 +40,18 @@ def timed(name, ranks, extra):
 
 
 def check_steps_contain_ops(name, events):
-    spans = {(e["pid"], e["args"]["step"]): (e["ts"], e["ts"] + e["dur"])
-             for e in events if e.get("cat") == "step"}
+    # the contract's complete events are the timed records alone, of kind compute or comm
+    bad = [e for e in events if e.get("ph") == "X" and e.get("cat") not in ("compute", "comm")]
+    if bad:
+        fail(f"{name}: complete events whose cat is no kind: {bad[:2]}")
+    # each step is an async span: a "b" and an "e" event per rank and step
+    begin = {(e["pid"], e["args"]["step"]): e["ts"] for e in events if e.get("ph") == "b"}
+    end = {(e["pid"], e["args"]["step"]): e["ts"] for e in events if e.get("ph") == "e"}
+    if not begin or set(begin) != set(end):
+        fail(f"{name}: step spans without a begin or an end")
+    spans = {k: (begin[k], end[k]) for k in begin}
     for e in events:
-        if e.get("ph") != "X" or e["cat"] == "step":
+        if e.get("ph") != "X":
             continue
         a, b = spans[(e["pid"], e["args"]["step"])]
         if e["ts"] < a - 1e-3 or e["ts"] + e["dur"] > b + 1e-3:
