@@ -189,6 +189,20 @@ static __device__ __forceinline__ void store_acc(uint16_t *row0, uint16_t *row8,
     }
 }
 
+/* Issues the copies of key tile kt (K, then V, rows 64 kt ..) into stage kt & 1 of KV and
+ * commits them, with any copies issued before, as one group. base: q of row 0 of this
+ * (batch, head) in qkv [B,T,3C], row pitch ld. */
+static __device__ __forceinline__ void load_key_stage(uint16_t *KV /* [2][K, V][64][p] */,
+                                                      const uint16_t *base, int C, size_t ld,
+                                                      int kt, int T, int hs, int vec) {
+    int tile = AB_TILE * ab_pitch(hs), k0 = kt * AB_TILE;
+    uint16_t *Ks = KV + 2 * (kt & 1) * tile;
+    size_t row = (size_t)k0 * ld;
+    load_tile(Ks, base + C + row, ld, T - k0, hs, vec);
+    load_tile(Ks + tile, base + 2 * (size_t)C + row, ld, T - k0, hs, vec);
+    cp_async_commit();
+}
+
 /* Waits for the tile a loop iteration computes on: the copies of every group but the
  * next tile's, when one was issued (vec), then the barrier that makes every thread's
  * copies (and plain stores) visible */
@@ -221,9 +235,7 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm, uint16_t *out, flo
     int tq[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8}; /* this lane's queries */
 
     load_tile(Qs, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
-    load_tile(KV, base + C, ld, T, hs, vec);
-    load_tile(KV + tile, base + 2 * (size_t)C, ld, T, hs, vec);
-    cp_async_commit();
+    load_key_stage(KV, base, C, ld, 0, T, hs, vec); /* one group with Q */
 
     uint32_t qf[AB_MAX_HS / 16][4];
     float o[AB_MAX_HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -231,13 +243,7 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm, uint16_t *out, flo
     for (int kt = 0; kt <= qt; kt++) {
         int k0 = kt * AB_TILE, next = kt < qt;
         const uint16_t *Ks = KV + 2 * (kt & 1) * tile, *Vs = Ks + tile;
-        if (next) {
-            uint16_t *Kn = KV + 2 * ((kt + 1) & 1) * tile;
-            size_t row = (size_t)(k0 + AB_TILE) * ld;
-            load_tile(Kn, base + C + row, ld, T - k0 - AB_TILE, hs, vec);
-            load_tile(Kn + tile, base + 2 * (size_t)C + row, ld, T - k0 - AB_TILE, hs, vec);
-            cp_async_commit();
-        }
+        if (next) load_key_stage(KV, base, C, ld, kt + 1, T, hs, vec);
         tile_landed(next);
         if (kt == 0) {
 #pragma unroll
@@ -471,9 +477,7 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm, uint16_t *dqkv,
 
     load_tile(Qs, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
     load_tile(dOs, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec);
-    load_tile(KV, base + C, ld, T, hs, vec);
-    load_tile(KV + tile, base + 2 * (size_t)C, ld, T, hs, vec);
-    cp_async_commit();
+    load_key_stage(KV, base, C, ld, 0, T, hs, vec); /* one group with Q, dO */
     load_row_vec(lse_s, lse + (size_t)bh * T + q0, T - q0, AB_LOG2E);
     load_row_vec(D_s, D + (size_t)bh * T + q0, T - q0, 1.0f);
 
@@ -482,13 +486,7 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm, uint16_t *dqkv,
     for (int kt = 0; kt <= qt; kt++) {
         int k0 = kt * AB_TILE, next = kt < qt;
         const uint16_t *Ks = KV + 2 * (kt & 1) * tile, *Vs = Ks + tile;
-        if (next) {
-            uint16_t *Kn = KV + 2 * ((kt + 1) & 1) * tile;
-            size_t row = (size_t)(k0 + AB_TILE) * ld;
-            load_tile(Kn, base + C + row, ld, T - k0 - AB_TILE, hs, vec);
-            load_tile(Kn + tile, base + 2 * (size_t)C + row, ld, T - k0 - AB_TILE, hs, vec);
-            cp_async_commit();
-        }
+        if (next) load_key_stage(KV, base, C, ld, kt + 1, T, hs, vec);
         tile_landed(next);
 
         float s[8][4], dp[8][4];
