@@ -40,13 +40,7 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return 1;
     }
-    if (rank == 0) {
-        printf("gptc-train: %d rank(s), tp %d x pp %d x dp %d\n# effective configuration\n", world,
-               g.tp, g.pp, g.dp);
-        config_print(&cfg, stdout);
-        printf("\n");
-        fflush(stdout);
-    }
+    if (rank == 0) printf("gptc-train: %d rank(s), tp %d x pp %d x dp %d\n", world, g.tp, g.pp, g.dp);
     int code = train_run(&cfg, &g);
     MPI_Finalize();
     return code;

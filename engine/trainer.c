@@ -202,6 +202,26 @@ static int check_output_path(const char *key, const char *path, char *err, size_
     return 0;
 }
 
+/* The configuration this run uses: keys left to default by derivation (parallel.dp,
+ * the model shape from train.init, seq_len, micro_batch) show the values they took. */
+static void print_effective_config(const gptc_config *c, const grid *g, const gpt_shape *s,
+                                   const batch_plan *bp) {
+    if (g->rank != 0) return;
+    gptc_config eff = *c;
+    eff.dp = g->dp;
+    eff.n_layer = s->n_layer;
+    eff.n_head = s->n_head;
+    eff.d_model = s->d_model;
+    eff.n_ctx = s->n_ctx;
+    eff.vocab_size = s->vocab_size;
+    eff.seq_len = bp->T;
+    eff.micro_batch = bp->mb;
+    printf("# effective configuration\n");
+    config_print(&eff, stdout);
+    printf("\n");
+    fflush(stdout);
+}
+
 static void print_model(const gpt_model *m, const batch_plan *bp, long first, long last,
                         const char *c_precision) {
     const gpt_shape *s = &m->shape;
@@ -490,6 +510,7 @@ int train_run(const gptc_config *c, const grid *g) {
         plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0 ||
         plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
         goto fail_config;
+    print_effective_config(c, g, &shape, &bp);
     if (check_output_path("train.save", c->save, err, sizeof(err)) != 0 ||
         check_output_path("profile.trace", c->trace, err, sizeof(err)) != 0 ||
         check_output_path("profile.report", c->report, err, sizeof(err)) != 0)

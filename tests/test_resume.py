@@ -76,7 +76,33 @@ def main():
     if len(resumed) != 3 or full[0]["lr"] == full[-1]["lr"]:
         fail("cosine resume: expected 3 resumed steps with a decaying rate")
     print(f"cosine: steps 4..6 resumed from the kept step-3 checkpoint are identical")
+    check_effective_config(d)
     print("PASS: resume is exact")
+
+
+def check_effective_config(d):
+    """The printed configuration shows what the run derived, not the unset defaults: the
+    model shape from the checkpoint, dp from the world size, seq_len and micro_batch."""
+    r = run_train([f"--data.path={d}/tok.h5", f"--train.init={d}/half.h5", "--train.steps=3",
+                   "--train.global_batch=4"])
+    if r.returncode:
+        fail("run from a checkpoint with no [model] keys failed: " + r.stderr)
+    if "# effective configuration" not in r.stdout:
+        fail("no effective configuration printed:\n" + r.stdout)
+    printed, section = {}, None
+    for line in r.stdout.split("# effective configuration", 1)[1].splitlines():
+        if line.startswith("["):
+            section = line.strip("[]")
+        elif " = " in line and section:
+            key, value = line.split(" = ", 1)
+            printed[f"{section}.{key}"] = value
+    want = {"model.n_layer": "2", "model.n_head": "2", "model.d_model": "32",
+            "model.n_ctx": "16", "model.vocab_size": "50", "parallel.dp": "1",
+            "train.seq_len": "16", "train.micro_batch": "4"}
+    for key, value in want.items():
+        if printed.get(key) != value:
+            fail(f"effective configuration: {key} = {printed.get(key)!r}, expected {value}")
+    print("effective configuration: model shape, dp, seq_len and micro_batch as derived")
 
 
 if __name__ == "__main__":
