@@ -528,6 +528,42 @@ static void test_attention(int B, int T, int C, int NH) {
     gpu->release(d_dout), gpu->release(d_dqkv);
 }
 
+/* The fp32 kernels through their launchers on views one float into their allocations
+ * (qkv, out, dout, dqkv): a head size whose rows would take the 16-byte copies and stores
+ * runs the synchronous loads and scalar stores instead. */
+static void test_attention_unaligned(int B, int T, int C, int NH) {
+    size_t nqkv = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    float *qkv = host_randn(nqkv, 1, 34), *dout = host_randn(ny, 1, 35);
+    float *out = malloc(ny * sizeof(float)), *dqkv = malloc(nqkv * sizeof(float));
+    float *att = malloc(cpu->attention_state_floats(B, T, NH) * sizeof(float));
+    float *datt = malloc(cpu->attention_state_floats(B, T, NH) * sizeof(float));
+    cpu->attention_forward(out, att, qkv, B, T, C, NH, NULL);
+    cpu->attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, NULL);
+    /* [1 + n] each, the view from element 1 */
+    float *d_qkv0 = poisoned(nqkv + 1), *d_out0 = poisoned(ny + 1);
+    float *d_dout0 = poisoned(ny + 1), *d_dqkv0 = poisoned(nqkv + 1);
+    float *d_lse = poisoned(nlse), *d_scratch = poisoned(nlse);
+    gpu->copy_from_host(d_qkv0 + 1, qkv, nqkv * sizeof(float), NULL);
+    gpu->copy_from_host(d_dout0 + 1, dout, ny * sizeof(float), NULL);
+    cudaStream_t s = cuda_stream_of(NULL);
+    cuda_attention_forward(d_out0 + 1, d_lse, d_qkv0 + 1, B, T, C, NH, s);
+    int e = cuda_check_launch();
+    cuda_attention_backward(d_dqkv0 + 1, d_scratch, d_dout0 + 1, d_out0 + 1, d_qkv0 + 1, d_lse,
+                            B, T, C, NH, s);
+    e = e ? e : cuda_check_launch();
+    if (e) {
+        printf("FAIL attention unaligned launch error %d\n", e);
+        g_failures++;
+    }
+    char name[96];
+    snprintf(name, sizeof name, "attention_forward T=%d hs=%d unaligned", T, C / NH);
+    compare(name, d_out0 + 1, out, ny, 1e-5);
+    compare("attention_backward unaligned", d_dqkv0 + 1, dqkv, nqkv, 1e-5);
+    free(qkv), free(dout), free(out), free(dqkv), free(att), free(datt);
+    gpu->release(d_qkv0), gpu->release(d_out0), gpu->release(d_dout0), gpu->release(d_dqkv0);
+    gpu->release(d_lse), gpu->release(d_scratch);
+}
+
 /* The bf16 attention kernels (attention_bf16.cu), called through their launchers on the
  * backend's compute stream with bf16 buffers, against exact attention of the bf16 inputs
  * (attention_bf16_ref, in double), and against the fp32 kernels on the same values, which
@@ -823,6 +859,11 @@ int main(int argc, char **argv) {
     test_attention(2, 37, 64, 4);   /* hs 16 */
     test_attention(1, 130, 128, 2); /* hs 64, T beyond one tile */
     if (!quick) test_attention(2, 64, 256, 2); /* hs 128 */
+    test_attention(2, 37, 14, 2);   /* hs 7: rows of no 16-byte multiple, the plain loads */
+    test_attention(1, 70, 200, 2);  /* hs 100: the hs <= 128 kernels, a partial float4 group */
+    test_attention(2, 1, 128, 2);   /* T 1 */
+    test_attention(2, 65, 192, 3);  /* hs 64, T one past a tile, batches and heads */
+    test_attention_unaligned(2, 70, 128, 2); /* hs 64 */
     test_attention_bf16(2, 37, 2, 64, 0);
     test_attention_bf16(1, 130, 2, 64, 0); /* 3 tiles, a partial last one */
     test_attention_bf16(1, 64, 1, 128, 0);
