@@ -76,12 +76,12 @@ __global__ void layernorm_forward_kernel(gptc_act *out /* [N,C] */, float *mean 
 /* dinp is per row but dw, db sum over rows. Each block owns a contiguous run of rows;
  * warp w takes rows n_begin + w, + LN_WARPS, ... (per row: shuffle reductions for the two
  * means, then dinp +=), and while it has a row's dout and xhat in registers it adds
- * dout * xhat and dout into its own slice of the block's shared accumulator, so no two
- * warps share a slot: no atomics and a fixed order within the block. At the end the block
- * sums its warps' slices in warp order and adds the result into dw, db with one
- * atomicAdd per column (only the order of the blocks' additions varies). When the slices
- * do not fit in shared memory (use_smem = 0, C beyond a few thousand) each row's terms go
- * to dw, db by atomicAdd directly.
+ * dout * xhat and dout into slice w % slices of the block's shared accumulator. With
+ * slices = LN_WARPS (C up to ~3600 on sm_90) no two warps share a slot: plain adds in a
+ * fixed order. With fewer slices (larger C) the warps that share one add with shared
+ * atomics. At the end the block sums its slices in order and adds the result into dw, db
+ * with one atomicAdd per column (the order of the blocks' additions varies anyway). When
+ * not even one slice fits (slices = 0) each row's terms go to dw, db by atomicAdd.
  * vec8 (bf16, C % 8 == 0, all act buffers 16-byte aligned) moves 16 bytes per access: a
  * lane takes 8 contiguous columns (the two means are summed in another order), and its
  * slots are laid out by ln_slot so that the lanes' float4 accesses are consecutive. */
@@ -100,8 +100,15 @@ static __host__ __device__ __forceinline__ int ln_slice(int C, int vec8) {
 }
 
 /* slot[0..3] += a[0..3], slot[128..131] += a[4..7]: lane's two float4 of a vec8 group
- * (ln_slot: h = 1 lies 32 float4 further) */
-static __device__ __forceinline__ void ln_add8(float *slot, const float a[8]) {
+ * (ln_slot: h = 1 lies 32 float4 further); by atomics when warps share the slice */
+static __device__ __forceinline__ void ln_add8(float *slot, const float a[8], int shared) {
+    if (shared) {
+        for (int j = 0; j < 4; j++) {
+            atomicAdd(slot + j, a[j]);
+            atomicAdd(slot + 128 + j, a[4 + j]);
+        }
+        return;
+    }
     float4 *p = (float4 *)slot;
     float4 lo = p[0], hi = p[32];
     p[0] = make_float4(lo.x + a[0], lo.y + a[1], lo.z + a[2], lo.w + a[3]);
@@ -115,16 +122,17 @@ __global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw 
                                           const gptc_act *w /* [C] */,
                                           const float *mean /* [N] */,
                                           const float *rstd /* [N] */, int N, int C,
-                                          int rows_per_block, int use_smem, int vec8,
+                                          int rows_per_block, int slices, int vec8,
                                           int bf16) {
-    /* [LN_WARPS][2][S], S = ln_slice(C, vec8): warp w's dw | db sums, when use_smem */
+    /* [slices][2][S], S = ln_slice(C, vec8): the dw | db sums of warps w, w + slices, ... */
     extern __shared__ float4 ln_smem[];
     float *acc = (float *)ln_smem;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int S = ln_slice(C, vec8);
-    float *acc_w = acc + (size_t)warp * 2 * S, *acc_b = acc_w + S;
-    if (use_smem) {
-        for (int i = threadIdx.x; i < LN_WARPS * 2 * S; i += blockDim.x) acc[i] = 0.0f;
+    int shared = slices < LN_WARPS; /* warps share a slice: atomics */
+    float *acc_w = acc + (size_t)(slices ? warp % slices : 0) * 2 * S, *acc_b = acc_w + S;
+    if (slices) {
+        for (int i = threadIdx.x; i < slices * 2 * S; i += blockDim.x) acc[i] = 0.0f;
         __syncthreads();
     }
     int n_begin = blockIdx.x * rows_per_block;
@@ -161,9 +169,9 @@ __global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw 
                     pw[j] = dv[j] * xhat;
                 }
                 act_st8(dinp, x + c, gv);
-                if (use_smem) {
-                    ln_add8(acc_w + ln_slot(c, 1), pw);
-                    ln_add8(acc_b + ln_slot(c, 1), dv);
+                if (slices) {
+                    ln_add8(acc_w + ln_slot(c, 1), pw, shared);
+                    ln_add8(acc_b + ln_slot(c, 1), dv, shared);
                 } else {
                     for (int j = 0; j < 8; j++) {
                         atomicAdd(dw + c + j, pw[j]);
@@ -187,21 +195,24 @@ __global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw 
             act_st(dinp, x + c,
                    act_ld(dinp, x + c, bf16) + (wc * dc - mean_dn - xhat * mean_dn_xhat) * r,
                    bf16);
-            if (use_smem) {
+            if (slices && !shared) {
                 acc_w[c] += dc * xhat;
                 acc_b[c] += dc;
+            } else if (slices) {
+                atomicAdd(acc_w + c, dc * xhat);
+                atomicAdd(acc_b + c, dc);
             } else {
                 atomicAdd(dw + c, dc * xhat);
                 atomicAdd(db + c, dc);
             }
         }
     }
-    if (!use_smem) return;
+    if (!slices) return;
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         int slot = ln_slot(c, vec8);
         float sw = 0.0f, sb = 0.0f;
-        for (int k = 0; k < LN_WARPS; k++) {
+        for (int k = 0; k < slices; k++) {
             sw += acc[(size_t)k * 2 * S + slot];
             sb += acc[(size_t)k * 2 * S + S + slot];
         }
@@ -249,13 +260,17 @@ void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_ac
     rows = (rows + LN_WARPS - 1) / LN_WARPS * LN_WARPS;
     int rows_per_block = (int)rows;
     unsigned int blocks = (unsigned int)(((long)N + rows - 1) / rows);
-    size_t smem = (size_t)LN_WARPS * 2 * (size_t)ln_slice(C, vec8) * sizeof(float);
-    int use_smem = smem <= (size_t)ln_smem_max();
-    if (use_smem && smem > 48 * 1024)
+    /* a slice per warp if they fit, else as many as fit (a power of two: warps w and
+     * w + slices share one), else none */
+    size_t slice_bytes = 2 * (size_t)ln_slice(C, vec8) * sizeof(float);
+    int slices = LN_WARPS;
+    while (slices > 0 && slices * slice_bytes > (size_t)ln_smem_max()) slices /= 2;
+    size_t smem = slices * slice_bytes;
+    if (smem > 48 * 1024)
         (void)cudaFuncSetAttribute(layernorm_backward_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    layernorm_backward_kernel<<<blocks, LN_THREADS, use_smem ? smem : 0, s>>>(
-        dinp, dw, db, dout, inp, w, mean, rstd, N, C, rows_per_block, use_smem, vec8, bf16);
+    layernorm_backward_kernel<<<blocks, LN_THREADS, smem, s>>>(
+        dinp, dw, db, dout, inp, w, mean, rstd, N, C, rows_per_block, slices, vec8, bf16);
 }
 
 } /* extern "C" */
