@@ -196,7 +196,11 @@ static int check_output_path(const char *key, const char *path, char *err, size_
     snprintf(copy, sizeof(copy), "%s", path);
     const char *dir = dirname(copy);
     if (access(dir, W_OK | X_OK) != 0) {
-        snprintf(err, n, "%s %s: directory %s is not writable: %s", key, path, dir, strerror(errno));
+        if (errno == ENOENT)
+            snprintf(err, n, "%s %s: directory %s does not exist", key, path, dir);
+        else
+            snprintf(err, n, "%s %s: directory %s is not writable: %s", key, path, dir,
+                     strerror(errno));
         return -1;
     }
     return 0;
@@ -510,7 +514,6 @@ int train_run(const gptc_config *c, const grid *g) {
         plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0 ||
         plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
         goto fail_config;
-    print_effective_config(c, g, &shape, &bp);
     if (check_output_path("train.save", c->save, err, sizeof(err)) != 0 ||
         check_output_path("profile.trace", c->trace, err, sizeof(err)) != 0 ||
         check_output_path("profile.report", c->report, err, sizeof(err)) != 0)
@@ -522,6 +525,7 @@ int train_run(const gptc_config *c, const grid *g) {
                  c->steps, meta.step, c->init);
         goto fail_config;
     }
+    print_effective_config(c, g, &shape, &bp);
     nvtx_enable(c->nvtx);
     const gptc_backend *be = start_backend(c, g, err, sizeof(err));
     if (!be) {

@@ -849,7 +849,9 @@ int main(int argc, char **argv) {
     test_layernorm(37, 48);
     test_layernorm(37, 45);
     if (!quick) test_layernorm(64, 768);
-    test_layernorm(5, 7000); /* 2C floats above 48 KiB: dw, db by atomics, no shared memory */
+    test_layernorm(19, 1000); /* the warps' dw, db slices above 48 KiB: opt-in shared memory */
+    test_layernorm(5, 7000);  /* 4 slices fit the opt-in limit: pairs of warps share one */
+    test_layernorm(2, 30000); /* not one slice fits: dw, db by atomics per row */
     test_matmul(37, 48, 144, 0, 1);
     test_matmul(37, 48, 101, 1, 0); /* the tied LM head: W is [OC,IC] */
     if (!quick) test_matmul(128, 256, 64, 0, 1); /* the bias gradient in several row slices */
@@ -899,7 +901,9 @@ int main(int argc, char **argv) {
     test_layernorm(37, 48);
     test_layernorm(37, 45);
     if (!quick) test_layernorm(64, 768);
+    test_layernorm(19, 1000);
     test_layernorm(5, 7000);
+    test_layernorm(2, 30000);
     test_bias_backward(37, 101);
     if (!quick) test_bias_backward(128, 64);
     test_elementwise(quick ? 10007 : 100003, 0);

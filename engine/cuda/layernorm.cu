@@ -4,7 +4,6 @@
 
 #define LN_THREADS 256
 #define LN_WARPS (LN_THREADS / 32)
-#define LN_SMEM_MAX (48 * 1024) /* dynamic shared memory usable without an opt-in */
 
 /* One warp per row: a row is a few thousand floats at most, so the lanes stride it
  * (coalesced) and shuffles reduce it with no shared memory or barrier. The row is read
@@ -74,20 +73,48 @@ __global__ void layernorm_forward_kernel(gptc_act *out /* [N,C] */, float *mean 
     }
 }
 
-/* dinp is per row but dw, db sum over rows. Each block owns a contiguous run of rows and
- * walks it in chunks of LN_WARPS rows. Per chunk, first each warp takes one row (shuffle
- * reductions for the two means, then dinp +=); then each thread takes the columns
- * c = tid + k*LN_THREADS and sums d*xhat and d over the chunk's rows (just read by the
- * warps, so these column-wise reads hit L1) into its own slots of a block-private
- * accumulator: no two threads share a slot, so no atomics and a fixed order. At the end
- * the block adds its accumulator into dw, db with one atomicAdd per column (only the
- * order of the blocks' additions varies). When 2*C floats exceed LN_SMEM_MAX
- * (use_smem = 0) each chunk's column sums go to dw, db by atomicAdd directly.
- * vec8 (bf16, C % 8 == 0, all act buffers 16-byte aligned) moves 16 bytes per access:
- * in the row pass a lane takes 8 contiguous columns (the two means are summed in another
- * order); in the column pass a thread owns the 8 columns 8g .. 8g+7 of its groups
- * g = tid + k*LN_THREADS, slots included, and sums each over the chunk's rows in the
- * same order as with one column per thread. */
+/* dinp is per row but dw, db sum over rows. Each block owns a contiguous run of rows;
+ * warp w takes rows n_begin + w, + LN_WARPS, ... (per row: shuffle reductions for the two
+ * means, then dinp +=), and while it has a row's dout and xhat in registers it adds
+ * dout * xhat and dout into slice w % slices of the block's shared accumulator. With
+ * slices = LN_WARPS (C up to ~3600 on sm_90) no two warps share a slot: plain adds in a
+ * fixed order. With fewer slices (larger C) the warps that share one add with shared
+ * atomics. At the end the block sums its slices in order and adds the result into dw, db
+ * with one atomicAdd per column (the order of the blocks' additions varies anyway). When
+ * not even one slice fits (slices = 0) each row's terms go to dw, db by atomicAdd.
+ * vec8 (bf16, C % 8 == 0, all act buffers 16-byte aligned) moves 16 bytes per access: a
+ * lane takes 8 contiguous columns (the two means are summed in another order), and its
+ * slots are laid out by ln_slot so that the lanes' float4 accesses are consecutive. */
+static __device__ __forceinline__ int ln_slot(int c, int vec8) {
+    if (!vec8) return c; /* lanes take consecutive columns: consecutive words */
+    /* column c = 256 k + 8 l + 4 h + e is lane l's half h of its group k: slot
+     * ((2 k + h) 32 + l) 4 + e, so each half is one float4 and the 32 lanes' float4 of a
+     * (k, h) are contiguous */
+    int k = c >> 8, l = (c >> 3) & 31, h = (c >> 2) & 1, e = c & 3;
+    return (((2 * k + h) * 32 + l) << 2) + e;
+}
+
+/* floats in one warp's dw (or db) slice: ln_slot's range */
+static __host__ __device__ __forceinline__ int ln_slice(int C, int vec8) {
+    return vec8 ? (C + 255) / 256 * 256 : C;
+}
+
+/* slot[0..3] += a[0..3], slot[128..131] += a[4..7]: lane's two float4 of a vec8 group
+ * (ln_slot: h = 1 lies 32 float4 further); by atomics when warps share the slice */
+static __device__ __forceinline__ void ln_add8(float *slot, const float a[8], int shared) {
+    if (shared) {
+        for (int j = 0; j < 4; j++) {
+            atomicAdd(slot + j, a[j]);
+            atomicAdd(slot + 128 + j, a[4 + j]);
+        }
+        return;
+    }
+    float4 *p = (float4 *)slot;
+    float4 lo = p[0], hi = p[32];
+    p[0] = make_float4(lo.x + a[0], lo.y + a[1], lo.z + a[2], lo.w + a[3]);
+    p[32] = make_float4(hi.x + a[4], hi.y + a[5], hi.z + a[6], hi.w + a[7]);
+}
+
 __global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw /* [C] */,
                                           float *db /* [C] */,
                                           const gptc_act *dout /* [N,C] */,
@@ -95,24 +122,26 @@ __global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw 
                                           const gptc_act *w /* [C] */,
                                           const float *mean /* [N] */,
                                           const float *rstd /* [N] */, int N, int C,
-                                          int rows_per_block, int use_smem, int vec8,
+                                          int rows_per_block, int slices, int vec8,
                                           int bf16) {
-    extern __shared__ float acc[]; /* [2][C]: this block's dw | db sums, when use_smem */
+    /* [slices][2][S], S = ln_slice(C, vec8): the dw | db sums of warps w, w + slices, ... */
+    extern __shared__ float4 ln_smem[];
+    float *acc = (float *)ln_smem;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int cw = vec8 ? 8 : 1; /* columns a thread owns per group in the column pass */
-    if (use_smem) {
-        /* a thread zeroes and later uses exactly the slots c and C + c of its columns */
-        for (int g = threadIdx.x; g < C / cw; g += blockDim.x)
-            for (int c = g * cw; c < (g + 1) * cw; c++) acc[c] = acc[C + c] = 0.0f;
+    int S = ln_slice(C, vec8);
+    int shared = slices < LN_WARPS; /* warps share a slice: atomics */
+    float *acc_w = acc + (size_t)(slices ? warp % slices : 0) * 2 * S, *acc_b = acc_w + S;
+    if (slices) {
+        for (int i = threadIdx.x; i < slices * 2 * S; i += blockDim.x) acc[i] = 0.0f;
+        __syncthreads();
     }
     int n_begin = blockIdx.x * rows_per_block;
     int n_end = n_begin + rows_per_block < N ? n_begin + rows_per_block : N;
-    for (int n0 = n_begin; n0 < n_end; n0 += LN_WARPS) {
-        int n = n0 + warp;
-        if (n < n_end && vec8) { /* warp-uniform */
-            size_t x = (size_t)n * C; /* row n of inp, dout and dinp */
-            float m = mean[n], r = rstd[n];
-            float mean_dn = 0.0f, mean_dn_xhat = 0.0f;
+    for (int n = n_begin + warp; n < n_end; n += LN_WARPS) {
+        size_t x = (size_t)n * C; /* row n of inp, dout and dinp */
+        float m = mean[n], r = rstd[n];
+        float mean_dn = 0.0f, mean_dn_xhat = 0.0f;
+        if (vec8) { /* uniform */
             for (int c = 8 * lane; c < C; c += 8 * 32) {
                 float xv[8], wv[8], dv[8]; /* columns c .. c+7 of inp's row, w, dout's row */
                 act_ld8(xv, inp, x + c);
@@ -129,6 +158,7 @@ __global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw 
             mean_dn_xhat = warp_sum(mean_dn_xhat) / C;
             for (int c = 8 * lane; c < C; c += 8 * 32) {
                 float xv[8], wv[8], dv[8], gv[8]; /* columns c .. c+7: inp, w, dout, dinp */
+                float pw[8];                      /* dout * xhat of those columns */
                 act_ld8(xv, inp, x + c);
                 act_ld8(wv, w, c);
                 act_ld8(dv, dout, x + c);
@@ -136,83 +166,70 @@ __global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw 
                 for (int j = 0; j < 8; j++) {
                     float xhat = (xv[j] - m) * r;
                     gv[j] = gv[j] + (wv[j] * dv[j] - mean_dn - xhat * mean_dn_xhat) * r;
+                    pw[j] = dv[j] * xhat;
                 }
                 act_st8(dinp, x + c, gv);
-            }
-        } else if (n < n_end) { /* warp-uniform */
-            size_t x = (size_t)n * C; /* row n of inp, dout and dinp */
-            float m = mean[n], r = rstd[n];
-            float mean_dn = 0.0f, mean_dn_xhat = 0.0f;
-            for (int c = lane; c < C; c += 32) {
-                float xhat = (act_ld(inp, x + c, bf16) - m) * r;
-                float dn = act_ld(w, c, bf16) * act_ld(dout, x + c, bf16);
-                mean_dn += dn;
-                mean_dn_xhat += dn * xhat;
-            }
-            mean_dn = warp_sum(mean_dn) / C;
-            mean_dn_xhat = warp_sum(mean_dn_xhat) / C;
-            for (int c = lane; c < C; c += 32) {
-                float xhat = (act_ld(inp, x + c, bf16) - m) * r;
-                float wc = act_ld(w, c, bf16), dc = act_ld(dout, x + c, bf16);
-                act_st(dinp, x + c,
-                       act_ld(dinp, x + c, bf16) + (wc * dc - mean_dn - xhat * mean_dn_xhat) * r,
-                       bf16);
-            }
-        }
-        int n1 = n0 + LN_WARPS < n_end ? n0 + LN_WARPS : n_end;
-        if (vec8) {
-            for (int g = threadIdx.x; g < C / 8; g += blockDim.x) {
-                int c = 8 * g;
-                float pw[8], pb[8]; /* columns c .. c+7: sums over rows n0 .. n1-1 */
-                for (int j = 0; j < 8; j++) pw[j] = pb[j] = 0.0f;
-                for (int k = n0; k < n1; k++) {
-                    float d[8], xv[8]; /* columns c .. c+7 of row k of dout, inp */
-                    act_ld8(d, dout, (size_t)k * C + c);
-                    act_ld8(xv, inp, (size_t)k * C + c);
-                    float mk = mean[k], rk = rstd[k];
-                    for (int j = 0; j < 8; j++) {
-                        float xhat = (xv[j] - mk) * rk;
-                        pw[j] += d[j] * xhat;
-                        pb[j] += d[j];
-                    }
-                }
-                for (int j = 0; j < 8; j++) {
-                    if (use_smem) {
-                        acc[c + j] += pw[j];
-                        acc[C + c + j] += pb[j];
-                    } else {
-                        atomicAdd(dw + c + j, pw[j]);
-                        atomicAdd(db + c + j, pb[j]);
-                    }
-                }
-            }
-        } else {
-            for (int c = threadIdx.x; c < C; c += blockDim.x) {
-                float pw = 0.0f, pb = 0.0f;
-                for (int k = n0; k < n1; k++) {
-                    float d = act_ld(dout, (size_t)k * C + c, bf16);
-                    float xhat = (act_ld(inp, (size_t)k * C + c, bf16) - mean[k]) * rstd[k];
-                    pw += d * xhat;
-                    pb += d;
-                }
-                if (use_smem) {
-                    acc[c] += pw;
-                    acc[C + c] += pb;
+                if (slices) {
+                    ln_add8(acc_w + ln_slot(c, 1), pw, shared);
+                    ln_add8(acc_b + ln_slot(c, 1), dv, shared);
                 } else {
-                    atomicAdd(dw + c, pw);
-                    atomicAdd(db + c, pb);
+                    for (int j = 0; j < 8; j++) {
+                        atomicAdd(dw + c + j, pw[j]);
+                        atomicAdd(db + c + j, dv[j]);
+                    }
                 }
             }
+            continue;
         }
-    }
-    if (use_smem) {
-        for (int g = threadIdx.x; g < C / cw; g += blockDim.x) {
-            for (int c = g * cw; c < (g + 1) * cw; c++) {
-                atomicAdd(dw + c, acc[c]);
-                atomicAdd(db + c, acc[C + c]);
+        for (int c = lane; c < C; c += 32) {
+            float xhat = (act_ld(inp, x + c, bf16) - m) * r;
+            float dn = act_ld(w, c, bf16) * act_ld(dout, x + c, bf16);
+            mean_dn += dn;
+            mean_dn_xhat += dn * xhat;
+        }
+        mean_dn = warp_sum(mean_dn) / C;
+        mean_dn_xhat = warp_sum(mean_dn_xhat) / C;
+        for (int c = lane; c < C; c += 32) {
+            float xhat = (act_ld(inp, x + c, bf16) - m) * r;
+            float wc = act_ld(w, c, bf16), dc = act_ld(dout, x + c, bf16);
+            act_st(dinp, x + c,
+                   act_ld(dinp, x + c, bf16) + (wc * dc - mean_dn - xhat * mean_dn_xhat) * r,
+                   bf16);
+            if (slices && !shared) {
+                acc_w[c] += dc * xhat;
+                acc_b[c] += dc;
+            } else if (slices) {
+                atomicAdd(acc_w + c, dc * xhat);
+                atomicAdd(acc_b + c, dc);
+            } else {
+                atomicAdd(dw + c, dc * xhat);
+                atomicAdd(db + c, dc);
             }
         }
     }
+    if (!slices) return;
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        int slot = ln_slot(c, vec8);
+        float sw = 0.0f, sb = 0.0f;
+        for (int k = 0; k < slices; k++) {
+            sw += acc[(size_t)k * 2 * S + slot];
+            sb += acc[(size_t)k * 2 * S + S + slot];
+        }
+        atomicAdd(dw + c, sw);
+        atomicAdd(db + c, sb);
+    }
+}
+
+/* The dynamic shared memory a block of this device may opt in to (a driver-cached
+ * attribute), 48 KB when the query fails. */
+static int ln_smem_max(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        n <= 0)
+        n = 48 * 1024;
+    return n;
 }
 
 extern "C" {
@@ -233,19 +250,27 @@ void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_ac
                              const float *rstd, int N, int C, gptc_precision p,
                              cudaStream_t s) {
     if (N <= 0 || C <= 0) return;
-    /* about 4 blocks per SM, each at least one chunk, runs a multiple of the chunk */
+    int bf16 = p == GPTC_BF16;
+    int vec8 = bf16 && C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
+               aligned16(w);
+    /* about 4 blocks per SM, each at least a row per warp, so that each warp's slice
+     * sums several rows before the block's one atomicAdd per column */
     long target = (long)cuda_sm_count() * 4;
     long rows = ((long)N + target - 1) / target;
     rows = (rows + LN_WARPS - 1) / LN_WARPS * LN_WARPS;
     int rows_per_block = (int)rows;
     unsigned int blocks = (unsigned int)(((long)N + rows - 1) / rows);
-    size_t smem = 2 * (size_t)C * sizeof(float);
-    int use_smem = smem <= LN_SMEM_MAX;
-    int bf16 = p == GPTC_BF16;
-    int vec8 = bf16 && C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
-               aligned16(w);
-    layernorm_backward_kernel<<<blocks, LN_THREADS, use_smem ? smem : 0, s>>>(
-        dinp, dw, db, dout, inp, w, mean, rstd, N, C, rows_per_block, use_smem, vec8, bf16);
+    /* a slice per warp if they fit, else as many as fit (a power of two: warps w and
+     * w + slices share one), else none */
+    size_t slice_bytes = 2 * (size_t)ln_slice(C, vec8) * sizeof(float);
+    int slices = LN_WARPS;
+    while (slices > 0 && slices * slice_bytes > (size_t)ln_smem_max()) slices /= 2;
+    size_t smem = slices * slice_bytes;
+    if (smem > 48 * 1024)
+        (void)cudaFuncSetAttribute(layernorm_backward_kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    layernorm_backward_kernel<<<blocks, LN_THREADS, smem, s>>>(
+        dinp, dw, db, dout, inp, w, mean, rstd, N, C, rows_per_block, slices, vec8, bf16);
 }
 
 } /* extern "C" */
