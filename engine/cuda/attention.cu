@@ -507,9 +507,9 @@ static __device__ __forceinline__ void attn_bwd_dkdv(float *sm, float *dqkv, con
                                                      const float *qkv, const float *lse,
                                                      const float *D, int T, int C, int NH,
                                                      float sl2, float scale, int vec,
-                                                     int hsmax) {
+                                                     int hsmax, int two) {
+    /* two: separate P^T and dS^T tiles (else one: see the top) */
     int p = att_pitch(hsmax), tile = ATT_TILE * p, nc = hsmax / 32;
-    int two = hsmax == 64; /* separate P^T and dS^T tiles (one at hs <= 128: see the top) */
     float *Ks = sm;                      /* [64][p] this block's keys */
     float *Vs = Ks + tile;               /* [64][p] their values */
     float *Qs = Vs + tile;               /* [64][p] the current query tile */
@@ -606,9 +606,9 @@ static __device__ __forceinline__ void attn_bwd_dq(float *sm, float *dqkv, const
                                                    const float *qkv, const float *lse,
                                                    const float *D, int T, int C, int NH,
                                                    float sl2, float scale, int vec,
-                                                   int hsmax) {
+                                                   int hsmax, int two) {
+    /* two: two key stages (else one: see the top) */
     int p = att_pitch(hsmax), tile = ATT_TILE * p, nc = hsmax / 32;
-    int two = hsmax == 64; /* two key stages (one at hs <= 128: see the top) */
     float *Qs = sm;                       /* [64][p] this block's queries */
     float *dOs = Qs + tile;               /* [64][p] their output gradient */
     float *Ks = dOs + tile;               /* [1 + two stages][64][p] the streamed key tiles */
@@ -675,30 +675,62 @@ static __device__ __forceinline__ void attn_bwd_dq(float *sm, float *dqkv, const
     store_rows(dqkv + (size_t)b * T * ld + (size_t)h * hs, ld, t0, T, dq, mq, hs, nc, vec);
 }
 
-#define ATT_BWD_ARGS                                                                        \
-    float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,                           \
-        const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,                  \
-        const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2, float scale, int vec
-
 /* 102.5 KiB of shared memory at hs 64: 2 blocks an SM, which leave 255 registers */
-__global__ void __launch_bounds__(ATT_THREADS, 2) attention_bwd_dkdv64_kernel(ATT_BWD_ARGS) {
+__global__ void __launch_bounds__(ATT_THREADS, 2)
+attention_bwd_dkdv64_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
+                            const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,
+                            const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2,
+                            float scale, int vec) {
     extern __shared__ float4 att_smem[];
-    attn_bwd_dkdv((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64);
+    attn_bwd_dkdv((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 1);
 }
 
-__global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dkdv128_kernel(ATT_BWD_ARGS) {
+/* hs 64 with one score tile, 85.5 KiB: for devices that allow less than 102.5 KiB a block
+ * (sm_86, sm_89: 99 KiB) */
+__global__ void __launch_bounds__(ATT_THREADS, 2)
+attention_bwd_dkdv64_lean_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
+                                 const float *qkv /* [B,T,3C] */,
+                                 const float *lse /* [B,NH,T] */, const float *D /* [B,NH,T] */,
+                                 int T, int C, int NH, float sl2, float scale, int vec) {
     extern __shared__ float4 att_smem[];
-    attn_bwd_dkdv((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128);
+    attn_bwd_dkdv((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 0);
 }
 
-__global__ void __launch_bounds__(ATT_THREADS, 2) attention_bwd_dq64_kernel(ATT_BWD_ARGS) {
+__global__ void __launch_bounds__(ATT_THREADS)
+attention_bwd_dkdv128_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
+                             const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,
+                             const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2,
+                             float scale, int vec) {
     extern __shared__ float4 att_smem[];
-    attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64);
+    attn_bwd_dkdv((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128, 0);
 }
 
-__global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dq128_kernel(ATT_BWD_ARGS) {
+__global__ void __launch_bounds__(ATT_THREADS, 2)
+attention_bwd_dq64_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
+                          const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,
+                          const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2,
+                          float scale, int vec) {
     extern __shared__ float4 att_smem[];
-    attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128);
+    attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 1);
+}
+
+/* hs 64 with one key stage, 85 KiB (as dkdv64_lean) */
+__global__ void __launch_bounds__(ATT_THREADS, 2)
+attention_bwd_dq64_lean_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
+                               const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,
+                               const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2,
+                               float scale, int vec) {
+    extern __shared__ float4 att_smem[];
+    attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 0);
+}
+
+__global__ void __launch_bounds__(ATT_THREADS)
+attention_bwd_dq128_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
+                           const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,
+                           const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2,
+                           float scale, int vec) {
+    extern __shared__ float4 att_smem[];
+    attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128, 0);
 }
 
 /* Never runs: launched with an empty grid to report an unsupported shape through
@@ -716,15 +748,16 @@ static size_t att_score_bytes(void) { return (size_t)ATT_TILE * ATT_SP * sizeof(
 
 static size_t att_fwd_smem(int hsmax) { return 3 * att_tile_bytes(hsmax) + att_score_bytes(); }
 
-/* hs <= 128 takes one score tile (dk/dv) or one key stage (dq) less, to stay within the
- * 163 KiB a block may have on sm_80 */
-static size_t att_dkdv_smem(int hsmax) {
-    return 4 * att_tile_bytes(hsmax) + (hsmax == 64 ? 2 : 1) * att_score_bytes() +
+/* two = 0 takes one score tile (dk/dv) or one key stage (dq) less: always at hs <= 128,
+ * to stay within the 163 KiB a block may have on sm_80, and at hs <= 64 on devices that
+ * allow less than the two-tile kernels need (sm_86, sm_89: 99 KiB) */
+static size_t att_dkdv_smem(int hsmax, int two) {
+    return 4 * att_tile_bytes(hsmax) + (two ? 2 : 1) * att_score_bytes() +
            2 * ATT_TILE * sizeof(float);
 }
 
-static size_t att_dq_smem(int hsmax) {
-    return (hsmax == 64 ? 5 : 4) * att_tile_bytes(hsmax) + att_score_bytes();
+static size_t att_dq_smem(int hsmax, int two) {
+    return (two ? 5 : 4) * att_tile_bytes(hsmax) + att_score_bytes();
 }
 
 /* 1 when the tiles above cover the head size: C = NH * hs with 1 <= hs <= 128 */
@@ -786,17 +819,24 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_FP32, s);
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + ATT_TILE - 1) / ATT_TILE));
     if (hs <= 64) {
-        size_t smem_kv = att_dkdv_smem(64), smem_q = att_dq_smem(64);
-        (void)cudaFuncSetAttribute(attention_bwd_dkdv64_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
-        (void)cudaFuncSetAttribute(attention_bwd_dq64_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
-        attention_bwd_dkdv64_kernel<<<grid, ATT_THREADS, smem_kv, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
-        attention_bwd_dq64_kernel<<<grid, ATT_THREADS, smem_q, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
+        size_t optin = (size_t)cuda_smem_optin();
+        int two_kv = att_dkdv_smem(64, 1) <= optin, two_q = att_dq_smem(64, 1) <= optin;
+        size_t smem_kv = att_dkdv_smem(64, two_kv), smem_q = att_dq_smem(64, two_q);
+        void (*dkdv)(float *, const float *, const float *, const float *, const float *, int,
+                     int, int, float, float, int) =
+            two_kv ? attention_bwd_dkdv64_kernel : attention_bwd_dkdv64_lean_kernel;
+        void (*dq)(float *, const float *, const float *, const float *, const float *, int,
+                   int, int, float, float, int) =
+            two_q ? attention_bwd_dq64_kernel : attention_bwd_dq64_lean_kernel;
+        (void)cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem_kv);
+        (void)cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
+        dkdv<<<grid, ATT_THREADS, smem_kv, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2,
+                                                scale, vec);
+        dq<<<grid, ATT_THREADS, smem_q, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale,
+                                             vec);
     } else {
-        size_t smem_kv = att_dkdv_smem(128), smem_q = att_dq_smem(128);
+        size_t smem_kv = att_dkdv_smem(128, 0), smem_q = att_dq_smem(128, 0);
         (void)cudaFuncSetAttribute(attention_bwd_dkdv128_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
         (void)cudaFuncSetAttribute(attention_bwd_dq128_kernel,

@@ -134,6 +134,18 @@ static inline int cuda_sm_count(void) {
     return n;
 }
 
+/* The dynamic shared memory a block of the current device may opt in to (bytes; a
+ * driver-cached attribute): 227 KiB on sm_90, 163 on sm_80, 99 on sm_86 / sm_89. 48 KiB,
+ * what every device allows, when the query fails. */
+static inline int cuda_smem_optin(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        n <= 0)
+        n = 48 * 1024;
+    return n;
+}
+
 /* Blocks for a grid-stride loop over units work items, per_block items per block per
  * pass: as many as the work needs, capped at a few resident waves of the device (the
  * loop covers the rest, so any size_t count works); at least 1. Callers return early

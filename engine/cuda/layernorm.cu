@@ -221,17 +221,6 @@ __global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw 
     }
 }
 
-/* The dynamic shared memory a block of this device may opt in to (a driver-cached
- * attribute), 48 KB when the query fails. */
-static int ln_smem_max(void) {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        n <= 0)
-        n = 48 * 1024;
-    return n;
-}
-
 extern "C" {
 
 void cuda_layernorm_forward(gptc_act *out, float *mean, float *rstd, const gptc_act *inp,
@@ -264,7 +253,7 @@ void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_ac
      * w + slices share one), else none */
     size_t slice_bytes = 2 * (size_t)ln_slice(C, vec8) * sizeof(float);
     int slices = LN_WARPS;
-    while (slices > 0 && slices * slice_bytes > (size_t)ln_smem_max()) slices /= 2;
+    while (slices > 0 && slices * slice_bytes > (size_t)cuda_smem_optin()) slices /= 2;
     size_t smem = slices * slice_bytes;
     if (smem > 48 * 1024)
         (void)cudaFuncSetAttribute(layernorm_backward_kernel,

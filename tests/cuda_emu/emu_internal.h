@@ -39,6 +39,9 @@ int emu_check_device_range(const void *p, size_t bytes, const char *what, char *
  * timing_now_ms reads the same one). */
 double emu_now_ms(void);
 
+/* the opt-in limit of dynamic shared memory per block, bytes (emu_runtime.c) */
+int emu_smem_optin(void);
+
 /* The fake CUPTI's view of the work (fake_cupti.c): a call that puts work on a stream
  * takes a correlation id (0 while CUPTI is off) on the calling thread, and the work,
  * when it ran, reports its span on emu_cupti_now()'s clock (ns). */

@@ -38,7 +38,8 @@
  *  - cp.async misuse: a read of the destination before the wait that covers its group
  *    (the destination holds NaN until then), and copies a thread never waits for;
  *  - launch configuration errors (block size, grid, dynamic shared memory above 48 KiB
- *    without cudaFuncSetAttribute, or above 227 KiB), as cudaGetLastError reports them;
+ *    without cudaFuncSetAttribute, or above the opt-in limit, 227 KiB or
+ *    GPTC_EMU_SMEM_OPTIN_KB), as cudaGetLastError reports them;
  *  - under GPTC_SANITIZE=address: out-of-bounds reads and writes of global memory (each
  *    buffer is its own heap block) and of dynamic shared memory (allocated at the exact
  *    size the launch asked for), misaligned float4 accesses (UBSan), undefined behaviour
@@ -88,7 +89,6 @@
 #define EMU_MAX_THREADS 1024          /* threads per block */
 #define EMU_MAX_GRID_Y 65535
 #define EMU_SMEM_DEFAULT (48 * 1024)  /* dynamic shared memory without an opt-in */
-#define EMU_SMEM_OPTIN (227 * 1024)   /* the most an opt-in allows (sm_90) */
 
 __thread emu_uint3 emu_thread_idx, emu_block_idx;
 /* per thread: the CUDA threads of the grid that runs and a host-waiting kernel running
@@ -404,6 +404,14 @@ static void poison_shared(void) {
     if (cur.smem_bytes) memset(cur.smem, 0xff, cur.smem_bytes);
 }
 
+/* The most dynamic shared memory a kernel may opt in to: 227 KiB as on sm_90, or
+ * GPTC_EMU_SMEM_OPTIN_KB KiB (99 for an sm_86 / sm_89 card, 163 for an A100), so tests
+ * can run the launchers' choices for smaller devices. */
+int emu_smem_optin(void) {
+    const char *e = getenv("GPTC_EMU_SMEM_OPTIN_KB");
+    return (e && atoi(e) > 0 ? atoi(e) : 227) * 1024;
+}
+
 /* kernels given cudaFuncAttributeMaxDynamicSharedMemorySize, and the value */
 static struct {
     const void *kernel;
@@ -414,7 +422,7 @@ static pthread_mutex_t smem_optin_mu = PTHREAD_MUTEX_INITIALIZER;
 
 cudaError_t emu_func_set_attribute(const void *kernel, cudaFuncAttribute attr, int value) {
     if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
-        value > EMU_SMEM_OPTIN)
+        value > emu_smem_optin())
         return emu_set_error(cudaErrorInvalidValue);
     pthread_mutex_lock(&smem_optin_mu);
     int i = 0;

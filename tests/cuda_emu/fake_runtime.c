@@ -163,7 +163,7 @@ cudaError_t emu_cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int devi
     case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
     case cudaDevAttrWarpSize: *value = 32; break;
     case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = emu_smem_optin(); break;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     default: return emu_set_error(cudaErrorInvalidValue);
