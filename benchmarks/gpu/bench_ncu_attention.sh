@@ -6,7 +6,11 @@
 # statistics (registers, shared memory), warp stall reasons, issue slots, pipe and memory
 # use. Tuning attention.cu and attention_bf16.cu starts from this report.
 #
-# Output in $GPTC_BENCH_OUT: ncu_attention.txt (ncu's text report), which is also printed.
+# Output in $GPTC_BENCH_OUT: ncu_attention.txt (ncu's text report), which is also printed,
+# and attention_sass.txt: per attention kernel of the build, how many shared-memory loads
+# of each form its sm_90 SASS holds (cuobjdump). The fp32 kernels' cost model (top of
+# engine/cuda/attention.cu) assumes ptxas pairs the 16-byte loads that lanes n and n ^ 1
+# share (LDS.U.128); this says whether it did.
 # No ncu on the machine: says so and exits 0. ncu present but unable to profile (it could
 # not read the counters on one of the device tool's runtimes, see the device library's
 # KINDS.md): its message is in the report and the exit status is ncu's.
@@ -24,6 +28,15 @@ if [ ! -x "$BUILD/attention_bench" ]; then
   exit 1
 fi
 mkdir -p "$OUT"
+CUOBJDUMP=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null | head -n 1)
+if [ -n "$CUOBJDUMP" ]; then
+  "$CUOBJDUMP" -sass "$BUILD/attention_bench" 2>/dev/null | awk '
+    /Function :/ { fn = $3 }
+    fn ~ /attention/ && match($0, /LDSM?(\.[A-Z0-9]+)*/) { n[fn " " substr($0, RSTART, RLENGTH)]++ }
+    END { for (k in n) print k, n[k] }' | sort > "$OUT/attention_sass.txt"
+  echo "shared-memory loads per attention kernel (SASS):"
+  cat "$OUT/attention_sass.txt"
+fi
 "$NCU" --version | tail -n 1
 # warm-up 0, 1 timed call: each kernel is launched 2 or 3 times per precision (forward,
 # backward, forward + backward), and every launch is profiled (16 in all)
