@@ -68,15 +68,22 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
     return -1;
 }
 
-/* The tensor-core attention kernels of precision = bf16 on CUDA handle head sizes of 64
- * and 128 (GPT-2's sizes); the CPU's bf16 attention, any. */
+/* The CUDA attention kernels handle head sizes up to 128 in fp32, and of 64 and 128
+ * (GPT-2's sizes) on tensor cores under precision = bf16; the CPU's attention, any. */
 static int check_precision(const gptc_config *c, const gpt_shape *s, char *err, size_t n) {
     int hs = s->d_model / s->n_head;
-    if (strcmp(c->precision, "bf16") != 0 || strcmp(c->device, "cuda") != 0 || hs == 64 || hs == 128)
-        return 0;
-    snprintf(err, n, "train.precision = bf16 on train.device = cuda needs a head size "
-             "(model.d_model / model.n_head) of 64 or 128, not %d", hs);
-    return -1;
+    if (strcmp(c->device, "cuda") != 0) return 0;
+    if (strcmp(c->precision, "bf16") == 0 && hs != 64 && hs != 128) {
+        snprintf(err, n, "train.precision = bf16 on train.device = cuda needs a head size "
+                 "(model.d_model / model.n_head) of 64 or 128, not %d", hs);
+        return -1;
+    }
+    if (hs > 128) { /* the fp32 attention kernels' tiles hold up to 128 columns */
+        snprintf(err, n, "train.device = cuda needs a head size (model.d_model / model.n_head) "
+                 "of at most 128, not %d", hs);
+        return -1;
+    }
+    return 0;
 }
 
 /* The compute backend of train.device, and NVML when profile.power is on. Collective: a

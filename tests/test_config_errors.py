@@ -46,6 +46,8 @@ CASES = [
     ("power on the cpu", ["--profile.power=true"], ["profile.power", "train.device = cuda"]),
     ("bf16 on cuda with a head size of 16", ["--train.device=cuda", "--train.precision=bf16"],
      ["train.precision = bf16", "head size", "64 or 128", "not 16"]),
+    ("cuda with a head size of 256", ["--train.device=cuda", "--model.d_model=512"],
+     ["train.device = cuda", "head size", "at most 128", "not 256"]),
     ("unknown policy", ["--overlap.dp=eager"], ["overlap.dp", "eager"]),
     ("data without /tokens", [f"--data.path={D}/notokens.h5"], ["data.path", "notokens.h5", "tokens"]),
     ("data shorter than a window", [f"--data.path={D}/short.h5"], ["data.path", "short.h5", "window"]),

@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import (compare_bf16_run, compare_metrics, compare_params, fail,  # noqa: E402
-                          train_tiny, write_tokens)
+                          run_train, train_tiny, write_tokens)
 
 RTOL = 1e-5
 PARAM_TENSOR_RTOL = 1e-3
@@ -176,7 +176,24 @@ def main():
             fail(f"{name}: report step {st}: implausible times")
     print(f"ok   {name:<24} 1 rank(s): losses, grad norms within {worst:.1e}, parameters "
           f"{perr:.1e} ({secs:.1f} s); report: {len(cupti_names)} op names timed from CUPTI records")
+    check_small_smem_refusal(emu)
     print(f"PASS: {len(LAYOUTS) + 3 + len(bf16_runs)} runs of the CUDA host code on the fake runtime match the CPU run")
+
+
+def check_small_smem_refusal(emu):
+    """On a GPU with an sm_89's 99 KiB of shared memory per block, the fp32 attention at
+    head size 128 (116 KiB) cannot run: the first step ends with one line that says what
+    needs how much, and a nonzero exit (not a bare "invalid configuration")."""
+    args = ["--model.n_layer=1", "--model.n_head=1", "--model.d_model=128", "--model.n_ctx=32",
+            f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", "--train.steps=1",
+            "--train.global_batch=2", "--train.seq_len=32", "--train.device=cuda"]
+    r = run_train(args, train=emu, extra_env={"GPTC_EMU_SMEM_OPTIN_KB": "99"}, timeout=120)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("gptc: error:")]
+    want = ["attention_forward", "head size 65 to 128", "shared memory", "99.0 KiB"]
+    if r.returncode == 0 or len(lines) != 1 or not all(w in lines[0] for w in want):
+        fail(f"fp32 attention at hs 128 on a 99 KiB device: exit {r.returncode}, expected one "
+             f"error line with {want}:\n{r.stderr[-2000:]}")
+    print(f"ok   {'emu_smem99_refused':<24} 1 rank(s): {lines[0]}")
 
 
 if __name__ == "__main__":

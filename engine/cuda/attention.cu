@@ -733,10 +733,6 @@ attention_bwd_dq128_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T
     attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128, 0);
 }
 
-/* Never runs: launched with an empty grid to report an unsupported shape through
- * cuda_check_launch (cudaErrorInvalidConfiguration). */
-__global__ void attention_unsupported_kernel(void) {}
-
 /* ------------------------------------------------------------------ launchers */
 
 /* bytes of a [64][hs] tile of the kernel for head sizes up to hsmax, and of a score tile */
@@ -760,9 +756,13 @@ static size_t att_dq_smem(int hsmax, int two) {
     return (two ? 5 : 4) * att_tile_bytes(hsmax) + att_score_bytes();
 }
 
-/* 1 when the tiles above cover the head size: C = NH * hs with 1 <= hs <= 128 */
-static int att_shape_ok(int C, int NH) {
-    return NH > 0 && C > 0 && C % NH == 0 && C / NH <= ATT_MAX_HS;
+/* 1 when the tiles above cover the head size: C = NH * hs with 1 <= hs <= 128; otherwise
+ * the launch is refused (cuda_refuse) */
+static int att_shape_ok(int C, int NH, cudaStream_t s) {
+    if (NH > 0 && C > 0 && C % NH == 0 && C / NH <= ATT_MAX_HS) return 1;
+    cuda_refuse(s, "no fp32 attention kernel for C = %d over %d heads (head sizes 1 to %d)", C,
+                NH, ATT_MAX_HS);
+    return 0;
 }
 
 /* 1 when the 16-byte paths may run: hs % 4 == 0 (then C, every row pitch and every head's
@@ -776,22 +776,22 @@ extern "C" {
 
 void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
                             int NH, cudaStream_t s) {
-    if (!att_shape_ok(C, NH)) {
-        attention_unsupported_kernel<<<0, 1, 0, s>>>();
-        return;
-    }
+    if (!att_shape_ok(C, NH, s)) return;
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = att_vec(hs, qkv, out, NULL);
     float sl2 = ATT_LOG2E / sqrtf((float)hs);
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + ATT_TILE - 1) / ATT_TILE));
     if (hs <= 64) {
         size_t smem = att_fwd_smem(64);
+        if (!cuda_smem_fits(smem, "the fp32 attention forward at head size <= 64", s)) return;
         (void)cudaFuncSetAttribute(attention_fwd64_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attention_fwd64_kernel<<<grid, ATT_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2,
                                                                vec);
     } else {
         size_t smem = att_fwd_smem(128);
+        if (!cuda_smem_fits(smem, "the fp32 attention forward at head size 65 to 128", s))
+            return;
         (void)cudaFuncSetAttribute(attention_fwd128_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attention_fwd128_kernel<<<grid, ATT_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2,
@@ -809,10 +809,7 @@ void cuda_attention_dot(float *D, const gptc_act *dout, const gptc_act *out, int
 void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
                              const float *out, const float *qkv, const float *lse, int B,
                              int T, int C, int NH, cudaStream_t s) {
-    if (!att_shape_ok(C, NH)) {
-        attention_unsupported_kernel<<<0, 1, 0, s>>>();
-        return;
-    }
+    if (!att_shape_ok(C, NH, s)) return;
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = att_vec(hs, qkv, dout, dqkv);
     float scale = 1.0f / sqrtf((float)hs), sl2 = ATT_LOG2E * scale;
@@ -822,6 +819,9 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
         size_t optin = (size_t)cuda_smem_optin();
         int two_kv = att_dkdv_smem(64, 1) <= optin, two_q = att_dq_smem(64, 1) <= optin;
         size_t smem_kv = att_dkdv_smem(64, two_kv), smem_q = att_dq_smem(64, two_q);
+        if (!cuda_smem_fits(smem_kv > smem_q ? smem_kv : smem_q,
+                            "the fp32 attention backward at head size <= 64", s))
+            return;
         void (*dkdv)(float *, const float *, const float *, const float *, const float *, int,
                      int, int, float, float, int) =
             two_kv ? attention_bwd_dkdv64_kernel : attention_bwd_dkdv64_lean_kernel;
@@ -837,6 +837,9 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
                                              vec);
     } else {
         size_t smem_kv = att_dkdv_smem(128, 0), smem_q = att_dq_smem(128, 0);
+        if (!cuda_smem_fits(smem_kv > smem_q ? smem_kv : smem_q,
+                            "the fp32 attention backward at head size 65 to 128", s))
+            return;
         (void)cudaFuncSetAttribute(attention_bwd_dkdv128_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
         (void)cudaFuncSetAttribute(attention_bwd_dq128_kernel,

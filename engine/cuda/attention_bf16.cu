@@ -536,10 +536,6 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(AB_BWD
     attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128);
 }
 
-/* Never runs: launched with an empty grid to report an unsupported shape through
- * cuda_check_launch (cudaErrorInvalidConfiguration), as attention.cu does. */
-__global__ void attention_bf16_unsupported_kernel(void) {}
-
 /* ------------------------------------------------------------------ launchers */
 
 /* bytes of a [64][hs] tile */
@@ -560,23 +556,27 @@ static int ab_vec(const void *a, const void *b) {
     return ((uintptr_t)a & 15u) == 0 && ((uintptr_t)b & 15u) == 0;
 }
 
-/* 1 when a kernel exists for the head size: C = NH * hs, hs 64 or 128 */
-static int ab_shape_ok(int C, int NH) {
-    return NH > 0 && C > 0 && C % NH == 0 && (C / NH == 64 || C / NH == 128);
+/* 1 when a kernel exists for the head size: C = NH * hs, hs 64 or 128; otherwise the
+ * launch is refused (cuda_refuse) */
+static int ab_shape_ok(int C, int NH, cudaStream_t s) {
+    if (NH > 0 && C > 0 && C % NH == 0 && (C / NH == 64 || C / NH == 128)) return 1;
+    cuda_refuse(s, "no bf16 attention kernel for C = %d over %d heads (head sizes 64 and 128)",
+                C, NH);
+    return 0;
 }
 
 extern "C" {
 
 void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv, int B, int T,
                                  int C, int NH, cudaStream_t s) {
-    if (!ab_shape_ok(C, NH)) {
-        attention_bf16_unsupported_kernel<<<0, 1, 0, s>>>();
-        return;
-    }
+    if (!ab_shape_ok(C, NH, s)) return;
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = ab_vec(qkv, NULL);
     float sl2 = AB_LOG2E / sqrtf((float)hs);
     size_t smem = ab_fwd_smem(hs);
+    if (!cuda_smem_fits(smem, hs == 64 ? "the bf16 attention forward at head size 64"
+                                        : "the bf16 attention forward at head size 128", s))
+        return;
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + AB_TILE - 1) / AB_TILE));
     if (hs == 64) {
         (void)cudaFuncSetAttribute(attention_bf16_fwd64_kernel,
@@ -594,15 +594,16 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
 void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
                                   const uint16_t *out, const uint16_t *qkv, const float *lse,
                                   int B, int T, int C, int NH, cudaStream_t s) {
-    if (!ab_shape_ok(C, NH)) {
-        attention_bf16_unsupported_kernel<<<0, 1, 0, s>>>();
-        return;
-    }
+    if (!ab_shape_ok(C, NH, s)) return;
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = ab_vec(qkv, dout);
     float scale = 1.0f / sqrtf((float)hs), sl2 = AB_LOG2E * scale;
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_BF16, s);
     size_t smem_kv = ab_dkdv_smem(hs), smem_q = ab_dq_smem(hs);
+    if (!cuda_smem_fits(smem_kv > smem_q ? smem_kv : smem_q,
+                        hs == 64 ? "the bf16 attention backward at head size 64"
+                                 : "the bf16 attention backward at head size 128", s))
+        return;
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + AB_TILE - 1) / AB_TILE));
     if (hs == 64) {
         (void)cudaFuncSetAttribute(attention_bf16_dkdv64_kernel,

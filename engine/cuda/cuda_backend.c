@@ -46,7 +46,13 @@ void cuda_check(cudaError_t rc, const char *what) {
 
 static void check_launch(const char *op) {
     int rc = cuda_check_launch();
-    if (rc != 0) cuda_check((cudaError_t)rc, op);
+    if (rc == 0) return;
+    const char *why = cuda_launch_why();
+    if (why[0]) { /* a launcher refused, and said why */
+        log_error("rank %d: %s: %s", log_rank(), op, why);
+        exit(EXIT_FAILURE);
+    }
+    cuda_check((cudaError_t)rc, op);
 }
 
 cudaStream_t cuda_stream_of(gptc_stream *s) { return s ? s->s : g.compute; }

@@ -146,6 +146,16 @@ static inline int cuda_smem_optin(void) {
     return n;
 }
 
+/* 1 when a block may have bytes of dynamic shared memory on this device; otherwise the
+ * launch is refused (cuda_refuse), saying what needs how much */
+static inline int cuda_smem_fits(size_t bytes, const char *what, cudaStream_t s) {
+    int optin = cuda_smem_optin();
+    if (bytes <= (size_t)optin) return 1;
+    cuda_refuse(s, "%s needs %.1f KiB of shared memory per block; this GPU allows %.1f KiB",
+                what, bytes / 1024.0, optin / 1024.0);
+    return 0;
+}
+
 /* Blocks for a grid-stride loop over units work items, per_block items per block per
  * pass: as many as the work needs, capped at a few resident waves of the device (the
  * loop covers the rest, so any size_t count works); at least 1. Callers return early

@@ -104,6 +104,14 @@ void cuda_set_flag(volatile unsigned int *flag, unsigned int value, cudaStream_t
 /* 0 when the last launch on this thread went well; otherwise the CUDA error code. */
 int cuda_check_launch(void);
 
+/* A launcher that cannot run (a shape without a kernel, more shared memory than the
+ * device allows) refuses: it launches an empty grid on s, so that cuda_check_launch
+ * reports cudaErrorInvalidConfiguration as for any bad launch, and keeps why (printf
+ * format) for cuda_launch_why. */
+void cuda_refuse(cudaStream_t s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The reason of this thread's last refused launch ("" if none); cleared by the call. */
+const char *cuda_launch_why(void);
+
 #ifdef __cplusplus
 }
 #endif

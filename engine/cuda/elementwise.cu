@@ -7,6 +7,9 @@
  * is the same on every path, so the path never changes a result. */
 #include "engine/cuda/cuda_common.cuh"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 #define EW_THREADS 256
 
 static const float GELU_K = 0.7978845608028654f; /* sqrt(2/pi) */
@@ -224,6 +227,12 @@ __global__ void set_flag_kernel(volatile unsigned int *flag /* [1], host-mapped 
 
 /* ------------------------------------------------------------------ launchers */
 
+/* Never runs: a refused launch's empty grid (cuda_refuse) */
+__global__ void refused_kernel(void) {}
+
+/* why this host thread's last launch was refused (cuda_refuse) */
+static __thread char refused_why[256];
+
 extern "C" {
 
 void cuda_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_precision p,
@@ -295,5 +304,20 @@ void cuda_set_flag(volatile unsigned int *flag, unsigned int value, cudaStream_t
 }
 
 int cuda_check_launch(void) { return (int)cudaGetLastError(); }
+
+void cuda_refuse(cudaStream_t s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(refused_why, sizeof refused_why, fmt, ap);
+    va_end(ap);
+    refused_kernel<<<0, 1, 0, s>>>();
+}
+
+const char *cuda_launch_why(void) {
+    static __thread char copy[sizeof refused_why];
+    snprintf(copy, sizeof copy, "%s", refused_why);
+    refused_why[0] = '\0';
+    return copy;
+}
 
 } /* extern "C" */
