@@ -883,6 +883,8 @@ int main(int argc, char **argv) {
     if (!quick) test_attention(2, 64, 256, 2); /* hs 128 */
     test_attention(2, 37, 14, 2);   /* hs 7: rows of no 16-byte multiple, the plain loads */
     test_attention(1, 70, 200, 2);  /* hs 100: the hs <= 128 kernels, a partial float4 group */
+    test_attention(1, 200, 256, 2); /* hs 128, 4 tiles: the one-stage refills in steady state */
+    test_attention(1, 70, 132, 2);  /* hs 66: the plain loads of the hs <= 128 kernels */
     test_attention(2, 1, 128, 2);   /* T 1 */
     test_attention(2, 65, 192, 3);  /* hs 64, T one past a tile, batches and heads */
     test_attention_unaligned(2, 70, 128, 2); /* hs 64 */

@@ -82,9 +82,10 @@
  * Occupancy (H100/H200: 228 KiB shared memory and 64K registers per SM; ptxas of nvcc
  * 13.0, sm_90, no spills; old, 256 threads: forward 80 registers and 24 warps an SM at
  * hs 64, dk/dv and dq 128 registers and 16 warps; at hs 128, 8 warps):
- *   hs <= 64:  forward 166 registers (bound: 168), 68 KiB: 3 blocks, 12 warps an SM;
- *              dk/dv 232 and 102.5 KiB, dq 254 and 102 KiB: 2 blocks, 8 warps
- *   hs <= 128: forward 168, 116 KiB; dk/dv 246, 149.5 KiB; dq 220, 149 KiB: 1 block,
+ *   hs <= 64:  forward 159 registers (bound: 168), 68 KiB: 3 blocks, 12 warps an SM;
+ *              dk/dv 228 and 102.5 KiB, dq 254 and 102 KiB: 2 blocks, 8 warps (the
+ *              lean variants: 228 and 254, 85.5 and 85 KiB)
+ *   hs <= 128: forward 168, 116 KiB; dk/dv 255, 149.5 KiB; dq 220, 149 KiB: 1 block,
  *              4 warps
  * Fewer warps than before, each with 32 to 128 independent accumulators. (On an A100's
  * 164 KiB: 2 blocks of the forward at hs 64, else 1.) The kernel bodies take hsmax (64 or
@@ -158,13 +159,14 @@ static __device__ __forceinline__ void load_tile(float *tile /* [64][att_pitch(h
     int p = att_pitch(hsmax), nc = hsmax / 4; /* 16-byte chunks per row */
     int step = ATT_THREADS / nc;              /* rows per pass of the block */
     int r = (int)threadIdx.x / nc, c = 4 * ((int)threadIdx.x % nc);
-    const float *from = src + (size_t)r * ld + c;
     float *dst = tile + r * p + c;
 #pragma unroll
-    for (int k = 0; k < ATT_TILE / step; k++, r += step, from += step * ld, dst += step * p) {
+    for (int k = 0; k < ATT_TILE / step; k++, r += step, dst += step * p) {
+        /* row r's chunk; rows past nrows point at src, a valid address never read */
+        const float *from = r < nrows ? src + (size_t)r * ld + c : src;
         if (vec) {
             int ok = r < nrows && c < hs;
-            cp_async16(dst, ok ? from : src, ok ? 16 : 0); /* src: a valid address */
+            cp_async16(dst, ok ? from : src, ok ? 16 : 0);
         } else {
 #pragma unroll
             for (int e = 0; e < 4; e++) dst[e] = r < nrows && c + e < hs ? __ldg(from + e) : 0.0f;
