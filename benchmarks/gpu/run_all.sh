@@ -10,7 +10,7 @@
 #   build      cmake --build build-gpu
 #   precheck   benchmarks/gpu/check_staged.sh (GPTC_GPU_PRECHECK names another; empty: none)
 #   ctest_gpu  ctest -L gpu (the GPU-labelled tests)
-#   ctest_sanitizer  ctest -L sanitizer (compute-sanitizer memcheck and racecheck)
+#   ctest_sanitizer  ctest -L sanitizer (compute-sanitizer memcheck, racecheck and synccheck)
 #   bench_*    every benchmarks/gpu/bench_*.sh and bench_*.py, in name order
 #   torch_smoke  torch_gpt2.py, a few bf16 steps (GPTC_GPU_TORCH_SMOKE=1; bench_gpt2 already
 #              runs the PyTorch peer, so it is off by default)
@@ -168,7 +168,7 @@ else
   skip ctest_gpu "no build"
 fi
 
-# compute-sanitizer memcheck and racecheck on the op tests, before the benchmarks: the
+# compute-sanitizer memcheck, racecheck and synccheck on the op tests, before the benchmarks: the
 # racecheck is the one check of the kernels' shared-memory barriers and cp.async waits on a
 # real GPU, and on the quick shapes it takes seconds (1.1 s + 3.6 s on an H200)
 if [ "$BUILD_OK" = 1 ] && [ "$ONLY" != bench ] && [ "$ONLY" != none ]; then
