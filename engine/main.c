@@ -10,7 +10,8 @@
 
 static const char *USAGE =
     "usage: gptc-train [CONFIG.ini] [--section.key=value ...]\n"
-    "Trains a GPT-2 model; launch under mpirun for several ranks. See README.md for the keys.\n";
+    "Trains a GPT-2 model; launch under mpirun for several ranks. README.md says what each key\n"
+    "does.\n";
 
 int main(int argc, char **argv) {
     int provided, world, rank;
@@ -20,7 +21,12 @@ int main(int argc, char **argv) {
     log_set_rank(rank);
 
     if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        log_info("%s", USAGE);
+        if (rank == 0) {
+            gptc_config defaults;
+            config_defaults(&defaults);
+            printf("%s\n# every key, with its default (model keys 0: from train.init)\n", USAGE);
+            config_print(&defaults, stdout);
+        }
         MPI_Finalize();
         return 0;
     }

@@ -79,9 +79,25 @@ def check(name, args, words, np_ranks=None):
     print(f"ok   {name}: {err_lines[0]}")
 
 
+def check_help():
+    """--help lists every key with its default, as an INI that gptc-train reads back."""
+    r = run_train(["--help"])
+    keys = [x.split(" = ")[0] for x in r.stdout.splitlines() if " = " in x]
+    if r.returncode or len(keys) < 40 or "[overlap]" not in r.stdout or "comm_max_ctas" not in keys:
+        fail(f"--help: exit {r.returncode}, {len(keys)} keys:\n{r.stdout}")
+    ini = f"{D}/help.ini"
+    with open(ini, "w") as f:
+        f.write("[" + r.stdout.split("\n[", 1)[1])  # from the first section on
+    r = run_train([ini] + BASE + ["--train.steps=0"])
+    if r.returncode:
+        fail("the defaults --help prints do not read back: " + r.stderr)
+    print(f"ok   --help lists {len(keys)} keys with their defaults, and they read back")
+
+
 def main():
     rng = np.random.default_rng(0)
     write_tokens(f"{D}/tok.h5", rng.integers(0, 50, 500), 50)
+    check_help()
     tokens = rng.integers(0, 50, 500)
     tokens[123] = 60
     write_tokens(f"{D}/big.h5", tokens, 64)
