@@ -737,6 +737,11 @@ attention_bwd_dq128_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T
 
 /* ------------------------------------------------------------------ launchers */
 
+/* the kernels above, as the launchers pick them */
+typedef void (*att_fwd_fn)(float *, float *, const float *, int, int, int, float, int);
+typedef void (*att_bwd_fn)(float *, const float *, const float *, const float *, const float *,
+                           int, int, int, float, float, int);
+
 /* bytes of a [64][hs] tile of the kernel for head sizes up to hsmax, and of a score tile */
 static size_t att_tile_bytes(int hsmax) {
     return (size_t)ATT_TILE * att_pitch(hsmax) * sizeof(float);
@@ -780,25 +785,17 @@ void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int
                             int NH, cudaStream_t s) {
     if (!att_shape_ok(C, NH, s)) return;
     if (B <= 0 || T <= 0) return;
-    int hs = C / NH, vec = att_vec(hs, qkv, out, NULL);
+    int hs = C / NH, vec = att_vec(hs, qkv, out, NULL), wide = hs > 64;
     float sl2 = ATT_LOG2E / sqrtf((float)hs);
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + ATT_TILE - 1) / ATT_TILE));
-    if (hs <= 64) {
-        size_t smem = att_fwd_smem(64);
-        if (!cuda_smem_fits(smem, "the fp32 attention forward at head size <= 64", s)) return;
-        (void)cudaFuncSetAttribute(attention_fwd64_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        attention_fwd64_kernel<<<grid, ATT_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2,
-                                                               vec);
-    } else {
-        size_t smem = att_fwd_smem(128);
-        if (!cuda_smem_fits(smem, "the fp32 attention forward at head size 65 to 128", s))
-            return;
-        (void)cudaFuncSetAttribute(attention_fwd128_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        attention_fwd128_kernel<<<grid, ATT_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2,
-                                                                vec);
-    }
+    size_t smem = att_fwd_smem(wide ? 128 : 64);
+    att_fwd_fn fwd = wide ? attention_fwd128_kernel : attention_fwd64_kernel;
+    if (!cuda_smem_ready((const void *)fwd, smem,
+                         wide ? "the fp32 attention forward at head size 65 to 128"
+                              : "the fp32 attention forward at head size <= 64",
+                         s))
+        return;
+    fwd<<<grid, ATT_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec);
 }
 
 void cuda_attention_dot(float *D, const gptc_act *dout, const gptc_act *out, int B, int T,
@@ -817,40 +814,28 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
     float scale = 1.0f / sqrtf((float)hs), sl2 = ATT_LOG2E * scale;
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_FP32, s);
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + ATT_TILE - 1) / ATT_TILE));
-    if (hs <= 64) {
-        size_t optin = (size_t)cuda_smem_optin();
-        int two_kv = att_dkdv_smem(64, 1) <= optin, two_q = att_dq_smem(64, 1) <= optin;
-        size_t smem_kv = att_dkdv_smem(64, two_kv), smem_q = att_dq_smem(64, two_q);
-        if (!cuda_smem_fits(smem_kv > smem_q ? smem_kv : smem_q,
-                            "the fp32 attention backward at head size <= 64", s))
-            return;
-        void (*dkdv)(float *, const float *, const float *, const float *, const float *, int,
-                     int, int, float, float, int) =
-            two_kv ? attention_bwd_dkdv64_kernel : attention_bwd_dkdv64_lean_kernel;
-        void (*dq)(float *, const float *, const float *, const float *, const float *, int,
-                   int, int, float, float, int) =
-            two_q ? attention_bwd_dq64_kernel : attention_bwd_dq64_lean_kernel;
-        (void)cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)smem_kv);
-        (void)cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
-        dkdv<<<grid, ATT_THREADS, smem_kv, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2,
-                                                scale, vec);
-        dq<<<grid, ATT_THREADS, smem_q, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale,
-                                             vec);
-    } else {
-        size_t smem_kv = att_dkdv_smem(128, 0), smem_q = att_dq_smem(128, 0);
-        if (!cuda_smem_fits(smem_kv > smem_q ? smem_kv : smem_q,
-                            "the fp32 attention backward at head size 65 to 128", s))
-            return;
-        (void)cudaFuncSetAttribute(attention_bwd_dkdv128_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
-        (void)cudaFuncSetAttribute(attention_bwd_dq128_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
-        attention_bwd_dkdv128_kernel<<<grid, ATT_THREADS, smem_kv, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
-        attention_bwd_dq128_kernel<<<grid, ATT_THREADS, smem_q, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
-    }
+    /* hs <= 64: the two-tile kernels where the device has room for them, else the lean ones */
+    int wide = hs > 64;
+    size_t optin = (size_t)cuda_smem_optin();
+    int two_kv = !wide && att_dkdv_smem(64, 1) <= optin;
+    int two_q = !wide && att_dq_smem(64, 1) <= optin;
+    size_t smem_kv = att_dkdv_smem(wide ? 128 : 64, two_kv);
+    size_t smem_q = att_dq_smem(wide ? 128 : 64, two_q);
+    att_bwd_fn dkdv = wide     ? attention_bwd_dkdv128_kernel
+                      : two_kv ? attention_bwd_dkdv64_kernel
+                               : attention_bwd_dkdv64_lean_kernel;
+    att_bwd_fn dq = wide    ? attention_bwd_dq128_kernel
+                    : two_q ? attention_bwd_dq64_kernel
+                            : attention_bwd_dq64_lean_kernel;
+    const char *what = wide ? "the fp32 attention backward at head size 65 to 128"
+                            : "the fp32 attention backward at head size <= 64";
+    /* dk/dv needs at least as much as dq, so a refusal names its need */
+    if (!cuda_smem_ready((const void *)dkdv, smem_kv, what, s) ||
+        !cuda_smem_ready((const void *)dq, smem_q, what, s))
+        return;
+    dkdv<<<grid, ATT_THREADS, smem_kv, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale,
+                                            vec);
+    dq<<<grid, ATT_THREADS, smem_q, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
 }
 
 } /* extern "C" */

@@ -538,6 +538,11 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(AB_BWD
 
 /* ------------------------------------------------------------------ launchers */
 
+/* the kernels above, as the launchers pick them */
+typedef void (*ab_fwd_fn)(uint16_t *, float *, const uint16_t *, int, int, int, float, int);
+typedef void (*ab_bwd_fn)(uint16_t *, const uint16_t *, const uint16_t *, const float *,
+                          const float *, int, int, int, float, float, int);
+
 /* bytes of a [64][hs] tile */
 static size_t ab_tile_bytes(int hs) { return (size_t)AB_TILE * ab_pitch(hs) * sizeof(uint16_t); }
 
@@ -574,21 +579,14 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
     int hs = C / NH, vec = ab_vec(qkv, NULL);
     float sl2 = AB_LOG2E / sqrtf((float)hs);
     size_t smem = ab_fwd_smem(hs);
-    if (!cuda_smem_fits(smem, hs == 64 ? "the bf16 attention forward at head size 64"
-                                        : "the bf16 attention forward at head size 128", s))
+    ab_fwd_fn fwd = hs == 64 ? attention_bf16_fwd64_kernel : attention_bf16_fwd128_kernel;
+    if (!cuda_smem_ready((const void *)fwd, smem,
+                         hs == 64 ? "the bf16 attention forward at head size 64"
+                                  : "the bf16 attention forward at head size 128",
+                         s))
         return;
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + AB_TILE - 1) / AB_TILE));
-    if (hs == 64) {
-        (void)cudaFuncSetAttribute(attention_bf16_fwd64_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        attention_bf16_fwd64_kernel<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH,
-                                                                   sl2, vec);
-    } else {
-        (void)cudaFuncSetAttribute(attention_bf16_fwd128_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        attention_bf16_fwd128_kernel<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH,
-                                                                    sl2, vec);
-    }
+    fwd<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec);
 }
 
 void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
@@ -600,30 +598,18 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t
     float scale = 1.0f / sqrtf((float)hs), sl2 = AB_LOG2E * scale;
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_BF16, s);
     size_t smem_kv = ab_dkdv_smem(hs), smem_q = ab_dq_smem(hs);
-    if (!cuda_smem_fits(smem_kv > smem_q ? smem_kv : smem_q,
-                        hs == 64 ? "the bf16 attention backward at head size 64"
-                                 : "the bf16 attention backward at head size 128", s))
+    ab_bwd_fn dkdv = hs == 64 ? attention_bf16_dkdv64_kernel : attention_bf16_dkdv128_kernel;
+    ab_bwd_fn dq = hs == 64 ? attention_bf16_dq64_kernel : attention_bf16_dq128_kernel;
+    const char *what = hs == 64 ? "the bf16 attention backward at head size 64"
+                                : "the bf16 attention backward at head size 128";
+    /* dk/dv needs at least as much as dq, so a refusal names its need */
+    if (!cuda_smem_ready((const void *)dkdv, smem_kv, what, s) ||
+        !cuda_smem_ready((const void *)dq, smem_q, what, s))
         return;
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + AB_TILE - 1) / AB_TILE));
-    if (hs == 64) {
-        (void)cudaFuncSetAttribute(attention_bf16_dkdv64_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
-        (void)cudaFuncSetAttribute(attention_bf16_dq64_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
-        attention_bf16_dkdv64_kernel<<<grid, AB_THREADS, smem_kv, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
-        attention_bf16_dq64_kernel<<<grid, AB_THREADS, smem_q, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
-    } else {
-        (void)cudaFuncSetAttribute(attention_bf16_dkdv128_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
-        (void)cudaFuncSetAttribute(attention_bf16_dq128_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
-        attention_bf16_dkdv128_kernel<<<grid, AB_THREADS, smem_kv, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
-        attention_bf16_dq128_kernel<<<grid, AB_THREADS, smem_q, s>>>(
-            dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
-    }
+    dkdv<<<grid, AB_THREADS, smem_kv, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale,
+                                           vec);
+    dq<<<grid, AB_THREADS, smem_q, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
 }
 
 } /* extern "C" */

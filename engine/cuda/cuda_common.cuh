@@ -146,14 +146,19 @@ static inline int cuda_smem_optin(void) {
     return n;
 }
 
-/* 1 when a block may have bytes of dynamic shared memory on this device; otherwise the
- * launch is refused (cuda_refuse), saying what needs how much */
-static inline int cuda_smem_fits(size_t bytes, const char *what, cudaStream_t s) {
+/* Readies kernel (its address) for blocks of bytes of dynamic shared memory (the opt-in
+ * that CUDA asks for above 48 KiB) and returns 1; when this device allows fewer bytes,
+ * refuses the launch instead (cuda_refuse), saying what needs how much, and returns 0. */
+static inline int cuda_smem_ready(const void *kernel, size_t bytes, const char *what,
+                                  cudaStream_t s) {
     int optin = cuda_smem_optin();
-    if (bytes <= (size_t)optin) return 1;
-    cuda_refuse(s, "%s needs %.1f KiB of shared memory per block; this GPU allows %.1f KiB",
-                what, bytes / 1024.0, optin / 1024.0);
-    return 0;
+    if (bytes > (size_t)optin) {
+        cuda_refuse(s, "%s needs %.1f KiB of shared memory per block; this GPU allows %.1f KiB",
+                    what, bytes / 1024.0, optin / 1024.0);
+        return 0;
+    }
+    (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    return 1;
 }
 
 /* Blocks for a grid-stride loop over units work items, per_block items per block per
