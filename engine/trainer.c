@@ -68,14 +68,15 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
     return -1;
 }
 
-/* The CUDA attention kernels handle head sizes up to 128 in fp32, and of 64 and 128
- * (GPT-2's sizes) on tensor cores under precision = bf16; the CPU's attention, any. */
+/* The CUDA attention kernels handle head sizes up to 128 in fp32, and multiples of 8 up
+ * to 128 on tensor cores under precision = bf16 (16-byte rows for ldmatrix); the CPU's
+ * attention, any. */
 static int check_precision(const gptc_config *c, const gpt_shape *s, char *err, size_t n) {
     int hs = s->d_model / s->n_head;
     if (strcmp(c->device, "cuda") != 0) return 0;
-    if (strcmp(c->precision, "bf16") == 0 && hs != 64 && hs != 128) {
+    if (strcmp(c->precision, "bf16") == 0 && hs % 8 != 0) {
         snprintf(err, n, "train.precision = bf16 on train.device = cuda needs a head size "
-                 "(model.d_model / model.n_head) of 64 or 128, not %d", hs);
+                 "(model.d_model / model.n_head) that is a multiple of 8, not %d", hs);
         return -1;
     }
     if (hs > 128) { /* the fp32 attention kernels' tiles hold up to 128 columns */

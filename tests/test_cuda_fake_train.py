@@ -103,7 +103,7 @@ def main():
     # precision = bf16: cuda_matmul.c asks cuBLASLt for bf16 operands (the fake rounds them
     # as the CPU does) and the tensor-core attention kernels run on the emulator; tp2 so
     # that the products of both shards and the comm are in it
-    # head size 64: the tensor-core attention kernels take 64 or 128
+    # head size 64, the kernels GPT-2 runs (the others are test_cuda_ops')
     h64 = ["--model.d_model=128", "--model.n_head=2"]
     # Each against the CPU's bf16 run of the same layout: TP rounds its partial sums, so
     # layouts differ by more than devices do (test_bf16)

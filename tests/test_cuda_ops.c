@@ -892,6 +892,12 @@ int main(int argc, char **argv) {
     test_attention_bf16(1, 130, 2, 64, 0); /* 3 tiles, a partial last one */
     test_attention_bf16(1, 64, 1, 128, 0);
     test_attention_bf16(1, 70, 1, 64, 1);
+    /* the kernels for other head sizes (hs at run time, tiles padded to 16 columns) */
+    test_attention_bf16(2, 37, 3, 32, 0);   /* configs/tiny.ini's head size */
+    test_attention_bf16(1, 70, 2, 8, 0);    /* one 16-byte chunk a row, half a k-step */
+    test_attention_bf16(1, 130, 1, 24, 1);  /* padded to 32, plain loads, 3 tiles */
+    test_attention_bf16(1, 100, 2, 120, 0); /* padded to 128 */
+    if (!quick) test_attention_bf16(1, 65, 2, 96, 0);
     /* 6 tiles per row; small enough for test_cuda_ops_emu (the fake runtime) under ASan */
     if (!quick) test_attention_bf16(1, 333, 2, 64, 0);
     test_elementwise(quick ? 10007 : 1000003, 0);
@@ -918,6 +924,7 @@ int main(int argc, char **argv) {
     test_matmul_gelu(37, 45, 100);
     test_attention(1, 130, 128, 2); /* hs 64 */
     if (!quick) test_attention(2, 64, 256, 2); /* hs 128 */
+    test_attention(2, 37, 64, 2);   /* hs 32: the kernels for any multiple of 8 */
     test_embedding(48);
     test_embedding(45);
     test_layernorm(37, 48);

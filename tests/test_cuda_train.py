@@ -68,7 +68,7 @@ def main():
     # precision = bf16: bf16 storage, cuBLASLt's bf16 products and the tensor-core
     # attention against the CPU's bf16 run of the same layout (TP rounds its partial sums,
     # so layouts differ by more than devices do; gptc_testlib.compare_bf16_run says what
-    # must hold and why) (head size 64: the tensor-core attention kernels take 64 or 128)
+    # must hold and why) (head size 64, the kernels GPT-2 runs)
     h64 = ["--model.d_model=128", "--model.n_head=2"]
     for name, ranks, extra in [("cuda bf16", 1, []), ("cuda bf16 tp2 x dp2", 4,
                                                       ["--parallel.tp=2", "--parallel.dp=2"])]:

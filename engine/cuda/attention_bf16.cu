@@ -34,10 +34,14 @@
  * reads the stage that iteration i + 1 refills). When qkv or dout is not 16-byte aligned
  * the same code loads synchronously, two bytes at a time. Rows past T are zero-filled
  * (cp.async's src-size 0) and masked. The kernel body takes the head size as an argument
- * and is inlined into one kernel per supported head size (64 and 128), so its loops and
- * register arrays are sized at compile time. */
+ * and is inlined into one kernel per common head size (64 and 128), so its loops and
+ * register arrays are sized at compile time, and into one for any other multiple of 8 up
+ * to 128 (hs = C / NH at run time; its loops run to 128 with a test, its tiles are hs
+ * rounded up to 16 columns, the extra ones zero). */
 #include "engine/cuda/cuda_common.cuh"
 #include "engine/cuda/mma.cuh"
+
+#include <stdio.h>
 
 #define AB_TILE 64     /* rows of a block, and rows of a streamed tile */
 #define AB_THREADS 128 /* 4 warps x 16 rows */
@@ -46,21 +50,26 @@
 #define AB_LOG2E 1.4426950408889634f
 #define AB_LN2 0.6931471805599453f
 
+/* columns the products cover: hs rounded up to the mma's k of 16 (tile columns from hs up
+ * to it are zero, so they add nothing) */
+static __host__ __device__ __forceinline__ int ab_cols(int hs) { return (hs + 15) & ~15; }
+
 /* elements per row of a [64][hs] tile */
-static __host__ __device__ __forceinline__ int ab_pitch(int hs) { return hs + AB_PAD; }
+static __host__ __device__ __forceinline__ int ab_pitch(int hs) { return ab_cols(hs) + AB_PAD; }
 
 /* ------------------------------------------------------------------ tiles */
 
-/* tile[r][0..hs) = src[r * ld + 0..hs) for r < nrows, 0 for nrows <= r < 64 (src: a [64][hs]
- * view of bf16, row pitch ld elements; nrows >= 1). vec: cp.async in 16-byte chunks (src
- * and every row 16-byte aligned), which the caller commits and waits for; else plain
- * 2-byte loads. A row's chunks go to consecutive threads, so the reads coalesce. */
+/* tile[r][0..hs) = src[r * ld + 0..hs) for r < nrows, 0 for nrows <= r < 64 and for the
+ * columns from hs to ab_cols(hs) (src: a [64][hs] view of bf16, row pitch ld elements;
+ * nrows >= 1; hs a multiple of 8). vec: cp.async in 16-byte chunks (src and every row
+ * 16-byte aligned), which the caller commits and waits for; else plain 2-byte loads. A
+ * row's chunks go to consecutive threads, so the reads coalesce. */
 static __device__ __forceinline__ void load_tile(uint16_t *tile /* [64][ab_pitch(hs)] */,
                                                  const uint16_t *src, size_t ld, int nrows,
                                                  int hs, int vec) {
-    int nc = hs / 8, p = ab_pitch(hs);
+    int nc = ab_cols(hs) / 8, p = ab_pitch(hs);
     for (int u = threadIdx.x; u < AB_TILE * nc; u += AB_THREADS) {
-        int r = u / nc, c = 8 * (u % nc), ok = r < nrows;
+        int r = u / nc, c = 8 * (u % nc), ok = r < nrows && c < hs;
         uint16_t *dst = tile + r * p + c;
         const uint16_t *from = src + (size_t)(ok ? r : 0) * ld + c; /* a valid address */
         if (vec) {
@@ -110,14 +119,18 @@ static __device__ __forceinline__ void frag_b_kn(uint32_t b0[2], uint32_t b1[2],
 }
 
 /* acc[j] = rows r0 .. r0 + 15 of tile A (16 x hs) times the transpose of tile B's 64 rows
- * (n = 8j + 0..7): a warp's 16 x 64 block of scores Q K^T (or dO V^T, K Q^T, ...) */
+ * (n = 8j + 0..7): a warp's 16 x 64 block of scores Q K^T (or dO V^T, K Q^T, ...).
+ * Loops over the head size run to their bound for hs <= 128 with a test inside, so that
+ * they unroll (the register arrays need constant indices) whether hs is a constant (the
+ * tests then fold away) or not. */
 static __device__ __forceinline__ void tile_scores(float acc[8][4], const uint16_t *A, int r0,
                                                    const uint16_t *B, int hs) {
     int p = ab_pitch(hs);
 #pragma unroll
     for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll
-    for (int ks = 0; ks < hs / 16; ks++) {
+    for (int ks = 0; ks < AB_MAX_HS / 16; ks++) {
+        if (16 * ks >= hs) break;
         uint32_t a[4];
         frag_a(a, A, p, r0, 16 * ks);
 #pragma unroll
@@ -143,7 +156,8 @@ static __device__ __forceinline__ void tile_sv(float acc[AB_MAX_HS / 8][4], cons
                          pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                          pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-        for (int jj = 0; jj < hs / 16; jj++) {
+        for (int jj = 0; jj < AB_MAX_HS / 16; jj++) {
+            if (16 * jj >= hs) break;
             uint32_t b0[2], b1[2];
             frag_b_kn(b0, b1, V, p, 16 * jj, 16 * kk);
             mma_bf16_16816(acc[2 * jj], a, b0);
@@ -165,7 +179,10 @@ static __device__ __forceinline__ float quad_sum(float v) {
 
 static __device__ __forceinline__ void zero_acc(float acc[AB_MAX_HS / 8][4], int hs) {
 #pragma unroll
-    for (int j = 0; j < hs / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int j = 0; j < AB_MAX_HS / 8; j++) {
+        if (8 * j >= ab_cols(hs)) break;
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    }
 }
 
 /* dst[row][8j + 2t + (0, 1)] = mul * acc[j], rounded to bf16, for this lane's two rows
@@ -176,7 +193,8 @@ static __device__ __forceinline__ void store_acc(uint16_t *row0, uint16_t *row8,
                                                  float mul8, int hs) {
     int t = threadIdx.x & 3;
 #pragma unroll
-    for (int j = 0; j < hs / 8; j++) {
+    for (int j = 0; j < AB_MAX_HS / 8; j++) {
+        if (8 * j >= hs) break;
         int c = 8 * j + 2 * t;
         if (row0) {
             row0[c] = bf16_bits(mul0 * acc[j][0]);
@@ -247,14 +265,16 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm, uint16_t *out, flo
         tile_landed(next);
         if (kt == 0) {
 #pragma unroll
-            for (int ks = 0; ks < hs / 16; ks++) frag_a(qf[ks], Qs, p, 16 * warp, 16 * ks);
+            for (int ks = 0; ks < AB_MAX_HS / 16; ks++)
+                if (16 * ks < hs) frag_a(qf[ks], Qs, p, 16 * warp, 16 * ks);
         }
 
         float s[8][4];
 #pragma unroll
         for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-        for (int ks = 0; ks < hs / 16; ks++)
+        for (int ks = 0; ks < AB_MAX_HS / 16; ks++) {
+            if (16 * ks >= hs) break;
 #pragma unroll
             for (int jj = 0; jj < 4; jj++) {
                 uint32_t b0[2], b1[2];
@@ -262,6 +282,7 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm, uint16_t *out, flo
                 mma_bf16_16816(s[2 * jj], qf[ks], b0);
                 mma_bf16_16816(s[2 * jj + 1], qf[ks], b1);
             }
+        }
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -296,7 +317,8 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm, uint16_t *out, flo
             l[r] = l[r] * alpha + quad_sum(ls);
             m[r] = mn;
 #pragma unroll
-            for (int jd = 0; jd < hs / 8; jd++) o[jd][2 * r] *= alpha, o[jd][2 * r + 1] *= alpha;
+            for (int jd = 0; jd < AB_MAX_HS / 8; jd++)
+                if (8 * jd < ab_cols(hs)) o[jd][2 * r] *= alpha, o[jd][2 * r + 1] *= alpha;
         }
         tile_sv(o, s, Vs, hs);
         __syncthreads(); /* this stage's readers are done: the next iteration refills it */
@@ -325,6 +347,16 @@ attention_bf16_fwd128_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T]
                              float sl2, int vec) {
     extern __shared__ float4 ab_smem[];
     attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, 128);
+}
+
+/* any other head size (a multiple of 8 up to 128): hs = C / NH at run time, registers as
+ * for 128 */
+__global__ void __launch_bounds__(AB_THREADS)
+attention_bf16_fwd_any_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
+                              const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
+                              float sl2, int vec) {
+    extern __shared__ float4 ab_smem[];
+    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, C / NH);
 }
 
 /* ------------------------------------------------------------------ backward */
@@ -536,6 +568,19 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(AB_BWD
     attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128);
 }
 
+/* any other head size, as the forward's */
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_any_kernel(AB_BWD_ARGS) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
+                  C / NH);
+}
+
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_any_kernel(AB_BWD_ARGS) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
+                C / NH);
+}
+
 /* ------------------------------------------------------------------ launchers */
 
 /* the kernels above, as the launchers pick them */
@@ -555,19 +600,26 @@ static size_t ab_dkdv_smem(int hs) {
 static size_t ab_dq_smem(int hs) { return 6 * ab_tile_bytes(hs) + 2 * AB_TILE * sizeof(float); }
 
 /* 1 when bf16 buffers a and b (either may be NULL) allow load_tile's 16-byte cp.async:
- * every tile row starts a multiple of 8 elements in (C and hs are multiples of 64), so
+ * every tile row starts a multiple of 8 elements in (C and hs are multiples of 8), so
  * 16-byte aligned bases are enough */
 static int ab_vec(const void *a, const void *b) {
     return ((uintptr_t)a & 15u) == 0 && ((uintptr_t)b & 15u) == 0;
 }
 
-/* 1 when a kernel exists for the head size: C = NH * hs, hs 64 or 128; otherwise the
- * launch is refused (cuda_refuse) */
+/* 1 when a kernel exists for the head size: C = NH * hs, hs a multiple of 8 up to 128
+ * (the 16-byte rows of ldmatrix and cp.async); otherwise the launch is refused
+ * (cuda_refuse) */
 static int ab_shape_ok(int C, int NH, cudaStream_t s) {
-    if (NH > 0 && C > 0 && C % NH == 0 && (C / NH == 64 || C / NH == 128)) return 1;
-    cuda_refuse(s, "no bf16 attention kernel for C = %d over %d heads (head sizes 64 and 128)",
-                C, NH);
+    if (NH > 0 && C > 0 && C % NH == 0 && C / NH % 8 == 0 && C / NH <= AB_MAX_HS) return 1;
+    cuda_refuse(s, "no bf16 attention kernel for C = %d over %d heads (head sizes: multiples "
+                "of 8 up to 128)", C, NH);
     return 0;
+}
+
+/* what[80] = "the bf16 attention forward at head size 64", as a refusal names a kernel */
+static const char *ab_what(char *what, const char *role, int hs) {
+    snprintf(what, 80, "the bf16 attention %s at head size %d", role, hs);
+    return what;
 }
 
 extern "C" {
@@ -579,12 +631,11 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
     int hs = C / NH, vec = ab_vec(qkv, NULL);
     float sl2 = AB_LOG2E / sqrtf((float)hs);
     size_t smem = ab_fwd_smem(hs);
-    ab_fwd_fn fwd = hs == 64 ? attention_bf16_fwd64_kernel : attention_bf16_fwd128_kernel;
-    if (!cuda_smem_ready((const void *)fwd, smem,
-                         hs == 64 ? "the bf16 attention forward at head size 64"
-                                  : "the bf16 attention forward at head size 128",
-                         s))
-        return;
+    ab_fwd_fn fwd = hs == 64    ? attention_bf16_fwd64_kernel
+                    : hs == 128 ? attention_bf16_fwd128_kernel
+                                : attention_bf16_fwd_any_kernel;
+    char what[80];
+    if (!cuda_smem_ready((const void *)fwd, smem, ab_what(what, "forward", hs), s)) return;
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + AB_TILE - 1) / AB_TILE));
     fwd<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec);
 }
@@ -598,10 +649,14 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t
     float scale = 1.0f / sqrtf((float)hs), sl2 = AB_LOG2E * scale;
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_BF16, s);
     size_t smem_kv = ab_dkdv_smem(hs), smem_q = ab_dq_smem(hs);
-    ab_bwd_fn dkdv = hs == 64 ? attention_bf16_dkdv64_kernel : attention_bf16_dkdv128_kernel;
-    ab_bwd_fn dq = hs == 64 ? attention_bf16_dq64_kernel : attention_bf16_dq128_kernel;
-    const char *what = hs == 64 ? "the bf16 attention backward at head size 64"
-                                : "the bf16 attention backward at head size 128";
+    ab_bwd_fn dkdv = hs == 64    ? attention_bf16_dkdv64_kernel
+                     : hs == 128 ? attention_bf16_dkdv128_kernel
+                                 : attention_bf16_dkdv_any_kernel;
+    ab_bwd_fn dq = hs == 64    ? attention_bf16_dq64_kernel
+                   : hs == 128 ? attention_bf16_dq128_kernel
+                               : attention_bf16_dq_any_kernel;
+    char what[80];
+    ab_what(what, "backward", hs);
     /* dk/dv needs at least as much as dq, so a refusal names its need */
     if (!cuda_smem_ready((const void *)dkdv, smem_kv, what, s) ||
         !cuda_smem_ready((const void *)dq, smem_q, what, s))

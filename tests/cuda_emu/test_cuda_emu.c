@@ -3,7 +3,7 @@
  * catch); every op's results against the CPU op, with misaligned buffers and odd sizes,
  * are tests/test_cuda_ops.c, which runs on this emulator as test_cuda_ops_emu. Here:
  *  - the shapes the attention launchers refuse (head size above 128, a bf16 head size
- *    other than 64 or 128) come back as launch errors; through the op table such an
+ *    that is not a multiple of 8) come back as launch errors; through the op table such an
  *    error ends the process (cuda_backend.c), so test_cuda_ops cannot see it;
  *  - one emulated mma.sync (mma_check.cu, a kernel of this test) against a plain product:
  *    the fragment layout of emu_mma.h, on which the bf16 attention kernels' results
@@ -60,11 +60,13 @@ static void test_attention_unsupported(void) {
     check_refused("attention hs=129 fwd refused", "258");
     cuda_attention_backward(x, x, x, x, x, x, 1, 1, 258, 2, NULL);
     check_refused("attention hs=129 bwd refused", "258");
-    /* the bf16 kernels exist for hs 64 and 128 only */
-    cuda_attention_forward_bf16(h, x, h, 1, 1, 96, 3, NULL);
-    check_refused("attention bf16 hs=32 fwd", "head sizes 64 and 128");
-    cuda_attention_backward_bf16(h, x, h, h, h, x, 1, 1, 96, 3, NULL);
-    check_refused("attention bf16 hs=32 bwd", "head sizes 64 and 128");
+    /* the bf16 kernels read 16-byte rows: head sizes that are multiples of 8, to 128 */
+    cuda_attention_forward_bf16(h, x, h, 1, 1, 36, 3, NULL);
+    check_refused("attention bf16 hs=12 fwd", "multiples of 8 up to 128");
+    cuda_attention_backward_bf16(h, x, h, h, h, x, 1, 1, 36, 3, NULL);
+    check_refused("attention bf16 hs=12 bwd", "multiples of 8 up to 128");
+    cuda_attention_forward_bf16(h, x, h, 1, 1, 272, 2, NULL);
+    check_refused("attention bf16 hs=136 fwd", "multiples of 8 up to 128");
 }
 
 /* One emulated mma.sync m16n8k16 (fragments placed by mma_check.cu from the PTX ISA's
