@@ -31,7 +31,10 @@
  * copies of tile i + 1 into the other stage, then waits for tile i's group only, so the
  * next tile's loads run under this tile's products. Two barriers per tile: one after the
  * wait (every thread's copies of tile i have landed), one after the products (nobody
- * reads the stage that iteration i + 1 refills). When qkv or dout is not 16-byte aligned
+ * reads the stage that iteration i + 1 refills). Where two stages do not fit a block's
+ * shared memory (the backward at hs 120 and 128 on a 99 KiB sm_86 or sm_89), the
+ * backward kernels run with one: the next tile loads after the second barrier, not under
+ * the products. When qkv or dout is not 16-byte aligned
  * the same code loads synchronously, two bytes at a time. Rows past T are zero-filled
  * (cp.async's src-size 0) and masked. The kernel body takes the head size as an argument
  * and is inlined into one kernel per common head size (64 and 128), so its loops and
@@ -207,14 +210,14 @@ static __device__ __forceinline__ void store_acc(uint16_t *row0, uint16_t *row8,
     }
 }
 
-/* Issues the copies of key tile kt (K, then V, rows 64 kt ..) into stage kt & 1 of KV and
+/* Issues the copies of key tile kt (K, then V, rows 64 kt ..) into stage st of KV and
  * commits them, with any copies issued before, as one group. base: q of row 0 of this
  * (batch, head) in qkv [B,T,3C], row pitch ld. */
-static __device__ __forceinline__ void load_key_stage(uint16_t *KV /* [2][K, V][64][p] */,
+static __device__ __forceinline__ void load_key_stage(uint16_t *KV /* [stages][K, V][64][p] */,
                                                       const uint16_t *base, int C, size_t ld,
-                                                      int kt, int T, int hs, int vec) {
+                                                      int kt, int st, int T, int hs, int vec) {
     int tile = AB_TILE * ab_pitch(hs), k0 = kt * AB_TILE;
-    uint16_t *Ks = KV + 2 * (kt & 1) * tile;
+    uint16_t *Ks = KV + 2 * st * tile;
     size_t row = (size_t)k0 * ld;
     load_tile(Ks, base + C + row, ld, T - k0, hs, vec);
     load_tile(Ks + tile, base + 2 * (size_t)C + row, ld, T - k0, hs, vec);
@@ -253,7 +256,7 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm, uint16_t *out, flo
     int tq[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8}; /* this lane's queries */
 
     load_tile(Qs, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
-    load_key_stage(KV, base, C, ld, 0, T, hs, vec); /* one group with Q */
+    load_key_stage(KV, base, C, ld, 0, 0, T, hs, vec); /* one group with Q */
 
     uint32_t qf[AB_MAX_HS / 16][4];
     float o[AB_MAX_HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -261,7 +264,7 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm, uint16_t *out, flo
     for (int kt = 0; kt <= qt; kt++) {
         int k0 = kt * AB_TILE, next = kt < qt;
         const uint16_t *Ks = KV + 2 * (kt & 1) * tile, *Vs = Ks + tile;
-        if (next) load_key_stage(KV, base, C, ld, kt + 1, T, hs, vec);
+        if (next) load_key_stage(KV, base, C, ld, kt + 1, (kt + 1) & 1, T, hs, vec);
         tile_landed(next);
         if (kt == 0) {
 #pragma unroll
@@ -406,23 +409,44 @@ static __device__ __forceinline__ void probs_by_query(float s[8][4], float dp[8]
         }
 }
 
+/* Issues the copies of the query tile from row q0 (Q, then dO) into QdO and commits them,
+ * with any copies issued before, as one group; stores their log2-domain lse and D into
+ * stats. base, dbase: q and dout of row 0 of this (batch, head) (row pitches ld and C);
+ * lse_bh, D_bh: its rows of lse and D. */
+static __device__ __forceinline__ void load_query_stage(uint16_t *QdO /* [Q, dO][64][p] */,
+                                                        float *stats /* [lse2, D][64] */,
+                                                        const uint16_t *base,
+                                                        const uint16_t *dbase, size_t ld,
+                                                        int C, const float *lse_bh,
+                                                        const float *D_bh, int q0, int T,
+                                                        int hs, int vec) {
+    load_tile(QdO, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
+    load_tile(QdO + AB_TILE * ab_pitch(hs), dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec);
+    cp_async_commit();
+    load_row_vec(stats, lse_bh + q0, T - q0, AB_LOG2E);
+    load_row_vec(stats + AB_TILE, D_bh + q0, T - q0, 1.0f);
+}
+
 /* Block (bh, y): key tile y (the longest loops first); warp w owns keys k0 + 16 w .. + 15.
  * K, V of the tile stay in shared memory; for each query tile at or after it, in the
  * transposed view (rows: this warp's keys, columns: the tile's 64 queries):
  * S^T = K Q^T and dP^T = V dO^T, P^T and dS^T from lse and D, then dV += P^T dO and
  * dK += dS^T Q with P^T and dS^T straight from the accumulators (Q and dO as the B of
  * both kinds of product, through the two ldmatrix forms). Writes dk = dK / sqrt(hs) and
- * dv for its keys < T. */
+ * dv for its keys < T. nst: stages of the streamed tiles, 2 (the next tile loads under
+ * this one's products) or 1 (it loads after them: for devices whose blocks cannot have
+ * the shared memory of two). */
 static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm, uint16_t *dqkv,
                                                      const uint16_t *dout,
                                                      const uint16_t *qkv, const float *lse,
                                                      const float *D, int T, int C, int NH,
-                                                     float sl2, float scale, int vec, int hs) {
+                                                     float sl2, float scale, int vec, int hs,
+                                                     int nst) {
     int p = ab_pitch(hs), tile = AB_TILE * p;
     uint16_t *Ks = sm;           /* [64][p] this block's keys */
     uint16_t *Vs = Ks + tile;    /* [64][p] this block's values */
-    uint16_t *QdO = Vs + tile;   /* [2 stages][Q, dO][64][p] the streamed query tiles */
-    float *stats = (float *)(QdO + 4 * tile); /* [2 stages][lse2, D][64] of their queries */
+    uint16_t *QdO = Vs + tile;   /* [nst stages][Q, dO][64][p] the streamed query tiles */
+    float *stats = (float *)(QdO + 2 * nst * tile); /* [nst][lse2, D][64] of their queries */
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int bh = blockIdx.x, b = bh / NH, h = bh % NH;
@@ -435,30 +459,20 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm, uint16_t *dqk
 
     load_tile(Ks, base + C + (size_t)k0 * ld, ld, T - k0, hs, vec);
     load_tile(Vs, base + 2 * (size_t)C + (size_t)k0 * ld, ld, T - k0, hs, vec);
-    load_tile(QdO, base + (size_t)k0 * ld, ld, T - k0, hs, vec);
-    load_tile(QdO + tile, dbase + (size_t)k0 * C, (size_t)C, T - k0, hs, vec);
-    cp_async_commit();
-    load_row_vec(stats, lse_bh + k0, T - k0, AB_LOG2E);
-    load_row_vec(stats + AB_TILE, D_bh + k0, T - k0, 1.0f);
+    load_query_stage(QdO, stats, base, dbase, ld, C, lse_bh, D_bh, k0, T, hs, vec);
 
     float dk[AB_MAX_HS / 8][4], dv[AB_MAX_HS / 8][4];
     zero_acc(dk, hs);
     zero_acc(dv, hs);
     for (int qt = ktile; qt < ntiles; qt++) {
-        int q0 = qt * AB_TILE, stage = (qt - ktile) & 1, next = qt + 1 < ntiles;
+        int q0 = qt * AB_TILE, next = qt + 1 < ntiles;
+        int stage = nst == 2 ? (qt - ktile) & 1 : 0;
         const uint16_t *Qs = QdO + 2 * stage * tile, *dOs = Qs + tile;
         const float *lse_s = stats + 2 * stage * AB_TILE, *D_s = lse_s + AB_TILE;
-        if (next) {
-            int q1 = q0 + AB_TILE;
-            uint16_t *Qn = QdO + 2 * (stage ^ 1) * tile;
-            float *sn = stats + 2 * (stage ^ 1) * AB_TILE;
-            load_tile(Qn, base + (size_t)q1 * ld, ld, T - q1, hs, vec);
-            load_tile(Qn + tile, dbase + (size_t)q1 * C, (size_t)C, T - q1, hs, vec);
-            cp_async_commit();
-            load_row_vec(sn, lse_bh + q1, T - q1, AB_LOG2E);
-            load_row_vec(sn + AB_TILE, D_bh + q1, T - q1, 1.0f);
-        }
-        tile_landed(next);
+        if (next && nst == 2)
+            load_query_stage(QdO + 2 * (stage ^ 1) * tile, stats + 2 * (stage ^ 1) * AB_TILE,
+                             base, dbase, ld, C, lse_bh, D_bh, q0 + AB_TILE, T, hs, vec);
+        tile_landed(next && nst == 2);
 
         float s[8][4], dp[8][4];
         tile_scores(s, Ks, 16 * warp, Qs, hs);   /* k_u . q_t */
@@ -470,6 +484,9 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm, uint16_t *dqk
         tile_sv(dv, s, dOs, hs);
         tile_sv(dk, dp, Qs, hs);
         __syncthreads(); /* this stage's readers are done: the next iteration refills it */
+        if (next && nst == 1)
+            load_query_stage(QdO, stats, base, dbase, ld, C, lse_bh, D_bh, q0 + AB_TILE, T, hs,
+                             vec);
     }
 
     uint16_t *krow[2], *vrow[2];
@@ -486,17 +503,17 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm, uint16_t *dqk
  * q0 + 16 w .. + 15. Q, dO, lse, D of the tile stay in shared memory; for each key tile
  * up to the diagonal: S = Q K^T, dP = dO V^T, P and dS as in the dk/dv kernel, then
  * dQ += dS K (K through ldmatrix .trans as that B). Writes dq = dQ / sqrt(hs) for its
- * queries < T. */
+ * queries < T. nst: stages of the streamed tiles, as in the dk/dv kernel. */
 static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm, uint16_t *dqkv,
                                                    const uint16_t *dout, const uint16_t *qkv,
                                                    const float *lse, const float *D, int T,
                                                    int C, int NH, float sl2, float scale,
-                                                   int vec, int hs) {
+                                                   int vec, int hs, int nst) {
     int p = ab_pitch(hs), tile = AB_TILE * p;
     uint16_t *Qs = sm;          /* [64][p] this block's queries */
     uint16_t *dOs = Qs + tile;  /* [64][p] their output gradient */
-    uint16_t *KV = dOs + tile;  /* [2 stages][K, V][64][p] the streamed key and value tiles */
-    float *lse_s = (float *)(KV + 4 * tile); /* [64] log2(e) lse of this block's queries */
+    uint16_t *KV = dOs + tile;  /* [nst stages][K, V][64][p] the streamed key and value tiles */
+    float *lse_s = (float *)(KV + 2 * nst * tile); /* [64] log2(e) lse of this block's queries */
     float *D_s = lse_s + AB_TILE;            /* [64] D of this block's queries */
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
@@ -509,17 +526,17 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm, uint16_t *dqkv,
 
     load_tile(Qs, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
     load_tile(dOs, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec);
-    load_key_stage(KV, base, C, ld, 0, T, hs, vec); /* one group with Q, dO */
+    load_key_stage(KV, base, C, ld, 0, 0, T, hs, vec); /* one group with Q, dO */
     load_row_vec(lse_s, lse + (size_t)bh * T + q0, T - q0, AB_LOG2E);
     load_row_vec(D_s, D + (size_t)bh * T + q0, T - q0, 1.0f);
 
     float dq[AB_MAX_HS / 8][4];
     zero_acc(dq, hs);
     for (int kt = 0; kt <= qt; kt++) {
-        int k0 = kt * AB_TILE, next = kt < qt;
-        const uint16_t *Ks = KV + 2 * (kt & 1) * tile, *Vs = Ks + tile;
-        if (next) load_key_stage(KV, base, C, ld, kt + 1, T, hs, vec);
-        tile_landed(next);
+        int k0 = kt * AB_TILE, next = kt < qt, stage = nst == 2 ? kt & 1 : 0;
+        const uint16_t *Ks = KV + 2 * stage * tile, *Vs = Ks + tile;
+        if (next && nst == 2) load_key_stage(KV, base, C, ld, kt + 1, stage ^ 1, T, hs, vec);
+        tile_landed(next && nst == 2);
 
         float s[8][4], dp[8][4];
         tile_scores(s, Qs, 16 * warp, Ks, hs);   /* q_t . k_u */
@@ -530,6 +547,7 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm, uint16_t *dqkv,
             probs_by_query(s, dp, k0, q0, r0, T, sl2, lse_s, D_s, 0);
         tile_sv(dq, dp, Ks, hs);
         __syncthreads(); /* this stage's readers are done: the next iteration refills it */
+        if (next && nst == 1) load_key_stage(KV, base, C, ld, kt + 1, 0, T, hs, vec);
     }
 
     uint16_t *qrow[2];
@@ -549,36 +567,53 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm, uint16_t *dqkv,
  * measured. */
 __global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64);
+    attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64,
+                  2);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv128_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
     attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
-                  128);
+                  128, 2);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq64_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64);
+    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 2);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128);
+    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128,
+                2);
 }
 
 /* any other head size, as the forward's */
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_any_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
     attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
-                  C / NH);
+                  C / NH, 2);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_any_kernel(AB_BWD_ARGS) {
     extern __shared__ float4 ab_smem[];
     attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
-                C / NH);
+                C / NH, 2);
+}
+
+/* any head size with one stage of streamed tiles: where the two-stage kernels need more
+ * shared memory than the device gives a block (hs 120 and 128 on a 99 KiB sm_86 or
+ * sm_89) */
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_lean_kernel(AB_BWD_ARGS) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
+                  C / NH, 1);
+}
+
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_lean_kernel(AB_BWD_ARGS) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
+                C / NH, 1);
 }
 
 /* ------------------------------------------------------------------ launchers */
@@ -593,11 +628,14 @@ static size_t ab_tile_bytes(int hs) { return (size_t)AB_TILE * ab_pitch(hs) * si
 
 static size_t ab_fwd_smem(int hs) { return 5 * ab_tile_bytes(hs); }
 
-static size_t ab_dkdv_smem(int hs) {
-    return 6 * ab_tile_bytes(hs) + 4 * AB_TILE * sizeof(float);
+/* nst: stages of the streamed tiles */
+static size_t ab_dkdv_smem(int hs, int nst) {
+    return (2 + 2 * (size_t)nst) * ab_tile_bytes(hs) + 2 * (size_t)nst * AB_TILE * sizeof(float);
 }
 
-static size_t ab_dq_smem(int hs) { return 6 * ab_tile_bytes(hs) + 2 * AB_TILE * sizeof(float); }
+static size_t ab_dq_smem(int hs, int nst) {
+    return (2 + 2 * (size_t)nst) * ab_tile_bytes(hs) + 2 * AB_TILE * sizeof(float);
+}
 
 /* 1 when bf16 buffers a and b (either may be NULL) allow load_tile's 16-byte cp.async:
  * every tile row starts a multiple of 8 elements in (C and hs are multiples of 8), so
@@ -648,13 +686,17 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t
     int hs = C / NH, vec = ab_vec(qkv, dout);
     float scale = 1.0f / sqrtf((float)hs), sl2 = AB_LOG2E * scale;
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_BF16, s);
-    size_t smem_kv = ab_dkdv_smem(hs), smem_q = ab_dq_smem(hs);
+    size_t smem_kv = ab_dkdv_smem(hs, 2), smem_q = ab_dq_smem(hs, 2);
     ab_bwd_fn dkdv = hs == 64    ? attention_bf16_dkdv64_kernel
                      : hs == 128 ? attention_bf16_dkdv128_kernel
                                  : attention_bf16_dkdv_any_kernel;
     ab_bwd_fn dq = hs == 64    ? attention_bf16_dq64_kernel
                    : hs == 128 ? attention_bf16_dq128_kernel
                                : attention_bf16_dq_any_kernel;
+    if (smem_kv > (size_t)cuda_smem_optin()) { /* dk/dv needs at least what dq does */
+        smem_kv = ab_dkdv_smem(hs, 1), smem_q = ab_dq_smem(hs, 1);
+        dkdv = attention_bf16_dkdv_lean_kernel, dq = attention_bf16_dq_lean_kernel;
+    }
     char what[80];
     ab_what(what, "backward", hs);
     /* dk/dv needs at least as much as dq, so a refusal names its need */
