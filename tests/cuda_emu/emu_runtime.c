@@ -127,7 +127,8 @@ void emu_fail(const char *msg) {
 /* Every CUDA thread of the grid that runs is a fiber: its own stack and registers, run on
  * the thread that runs the grid (the stream's) until it reaches a barrier, where it
  * yields to the scheduler (run_fibers), which resumes the next one. A switch is a
- * _setjmp/_longjmp pair, tens of nanoseconds (ucontext's swapcontext makes a system call
+ * _setjmp/_longjmp pair (under ASan the compiler's builtin pair, see emu_jmp_buf), tens
+ * of nanoseconds (ucontext's swapcontext makes a system call
  * each time, ten times that, and a futex wake of a real thread costs more still); only a
  * fiber's first start goes through makecontext/setcontext. Under a sanitizer every
  * switch is announced to it (ASan's and TSan's fiber API); under TSan, whose longjmp
@@ -164,6 +165,20 @@ void AnnotateIgnoreReadsBegin(const char *file, int line);
 void AnnotateIgnoreReadsEnd(const char *file, int line);
 #endif
 
+/* A fiber's resume point. Under ASan the switches use the compiler's own
+ * __builtin_setjmp / __builtin_longjmp instead of libc's: ASan intercepts _longjmp to
+ * unpoison the whole stack (a memset of its shadow and a sigaltstack call) on every
+ * switch, most of an ASan run of the emulator, and a switch leaves no frame behind for
+ * it to clean (the jumping function has just set its own resume point). The builtin's
+ * setjmp must be in the frame that resumes, hence a macro. */
+#ifdef EMU_ASAN
+typedef void *emu_jmp_buf[5];
+#define EMU_SETJMP(b) __builtin_setjmp(b)
+#else
+typedef jmp_buf emu_jmp_buf;
+#define EMU_SETJMP(b) _setjmp(b)
+#endif
+
 /* What a thread waits at; a barrier's waiters must all wait at the same kind. */
 enum { AT_SYNCTHREADS, AT_SHUFFLE, AT_BLOCK_END };
 static const char *const at_name[] = {"__syncthreads", "a warp shuffle", "the end of its block"};
@@ -185,7 +200,7 @@ typedef struct cp_async_copy {
 } cp_async_copy;
 
 typedef struct fiber {
-    jmp_buf resume;      /* where it goes on (after its first start) */
+    emu_jmp_buf resume;  /* where it goes on (after its first start) */
     ucontext_t start;    /* its first start (and, sanitized, every switch) */
     char *stack;         /* [stack_bytes], below it a guard page */
     unsigned int tid;
@@ -216,7 +231,7 @@ static fiber *running;   /* the fiber on the CPU, NULL: the scheduler */
 #ifdef EMU_SWAPCONTEXT
 static ucontext_t sched_ctx;
 #else
-static jmp_buf sched_resume;
+static emu_jmp_buf sched_resume;
 #endif
 #ifdef EMU_ASAN
 static void *sched_fake_stack;
@@ -274,6 +289,20 @@ static void to_sched_end(void) {
 #endif
 }
 
+/* Jumps to a resume point (EMU_SETJMP). Not instrumented by ASan, which would put its
+ * stack unpoisoning (above) before the noreturn jump; and not inlined, as the builtin
+ * longjmp may not share a frame with its setjmp. */
+#ifdef EMU_ASAN
+__attribute__((no_sanitize_address, noinline))
+#endif
+static void switch_to(emu_jmp_buf to) {
+#ifdef EMU_ASAN
+    __builtin_longjmp(to, 1);
+#else
+    _longjmp(to, 1);
+#endif
+}
+
 /* From a fiber back to the scheduler; returns when the scheduler resumes it. */
 static void yield_to_scheduler(void) {
     fiber *f = running;
@@ -281,7 +310,7 @@ static void yield_to_scheduler(void) {
 #ifdef EMU_SWAPCONTEXT
     swapcontext(&f->start, &sched_ctx);
 #else
-    if (_setjmp(f->resume) == 0) _longjmp(sched_resume, 1);
+    if (EMU_SETJMP(f->resume) == 0) switch_to(sched_resume);
 #endif
     to_fiber_end();
 }
@@ -470,7 +499,7 @@ static void fiber_main(void) {
 #ifdef EMU_SWAPCONTEXT
     swapcontext(&f->start, &sched_ctx);
 #else
-    _longjmp(sched_resume, 1);
+    switch_to(sched_resume);
 #endif
     emu_fail("a finished CUDA thread was resumed");
 }
@@ -498,9 +527,14 @@ static void resume(fiber *f) {
 #ifdef EMU_SWAPCONTEXT
     swapcontext(&sched_ctx, &f->start);
 #else
-    if (_setjmp(sched_resume) == 0) {
-        if (f->started) _longjmp(f->resume, 1);
+    if (EMU_SETJMP(sched_resume) == 0) {
+        if (f->started) switch_to(f->resume);
         f->started = 1;
+#ifdef EMU_ASAN
+        /* what the last fiber on this stack left poisoned (its fiber_main's frame,
+         * which the final jump leaves behind) */
+        __asan_unpoison_memory_region(f->stack, EMU_FIBER_STACK);
+#endif
         setcontext(&f->start);
     }
 #endif
