@@ -853,11 +853,24 @@ static void test_small_smem_device(void) {
     test_layernorm(5, 7000);  /* one slice, shared by all 8 warps, at 99 KiB (4 at 227) */
 }
 
+/* The MLP's products where cuBLASLt has no algorithm with the GELU epilogues (it answers
+ * NOT_SUPPORTED; test_cuda_ops_emu_no_gelu runs this with the fake cuBLASLt answering so
+ * for every GELU epilogue): the op table must run the GEMM and the GELU kernels instead,
+ * in fp32 and in bf16, on shapes where it would otherwise fuse. */
+static void test_no_gelu_epilogue(void) {
+    test_matmul_gelu(37, 48, 192);
+    cpu->set_precision(GPTC_FP32), gpu->set_precision(GPTC_BF16);
+    test_matmul_gelu(37, 48, 192);
+    gpu->set_precision(GPTC_FP32);
+}
+
 /* argv[1] = "quick": the smaller shapes only, for runs under compute-sanitizer, which
- * slows kernels down a hundredfold; "small_smem": test_small_smem_device alone. */
+ * slows kernels down a hundredfold; "small_smem": test_small_smem_device alone;
+ * "no_gelu_epilogue": test_no_gelu_epilogue alone. */
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     int small_smem = argc > 1 && strcmp(argv[1], "small_smem") == 0;
+    int no_gelu = argc > 1 && strcmp(argv[1], "no_gelu_epilogue") == 0;
     char err[256];
     if (cuda_device_count() == 0) {
         printf("skipped: no GPU visible (test_cuda_ops needs one)\n");
@@ -869,8 +882,9 @@ int main(int argc, char **argv) {
         printf("FAIL: backend did not start: %s\n", gpu ? "cpu" : err);
         return 1;
     }
-    if (small_smem) {
-        test_small_smem_device();
+    if (small_smem || no_gelu) {
+        if (small_smem) test_small_smem_device();
+        else test_no_gelu_epilogue();
         if (g_failures) printf("%d comparison(s) failed\n", g_failures);
         else printf("the ops run on this device match the CPU ops\n");
         return g_failures ? 1 : 0;

@@ -157,8 +157,12 @@ static plan *make_plan(const plan *key) {
                                                   &al[2], sizeof al[2]), "preference");
     cublasLtMatmulHeuristicResult_t found;
     int n_found = 0;
-    lt_check(cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &found,
-                                            &n_found), "cublasLtMatmulAlgoGetHeuristic");
+    cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->a, p->b, p->c, p->c, pref,
+                                                       1, &found, &n_found);
+    /* cuBLASLt says "no algorithm" both ways: no result, or NOT_SUPPORTED (e.g. an epilogue
+     * it has no kernel for with these types) */
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED) n_found = 0;
+    else lt_check(rc, "cublasLtMatmulAlgoGetHeuristic");
     cublasLtMatmulPreferenceDestroy(pref);
     if (n_found == 0 && key->epi != EPI_NONE) {
         p->unfused = 1; /* the caller runs the GEMM plain and the activation on its own */

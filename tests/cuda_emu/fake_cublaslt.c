@@ -397,6 +397,13 @@ cublasStatus_t emu_cublasLtMatmulAlgoGetHeuristic(
     if (requested < 1) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "requestedAlgoCount < 1");
     if (shape_of(d, A, B, C, D, &p, why, sizeof why) != 0) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
     if (types_ok(d, A, B, C, D, why, sizeof why) != 0) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call, why);
+    /* GPTC_EMU_LT_NO_GELU=1: no algorithm has the GELU epilogues, as cuBLASLt answers for
+     * a type or shape it has no such kernel for (NOT_SUPPORTED, nothing returned) */
+    const char *e = getenv("GPTC_EMU_LT_NO_GELU");
+    if (e && strcmp(e, "1") == 0 &&
+        (d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+         d->epilogue == CUBLASLT_EPILOGUE_DGELU))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(&results[0], 0, sizeof results[0]);
     uint64_t *a = results[0].algo.data;
     a[0] = ALGO_MAGIC;
