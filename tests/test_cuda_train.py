@@ -77,6 +77,12 @@ def main():
         ref_bf16 = train("cpu_" + key, ranks, "cpu", bf16)
         got = train(key, ranks, "cuda", bf16)
         print(f"ok   {name:<36} within {compare_bf16_run(name, ref_bf16, got):.2e} of the CPU's bf16 run")
+    # head size 32 (configs/tiny.ini's): the kernels that take the head size at run time
+    hs32 = ["--model.n_head=2", "--train.precision=bf16"]
+    ref_bf16 = train("cpu_bf16_hs32", 1, "cpu", hs32)
+    got = train("cuda_bf16_hs32", 1, "cuda", hs32)
+    print(f"ok   {'cuda bf16 hs32':<36} within {compare_bf16_run('cuda bf16 hs32', ref_bf16, got):.2e} "
+          f"of the CPU's bf16 run")
     # kernel timing with CUDA events, and NVML power: the same losses, and a report that
     # holds every op with a positive device time and every step with its GPU readings
     import json
