@@ -16,7 +16,10 @@ dp2 ZeRO-1 with bucketed overlap, tp2 with sequence parallelism and chunked over
 step 2 (saved from the device, ZeRO-1 state gathered), and dp2 with kernel timing (CUDA events, the fake CUPTI
 refuses to start), the contention probe and NVML power from tests/fake_nvml.c, whose
 report must hold every op with a device time; and one rank timed from the fake CUPTI's
-activity records (GPTC_EMU_CUPTI=1), through engine/cuda/timer_cupti.c.
+activity records (GPTC_EMU_CUPTI=1), through engine/cuda/timer_cupti.c. Then two
+refusals, each one line and a nonzero exit: the fp32 attention at hs 128 on a 99 KiB
+device, and a GPU of compute capability 7.5 (for which the build has no kernels) at the
+start of a 2-rank run.
 
     test_cuda_fake_train.py GPTC_TRAIN_EMU FAKE_NVML_SO [--quick]
 
@@ -28,6 +31,7 @@ a leading dimension), a missing stream wait in the host code, or a kernel bug ch
 losses far beyond 1e-5."""
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -177,6 +181,7 @@ def main():
     print(f"ok   {name:<24} 1 rank(s): losses, grad norms within {worst:.1e}, parameters "
           f"{perr:.1e} ({secs:.1f} s); report: {len(cupti_names)} op names timed from CUPTI records")
     check_small_smem_refusal(emu)
+    check_old_gpu_refusal(emu)
     print(f"PASS: {len(LAYOUTS) + 3 + len(bf16_runs)} runs of the CUDA host code on the fake runtime match the CPU run")
 
 
@@ -194,6 +199,25 @@ def check_small_smem_refusal(emu):
         fail(f"fp32 attention at hs 128 on a 99 KiB device: exit {r.returncode}, expected one "
              f"error line with {want}:\n{r.stderr[-2000:]}")
     print(f"ok   {'emu_smem99_refused':<24} 1 rank(s): {lines[0]}")
+
+
+def check_old_gpu_refusal(emu):
+    """On a GPU that none of the build's architectures runs on (the fake device made a
+    compute capability 7.5), every rank stops at the start with one line that names the
+    GPU's compute capability and the build's architectures, not at the first kernel."""
+    args = ["--model.n_layer=1", "--model.n_head=1", "--model.d_model=64", "--model.n_ctx=32",
+            f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", "--train.steps=1",
+            "--train.global_batch=2", "--train.seq_len=32", "--train.device=cuda",
+            "--parallel.dp=2"]
+    r = run_train(args, np_ranks=2, train=emu, extra_env={"GPTC_EMU_CC": "75"}, timeout=120)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("gptc: error:")]
+    want = ["train.device = cuda", "compute capability 7.5", "cannot run this build's kernels",
+            "no kernel image"]
+    if r.returncode == 0 or len(lines) != 1 or not all(w in lines[0] for w in want) \
+            or re.search(r"^step +\d", r.stdout, re.M):
+        fail(f"a compute capability 7.5 GPU: exit {r.returncode}, expected one error line "
+             f"with {want} before any step:\n{r.stdout[-1000:]}{r.stderr[-2000:]}")
+    print(f"ok   {'emu_cc75_refused':<24} 2 rank(s): {lines[0]}")
 
 
 if __name__ == "__main__":

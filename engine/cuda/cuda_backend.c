@@ -399,6 +399,11 @@ int cuda_device_count(void) {
     return n;
 }
 
+/* the architectures the kernels were compiled for, as CMake was given them */
+#ifndef GPTC_CUDA_ARCHS
+#define GPTC_CUDA_ARCHS "sm_80 and newer"
+#endif
+
 const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
     static int started = 0;
     if (started) return &CUDA;
@@ -422,6 +427,15 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
         snprintf(err, errlen, "train.device = cuda: GPU %d failed to start (%s)", g.device,
                  cudaGetErrorString(rc));
         (void)cudaGetLastError();
+        return NULL;
+    }
+    if ((rc = (cudaError_t)cuda_kernels_runnable()) != cudaSuccess) {
+        int major = 0, minor = 0;
+        (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, g.device);
+        (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, g.device);
+        snprintf(err, errlen, "train.device = cuda: GPU %d (compute capability %d.%d) cannot run "
+                 "this build's kernels (%s): they are built for %s (CMAKE_CUDA_ARCHITECTURES)",
+                 g.device, major, minor, cudaGetErrorString(rc), GPTC_CUDA_ARCHS);
         return NULL;
     }
     if (!(g.compute_worker = host_worker_create(g.device))) {

@@ -112,6 +112,11 @@ void cuda_refuse(cudaStream_t s, const char *fmt, ...) __attribute__((format(pri
 /* The reason of this thread's last refused launch ("" if none); cleared by the call. */
 const char *cuda_launch_why(void);
 
+/* cudaSuccess when the current device can run this build's kernels; otherwise the error
+ * (cudaErrorNoKernelImageForDevice: none of the architectures they were compiled for
+ * runs there, e.g. machine code for sm_80 and sm_90 on an sm_75) */
+int cuda_kernels_runnable(void);
+
 #ifdef __cplusplus
 }
 #endif

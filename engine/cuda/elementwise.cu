@@ -235,6 +235,13 @@ static __thread char refused_why[256];
 
 extern "C" {
 
+int cuda_kernels_runnable(void) {
+    cudaFuncAttributes a;
+    cudaError_t e = cudaFuncGetAttributes(&a, (const void *)add_kernel);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return (int)e;
+}
+
 void cuda_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_precision p,
                        cudaStream_t s) {
     if (n == 0) return;

@@ -34,6 +34,7 @@ typedef enum cudaError {
     cudaErrorInvalidMemcpyDirection = 21,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
+    cudaErrorNoKernelImageForDevice = 209,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
     cudaErrorUnknown = 999
@@ -179,6 +180,17 @@ cudaError_t emu_cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t e
 #define cudaFuncSetAttribute(kernel, attr, value) \
     emu_func_set_attribute((const void *)(kernel), (attr), (value))
 cudaError_t emu_func_set_attribute(const void *kernel, cudaFuncAttribute attr, int value);
+
+/* What cudaFuncGetAttributes tells here: whether the kernel runs on the device. The
+ * emulated device is compute capability 9.0; GPTC_EMU_CC=75 (say) makes it a 7.5, on
+ * which, as on a GPU the build has no code for, the call fails with
+ * cudaErrorNoKernelImageForDevice. */
+typedef struct cudaFuncAttributes {
+    int maxThreadsPerBlock, numRegs, binaryVersion, ptxVersion;
+    size_t sharedSizeBytes;
+} cudaFuncAttributes;
+#define cudaFuncGetAttributes(attr, kernel) emu_func_get_attributes((attr), (const void *)(kernel))
+cudaError_t emu_func_get_attributes(cudaFuncAttributes *attr, const void *kernel);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,8 @@
  *  - one device (GPTC_EMU_DEVICES=n for n; 0 makes cudaGetDeviceCount report none), an
  *    sm_90 with 2 multiprocessors (GPTC_EMU_SM), PCI bus id 0000:19:00.0 (where
  *    tests/fake_nvml.c has its device 0). The current device is per host thread, as in
- *    CUDA.
+ *    CUDA. GPTC_EMU_CC=75 (say) makes it a compute capability 7.5, for which, as the
+ *    real build, it has no kernels (cudaFuncGetAttributes says so).
  *  - device memory is host heap memory: every cudaMalloc / cudaMallocHost block is its
  *    own malloc block (so that AddressSanitizer sees overruns), filled with 0xff bytes (a
  *    NaN as float and double: the GPU hands out garbage, and a read before a write shows).
@@ -92,6 +93,7 @@ const char *emu_cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorNoKernelImageForDevice: return "cudaErrorNoKernelImageForDevice";
     default: return "cudaErrorUnknown";
     }
 }
@@ -108,6 +110,7 @@ const char *emu_cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
+    case cudaErrorNoKernelImageForDevice: return "no kernel image is available for execution on the device";
     default: return "unknown error";
     }
 }
@@ -133,6 +136,22 @@ static __thread int current_device;
 static int device_count(void) {
     const char *e = getenv("GPTC_EMU_DEVICES");
     return e && *e ? atoi(e) : 1;
+}
+
+/* compute capability x 10: 90, or GPTC_EMU_CC */
+static int compute_capability(void) {
+    const char *e = getenv("GPTC_EMU_CC");
+    return e && atoi(e) > 0 ? atoi(e) : 90;
+}
+
+cudaError_t emu_func_get_attributes(cudaFuncAttributes *attr, const void *kernel) {
+    if (!attr || !kernel) return refuse(cudaErrorInvalidValue, "cudaFuncGetAttributes", "a NULL argument");
+    memset(attr, 0, sizeof *attr);
+    /* the kernels are built for sm_80 and newer (CMakeLists.txt) */
+    if (compute_capability() < 80) return emu_set_error(cudaErrorNoKernelImageForDevice);
+    attr->maxThreadsPerBlock = 1024;
+    attr->binaryVersion = attr->ptxVersion = compute_capability();
+    return cudaSuccess;
 }
 
 static int sm_count(void) {
@@ -164,8 +183,8 @@ cudaError_t emu_cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int devi
     case cudaDevAttrWarpSize: *value = 32; break;
     case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = emu_smem_optin(); break;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = compute_capability() / 10; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = compute_capability() % 10; break;
     default: return emu_set_error(cudaErrorInvalidValue);
     }
     return cudaSuccess;
@@ -181,8 +200,8 @@ cudaError_t emu_cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
     prop->warpSize = 32;
     prop->maxThreadsPerBlock = 1024;
     prop->multiProcessorCount = sm_count();
-    prop->major = 9;
-    prop->minor = 0;
+    prop->major = compute_capability() / 10;
+    prop->minor = compute_capability() % 10;
     return cudaSuccess;
 }
 
