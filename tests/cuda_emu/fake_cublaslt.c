@@ -460,28 +460,37 @@ static double gelu_grad(double x) {
 
 /* Column by column: op(B)'s column j gathered first, then either dot products with the
  * rows of op(A) (A transposed: contiguous in A) or a sum of A's columns (contiguous);
- * either way each sum runs over l in order. */
+ * either way each sum runs over l in order. A is read once, into doubles in the order the
+ * sums take it (each element would otherwise be converted once per column of B). */
 static void run_gemm(void *arg) {
     gemm_job *g = arg;
     const problem *p = &g->p;
     uint64_t t0 = emu_cupti_now();
-    double *bcol = malloc((p->k + p->m) * sizeof(double) + 1); /* [k] op(B)(:, j), [m] sums */
-    double *acc = bcol + p->k;
+    /* [k] op(B)(:, j), [m] sums, [m * k] A: op(A)'s rows (ta) or columns, each contiguous */
+    double *bcol = malloc((p->k + p->m + p->m * p->k) * sizeof(double) + 1);
     if (!bcol) emu_fail("cublasLtMatmul: out of host memory");
+    double *acc = bcol + p->k, *a = acc + p->m;
+    for (uint64_t i = 0; i < p->m; i++)
+        for (uint64_t l = 0; l < p->k; l++) {
+            if (p->ta) a[i * p->k + l] = load(g->A, l + i * g->lda, g->ta_);
+            else a[l * p->m + i] = load(g->A, i + l * g->lda, g->ta_);
+        }
     for (uint64_t j = 0; j < p->n; j++) {
         for (uint64_t l = 0; l < p->k; l++)
             bcol[l] = load(g->B, p->tb ? j + l * g->ldb : l + j * g->ldb, g->ta_);
         if (p->ta) {
             for (uint64_t i = 0; i < p->m; i++) {
                 double s = 0; /* op(A)(i, :) is A's column i */
-                for (uint64_t l = 0; l < p->k; l++) s += (double)load(g->A, l + i * g->lda, g->ta_) * bcol[l];
+                const double *ai = a + i * p->k;
+                for (uint64_t l = 0; l < p->k; l++) s += ai[l] * bcol[l];
                 acc[i] = s;
             }
         } else {
             for (uint64_t i = 0; i < p->m; i++) acc[i] = 0;
-            for (uint64_t l = 0; l < p->k; l++) /* op(A)(:, l) is A's column l */
-                for (uint64_t i = 0; i < p->m; i++)
-                    acc[i] += (double)load(g->A, i + l * g->lda, g->ta_) * bcol[l];
+            for (uint64_t l = 0; l < p->k; l++) { /* op(A)(:, l) is A's column l */
+                const double *al = a + l * p->m;
+                for (uint64_t i = 0; i < p->m; i++) acc[i] += al[i] * bcol[l];
+            }
         }
         for (uint64_t i = 0; i < p->m; i++) {
             double d = (double)g->alpha * (double)(float)acc[i];
