@@ -34,7 +34,8 @@ static inline void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_
      * layout: A[row][col] is in lane 4 (row % 8) + (col % 8) / 2, register
      * a[row / 8 + 2 (col / 8)], half col % 2; B[k][n] in lane 4n + (k % 8) / 2, register
      * b[k / 8], half k % 2 */
-    float arow[2][16], bcol[2][16];
+    float arow[2][16]; /* A's rows g, g + 8 */
+    float bcol[2][16]; /* B's columns 2t, 2t + 1 */
     for (int h = 0; h < 2; h++)
         for (int k = 0; k < 16; k++) {
             arow[h][k] = emu_frag_half(all[4 * g + ((k & 7) >> 1)].a[h | ((k >> 3) << 1)], k & 1);
