@@ -677,12 +677,15 @@ static __device__ __forceinline__ void attn_bwd_dq(float *sm, float *dqkv, const
     store_rows(dqkv + (size_t)b * T * ld + (size_t)h * hs, ld, t0, T, dq, mq, hs, nc, vec);
 }
 
+/* the backward kernels' parameters */
+#define ATT_BWD_ARGS                                                                       \
+    float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,                          \
+        const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,                 \
+        const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2, float scale, int vec
+
 /* 102.5 KiB of shared memory at hs 64: 2 blocks an SM, which leave 255 registers */
 __global__ void __launch_bounds__(ATT_THREADS, 2)
-attention_bwd_dkdv64_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
-                            const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,
-                            const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2,
-                            float scale, int vec) {
+attention_bwd_dkdv64_kernel(ATT_BWD_ARGS) {
     extern __shared__ float4 att_smem[];
     attn_bwd_dkdv((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 1);
 }
@@ -690,47 +693,32 @@ attention_bwd_dkdv64_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,
 /* hs 64 with one score tile, 85.5 KiB: for devices that allow less than 102.5 KiB a block
  * (sm_86, sm_89: 99 KiB) */
 __global__ void __launch_bounds__(ATT_THREADS, 2)
-attention_bwd_dkdv64_lean_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
-                                 const float *qkv /* [B,T,3C] */,
-                                 const float *lse /* [B,NH,T] */, const float *D /* [B,NH,T] */,
-                                 int T, int C, int NH, float sl2, float scale, int vec) {
+attention_bwd_dkdv64_lean_kernel(ATT_BWD_ARGS) {
     extern __shared__ float4 att_smem[];
     attn_bwd_dkdv((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 0);
 }
 
 __global__ void __launch_bounds__(ATT_THREADS)
-attention_bwd_dkdv128_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
-                             const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,
-                             const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2,
-                             float scale, int vec) {
+attention_bwd_dkdv128_kernel(ATT_BWD_ARGS) {
     extern __shared__ float4 att_smem[];
     attn_bwd_dkdv((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128, 0);
 }
 
 __global__ void __launch_bounds__(ATT_THREADS, 2)
-attention_bwd_dq64_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
-                          const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,
-                          const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2,
-                          float scale, int vec) {
+attention_bwd_dq64_kernel(ATT_BWD_ARGS) {
     extern __shared__ float4 att_smem[];
     attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 1);
 }
 
 /* hs 64 with one key stage, 85 KiB (as dkdv64_lean) */
 __global__ void __launch_bounds__(ATT_THREADS, 2)
-attention_bwd_dq64_lean_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
-                               const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,
-                               const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2,
-                               float scale, int vec) {
+attention_bwd_dq64_lean_kernel(ATT_BWD_ARGS) {
     extern __shared__ float4 att_smem[];
     attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 0);
 }
 
 __global__ void __launch_bounds__(ATT_THREADS)
-attention_bwd_dq128_kernel(float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,
-                           const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,
-                           const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2,
-                           float scale, int vec) {
+attention_bwd_dq128_kernel(ATT_BWD_ARGS) {
     extern __shared__ float4 att_smem[];
     attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128, 0);
 }
