@@ -253,11 +253,13 @@ void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_ac
      * w + slices share one), else none */
     size_t slice_bytes = 2 * (size_t)ln_slice(C, vec8) * sizeof(float);
     int slices = LN_WARPS;
-    while (slices > 0 && slices * slice_bytes > (size_t)cuda_smem_optin()) slices /= 2;
+    size_t optin = (size_t)cuda_smem_optin();
+    while (slices > 0 && slices * slice_bytes > optin) slices /= 2;
     size_t smem = slices * slice_bytes;
-    if (smem > 48 * 1024)
-        (void)cudaFuncSetAttribute(layernorm_backward_kernel,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    /* fits by construction: this only sets the kernel's opt-in */
+    if (!cuda_smem_ready((const void *)layernorm_backward_kernel, smem, "the layernorm backward",
+                         s))
+        return;
     layernorm_backward_kernel<<<blocks, LN_THREADS, smem, s>>>(
         dinp, dw, db, dout, inp, w, mean, rstd, N, C, rows_per_block, slices, vec8, bf16);
 }
