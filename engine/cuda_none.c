@@ -9,6 +9,9 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
                           "(build where nvcc is found, or with -DGPTC_CUDA=ON)");
     return NULL;
 }
+int cuda_backend_check_model(int head_size, gptc_precision p, char *err, size_t errlen) {
+    return 0; /* never reached: cuda_backend refused */
+}
 int cuda_backend_device(void) { return -1; }
 int cuda_device_count(void) { return 0; }
 const char *cuda_backend_pci_bus_id(char *buf, int len) { return NULL; }

@@ -88,10 +88,11 @@ static int check_precision(const gptc_config *c, const gpt_shape *s, char *err, 
 }
 
 /* The compute backend of train.device, and NVML when profile.power is on. Collective: a
- * rank without a usable GPU fails every rank; the lowest such rank fills err, the others
- * return NULL with err empty. */
-static const gptc_backend *start_backend(const gptc_config *c, const grid *g, char *err,
-                                         size_t n) {
+ * rank without a usable GPU, or with one whose shared memory the model's attention does
+ * not fit, fails every rank; the lowest such rank fills err, the others return NULL with
+ * err empty. */
+static const gptc_backend *start_backend(const gptc_config *c, const grid *g,
+                                         const gpt_shape *shape, char *err, size_t n) {
     const gptc_backend *be = NULL;
     if (strcmp(c->device, "cuda") == 0) {
         /* ranks on a node share its GPUs by their index on the node */
@@ -103,6 +104,9 @@ static const gptc_backend *start_backend(const gptc_config *c, const grid *g, ch
             MPI_Comm_free(&node);
         }
         be = cuda_backend(local, err, n);
+        gptc_precision p = strcmp(c->precision, "bf16") == 0 ? GPTC_BF16 : GPTC_FP32;
+        if (be && cuda_backend_check_model(shape->d_model / shape->n_head, p, err, n) != 0)
+            be = NULL;
     } else {
         be = cpu_backend();
         if (!be) snprintf(err, n, "train.device = cpu: the CPU backend could not start (see above)");
@@ -535,7 +539,7 @@ int train_run(const gptc_config *c, const grid *g) {
     }
     print_effective_config(c, g, &shape, &bp);
     nvtx_enable(c->nvtx);
-    const gptc_backend *be = start_backend(c, g, err, sizeof(err));
+    const gptc_backend *be = start_backend(c, g, &shape, err, sizeof(err));
     if (!be) {
         /* the ranks that failed have said why */
         silent = !err[0];

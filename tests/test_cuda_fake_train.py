@@ -187,18 +187,23 @@ def main():
 
 def check_small_smem_refusal(emu):
     """On a GPU with an sm_89's 99 KiB of shared memory per block, the fp32 attention at
-    head size 128 (116 KiB) cannot run: the first step ends with one line that says what
-    needs how much, and a nonzero exit (not a bare "invalid configuration")."""
+    head size 128 (its backward needs 149.5 KiB) cannot run: every rank stops at the start,
+    before any step, with one line that names the head size's keys, what needs how much
+    and that bf16 fits (not a bare "invalid configuration" at the first step)."""
     args = ["--model.n_layer=1", "--model.n_head=1", "--model.d_model=128", "--model.n_ctx=32",
             f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", "--train.steps=1",
-            "--train.global_batch=2", "--train.seq_len=32", "--train.device=cuda"]
-    r = run_train(args, train=emu, extra_env={"GPTC_EMU_SMEM_OPTIN_KB": "99"}, timeout=120)
+            "--train.global_batch=2", "--train.seq_len=32", "--train.device=cuda",
+            "--parallel.dp=2"]
+    r = run_train(args, np_ranks=2, train=emu, extra_env={"GPTC_EMU_SMEM_OPTIN_KB": "99"},
+                  timeout=120)
     lines = [x for x in r.stderr.splitlines() if x.startswith("gptc: error:")]
-    want = ["attention_forward", "head size 65 to 128", "shared memory", "99.0 KiB"]
-    if r.returncode == 0 or len(lines) != 1 or not all(w in lines[0] for w in want):
+    want = ["train.device = cuda", "fp32 attention at head size 128", "model.d_model / model.n_head",
+            "149.5 KiB", "99.0 KiB", "train.precision = bf16 fits"]
+    if r.returncode == 0 or len(lines) != 1 or not all(w in lines[0] for w in want) \
+            or re.search(r"^step +\d", r.stdout, re.M):
         fail(f"fp32 attention at hs 128 on a 99 KiB device: exit {r.returncode}, expected one "
-             f"error line with {want}:\n{r.stderr[-2000:]}")
-    print(f"ok   {'emu_smem99_refused':<24} 1 rank(s): {lines[0]}")
+             f"error line with {want} before any step:\n{r.stdout[-1000:]}{r.stderr[-2000:]}")
+    print(f"ok   {'emu_smem99_refused':<24} 2 rank(s): {lines[0]}")
 
 
 def check_old_gpu_refusal(emu):

@@ -751,6 +751,14 @@ static size_t att_dq_smem(int hsmax, int two) {
     return (two ? 5 : 4) * att_tile_bytes(hsmax) + att_score_bytes();
 }
 
+/* the backward's variants at head size hs on a device that allows optin bytes a block:
+ * *two_kv, *two_q = 1 for the two-tile dk/dv and two-stage dq kernels (hs <= 64 where they
+ * fit), 0 for the lean ones */
+static void att_bwd_variants(int hs, size_t optin, int *two_kv, int *two_q) {
+    *two_kv = hs <= 64 && att_dkdv_smem(64, 1) <= optin;
+    *two_q = hs <= 64 && att_dq_smem(64, 1) <= optin;
+}
+
 /* 1 when the tiles above cover the head size: C = NH * hs with 1 <= hs <= 128; otherwise
  * the launch is refused (cuda_refuse) */
 static int att_shape_ok(int C, int NH, cudaStream_t s) {
@@ -768,6 +776,15 @@ static int att_vec(int hs, const void *a, const void *b, const void *c) {
 }
 
 extern "C" {
+
+size_t cuda_attention_smem(int hs) {
+    int hsmax = hs > 64 ? 128 : 64, two_kv, two_q;
+    att_bwd_variants(hs, (size_t)cuda_smem_optin(), &two_kv, &two_q);
+    size_t need = att_fwd_smem(hsmax);
+    if (att_dkdv_smem(hsmax, two_kv) > need) need = att_dkdv_smem(hsmax, two_kv);
+    if (att_dq_smem(hsmax, two_q) > need) need = att_dq_smem(hsmax, two_q);
+    return need;
+}
 
 void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
                             int NH, cudaStream_t s) {
@@ -802,11 +819,8 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
     float scale = 1.0f / sqrtf((float)hs), sl2 = ATT_LOG2E * scale;
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_FP32, s);
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + ATT_TILE - 1) / ATT_TILE));
-    /* hs <= 64: the two-tile kernels where the device has room for them, else the lean ones */
-    int wide = hs > 64;
-    size_t optin = (size_t)cuda_smem_optin();
-    int two_kv = !wide && att_dkdv_smem(64, 1) <= optin;
-    int two_q = !wide && att_dq_smem(64, 1) <= optin;
+    int wide = hs > 64, two_kv, two_q;
+    att_bwd_variants(hs, (size_t)cuda_smem_optin(), &two_kv, &two_q);
     size_t smem_kv = att_dkdv_smem(wide ? 128 : 64, two_kv);
     size_t smem_q = att_dq_smem(wide ? 128 : 64, two_q);
     att_bwd_fn dkdv = wide     ? attention_bwd_dkdv128_kernel

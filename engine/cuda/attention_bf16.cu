@@ -637,6 +637,11 @@ static size_t ab_dq_smem(int hs, int nst) {
     return (2 + 2 * (size_t)nst) * ab_tile_bytes(hs) + 2 * AB_TILE * sizeof(float);
 }
 
+/* stages of the backward's streamed tiles at head size hs on a device that allows optin
+ * bytes a block: 2 where they fit (dk/dv needs at least what dq does), else 1 (the lean
+ * kernels) */
+static int ab_bwd_stages(int hs, size_t optin) { return ab_dkdv_smem(hs, 2) <= optin ? 2 : 1; }
+
 /* 1 when bf16 buffers a and b (either may be NULL) allow load_tile's 16-byte cp.async:
  * every tile row starts a multiple of 8 elements in (C and hs are multiples of 8), so
  * 16-byte aligned bases are enough */
@@ -662,6 +667,14 @@ static const char *ab_what(char *what, const char *role, int hs) {
 
 extern "C" {
 
+size_t cuda_attention_bf16_smem(int hs) {
+    int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
+    size_t need = ab_fwd_smem(hs);
+    if (ab_dkdv_smem(hs, nst) > need) need = ab_dkdv_smem(hs, nst);
+    if (ab_dq_smem(hs, nst) > need) need = ab_dq_smem(hs, nst);
+    return need;
+}
+
 void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv, int B, int T,
                                  int C, int NH, cudaStream_t s) {
     if (!ab_shape_ok(C, NH, s)) return;
@@ -686,17 +699,15 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t
     int hs = C / NH, vec = ab_vec(qkv, dout);
     float scale = 1.0f / sqrtf((float)hs), sl2 = AB_LOG2E * scale;
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_BF16, s);
-    size_t smem_kv = ab_dkdv_smem(hs, 2), smem_q = ab_dq_smem(hs, 2);
+    int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
+    size_t smem_kv = ab_dkdv_smem(hs, nst), smem_q = ab_dq_smem(hs, nst);
     ab_bwd_fn dkdv = hs == 64    ? attention_bf16_dkdv64_kernel
                      : hs == 128 ? attention_bf16_dkdv128_kernel
                                  : attention_bf16_dkdv_any_kernel;
     ab_bwd_fn dq = hs == 64    ? attention_bf16_dq64_kernel
                    : hs == 128 ? attention_bf16_dq128_kernel
                                : attention_bf16_dq_any_kernel;
-    if (smem_kv > (size_t)cuda_smem_optin()) { /* dk/dv needs at least what dq does */
-        smem_kv = ab_dkdv_smem(hs, 1), smem_q = ab_dq_smem(hs, 1);
-        dkdv = attention_bf16_dkdv_lean_kernel, dq = attention_bf16_dq_lean_kernel;
-    }
+    if (nst == 1) dkdv = attention_bf16_dkdv_lean_kernel, dq = attention_bf16_dq_lean_kernel;
     char what[80];
     ab_what(what, "backward", hs);
     /* dk/dv needs at least as much as dq, so a refusal names its need */

@@ -447,6 +447,25 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
     return &CUDA;
 }
 
+int cuda_backend_check_model(int head_size, gptc_precision p, char *err, size_t errlen) {
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g.device) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0; /* unknown: the launchers still refuse by name */
+    }
+    int bf16 = p == GPTC_BF16;
+    size_t need = bf16 ? cuda_attention_bf16_smem(head_size) : cuda_attention_smem(head_size);
+    if (need <= (size_t)optin) return 0;
+    snprintf(err, errlen, "train.device = cuda: the %s attention at head size %d "
+             "(model.d_model / model.n_head) needs %.1f KiB of shared memory per block; GPU %d "
+             "allows %.1f KiB%s", bf16 ? "bf16" : "fp32", head_size, need / 1024.0, g.device,
+             optin / 1024.0,
+             !bf16 && head_size % 8 == 0 && cuda_attention_bf16_smem(head_size) <= (size_t)optin
+                 ? " (train.precision = bf16 fits)" : "");
+    return -1;
+}
+
 int cuda_backend_device(void) { return g.device; }
 
 const char *cuda_backend_pci_bus_id(char *buf, int len) {

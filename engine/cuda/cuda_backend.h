@@ -11,6 +11,10 @@
  * reason in err when there is no usable GPU or a start-up call fails. Later calls return
  * the table already started. */
 const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen);
+/* 0 when the started GPU runs the kernels of a model with this head size at precision
+ * p; else -1 with a one-line reason in err (the attention needs more shared memory per
+ * block than the GPU allows: fp32 above head size 64 on sm_86 / sm_89). */
+int cuda_backend_check_model(int head_size, gptc_precision p, char *err, size_t errlen);
 /* The GPU index this process uses (after cuda_backend succeeded). */
 int cuda_backend_device(void);
 /* The PCI bus id of that GPU in buf (NVML finds the same board by it); NULL if unknown. */

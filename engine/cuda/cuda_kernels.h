@@ -46,6 +46,12 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
                              const float *out, const float *qkv, const float *lse, int B,
                              int T, int C, int NH, cudaStream_t s);
 
+/* The shared memory (bytes) a block of the fp32 attention at head size hs (1 to 128)
+ * asks for on the current device: the most of its forward's and backward's, with the
+ * variants the launchers pick there. Where the device allows less, the launchers refuse
+ * (cuda_refuse), and the backend refuses the model at start (cuda_backend_check_model). */
+size_t cuda_attention_smem(int hs);
+
 /* The backward's first step, shared by both: D[B,NH,T] = rowsum(dout * out) per head,
  * for act dout, out [B,T,C] of precision p. */
 void cuda_attention_dot(float *D, const gptc_act *dout, const gptc_act *out, int B, int T,
@@ -61,6 +67,8 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
 void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
                                   const uint16_t *out, const uint16_t *qkv, const float *lse,
                                   int B, int T, int C, int NH, cudaStream_t s);
+/* as cuda_attention_smem, for these kernels (hs a multiple of 8 up to 128) */
+size_t cuda_attention_bf16_smem(int hs);
 
 void cuda_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_precision p,
                        cudaStream_t s);
