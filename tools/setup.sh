@@ -40,7 +40,7 @@ else
   [ "${GPTC_SKIP_SANITIZERS:-0}" = 1 ] && exit 0
   # Once more under AddressSanitizer + UBSan (everything; Open MPI's own allocations
   # make leak checking useless for MPI programs, so leaks are checked on the unit tests
-  # that do not start MPI), and the threaded tests under ThreadSanitizer.
+  # that do not start MPI), and the threaded tests and the kernels' racecheck (tests/cuda_emu) under ThreadSanitizer.
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DGPTC_SANITIZE=address -DGPTC_CUDA=OFF
   cmake --build build-asan -j"$(nproc)"
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
@@ -50,9 +50,9 @@ else
     ctest --test-dir build-asan --output-on-failure \
       -R '^(test_gradcheck|test_cpu_math|test_tokens|test_checkpoint|test_schedule|test_cpu_stream|test_power|test_cuda_emu|test_cuda_ops_emu|test_timing_device)$'
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DGPTC_SANITIZE=thread -DGPTC_CUDA=OFF
-  cmake --build build-tsan -j"$(nproc)" --target test_cpu_stream test_tokens
+  cmake --build build-tsan -j"$(nproc)" --target test_cpu_stream test_tokens test_cuda_ops_emu
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure \
-    -R '^(test_cpu_stream|test_tokens)$'
+    -R '^(test_cpu_stream|test_tokens|test_cuda_ops_racecheck|test_cuda_ops_racecheck_smem99)$'
   # a short fixed-seed fuzzing pass of the config parser and the HDF5 loaders
   bash tests/fuzz/run.sh build 20
 fi

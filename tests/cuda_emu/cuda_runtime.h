@@ -41,7 +41,10 @@ void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane);
  * lanes' in out[32 * size], lane 0 first. Full warps only. */
 #define EMU_GATHER_MAX 32
 void emu_warp_gather(const void *in, void *out, size_t size);
-float emu_atomic_add(float *p, float v);
+/* atomicAdd: the add is made in the kernel's own code (so that a racecheck build sees its
+ * read and write of *p) between these two, which hold the device's atomic lock */
+void emu_atomic_lock(void);
+void emu_atomic_unlock(void);
 /* cp.async of n bytes (valid from src, then zeros) from global to shared memory, queued
  * until emu_cp_async_wait covers it; commit closes a group; wait(k) makes every committed
  * group's copies but the newest k groups' (cp.async.wait_group k) */
@@ -121,7 +124,13 @@ static inline double __shfl_xor_sync(unsigned int mask, double v, int lane_mask)
     return r;
 }
 
-static inline float atomicAdd(float *p, float v) { return emu_atomic_add(p, v); }
+static inline float atomicAdd(float *p, float v) {
+    emu_atomic_lock();
+    float old = *p;
+    *p = old + v;
+    emu_atomic_unlock();
+    return old;
+}
 static inline float __ldg(const float *p) { return *p; }
 static inline float4 __ldg(const float4 *p) { return *p; }
 static inline unsigned int __ldg(const unsigned int *p) { return *p; }

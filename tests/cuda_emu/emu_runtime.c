@@ -43,12 +43,15 @@
  *  - under GPTC_SANITIZE=address: out-of-bounds reads and writes of global memory (each
  *    buffer is its own heap block) and of dynamic shared memory (allocated at the exact
  *    size the launch asked for), misaligned float4 accesses (UBSan), undefined behaviour
- *    in kernel code.
+ *    in kernel code;
+ *  - under GPTC_SANITIZE=thread, races within a block (racecheck, below): TSan reports
+ *    two accesses to the same memory, one a write, by threads of a block that no barrier
+ *    orders, whatever order the emulator ran them in.
  * What it cannot catch:
- *  - races in general. Within a block, each warp in turn runs up to the next
- *    __syncthreads, upwards through the warps in one pass and downwards in the next
- *    (run_fibers), so a missing barrier between a write of shared memory and a read by
- *    another warp shows (the read gets NaN, or a cp.async's poison) in the passes where
+ *  - races in the other builds, and races between blocks in all. Within a block, each
+ *    warp in turn runs up to the next __syncthreads, upwards through the warps in one
+ *    pass and downwards in the next (run_fibers), so a missing barrier between a write
+ *    of shared memory and a read by another warp shows (the read gets NaN, or a cp.async's poison) in the passes where
  *    the reader runs first, and a refill that does not wait for the readers of the old
  *    contents in the passes where the writer does: deterministic, but not every pattern.
  *    Between blocks there is no concurrency at all: blocks run one after another, so a
@@ -135,11 +138,14 @@ void emu_fail(const char *msg) {
  * checks the jump against its own record of the thread's setjmps, every switch is a
  * swapcontext. */
 #if defined(__SANITIZE_THREAD__)
-#define EMU_SWAPCONTEXT 1
+#error "under TSan emu_runtime.c is built uninstrumented, with -DEMU_RACECHECK (racecheck below)"
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
-#define EMU_SWAPCONTEXT 1
+#error "under TSan emu_runtime.c is built uninstrumented, with -DEMU_RACECHECK (racecheck below)"
 #endif
+#endif
+#ifdef EMU_RACECHECK
+#define EMU_SWAPCONTEXT 1
 #endif
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -150,16 +156,9 @@ void emu_fail(const char *msg) {
 #define EMU_ASAN 1
 #endif
 #endif
-#if defined(__SANITIZE_THREAD__)
+#ifdef EMU_RACECHECK
 #include <sanitizer/tsan_interface.h>
 #define EMU_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#include <sanitizer/tsan_interface.h>
-#define EMU_TSAN 1
-#endif
-#endif
-#ifdef EMU_TSAN
 /* TSan's dynamic annotations (exported by its runtime, declared in no header) */
 void AnnotateIgnoreReadsBegin(const char *file, int line);
 void AnnotateIgnoreReadsEnd(const char *file, int line);
@@ -187,6 +186,8 @@ typedef struct barrier {
     unsigned int first, count; /* its threads: first .. first + count - 1 */
     unsigned int arrived;
     int at; /* the kind the first arrival waits at */
+    unsigned int gen; /* completions so far */
+    char sync[2];     /* racecheck: sync objects of its even and odd completions */
 } barrier;
 
 enum { F_RUN, F_WAIT, F_DONE };
@@ -255,7 +256,34 @@ static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
     b->count = count;
     b->arrived = 0;
     b->at = -1;
+    b->gen = 0;
 }
+
+/* ------------------------------------------------------------------ racecheck
+ * Under ThreadSanitizer (GPTC_SANITIZE=thread) the emulator checks the kernels for races
+ * within a block, as compute-sanitizer's racecheck does on a GPU: TSan sees every memory
+ * access of the kernel code (the xform'ed .cu files are instrumented), and the only order
+ * between the CUDA threads of a block is the one CUDA gives:
+ *  - a switch between fibers carries no order (__tsan_switch_to_fiber_no_sync), and this
+ *    file, whose bookkeeping every thread touches, is not instrumented;
+ *  - __syncthreads, the end of a block and a warp's shuffles and gathers (mma.sync,
+ *    ldmatrix) are barriers: each thread releases on arrival and acquires on leaving, on
+ *    the barrier's sync object of this completion (one of two, alternating, so that a fast
+ *    thread's arrival at the next completion orders nothing before a slow one's leaving);
+ *  - atomicAdd holds a lock around its read and write;
+ *  - a grid is ordered after what its stream did before it (the stream's thread
+ *    releases rc_grid, every thread acquires it at its start) and before what follows
+ *    (every thread releases rc_grid at its end, the stream's thread acquires it);
+ *  - cp.async writes its destination when issued (the poison) and at the wait (the data),
+ *    as the issuing thread: another thread's access that no barrier after the wait orders
+ *    is a race (so is a refill issued before every reader of the old contents passed a
+ *    barrier).
+ * Not checked: races between blocks (the end of a block orders it before the next, which
+ * also keeps shared memory and the fibers' stacks, reused by the next block, free of false
+ * reports), and within a warp between its collective steps (the lanes meet at each). */
+#ifdef EMU_TSAN
+static char rc_grid; /* sync object: the stream's work before and after a grid */
+#endif
 
 /* Sanitizer bookkeeping around a switch from the scheduler to f and back. */
 static void to_fiber_begin(fiber *f) {
@@ -263,7 +291,7 @@ static void to_fiber_begin(fiber *f) {
     __sanitizer_start_switch_fiber(&sched_fake_stack, f->stack, EMU_FIBER_STACK);
 #endif
 #ifdef EMU_TSAN
-    __tsan_switch_to_fiber(f->tsan, 0);
+    __tsan_switch_to_fiber(f->tsan, __tsan_switch_to_fiber_no_sync);
 #endif
     (void)f;
 }
@@ -279,7 +307,7 @@ static void to_sched_begin(fiber *f) {
                                    sched_stack_size);
 #endif
 #ifdef EMU_TSAN
-    __tsan_switch_to_fiber(sched_tsan, 0);
+    __tsan_switch_to_fiber(sched_tsan, __tsan_switch_to_fiber_no_sync);
 #endif
     (void)f;
 }
@@ -289,6 +317,7 @@ static void to_sched_end(void) {
 #endif
 }
 
+#ifndef EMU_SWAPCONTEXT
 /* Jumps to a resume point (EMU_SETJMP). Not instrumented by ASan, which would put its
  * stack unpoisoning (above) before the noreturn jump; and not inlined, as the builtin
  * longjmp may not share a frame with its setjmp. */
@@ -302,6 +331,7 @@ static void switch_to(emu_jmp_buf to) {
     _longjmp(to, 1);
 #endif
 }
+#endif
 
 /* From a fiber back to the scheduler; returns when the scheduler resumes it. */
 static void yield_to_scheduler(void) {
@@ -324,21 +354,37 @@ static void barrier_wait(barrier *b, int at, void (*on_last)(void)) {
                  "or shuffle that not every thread reaches", at_name[at], at_name[b->at]);
         emu_fail(msg);
     }
+#ifdef EMU_TSAN
+    char *sync = &b->sync[b->gen & 1];
+#endif
     if (b->arrived++ == 0) b->at = at;
     if (b->arrived == b->count) {
+#ifdef EMU_TSAN
+        __tsan_acquire(sync); /* on_last runs after the others' work */
+#endif
         if (on_last) on_last();
+#ifdef EMU_TSAN
+        __tsan_release(sync); /* and before what they do next */
+#endif
         b->arrived = 0;
         b->at = -1;
+        b->gen++;
         /* release the others (they are the fibers waiting at b) */
         for (unsigned int t = b->first; t < b->first + b->count; t++)
             if (fibers[t].state == F_WAIT && fibers[t].waiting == b) fibers[t].state = F_RUN;
     } else {
+#ifdef EMU_TSAN
+        __tsan_release(sync);
+#endif
         running->state = F_WAIT;
         running->waiting = b;
     }
     /* even the last one yields: the others run before it goes on, as on a GPU none is
      * ahead by more than the barrier */
     yield_to_scheduler();
+#ifdef EMU_TSAN
+    __tsan_acquire(sync);
+#endif
 }
 
 void emu_syncthreads(void) { barrier_wait(&block_barrier, AT_SYNCTHREADS, NULL); }
@@ -412,13 +458,8 @@ void emu_cp_async_wait(unsigned int newest) {
     f->cp_n = kept;
 }
 
-float emu_atomic_add(float *p, float v) {
-    pthread_mutex_lock(&atomic_mu);
-    float old = *p;
-    *p = old + v;
-    pthread_mutex_unlock(&atomic_mu);
-    return old;
-}
+void emu_atomic_lock(void) { pthread_mutex_lock(&atomic_mu); }
+void emu_atomic_unlock(void) { pthread_mutex_unlock(&atomic_mu); }
 
 /* ------------------------------------------------------------------ shared memory */
 
@@ -484,6 +525,9 @@ static size_t smem_limit(const void *kernel) {
 static void fiber_main(void) {
     fiber *f = running;
     to_fiber_end();
+#ifdef EMU_TSAN
+    __tsan_acquire(&rc_grid);
+#endif
     for (unsigned int by = 0; by < emu_grid_dim.y; by++)
         for (unsigned int bx = 0; bx < emu_grid_dim.x; bx++) {
             f->block_idx.x = emu_block_idx.x = bx;
@@ -495,6 +539,9 @@ static void fiber_main(void) {
             barrier_wait(&block_barrier, AT_BLOCK_END, poison_shared);
         }
     f->state = F_DONE;
+#ifdef EMU_TSAN
+    __tsan_release(&rc_grid);
+#endif
     to_sched_begin(f);
 #ifdef EMU_SWAPCONTEXT
     swapcontext(&f->start, &sched_ctx);
@@ -609,6 +656,7 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
         barrier_init(&warp_barrier[w], 32 * w, nt - 32 * w < 32 ? nt - 32 * w : 32);
 #ifdef EMU_TSAN
     sched_tsan = __tsan_get_current_fiber();
+    __tsan_release(&rc_grid); /* the inputs, earlier grids */
 #endif
 
     /* this thread's view while the grid runs (restored after: it may be the host's) */
@@ -644,6 +692,9 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
         makecontext(&f->start, fiber_main, 0);
     }
     run_fibers(nt);
+#ifdef EMU_TSAN
+    __tsan_acquire(&rc_grid); /* the grid's work, before what the stream does next */
+#endif
     in_kernel = was_in_kernel;
     kernel_name = was_name;
     emu_block_dim = was_block_dim;
