@@ -415,6 +415,33 @@ batch_loader *loader_create(const char *path, int T, int B, int row_begin, int r
     return l;
 }
 
+int loader_check(batch_loader *l, long first, long last, char *err, size_t errlen) {
+    if (last < first) return 0;
+    long T = l->T;
+    if ((double)(last - first + 1) * l->rows * 8 >= (double)l->W) {
+        /* an eighth of the windows or more: one sequential pass over all their tokens
+         * costs less than reading them one by one */
+        long n = l->W * T + 1, chunk = n < (1L << 20) ? n : (1L << 20);
+        int32_t *buf = malloc((size_t)chunk * sizeof *buf); /* [chunk] */
+        if (!buf) {
+            set_err(err, errlen, "data.path %s: out of memory for %ld tokens", l->file->path,
+                    chunk);
+            return -1;
+        }
+        int rc = 0;
+        for (long s = 0; s < n && rc == 0; s += chunk)
+            rc = tokens_read(l->file, s, n - s < chunk ? n - s : chunk, buf, err, errlen);
+        free(buf);
+        return rc;
+    }
+    for (long step = first; step <= last; step++)
+        for (int r = 0; r < l->rows; r++) {
+            long w = loader_window(l, step, l->row_begin + r);
+            if (tokens_read(l->file, w * T, T + 1, l->window, err, errlen)) return -1;
+        }
+    return 0;
+}
+
 /* Waits out any read in flight and takes its result if it is the step asked for.
  * Returns 1 when inputs/targets were filled (rc in *rc), 0 when the caller must read. */
 static int take_prefetch(batch_loader *l, long step, int32_t *inputs, int32_t *targets,

@@ -50,6 +50,11 @@ long loader_window(const batch_loader *l, long step, int j); /* window of global
  * the prefetch. Returns 0, or -1 with err set. */
 int loader_get(batch_loader *l, long step, int32_t *inputs, int32_t *targets,
                char *err, size_t errlen);
+/* Reads every token this loader would read for steps first..last (the same windows, or
+ * all windows' tokens in one pass when that is most of them) before any step runs, so
+ * that a token >= the vocab limit stops the run at its start, not at the step that
+ * meets it. Returns 0, or -1 with err naming the file and position. */
+int loader_check(batch_loader *l, long first, long last, char *err, size_t errlen);
 void loader_destroy(batch_loader *l);
 
 #endif

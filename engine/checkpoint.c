@@ -742,9 +742,20 @@ static int read_optim_t(const ckpt_file *f, int *has_optim, long *optim_t, char 
     long t = 0;
     int rc = 0;
     if (link_exists(f->file, "/optim") > 0) {
+        /* /optim without t would leave the moments unused (a fresh optimizer) without a
+         * word: refused, as is a negative t */
         hid_t g = H5Gopen2(f->file, "/optim", H5P_DEFAULT);
-        if (g >= 0 && H5Aexists(g, "t") > 0) {
+        if (g < 0 || H5Aexists(g, "t") <= 0) {
+            set_err(err, errlen, "%s: /optim %s (the optimizer's step count; delete /optim "
+                    "to start the optimizer afresh)", f->path,
+                    g < 0 ? "is not a group" : "has no attribute t");
+            rc = -1;
+        } else {
             rc = read_int_attr(f, g, "/optim ", "t", &t, err, errlen);
+            if (rc == 0 && t < 0) {
+                set_err(err, errlen, "%s: /optim attribute t = %ld is negative", f->path, t);
+                rc = -1;
+            }
             has = rc == 0;
         }
         if (g >= 0)
@@ -838,6 +849,11 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
         return -1;
     }
     return 0;
+}
+
+const char *ckpt_file_path(const ckpt_file *f)
+{
+    return f ? f->path : "";
 }
 
 void ckpt_close(ckpt_file *f)

@@ -34,8 +34,9 @@ int ckpt_commit(ckpt_file *f, char *err, size_t errlen);
 /* Drops an unfinished checkpoint and its temporary file. */
 void ckpt_abort(ckpt_file *f);
 
-/* Opens and checks the root attributes (format, version <= 1, model shape). has_optim
- * and optim_t may be NULL. */
+/* Opens and checks the root attributes (format, version <= 1, model shape) and /optim:
+ * *has_optim = 1 and *optim_t = its attribute t when it is there; /optim without t, or
+ * with t < 0, is refused. has_optim and optim_t may be NULL. */
 ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *optim_t,
                      char *err, size_t errlen);
 /* Reads the hyperslab [start, start+count) of group/name into dst (row-major, packed).
@@ -44,6 +45,8 @@ ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *op
 int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
               const long *shape, const long *start, const long *count, float *dst,
               char *err, size_t errlen);
+/* The path f was opened or created with, as its messages name it. */
+const char *ckpt_file_path(const ckpt_file *f);
 void ckpt_close(ckpt_file *f);
 
 #endif

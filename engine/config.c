@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef enum { K_INT, K_LONG, K_U64, K_DOUBLE, K_BOOL, K_STR, K_CHOICE } key_type;
 
@@ -237,33 +238,80 @@ static int on_ini_pair(void *user, const char *section, const char *key, const c
     return 1;
 }
 
-int config_load_text(gptc_config *c, const char *text, char *err, size_t errlen) {
-    ini_ctx x = {c, "<text>", err, errlen, 0};
-    int rc = ini_parse_string(text, on_ini_pair, &x);
+/* The first line (1-based) whose section header is malformed, or 0. inih takes "[model"
+ * for an error but goes on with the keys below it in the previous section (so the first
+ * complaint would be a wrong "unknown key"), and ignores what follows "]" ("[model] x"). */
+static int bad_section_line(const char *text) {
+    int line = 1;
+    for (const char *p = text; *p; line++) {
+        const char *end = strchr(p, '\n');
+        if (!end) end = p + strlen(p);
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\r')) p++;
+        if (p < end && *p == '[') {
+            const char *close = memchr(p, ']', (size_t)(end - p));
+            if (!close) return line;
+            for (const char *q = close + 1; q < end && *q != ';' && *q != '#'; q++)
+                if (*q != ' ' && *q != '\t' && *q != '\r') return line;
+        }
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
+/* Parses INI text (from where: a file's path, or "<text>"). */
+static int load_ini(gptc_config *c, const char *text, const char *where, char *err,
+                    size_t errlen) {
+    ini_ctx x = {c, where, err, errlen, 0};
+    int bad = bad_section_line(text);
+    int rc = bad ? bad : ini_parse_string(text, on_ini_pair, &x);
     if (x.failed) return -1;
     if (rc != 0) {
-        snprintf(err, errlen, "config: line %d: syntax error", rc);
+        snprintf(err, errlen, "config: %s line %d: syntax error%s", where, rc,
+                 bad ? " (a section header is [name] alone on its line)" : "");
         return -1;
     }
     return 0;
 }
 
+int config_load_text(gptc_config *c, const char *text, char *err, size_t errlen) {
+    return load_ini(c, text, "<text>", err, errlen);
+}
+
+/* path's contents as a string (malloc'd), or NULL with errno set */
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        int e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        fclose(f);
+        errno = e;
+        return NULL;
+    }
+    char *text = malloc((size_t)st.st_size + 1); /* [size + 1] */
+    size_t n = text ? fread(text, 1, (size_t)st.st_size, f) : 0;
+    int e = !text ? ENOMEM : ferror(f) ? EIO : 0;
+    fclose(f);
+    if (e) {
+        free(text);
+        errno = e;
+        return NULL;
+    }
+    text[n] = '\0';
+    return text;
+}
+
 int config_load(gptc_config *c, const char *path, int argc, char **argv,
                 char *err, size_t errlen) {
     if (path) {
-        FILE *f = fopen(path, "r");
-        if (!f) {
+        char *text = read_text(path);
+        if (!text) {
             snprintf(err, errlen, "config: cannot read %s: %s", path, strerror(errno));
             return -1;
         }
-        ini_ctx x = {c, path, err, errlen, 0};
-        int rc = ini_parse_file(f, on_ini_pair, &x);
-        fclose(f);
-        if (x.failed) return -1;
-        if (rc != 0) {
-            snprintf(err, errlen, "config: %s line %d: syntax error", path, rc);
-            return -1;
-        }
+        int rc = load_ini(c, text, path, err, errlen);
+        free(text);
+        if (rc != 0) return -1;
     }
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -215,6 +216,11 @@ static int check_output_path(const char *key, const char *path, char *err, size_
                      strerror(errno));
         return -1;
     }
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(err, n, "%s %s: is a directory (name a file in it)", key, path);
+        return -1;
+    }
     return 0;
 }
 
@@ -315,6 +321,95 @@ static void keep_versions(const char *path, long step, int keep, long *kept, int
     }
 }
 
+/* The steps of the versions of path (versioned_name) that an earlier run kept, before
+ * step first, into kept[] (oldest first), down to the newest keep of them: so that keep
+ * counts them too. Later ones (a run that went further) are left alone. */
+static void adopt_versions(const char *path, long first, int keep, long *kept, int *n_kept) {
+    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX], name[CFG_STR_MAX + 32];
+    snprintf(copy, sizeof(copy), "%s", path);
+    snprintf(dir_copy, sizeof(dir_copy), "%s", path);
+    const char *base = basename(copy), *dir = dirname(dir_copy);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    /* versioned_name's prefix of the step number */
+    char prefix[CFG_STR_MAX + 8];
+    size_t len = strlen(base);
+    int h5 = len > 3 && strcmp(base + len - 3, ".h5") == 0;
+    snprintf(prefix, sizeof(prefix), "%.*s.step", (int)(h5 ? len - 3 : len), base);
+    size_t plen = strlen(prefix);
+    long found[64]; /* the newest 64 at most: more than any keep needs */
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, plen) != 0) continue;
+        char *end;
+        long step = strtol(e->d_name + plen, &end, 10);
+        if (end == e->d_name + plen || step < 1 || step >= first) continue;
+        versioned_name(base, step, name, sizeof(name));
+        if (strcmp(name, e->d_name) != 0) continue; /* another file's name */
+        if (n < 64) found[n++] = step;
+        else {
+            int oldest = 0;
+            for (int i = 1; i < n; i++) if (found[i] < found[oldest]) oldest = i;
+            if (step > found[oldest]) found[oldest] = step;
+        }
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* ascending */
+        for (int j = i; j > 0 && found[j] < found[j - 1]; j--) {
+            long t = found[j];
+            found[j] = found[j - 1], found[j - 1] = t;
+        }
+    for (int i = 0; i < n; i++) {
+        if (n - i > keep) { /* older than the newest keep: what keep would have removed */
+            char full[2 * CFG_STR_MAX + 32];
+            versioned_name(path, found[i], full, sizeof(full));
+            unlink(full);
+        } else {
+            kept[(*n_kept)++] = found[i];
+        }
+    }
+}
+
+/* Drops the lines of the metrics log at path whose step is first or later (a resumed
+ * run writes them anew); lines it cannot read as a step are kept. 0, or -1 with err. */
+static int trim_log(const char *path, long first, char *err, size_t n) {
+    FILE *in = fopen(path, "r");
+    if (!in) return errno == ENOENT ? 0 : (snprintf(err, n, "train.log_file %s: %s", path,
+                                                    strerror(errno)), -1);
+    char tmp[CFG_STR_MAX + 32];
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        snprintf(err, n, "train.log_file %s: cannot write beside it: %s", path, strerror(errno));
+        fclose(in);
+        return -1;
+    }
+    char line[4096];
+    long step, dropped = 0;
+    int whole = 1; /* the last fgets ended its line: the next one starts a line */
+    while (fgets(line, sizeof(line), in)) {
+        int starts = whole;
+        whole = strchr(line, '\n') != NULL;
+        if (starts && sscanf(line, "{\"step\": %ld", &step) == 1 && step >= first) {
+            dropped++;
+            while (!whole && fgets(line, sizeof(line), in)) whole = strchr(line, '\n') != NULL;
+            continue;
+        }
+        fputs(line, out);
+    }
+    int bad = ferror(in) || fclose(out) != 0;
+    fclose(in);
+    if (bad || rename(tmp, path) != 0) {
+        snprintf(err, n, "train.log_file %s: cannot rewrite it: %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    if (dropped)
+        log_info("train.log_file %s: dropped %ld line(s) of steps >= %ld, which this run "
+                 "writes again\n", path, dropped, first);
+    return 0;
+}
+
 typedef struct {
     const gptc_config *c;
     const grid *g;
@@ -332,6 +427,7 @@ typedef struct {
     int32_t *inputs, *targets; /* [B/dp, T] each, this rank's rows of the step */
     long *kept;                /* [keep + 1] steps whose checkpoints are kept, oldest first */
     int n_kept;
+    int speaker;               /* the lowest rank that failed a collective check, or -1 */
 } run_state;
 
 static void run_free(run_state *r) {
@@ -363,9 +459,13 @@ static void run_free(run_state *r) {
 
 /* Ranks that failed alone (a file one rank could not read) make every rank stop here:
  * returns nonzero on every rank if rc was nonzero on any. */
+/* Collective: nonzero on every rank when rc is nonzero on any. Then the lowest failing
+ * rank is r->speaker, which alone reports (the others would say the same, or less). */
 static int agree(run_state *r, int rc) {
     if (!r->have_groups || r->g->world == 1) return rc;
-    return comm_max_int(&r->world, rc != 0);
+    int world = r->g->world, worst = comm_max_int(&r->world, rc != 0 ? world - r->g->rank : 0);
+    if (worst > 0) r->speaker = world - worst;
+    return worst > 0;
 }
 
 static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n) {
@@ -500,6 +600,7 @@ int train_run(const gptc_config *c, const grid *g) {
     char err[ERR_LEN] = "";
     run_state r;
     memset(&r, 0, sizeof(r));
+    r.speaker = -1;
     r.c = c;
     r.g = g;
     ckpt_file *init = NULL;
@@ -609,6 +710,7 @@ int train_run(const gptc_config *c, const grid *g) {
     r.loader = loader_create(c->data_path, bp.T, bp.B, row0, row0 + rows, shape.vocab_size,
                              c->shuffle, c->seed, err, sizeof(err));
     rc = r.loader ? 0 : -1;
+    if (rc == 0) rc = loader_check(r.loader, first, c->steps, err, sizeof(err));
     if (rc == 0)
         rc = gpt_create(&r.model, &shape, bp.mb, bp.T, bp.n_micro, be, &r.tpc, &place, err,
                         sizeof(err));
@@ -635,8 +737,11 @@ int train_run(const gptc_config *c, const grid *g) {
     }
     long t = has_optim ? optim_t : 0;
     if (c->log_file[0] && g->rank == 0) {
-        r.log = fopen(c->log_file, first > 1 ? "a" : "w");
-        if (!r.log) {
+        /* a resumed run goes on after its checkpoint's step: lines of later steps (written
+         * by the run that went further before it stopped) give way to the new ones */
+        if (first > 1 && trim_log(c->log_file, first, err, sizeof(err)) != 0) rc = -1;
+        r.log = rc == 0 ? fopen(c->log_file, first > 1 ? "a" : "w") : NULL;
+        if (rc == 0 && !r.log) {
             snprintf(err, sizeof(err), "train.log_file %s: %s", c->log_file, strerror(errno));
             rc = -1;
         }
@@ -654,6 +759,8 @@ int train_run(const gptc_config *c, const grid *g) {
     r.policy_pp = r.ppc.async;
     r.policy_tp_chunks = m->tp.chunks;
     if (c->save[0] && g->rank == 0) remove_stale_temporaries(c->save);
+    if (c->save[0] && g->rank == 0 && c->keep > 1)
+        adopt_versions(c->save, first, c->keep, r.kept, &r.n_kept);
     print_model(m, &bp, first, c->steps, c->precision);
     if (g->dp > 1)
         log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)%s\n",
@@ -769,6 +876,7 @@ fail_config:
     return 1;
 fail:
     /* a rank with nothing of its own to say stays quiet: the failing rank has spoken */
+    if (r.speaker >= 0 && r.speaker != g->rank) silent = 1;
     if (!silent && err[0]) {
         if (g->world > 1) log_error("rank %d: %s", g->rank, err);
         else log_error("%s", err);

@@ -206,8 +206,16 @@ int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, char *err, 
         float *dst = which == 1 ? opt_m : which == 2 ? opt_v : host;
         for (int i = 0; i < m->n_tensors && rc == 0; i++) {
             watchdog_beat();
-            rc = move_tensor(m, &m->tensors[i], f, GROUPS[which], dst + m->tensors[i].offset, 1,
-                             err, errlen);
+            const param_tensor *t = &m->tensors[i];
+            rc = move_tensor(m, t, f, GROUPS[which], dst + t->offset, 1, err, errlen);
+            /* a second moment is a mean of squares: a negative one would make the first
+             * update's square root NaN */
+            for (size_t k = 0; rc == 0 && which == 2 && k < t->numel; k++)
+                if (!(dst[t->offset + k] >= 0.0f)) {
+                    snprintf(err, errlen, "%s: /optim/v/%s holds a negative value (%g)",
+                             ckpt_file_path(f), t->name, (double)dst[t->offset + k]);
+                    rc = -1;
+                }
         }
         if (rc == 0 && which == 0)
             m->be->copy_from_host(m->params, host, m->n_params * sizeof(float), m->stream);

@@ -158,6 +158,8 @@ static int write_group(ckpt_file *f, const char *g, const tensors *t, char *err,
     return 0;
 }
 
+/* with_optim: 0 model only, 1 optimizer state with t = 17, 2 the state without t,
+ * 3 the state with t = -5 */
 static int write_roundtrip_file(const char *path, const tensors *t, int with_optim)
 {
     char err[512];
@@ -172,7 +174,8 @@ static int write_roundtrip_file(const char *path, const tensors *t, int with_opt
             ckpt_abort(f);
             return -1;
         }
-    if (with_optim && ckpt_set_optim_t(f, 17, err, sizeof err) < 0) {
+    if ((with_optim == 1 || with_optim == 3) &&
+        ckpt_set_optim_t(f, with_optim == 1 ? 17 : -5, err, sizeof err) < 0) {
         fail("ckpt_set_optim_t %s", err);
         ckpt_abort(f);
         return -1;
@@ -275,6 +278,20 @@ static void test_roundtrip(void)
         check_err("missing optimizer group", rc1 < 0, err, "missing dataset /optim/m/wte",
                   "model_only.h5");
     }
+
+    /* Optimizer state that cannot be resumed: refused at open, not dropped in silence. */
+    path_in_tmp(path, sizeof path, "optim_no_t.h5");
+    if (write_roundtrip_file(path, t, 2) < 0)
+        return;
+    f = ckpt_open(path, &m, &has_optim, &optim_t, err, sizeof err);
+    check_err("/optim without t", !f, err, "/optim has no attribute t", "optim_no_t.h5");
+    ckpt_close(f);
+    path_in_tmp(path, sizeof path, "optim_neg_t.h5");
+    if (write_roundtrip_file(path, t, 3) < 0)
+        return;
+    f = ckpt_open(path, &m, &has_optim, &optim_t, err, sizeof err);
+    check_err("/optim t < 0", !f, err, "/optim attribute t = -5 is negative", "optim_neg_t.h5");
+    ckpt_close(f);
 }
 
 /* ---------------------------------------------------------- atomic replace */

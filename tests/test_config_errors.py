@@ -61,6 +61,20 @@ CASES = [
     ("checkpoint tensor of the wrong shape", [f"--train.init={D}/badshape.h5"], ["train.init", "wpe"]),
     ("checkpoint tensor of the wrong dtype", [f"--train.init={D}/float64.h5"], ["train.init", "wte"]),
     ("checkpoint with a NaN", [f"--train.init={D}/nan.h5"], ["train.init", "ln_f.weight"]),
+    # optimizer state that cannot be resumed, refused rather than dropped or run into NaN
+    ("checkpoint /optim without t", [f"--train.init={D}/optnot.h5", "--train.steps=3"],
+     ["train.init", "optnot.h5", "/optim has no attribute t"]),
+    ("checkpoint /optim t < 0", [f"--train.init={D}/optneg.h5", "--train.steps=3"],
+     ["train.init", "optneg.h5", "/optim attribute t = -5"]),
+    ("checkpoint v < 0", [f"--train.init={D}/vneg.h5", "--train.steps=3"],
+     ["train.init", "vneg.h5", "/optim/v/wte", "negative"]),
+    # a token far past what the first steps read: still refused before the first step
+    ("token >= vocab late in the file", [f"--data.path={D}/latetok.h5"],
+     ["data.path", "latetok.h5", "position 450"]),
+    # outputs written after the last step, checked before the first
+    ("save is a directory", [f"--train.save={D}"], ["train.save", "is a directory"]),
+    ("trace is a directory", ["--profile.timing=kernel", f"--profile.trace={D}"],
+     ["profile.trace", "is a directory"]),
 ]
 
 
@@ -135,11 +149,40 @@ def main():
             change(f)
     with open(f"{D}/bad.ini", "w") as f:
         f.write("[train]\nsteps = 3\nnot a key value line\n")
+    with open(f"{D}/header.ini", "w") as f:  # n_layer would land in [train]
+        f.write("[train]\nsteps = 3\n[model\nn_layer = 2\n")
+    with open(f"{D}/header2.ini", "w") as f:
+        f.write("[train] steps\nsteps = 3\n")
+    late = rng.integers(0, 50, 500)
+    late[450] = 50
+    write_tokens(f"{D}/latetok.h5", late, 50)
+    # a step-1 checkpoint with optimizer state, broken one way each
+    r = run_train(BASE + ["--train.steps=1", f"--train.save={D}/ck1.h5"])
+    if r.returncode:
+        fail("could not write the step-1 checkpoint: " + r.stderr)
+    for name, change in [
+        ("optnot", lambda f: f["optim"].attrs.__delitem__("t")),
+        ("optneg", lambda f: f["optim"].attrs.__setitem__("t", np.int64(-5))),
+        ("vneg", lambda f: f["optim/v/wte"].__setitem__((0, 0), np.float32(-1))),
+    ]:
+        shutil.copy(f"{D}/ck1.h5", f"{D}/{name}.h5")
+        with h5py.File(f"{D}/{name}.h5", "r+") as f:
+            change(f)
 
     for name, extra, words in CASES:
         check(name, BASE + extra, words)
     check("missing config file", [f"{D}/missing.ini"], ["missing.ini"])
     check("ini syntax error", [f"{D}/bad.ini"], ["bad.ini", "line 3"])
+    check("section header without ]", [f"{D}/header.ini"], ["header.ini", "line 3", "syntax error"])
+    check("section header with more on its line", [f"{D}/header2.ini"],
+          ["header2.ini", "line 1", "syntax error"])
+    check("config is a directory", [D] + BASE, ["cannot read", "Is a directory"])
+    # a data or checkpoint error every rank meets: one line, from the lowest rank
+    check("token >= vocab under mpirun", BASE + ["--parallel.dp=2", f"--data.path={D}/latetok.h5"],
+          ["data.path", "position 450", "rank 0"], np_ranks=2)
+    check("checkpoint v < 0 under mpirun", BASE + ["--parallel.pp=2", f"--train.init={D}/vneg.h5",
+                                                   "--train.steps=3"],
+          ["train.init", "/optim/v/wte", "rank 0"], np_ranks=2)
     # every rank of a multi-rank job exits nonzero; rank 0 names the key
     check("world size under mpirun", BASE + ["--parallel.dp=3"], ["world size 2", "parallel.dp"],
           np_ranks=2)
@@ -153,7 +196,7 @@ def main():
     check("heads do not divide over tp", BASE + ["--model.n_head=2", "--model.d_model=32",
                                                  "--parallel.tp=4"],
           ["model.n_head", "parallel.tp"], np_ranks=4)
-    n = len(CASES) + 7
+    n = len(CASES) + 12
     # a build without CUDA, or a machine without a GPU, refuses cuda by name on every rank
     if not gpu_present():
         check("cuda without a usable GPU", BASE + ["--train.device=cuda"],

@@ -76,6 +76,31 @@ def main():
     if len(resumed) != 3 or full[0]["lr"] == full[-1]["lr"]:
         fail("cosine resume: expected 3 resumed steps with a decaying rate")
     print(f"cosine: steps 4..6 resumed from the kept step-3 checkpoint are identical")
+    # after a crash between checkpoints the log already holds the steps the resumed run
+    # repeats: they are replaced, not appended twice
+    import shutil
+    shutil.copy(f"{d}/cos.jsonl", f"{d}/crash.jsonl")
+    r = run_train(cos + [f"--train.init={d}/cos.step3.h5", f"--train.log_file={d}/crash.jsonl"])
+    if r.returncode:
+        fail("resume onto a log that runs ahead failed: " + r.stderr)
+    crash = read_metrics(f"{d}/crash.jsonl")
+    same = [{k: x[k] for k in ("step", "loss", "grad_norm", "lr")} for x in crash] == \
+        [{k: x[k] for k in ("step", "loss", "grad_norm", "lr")} for x in read_metrics(f"{d}/cos.jsonl")]
+    if [x["step"] for x in crash] != list(range(1, 7)) or not same:
+        fail(f"a resumed run's log should hold steps 1..6 once, as the one run: "
+             f"{[x['step'] for x in crash]}")
+    print("log: a resumed run replaces the lines of the steps it repeats")
+    # train.keep counts the versions an earlier run kept: resuming at step 7 and saving at
+    # step 9 leaves the newest two, steps 6 and 9
+    r = run_train(cos + [f"--train.init={d}/cos.h5", "--train.steps=9", f"--train.save={d}/cos.h5",
+                         "--train.save_every=3", "--train.keep=2"])
+    if r.returncode:
+        fail("resume with train.keep failed: " + r.stderr)
+    kept = sorted(x for x in os.listdir(d) if x.startswith("cos.step"))
+    if kept != ["cos.step6.h5", "cos.step9.h5"]:
+        fail(f"train.keep=2 across a resume should leave cos.step6.h5 and cos.step9.h5, "
+             f"found {kept}")
+    print("keep: the versions of the run before count, the oldest is removed")
     check_effective_config(d)
     print("PASS: resume is exact")
 
