@@ -458,9 +458,8 @@ static void run_free(run_state *r) {
 }
 
 /* Ranks that failed alone (a file one rank could not read) make every rank stop here:
- * returns nonzero on every rank if rc was nonzero on any. */
-/* Collective: nonzero on every rank when rc is nonzero on any. Then the lowest failing
- * rank is r->speaker, which alone reports (the others would say the same, or less). */
+ * returns nonzero on every rank if rc was nonzero on any. The lowest failing rank is then
+ * r->speaker, which alone reports (the others would say the same, or less). */
 static int agree(run_state *r, int rc) {
     if (!r->have_groups || r->g->world == 1) return rc;
     int world = r->g->world, worst = comm_max_int(&r->world, rc != 0 ? world - r->g->rank : 0);
@@ -762,6 +761,9 @@ int train_run(const gptc_config *c, const grid *g) {
     if (c->save[0] && g->rank == 0 && c->keep > 1)
         adopt_versions(c->save, first, c->keep, r.kept, &r.n_kept);
     print_model(m, &bp, first, c->steps, c->precision);
+    if (c->save_every > 0 && !c->save[0])
+        log_info("warning: train.save_every = %ld has no effect: train.save is empty\n",
+                 c->save_every);
     if (g->dp > 1)
         log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)%s\n",
                  m->n_buckets, g->dp, c->dp_bucket_mb,
@@ -863,8 +865,10 @@ int train_run(const gptc_config *c, const grid *g) {
         log_info("done: %ld steps, final loss %.6f, mean %.1f ms/step, %.0f tok/s (steps after the first)\n",
                  c->steps - first + 1, last_loss, total_ms / timed_steps,
                  tokens_per_step * timed_steps / (total_ms / 1000.0));
-    else
+    else if (first <= c->steps)
         log_info("done: %ld steps, final loss %.6f\n", c->steps - first + 1, last_loss);
+    else
+        log_info("done: no step to run (train.steps = %ld)\n", c->steps);
     run_free(&r);
     return 0;
 
