@@ -11,6 +11,8 @@
  *  - cp.async and ldmatrix on one warp (the same file), each lane checking what it sees
  *    against the PTX ISA's statements: the fragments of ldmatrix and its .trans, the
  *    groups of cp.async.wait_group, src-size 0's zero fill;
+ *  - race_check.cu's kernels with their barriers (without them, "race 0" and "race 1"
+ *    are what the racecheck build must report: ctest test_cuda_emu_race*_reported);
  *  - fill_nan, which is no op of the op table (tests poison with it), aligned and not;
  *  - wait_flag and set_flag, the host flags of host_tasks.c, on host memory.
  * Everything runs on the NULL stream, which the emulator runs before a launch returns, so
@@ -30,6 +32,10 @@ void emu_mma_check(float *d, const float *a, const float *b, const float *c);
 
 /* mma_check.cu: cp.async and ldmatrix on one warp, mismatches per lane in bad[32] */
 void emu_cp_async_ldsm_check(int *bad, const uint16_t *m);
+
+/* race_check.cu: kernel which (0: shared memory, 1: cp.async), with or without its barrier,
+ * out[32] = v[32] (+ 1 for kernel 0) */
+void emu_race_check(int which, int barrier, float *out, const float *v);
 
 static int g_failures;
 
@@ -151,9 +157,33 @@ static void test_host_flags(void) {
     g_failures += !ok;
 }
 
-int main(void) {
+/* race_check.cu's kernels with their barriers: what warp 0 wrote, warp 1 reads */
+static void test_race_check_kernels(void) {
+    for (int which = 0; which < 2; which++) {
+        float v[32], out[32];
+        for (int i = 0; i < 32; i++) v[i] = (float)i, out[i] = NAN;
+        emu_race_check(which, 1, out, v);
+        check_launch(which ? "race_cp_async" : "race_shared");
+        int bad = 0;
+        for (int i = 0; i < 32; i++) bad += out[i] != v[i] + (which ? 0.0f : 1.0f);
+        printf("%s %-28s %d of 32 wrong\n", bad ? "FAIL" : "ok  ",
+               which ? "race_check cp.async, barrier" : "race_check shared, barrier", bad);
+        g_failures += bad != 0;
+    }
+}
+
+/* "race W": race_check.cu's kernel W without its barrier, a race that a racecheck build
+ * (GPTC_SANITIZE=thread) reports; elsewhere the emulator runs it without a word */
+int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* in order with the emulator's messages on stderr */
+    if (argc == 3 && strcmp(argv[1], "race") == 0) {
+        float v[32] = {0}, out[32];
+        emu_race_check(atoi(argv[2]) != 0, 0, out, v);
+        printf("ran race_check kernel %s without its barrier\n", argv[2]);
+        return 0;
+    }
     test_attention_unsupported();
+    test_race_check_kernels();
     test_mma();
     test_cp_async_ldsm();
     /* 100003: several grid-stride passes */
