@@ -50,15 +50,15 @@ struct host_worker {
 
 /* Polls the stream's counter: the wait is a few microseconds when the stream is idle and
  * as long as the compute before the op when it is busy, so the sleep grows to 50 us. */
-static void wait_reached(const volatile unsigned int *reached, unsigned int number) {
+static void wait_reached(const unsigned int *reached, unsigned int number) {
     long ns = 1000;
-    for (int spins = 0; (int)(*reached - number) < 0; spins++) {
+    /* an acquire load: the stream's copies before the flag are seen after it */
+    for (int spins = 0; (int)(__atomic_load_n(reached, __ATOMIC_ACQUIRE) - number) < 0; spins++) {
         if (spins < 64) continue;
         struct timespec ts = {0, ns};
         nanosleep(&ts, NULL);
         if (ns < 50000) ns *= 2;
     }
-    __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the stream's copies before the flag */
 }
 
 static void *work(void *arg) {

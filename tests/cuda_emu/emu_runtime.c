@@ -20,10 +20,10 @@
  * thread, whose cudaGetLastError then reports it, as in CUDA. It runs in its stream's
  * order on the stream's thread (fake_runtime.c), so the host goes on at once; on the NULL
  * stream it runs before the launch returns. Grids run one at a time (a device lock), so
- * shared memory and barriers are those of one kernel; kernels that wait for the host
- * (HOST_WAITING below: the engine's wait_flag_kernel, which spins until a host thread
- * bumps a counter) instead run on their stream's thread beside the others, one thread,
- * as they would spin on an SM of their own.
+ * shared memory and barriers are those of one kernel; kernels that talk to the host
+ * through pinned memory (HOST_FLAG_KERNELS below: the engine's wait_flag_kernel, which
+ * spins until a host thread bumps a counter, and set_flag_kernel) instead run on their
+ * stream's thread beside the others, one thread, as they would spin on an SM of their own.
  *
  * What it catches:
  *  - wrong results: indexing, masking, tails of sizes that are not multiples of a tile,
@@ -162,6 +162,8 @@ void emu_fail(const char *msg) {
 /* TSan's dynamic annotations (exported by its runtime, declared in no header) */
 void AnnotateIgnoreReadsBegin(const char *file, int line);
 void AnnotateIgnoreReadsEnd(const char *file, int line);
+void AnnotateIgnoreWritesBegin(const char *file, int line);
+void AnnotateIgnoreWritesEnd(const char *file, int line);
 #endif
 
 /* A fiber's resume point. Under ASan the switches use the compiler's own
@@ -707,20 +709,41 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
     pthread_mutex_unlock(&device_mu);
 }
 
-/* Kernels that spin until a host thread lets them go. Run under the device lock they
- * would stop every other kernel, the host work they wait for included; so they run on
- * their stream's thread as one CUDA thread, beside the grid that holds the device. They
- * must be 1 x 1 launches without shared memory or barriers (checked: a barrier of theirs
- * would meet the other grid's). */
-static const char *const HOST_WAITING[] = {"wait_flag_kernel"};
+/* Kernels that talk to host threads through words of pinned memory: wait_flag_kernel
+ * spins until a host thread lets it go, set_flag_kernel tells one that the stream got
+ * there. Run under the device lock the first would stop every other kernel, the host work
+ * it waits for included; so both run on their stream's thread as one CUDA thread, beside
+ * the grid that holds the device. They must be 1 x 1 launches without shared memory or
+ * barriers (checked: a barrier of theirs would meet the other grid's). */
+enum { HOST_WAITS = 1, HOST_SIGNALS = 2 };
+static const struct {
+    const char *name;
+    int kind;
+} HOST_FLAG_KERNELS[] = {{"wait_flag_kernel", HOST_WAITS}, {"set_flag_kernel", HOST_SIGNALS}};
 
-static int host_waiting(const char *name) {
-    for (size_t i = 0; i < sizeof HOST_WAITING / sizeof HOST_WAITING[0]; i++)
-        if (strcmp(HOST_WAITING[i], name) == 0) return 1;
+/* HOST_WAITS or HOST_SIGNALS for those kernels, 0 for the others */
+static int host_flag_kind(const char *name) {
+    for (size_t i = 0; i < sizeof HOST_FLAG_KERNELS / sizeof HOST_FLAG_KERNELS[0]; i++)
+        if (strcmp(HOST_FLAG_KERNELS[i].name, name) == 0) return HOST_FLAG_KERNELS[i].kind;
     return 0;
 }
 
-static void run_host_waiting(const char *name, emu_body_fn body, void *ctx, size_t ctx_bytes) {
+#ifdef EMU_TSAN
+/* __tsan_acquire (acquire = 1) or __tsan_release of every pinned word that a pointer
+ * among the kernel's arguments (ctx, ctx_bytes) points to */
+static void sync_pinned_args(const void *ctx, size_t ctx_bytes, int acquire) {
+    for (size_t off = 0; off + sizeof(void *) <= ctx_bytes; off += sizeof(void *)) {
+        void *p;
+        memcpy(&p, (const char *)ctx + off, sizeof p);
+        if (!p || emu_mem_classify(p, 1) != EMU_MEM_PINNED) continue;
+        if (acquire) __tsan_acquire(p);
+        else __tsan_release(p);
+    }
+}
+#endif
+
+static void run_host_flag(const char *name, int kind, emu_body_fn body, void *ctx,
+                          size_t ctx_bytes) {
     emu_uint3 one = {1, 1, 1}, zero = {0, 0, 0};
     int was_in_kernel = in_kernel;
     const char *was_name = kernel_name;
@@ -730,23 +753,29 @@ static void run_host_waiting(const char *name, emu_body_fn body, void *ctx, size
     emu_thread_idx = emu_block_idx = zero;
     emu_dyn_smem = NULL;
 #ifdef EMU_TSAN
-    /* The kernel polls a word of pinned memory with volatile reads until a host thread's
-     * atomic (release) store lets it go; on the GPU, __threadfence_system then orders its
-     * stream's later work after the host's writes. TSan would take the plain reads for a
-     * race with the store and see no order: its reads are ignored, and the kernel
-     * acquires every pinned word its arguments point to. */
-    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    /* On the GPU the flag's volatile accesses and __threadfence_system order the stream's
+     * work against the host thread's. TSan would take them for races with the host's
+     * atomics and see no order: the kernel's accesses are ignored, and the waiting kernel
+     * acquires every pinned word its arguments point to after it was let go, the
+     * signalling one releases them before its store (the host's acquire load of the flag
+     * then orders the stream's earlier work, e.g. copies to host memory, before it). */
+    if (kind == HOST_WAITS) {
+        AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    } else {
+        sync_pinned_args(ctx, ctx_bytes, 0);
+        AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+    }
 #endif
     body(ctx);
 #ifdef EMU_TSAN
-    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
-    for (size_t off = 0; off + sizeof(void *) <= ctx_bytes; off += sizeof(void *)) {
-        void *p;
-        memcpy(&p, (char *)ctx + off, sizeof p);
-        if (p && emu_mem_classify(p, 1) == EMU_MEM_PINNED) __tsan_acquire(p);
+    if (kind == HOST_WAITS) {
+        AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+        sync_pinned_args(ctx, ctx_bytes, 1);
+    } else {
+        AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
     }
 #endif
-    (void)ctx_bytes;
+    (void)kind, (void)ctx_bytes;
     in_kernel = was_in_kernel;
     kernel_name = was_name;
 }
@@ -766,7 +795,8 @@ typedef struct {
 static void run_launch(void *arg) {
     launch *l = arg;
     uint64_t t0 = emu_cupti_now();
-    if (host_waiting(l->name)) run_host_waiting(l->name, l->body, l->ctx, l->ctx_bytes);
+    int kind = host_flag_kind(l->name);
+    if (kind) run_host_flag(l->name, kind, l->body, l->ctx, l->ctx_bytes);
     else run_grid(l->name, l->grid, l->block, l->dyn_smem, l->body, l->ctx);
     emu_cupti_work(EMU_CUPTI_KERNEL, l->corr, t0, emu_cupti_now());
     l->free_ctx(l->ctx);
@@ -789,9 +819,9 @@ void emu_launch_kernel(const void *kernel, const char *name, emu_uint3 grid, emu
         e = cudaErrorInvalidValue;
     else if (!emu_stream_valid(stream))
         e = cudaErrorInvalidResourceHandle;
-    if (e == cudaSuccess && host_waiting(name) &&
+    if (e == cudaSuccess && host_flag_kind(name) &&
         (grid.x != 1 || grid.y != 1 || block.x != 1 || dyn_smem != 0)) {
-        snprintf(msg, sizeof msg, "%s waits for the host, so it is emulated as one thread "
+        snprintf(msg, sizeof msg, "%s talks to the host, so it is emulated as one thread "
                  "only: launch it <<<1, 1, 0>>>", name);
         emu_fail(msg);
     }
