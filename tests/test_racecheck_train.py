@@ -7,9 +7,10 @@ events and host flags leave unordered: a communication lane that does not wait f
 compute stream (comm_lane_after_compute without its stream_wait_event) is reported, a
 cuBLASLt product reading what the lane's copy writes. Not covered: two kernels of
 different streams (the emulator runs one grid at a time under a lock, which orders them).
+The last run takes the NCCL path (gptc-train-emu-nccl, the fake NCCL of tests/cuda_emu).
 Open MPI's own synchronization is not instrumented: tests/tsan.supp.
 
-    test_racecheck_train.py GPTC_TRAIN_EMU"""
+    test_racecheck_train.py GPTC_TRAIN_EMU GPTC_TRAIN_EMU_NCCL"""
 import os
 import sys
 import tempfile
@@ -22,21 +23,23 @@ from gptc_testlib import fail, run_train, write_tokens  # noqa: E402
 SUPP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tsan.supp")
 
 RUNS = [
-    # (name, ranks, arguments)
-    ("tp2 x dp2: chunked, sequence parallel, bucket, ZeRO-1, kernel timing", 4,
+    # (name, ranks, NCCL, arguments)
+    ("tp2 x dp2: chunked, sequence parallel, bucket, ZeRO-1, kernel timing", 4, False,
      ["--parallel.tp=2", "--parallel.dp=2", "--overlap.tp=chunked",
       "--parallel.sequence_parallel=true", "--overlap.dp=bucket", "--overlap.dp_bucket_mb=0.01",
       "--overlap.dp_shard=optimizer", "--profile.timing=kernel"]),
-    ("pp2 interleaved, async", 2,
+    ("pp2 interleaved, async", 2, False,
      ["--model.n_layer=4", "--parallel.pp=2", "--parallel.schedule=interleaved",
       "--parallel.virtual_stages=2", "--overlap.pp=async", "--train.global_batch=8"]),
+    ("dp2 over NCCL: bucket, ZeRO-1", 2, True,
+     ["--parallel.dp=2", "--overlap.dp=bucket", "--overlap.dp_bucket_mb=0.01",
+      "--overlap.dp_shard=optimizer"]),
 ]
 
 
 def main():
-    if len(sys.argv) != 2:
-        fail("usage: test_racecheck_train.py GPTC_TRAIN_EMU")
-    emu = sys.argv[1]
+    if len(sys.argv) != 3:
+        fail("usage: test_racecheck_train.py GPTC_TRAIN_EMU GPTC_TRAIN_EMU_NCCL")
     d = tempfile.mkdtemp(prefix="gptc_racecheck_")
     write_tokens(f"{d}/tok.h5", np.random.default_rng(5).integers(0, 256, 4000), 256)
     base = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.n_ctx=32",
@@ -45,10 +48,14 @@ def main():
             "--train.seq_len=32"]
     # the shared-memory transport: Open MPI's TCP one takes its locks in both orders
     env = {"TSAN_OPTIONS": f"halt_on_error=1 suppressions={SUPP}", "OMPI_MCA_btl": "self,vader"}
-    for name, ranks, extra in RUNS:
-        r = run_train(base + extra, np_ranks=ranks, train=emu, extra_env=env, timeout=600)
+    for name, ranks, nccl, extra in RUNS:
+        # the fake NCCL is 2.30: several ranks on its one GPU once allowed
+        e = dict(env, NCCL_MULTI_RANK_GPU_ENABLE="1") if nccl else env
+        r = run_train(base + extra, np_ranks=ranks, train=sys.argv[2 if nccl else 1], extra_env=e,
+                      timeout=600)
         steps = [x for x in r.stdout.splitlines() if x.startswith("step ")]
-        if r.returncode or "ThreadSanitizer" in r.stderr or len(steps) != 2:
+        backend = "communication: nccl" in r.stdout
+        if r.returncode or "ThreadSanitizer" in r.stderr or len(steps) != 2 or backend != nccl:
             fail(f"{name}: exit {r.returncode}, {len(steps)} step(s):\n{r.stdout[-2000:]}"
                  f"{r.stderr[-6000:]}")
         print(f"ok   {name}: {ranks} ranks, 2 steps, no report")

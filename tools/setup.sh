@@ -51,7 +51,7 @@ else
       -R '^(test_gradcheck|test_cpu_math|test_tokens|test_checkpoint|test_schedule|test_cpu_stream|test_power|test_cuda_emu|test_cuda_ops_emu|test_timing_device)$'
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DGPTC_SANITIZE=thread -DGPTC_CUDA=OFF
   cmake --build build-tsan -j"$(nproc)" --target test_cpu_stream test_tokens test_cuda_emu \
-    test_cuda_ops_emu gptc-train-emu
+    test_cuda_ops_emu gptc-train-emu gptc-train-emu-nccl
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure \
     -R '^(test_cpu_stream|test_tokens|test_cuda_emu|test_cuda_emu_race[01]_reported|test_cuda_ops_racecheck|test_cuda_ops_racecheck_smem99|test_racecheck_train)$'
   # a short fixed-seed fuzzing pass of the config parser and the HDF5 loaders
