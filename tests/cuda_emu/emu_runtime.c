@@ -51,9 +51,10 @@
  *  - races in the other builds, and races between blocks in all. Within a block, each
  *    warp in turn runs up to the next __syncthreads, upwards through the warps in one
  *    pass and downwards in the next (run_fibers), so a missing barrier between a write
- *    of shared memory and a read by another warp shows (the read gets NaN, or a cp.async's poison) in the passes where
- *    the reader runs first, and a refill that does not wait for the readers of the old
- *    contents in the passes where the writer does: deterministic, but not every pattern.
+ *    of shared memory and a read by another warp shows (the read gets NaN, or a
+ *    cp.async's poison) in the passes where the reader runs first, and a refill that
+ *    does not wait for the readers of the old contents in the passes where the writer
+ *    does: deterministic, but not every pattern.
  *    Between blocks there is no concurrency at all: blocks run one after another, so a
  *    plain += where blocks collide (and atomicAdd is needed) passes; nor between kernels
  *    of different streams (one grid at a time);
@@ -138,10 +139,10 @@ void emu_fail(const char *msg) {
  * checks the jump against its own record of the thread's setjmps, every switch is a
  * swapcontext. */
 #if defined(__SANITIZE_THREAD__)
-#error "under TSan emu_runtime.c is built uninstrumented, with -DEMU_RACECHECK (racecheck below)"
+#error "build emu_runtime.c uninstrumented, with -DEMU_RACECHECK (racecheck below)"
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
-#error "under TSan emu_runtime.c is built uninstrumented, with -DEMU_RACECHECK (racecheck below)"
+#error "build emu_runtime.c uninstrumented, with -DEMU_RACECHECK (racecheck below)"
 #endif
 #endif
 #ifdef EMU_RACECHECK
