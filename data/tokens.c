@@ -45,7 +45,8 @@ struct token_file {
     char *path;
     hid_t file, dset;
     long n;       /* number of tokens */
-    long vocab;   /* the file's vocab_size; every token must be below it */
+    long vocab;   /* the file's vocab_size */
+    long limit;   /* every token must be below it: vocab, or the model's if smaller */
 };
 
 static void close_ids(token_file *f) {
@@ -132,12 +133,10 @@ static int read_vocab(token_file *f, long model_vocab, char *err, size_t errlen)
                 MAX_VOCAB);
         return -1;
     }
-    if (model_vocab > 0 && v > model_vocab) {
-        set_err(err, errlen, "data.path %s: vocab_size %lld is larger than the model's vocab_size %ld",
-                f->path, v, model_vocab);
-        return -1;
-    }
+    /* a tokenizer's vocabulary may be larger than a model's (a small model on the bytes
+     * of a GPT-2 file): what counts is every token the model reads, checked against both */
     f->vocab = (long)v;
+    f->limit = model_vocab > 0 && model_vocab < f->vocab ? model_vocab : f->vocab;
     return 0;
 }
 
@@ -231,9 +230,10 @@ int tokens_read(token_file *f, long start, long count, int32_t *dst, char *err,
         return -1;
     }
     for (long i = 0; i < count; i++) {
-        if (u[i] >= (uint64_t)f->vocab) {
-            set_err(err, errlen, "data.path %s: token %lu at position %ld is >= vocab_size %ld",
-                    f->path, (unsigned long)u[i], start + i, f->vocab);
+        if (u[i] >= (uint64_t)f->limit) {
+            set_err(err, errlen, "data.path %s: token %lu at position %ld is >= %s vocab_size %ld",
+                    f->path, (unsigned long)u[i], start + i,
+                    f->limit < f->vocab ? "the model's" : "the file's", f->limit);
             return -1;
         }
     }

@@ -14,15 +14,16 @@
 typedef struct token_file token_file;
 
 /* Opens and validates path (exists, is HDF5, has a 1-D integer /tokens, has vocab_size).
- * model_vocab > 0 also refuses a file whose vocab_size exceeds it. NULL + err on failure;
- * err is one line naming the file and what is wrong. */
+ * model_vocab > 0: tokens must also be below it (a file's vocab_size may be larger: a
+ * small model on part of a tokenizer's vocabulary). NULL + err on failure; err is one line
+ * naming the file and what is wrong. */
 token_file *tokens_open(const char *path, long model_vocab, char *err, size_t errlen);
 long tokens_count(const token_file *f);      /* N, number of tokens */
 long tokens_vocab(const token_file *f);      /* the file's vocab_size attribute */
 /* Reads tokens [start, start+count) into dst. A token >= the vocab limit is an error
- * naming the file and position. The limit is the file's vocab_size, which open has
- * already checked is <= model_vocab when model_vocab was given, so a token the model
- * cannot embed is always caught (and so is a file that breaks its own vocab_size). */
+ * naming the file and position. The limit is the smaller of the file's vocab_size and
+ * open's model_vocab, so a token the model cannot embed is always caught (and so is a
+ * file that breaks its own vocab_size). */
 int tokens_read(token_file *f, long start, long count, int32_t *dst, char *err, size_t errlen);
 void tokens_close(token_file *f);
 

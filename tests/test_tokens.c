@@ -360,11 +360,6 @@ static void test_open_errors(void) {
     expect_create_error("no vocab_size", made[n_made - 1], 4, 0,
                         (const char *const[]){"novocab.h5", "no vocab_size attribute", NULL});
 
-    file_spec big = {H5T_STD_U16LE, 0, VOCAB_DATASET, 50257, "tokens"};
-    error_file("bigvocab.h5", &big, 100);
-    expect_create_error("vocab too large", made[n_made - 1], 4, 256,
-                        (const char *const[]){"bigvocab.h5", "vocab_size 50257",
-                                              "larger than the model's vocab_size 256", NULL});
 
     file_spec zero = {H5T_STD_U16LE, 0, VOCAB_ROOT, 0, "tokens"};
     error_file("zerovocab.h5", &zero, 100);
@@ -390,7 +385,7 @@ static void test_bad_token(void) {
     file_spec spec = {H5T_STD_U16LE, 0, VOCAB_ROOT, 256, "tokens"};
     const char *path = tmp_path("badtoken.h5");
     write_file(path, &spec, vals, N);
-    const char *key = "badtoken.h5: token 300 at position 1234 is >= vocab_size 256";
+    const char *key = "badtoken.h5: token 300 at position 1234 is >= the file's vocab_size 256";
     char err[512] = "";
 
     token_file *f = tokens_open(path, 256, err, sizeof err);
@@ -423,7 +418,41 @@ static void test_bad_token(void) {
     err[0] = 0;
     check(loader_get(l, 32, in, tg, err, sizeof err) == 0, "bad token: step 32 after the error failed: %s",
           err);
+    /* loader_check before a run: steps 1..2 read windows 0..7 only (one by one: fewer
+     * than W / 8), step 31 reads window 123, steps 1..30 read 120 of the 199 windows (one
+     * pass over every window's tokens, position 1234 included) */
+    err[0] = 0;
+    check(loader_check(l, 1, 2, err, sizeof err) == 0, "loader_check steps 1..2: %s", err);
+    check(loader_check(l, 31, 31, err, sizeof err) != 0 && strstr(err, key),
+          "loader_check step 31: error \"%s\" lacks \"%s\"", err, key);
+    err[0] = 0;
+    check(loader_check(l, 1, 30, err, sizeof err) != 0 && strstr(err, key),
+          "loader_check steps 1..30: error \"%s\" lacks \"%s\"", err, key);
     loader_destroy(l);
+
+    /* A file whose vocab_size (50257) is larger than the model's (256): it opens, and the
+     * model's limit applies to every token read */
+    file_spec big = {H5T_STD_U16LE, 0, VOCAB_DATASET, 50257, "tokens"};
+    const char *bigp = tmp_path("bigvocab.h5");
+    write_file(bigp, &big, vals, N);
+    const char *bigkey = "bigvocab.h5: token 300 at position 1234 is >= the model's vocab_size 256";
+    err[0] = 0;
+    f = tokens_open(bigp, 256, err, sizeof err);
+    check(f != NULL, "vocab_size above the model's: open should succeed: %s", err);
+    if (f) {
+        int32_t buf[N]; /* [N] */
+        check(tokens_read(f, 0, 1234, buf, err, sizeof err) == 0, "big vocab: prefix read failed");
+        check(tokens_read(f, 1000, 500, buf, err, sizeof err) != 0 && strstr(err, bigkey),
+              "big vocab: tokens_read error \"%s\" lacks \"%s\"", err, bigkey);
+        tokens_close(f);
+    }
+    f = tokens_open(bigp, 0, err, sizeof err); /* no model: the file's own limit, 300 fits */
+    if (f) {
+        int32_t buf[N]; /* [N] */
+        check(tokens_read(f, 0, N, buf, err, sizeof err) == 0 && buf[1234] == 300,
+              "big vocab without a model limit: %s", err);
+        tokens_close(f);
+    }
 }
 
 /* ---- gptc-data ---- */
