@@ -277,19 +277,28 @@ int config_load_text(gptc_config *c, const char *text, char *err, size_t errlen)
     return load_ini(c, text, "<text>", err, errlen);
 }
 
-/* path's contents as a string (malloc'd), or NULL with errno set */
+/* path's contents as a string (malloc'd), or NULL with errno set. Read to its end rather
+ * than by its size, so that a pipe (bash's <(...)) works as a file does; a directory,
+ * which fopen opens on Linux, is refused. */
 static char *read_text(const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) return NULL;
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        int e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
         fclose(f);
-        errno = e;
+        errno = EISDIR;
         return NULL;
     }
-    char *text = malloc((size_t)st.st_size + 1); /* [size + 1] */
-    size_t n = text ? fread(text, 1, (size_t)st.st_size, f) : 0;
+    size_t n = 0, cap = 4096;
+    char *text = malloc(cap); /* [cap], n used, then a NUL */
+    while (text) {
+        n += fread(text + n, 1, cap - 1 - n, f);
+        if (n < cap - 1) break; /* end of file, or an error */
+        char *grown = realloc(text, 2 * cap);
+        if (!grown) free(text);
+        text = grown;
+        cap *= 2;
+    }
     int e = !text ? ENOMEM : ferror(f) ? EIO : 0;
     fclose(f);
     if (e) {
