@@ -7,7 +7,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import fail, gpu_present, run_train, write_tokens  # noqa: E402
+from gptc_testlib import TRAIN, env, fail, gpu_present, run_train, write_tokens  # noqa: E402
 
 D = tempfile.mkdtemp(prefix="gptc_cfg_")
 MODEL = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=32", "--model.n_ctx=16",
@@ -109,10 +109,26 @@ def check_help():
     print(f"ok   --help lists {len(keys)} keys with their defaults, and they read back")
 
 
+def check_config_pipe():
+    """A config file that is a pipe (bash's <(...)) is read like a regular one."""
+    import shlex
+    import subprocess
+    ini = f"{D}/pipe.ini"
+    with open(ini, "w") as f:
+        f.write("[train]\nsteps = 1\n")
+    cmd = f"{shlex.quote(TRAIN)} <(cat {shlex.quote(ini)}) " + " ".join(
+        shlex.quote(a) for a in BASE if not a.startswith("--train.steps="))
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120, env=env())
+    if r.returncode or "step     1/1" not in r.stdout:
+        fail(f"a config through a pipe: exit {r.returncode}:\n{r.stderr}")
+    print("ok   a config through a pipe trains")
+
+
 def main():
     rng = np.random.default_rng(0)
     write_tokens(f"{D}/tok.h5", rng.integers(0, 50, 500), 50)
     check_help()
+    check_config_pipe()
     tokens = rng.integers(0, 50, 500)
     tokens[123] = 60
     write_tokens(f"{D}/big.h5", tokens, 64)
