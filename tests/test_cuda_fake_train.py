@@ -185,44 +185,42 @@ def main():
     print(f"PASS: {len(LAYOUTS) + 3 + len(bf16_runs)} runs of the CUDA host code on the fake runtime match the CPU run")
 
 
-def check_small_smem_refusal(emu):
-    """On a GPU with an sm_89's 99 KiB of shared memory per block, the fp32 attention at
-    head size 128 (its backward needs 149.5 KiB) cannot run: every rank stops at the start,
-    before any step, with one line that names the head size's keys, what needs how much
-    and that bf16 fits (not a bare "invalid configuration" at the first step)."""
-    args = ["--model.n_layer=1", "--model.n_head=1", "--model.d_model=128", "--model.n_ctx=32",
-            f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", "--train.steps=1",
-            "--train.global_batch=2", "--train.seq_len=32", "--train.device=cuda",
-            "--parallel.dp=2"]
-    r = run_train(args, np_ranks=2, train=emu, extra_env={"GPTC_EMU_SMEM_OPTIN_KB": "99"},
-                  timeout=120)
+def check_start_refusal(emu, name, what, d_model, extra_env, want):
+    """A fake GPU the model cannot run on (extra_env makes it so): both ranks of a dp2 job
+    stop at the start, before any step, with one error line holding every word of want
+    (not a bare launch error at the first kernel)."""
+    args = ["--model.n_layer=1", "--model.n_head=1", f"--model.d_model={d_model}",
+            "--model.n_ctx=32", f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5",
+            "--train.steps=1", "--train.global_batch=2", "--train.seq_len=32",
+            "--train.device=cuda", "--parallel.dp=2"]
+    r = run_train(args, np_ranks=2, train=emu, extra_env=extra_env, timeout=120)
     lines = [x for x in r.stderr.splitlines() if x.startswith("gptc: error:")]
-    want = ["train.device = cuda", "fp32 attention at head size 128", "model.d_model / model.n_head",
-            "149.5 KiB", "99.0 KiB", "train.precision = bf16 fits"]
     if r.returncode == 0 or len(lines) != 1 or not all(w in lines[0] for w in want) \
             or re.search(r"^step +\d", r.stdout, re.M):
-        fail(f"fp32 attention at hs 128 on a 99 KiB device: exit {r.returncode}, expected one "
-             f"error line with {want} before any step:\n{r.stdout[-1000:]}{r.stderr[-2000:]}")
-    print(f"ok   {'emu_smem99_refused':<24} 2 rank(s): {lines[0]}")
+        fail(f"{what}: exit {r.returncode}, expected one error line with {want} before any "
+             f"step:\n{r.stdout[-1000:]}{r.stderr[-2000:]}")
+    print(f"ok   {name:<24} 2 rank(s): {lines[0]}")
+
+
+def check_small_smem_refusal(emu):
+    """On a GPU with an sm_89's 99 KiB of shared memory per block, the fp32 attention at
+    head size 128 (its backward needs 149.5 KiB) cannot run: the line names the head size's
+    keys, what needs how much and that bf16 fits."""
+    check_start_refusal(emu, "emu_smem99_refused", "fp32 attention at hs 128 on a 99 KiB device",
+                        128, {"GPTC_EMU_SMEM_OPTIN_KB": "99"},
+                        ["train.device = cuda", "fp32 attention at head size 128",
+                         "model.d_model / model.n_head", "149.5 KiB", "99.0 KiB",
+                         "train.precision = bf16 fits"])
 
 
 def check_old_gpu_refusal(emu):
     """On a GPU that none of the build's architectures runs on (the fake device made a
-    compute capability 7.5), every rank stops at the start with one line that names the
-    GPU's compute capability and the build's architectures, not at the first kernel."""
-    args = ["--model.n_layer=1", "--model.n_head=1", "--model.d_model=64", "--model.n_ctx=32",
-            f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", "--train.steps=1",
-            "--train.global_batch=2", "--train.seq_len=32", "--train.device=cuda",
-            "--parallel.dp=2"]
-    r = run_train(args, np_ranks=2, train=emu, extra_env={"GPTC_EMU_CC": "75"}, timeout=120)
-    lines = [x for x in r.stderr.splitlines() if x.startswith("gptc: error:")]
-    want = ["train.device = cuda", "compute capability 7.5", "cannot run this build's kernels",
-            "no kernel image"]
-    if r.returncode == 0 or len(lines) != 1 or not all(w in lines[0] for w in want) \
-            or re.search(r"^step +\d", r.stdout, re.M):
-        fail(f"a compute capability 7.5 GPU: exit {r.returncode}, expected one error line "
-             f"with {want} before any step:\n{r.stdout[-1000:]}{r.stderr[-2000:]}")
-    print(f"ok   {'emu_cc75_refused':<24} 2 rank(s): {lines[0]}")
+    compute capability 7.5): the line names the GPU's compute capability and the build's
+    architectures."""
+    check_start_refusal(emu, "emu_cc75_refused", "a compute capability 7.5 GPU", 64,
+                        {"GPTC_EMU_CC": "75"},
+                        ["train.device = cuda", "compute capability 7.5",
+                         "cannot run this build's kernels", "no kernel image"])
 
 
 if __name__ == "__main__":

@@ -498,12 +498,12 @@ static void ref_attention_backward(float *dqkv, float *datt, const float *dout, 
     else cpu->attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, NULL);
 }
 
+static int g_attention_skips; /* attention_runs_here's "not on this device" */
+
 /* 1 when the attention of precision p at head size C / NH runs on this device
  * (cuda_backend_check_model). Otherwise (fp32 above hs 64 on a 99 KiB sm_86 / sm_89) says
  * so, and checks that both launchers refuse it with a reason that names shared memory
  * instead of launching. */
-static int g_attention_skips; /* the calls below that said "not on this device" */
-
 static int attention_runs_here(int B, int T, int C, int NH, gptc_precision p) {
     char why[256];
     if (cuda_backend_check_model(C / NH, p, why, sizeof why) == 0) return 1;
