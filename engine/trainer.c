@@ -374,8 +374,11 @@ static void adopt_versions(const char *path, long first, int keep, long *kept, i
  * run writes them anew); lines it cannot read as a step are kept. 0, or -1 with err. */
 static int trim_log(const char *path, long first, char *err, size_t n) {
     FILE *in = fopen(path, "r");
-    if (!in) return errno == ENOENT ? 0 : (snprintf(err, n, "train.log_file %s: %s", path,
-                                                    strerror(errno)), -1);
+    if (!in && errno == ENOENT) return 0; /* nothing written yet */
+    if (!in) {
+        snprintf(err, n, "train.log_file %s: %s", path, strerror(errno));
+        return -1;
+    }
     char tmp[CFG_STR_MAX + 32];
     snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
     FILE *out = fopen(tmp, "w");
