@@ -143,6 +143,13 @@ static int choice_ok(const char *choices, const char *v) {
     return 0;
 }
 
+/* "0x..." or "0X...", after optional blanks and a sign */
+static int is_hex(const char *v) {
+    while (*v == ' ' || *v == '\t') v++;
+    if (*v == '+' || *v == '-') v++;
+    return v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
+}
+
 static int parse_bool(const char *v, int *out) {
     const char *t[] = {"true", "1", "yes", "on"}, *f[] = {"false", "0", "no", "off"};
     for (int i = 0; i < 4; i++) {
@@ -188,7 +195,7 @@ int config_set(gptc_config *c, const char *section, const char *key, const char 
         return 0;
     case K_U64: {
         if (value[0] == '-') end = (char *)value;
-        unsigned long long u = end ? 0 : strtoull(value, &end, 0);
+        unsigned long long u = end ? 0 : strtoull(value, &end, 10);
         if (end == value || *end || errno) {
             snprintf(err, errlen, "config: %s.%s = '%s' is not a non-negative integer", section, key, value);
             return -1;
@@ -197,6 +204,11 @@ int config_set(gptc_config *c, const char *section, const char *key, const char 
         return 0;
     }
     default: break;
+    }
+    if (is_hex(value)) {
+        /* strtod reads hex (0x10 = 16) while strtoull above is decimal: one notation */
+        snprintf(err, errlen, "config: %s.%s = '%s' is not a decimal number", section, key, value);
+        return -1;
     }
     double d = strtod(value, &end);
     if (end == value || *end || errno || !isfinite(d)) {

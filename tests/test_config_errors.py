@@ -22,6 +22,11 @@ CASES = [
     ("not a number", ["--train.lr=fast"], ["train.lr", "not a number"]),
     ("not an integer", ["--train.global_batch=2.5"], ["train.global_batch", "not an integer"]),
     ("out of range", ["--train.beta2=1.5"], ["train.beta2", "out of range"]),
+    # one notation for every number: strtod alone would take 0x10 for 16, strtoull(.., 0)
+    # 010 for 8
+    ("hex integer", ["--train.steps=0x10"], ["train.steps", "not a decimal number"]),
+    ("hex float", ["--train.lr=0x1p-10"], ["train.lr", "not a decimal number"]),
+    ("hex seed", ["--train.seed=0x10"], ["train.seed", "not a non-negative integer"]),
     ("bad choice", ["--parallel.schedule=zigzag"], ["parallel.schedule", "zigzag"]),
     ("bad boolean", ["--data.shuffle=maybe"], ["data.shuffle", "boolean"]),
     ("malformed argument", ["train.steps=3"], ["train.steps=3", "--section.key=value"]),
