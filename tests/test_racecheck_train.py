@@ -1,8 +1,8 @@
 """The CUDA host code and kernels under ThreadSanitizer (the racecheck build,
 GPTC_SANITIZE=thread): gptc-train-emu (the real host code of engine/cuda on the fake CUDA
 runtime of tests/cuda_emu) trains in layouts that use every overlap policy, and TSan must
-report nothing. That covers the kernels' races within a block (emu_runtime.c's racecheck)
-and every access of a copy, a cuBLASLt product, a kernel or a host worker that the streams,
+report nothing. That covers the kernels' races within a block and between blocks
+(emu_runtime.c's racecheck) and every access of a copy, a cuBLASLt product, a kernel or a host worker that the streams,
 events and host flags leave unordered: a communication lane that does not wait for the
 compute stream (comm_lane_after_compute without its stream_wait_event) is reported, a
 cuBLASLt product reading what the lane's copy writes. Not covered: two kernels of

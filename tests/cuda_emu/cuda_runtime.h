@@ -41,10 +41,6 @@ void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane);
  * lanes' in out[32 * size], lane 0 first. Full warps only. */
 #define EMU_GATHER_MAX 32
 void emu_warp_gather(const void *in, void *out, size_t size);
-/* atomicAdd: the add is made in the kernel's own code (so that a racecheck build sees its
- * read and write of *p) between these two, which hold the device's atomic lock */
-void emu_atomic_lock(void);
-void emu_atomic_unlock(void);
 /* cp.async of n bytes (valid from src, then zeros) from global to shared memory, queued
  * until emu_cp_async_wait covers it; commit closes a group; wait(k) makes every committed
  * group's copies but the newest k groups' (cp.async.wait_group k) */
@@ -124,11 +120,16 @@ static inline double __shfl_xor_sync(unsigned int mask, double v, int lane_mask)
     return r;
 }
 
+/* A relaxed atomic, as on the GPU: in the kernel's own code, so that a racecheck build
+ * sees it (as an atomic: no race with another atomicAdd, and no order either). */
 static inline float atomicAdd(float *p, float v) {
-    emu_atomic_lock();
-    float old = *p;
-    *p = old + v;
-    emu_atomic_unlock();
+    unsigned int *w = (unsigned int *)p, seen = __atomic_load_n(w, __ATOMIC_RELAXED), sum;
+    float old;
+    do {
+        memcpy(&old, &seen, sizeof old);
+        float s = old + v;
+        memcpy(&sum, &s, sizeof sum);
+    } while (!__atomic_compare_exchange_n(w, &seen, sum, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     return old;
 }
 static inline float __ldg(const float *p) { return *p; }

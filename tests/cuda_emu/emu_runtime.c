@@ -13,7 +13,7 @@
  * a barrier, then the next one runs. __syncthreads is a barrier of the block's fibers, a
  * warp shuffle an exchange through per-thread slots around a barrier of the warp's 32,
  * a warp-collective mma.sync (emu_mma.h) the same with every lane's fragments, atomicAdd
- * a locked add. A switch between fibers costs tens of nanoseconds (it was a
+ * a relaxed atomic. A switch between fibers costs tens of nanoseconds (it was a
  * futex wake and an OS context switch when CUDA threads were host threads, 20 to 30
  * times slower on the training runs of gptc-train-emu). Linux/glibc only (ucontext).
  * A launch is checked (configuration, shared memory) when it is made, on the launching
@@ -44,11 +44,12 @@
  *    buffer is its own heap block) and of dynamic shared memory (allocated at the exact
  *    size the launch asked for), misaligned float4 accesses (UBSan), undefined behaviour
  *    in kernel code;
- *  - under GPTC_SANITIZE=thread, races within a block (racecheck, below): TSan reports
- *    two accesses to the same memory, one a write, by threads of a block that no barrier
- *    orders, whatever order the emulator ran them in.
+ *  - under GPTC_SANITIZE=thread, races within a block and between blocks (racecheck,
+ *    below): TSan reports two accesses to the same memory, one a write, by threads that
+ *    no barrier orders (of a block) or by different blocks, not both atomicAdd, whatever
+ *    order the emulator ran them in.
  * What it cannot catch:
- *  - races in the other builds, and races between blocks in all. Within a block, each
+ *  - races in the other builds. Within a block, each
  *    warp in turn runs up to the next __syncthreads, upwards through the warps in one
  *    pass and downwards in the next (run_fibers), so a missing barrier between a write
  *    of shared memory and a read by another warp shows (the read gets NaN, or a
@@ -57,7 +58,7 @@
  *    does: deterministic, but not every pattern.
  *    Between blocks there is no concurrency at all: blocks run one after another, so a
  *    plain += where blocks collide (and atomicAdd is needed) passes; nor between kernels
- *    of different streams (one grid at a time);
+ *    of different streams (one grid at a time), in any build;
  *  - memory-model and warp-synchronous bugs: every access is a host access ordered by
  *    the barriers, and the lanes of a warp are independent threads that meet only at
  *    shuffles, so code relying on lockstep execution (or on __syncwarp, which is not
@@ -193,7 +194,8 @@ typedef struct barrier {
     char sync[2];     /* racecheck: sync objects of its even and odd completions */
 } barrier;
 
-enum { F_RUN, F_WAIT, F_DONE };
+/* F_PARKED: done with its block, until the scheduler gives it the next (or ends the grid) */
+enum { F_RUN, F_WAIT, F_PARKED, F_DONE };
 
 /* One pending cp.async: n bytes to dst, the first valid from src and the rest zero,
  * in commit group `group` */
@@ -211,6 +213,7 @@ typedef struct fiber {
     emu_uint3 block_idx;
     unsigned int parity; /* shuffle slot set */
     int state, started;
+    int grid_over;       /* F_PARKED: leave the grid instead of running another block */
     barrier *waiting;    /* F_WAIT: the barrier it waits at */
     /* its cp.async copies not waited for yet (emu_cp_async): made at cp.async.wait_group */
     struct cp_async_copy *cp;
@@ -229,8 +232,13 @@ typedef struct fiber {
 #define EMU_FIBER_STACK (256 * 1024)
 #endif
 
-static fiber *fibers;    /* [EMU_MAX_THREADS], stacks made as needed */
-static unsigned int fibers_made;
+/* Two sets of fibers, each a block's threads: a block runs on the set of its colour on a
+ * checkerboard of the grid, so neighbouring blocks never share a fiber (a fiber's stack and
+ * its TSan identity, see racecheck below). */
+#define EMU_SETS 2
+static fiber *fibers;    /* [EMU_SETS][EMU_MAX_THREADS], stacks made as needed */
+static unsigned int fibers_made[EMU_SETS];
+static fiber *set_fibers; /* the set that runs the current block */
 static fiber *running;   /* the fiber on the CPU, NULL: the scheduler */
 #ifdef EMU_SWAPCONTEXT
 static ucontext_t sched_ctx;
@@ -252,7 +260,6 @@ static double warp_slot[2][EMU_MAX_THREADS];       /* shuffle values, 2 sets */
 /* gather values (emu_warp_gather), 2 sets; the set alternates with the same parity as the
  * shuffles', so any sequence of shuffles and gathers keeps the argument below */
 static unsigned char warp_blob[2][EMU_MAX_THREADS][EMU_GATHER_MAX];
-static pthread_mutex_t atomic_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
     b->first = first;
@@ -263,29 +270,63 @@ static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
 }
 
 /* ------------------------------------------------------------------ racecheck
- * Under ThreadSanitizer (GPTC_SANITIZE=thread) the emulator checks the kernels for races
- * within a block, as compute-sanitizer's racecheck does on a GPU: TSan sees every memory
- * access of the kernel code (the xform'ed .cu files are instrumented), and the only order
- * between the CUDA threads of a block is the one CUDA gives:
+ * Under ThreadSanitizer (GPTC_SANITIZE=thread) the emulator checks the kernels for races,
+ * within a block as compute-sanitizer's racecheck does on a GPU, and between blocks (which
+ * compute-sanitizer does not check): TSan sees every memory access of the kernel code (the
+ * xform'ed .cu files are instrumented), and the only order between CUDA threads is the one
+ * CUDA gives:
  *  - a switch between fibers carries no order (__tsan_switch_to_fiber_no_sync), and this
  *    file, whose bookkeeping every thread touches, is not instrumented;
- *  - __syncthreads, the end of a block and a warp's shuffles and gathers (mma.sync,
- *    ldmatrix) are barriers: each thread releases on arrival and acquires on leaving, on
- *    the barrier's sync object of this completion (one of two, alternating, so that a fast
- *    thread's arrival at the next completion orders nothing before a slow one's leaving);
- *  - atomicAdd holds a lock around its read and write;
- *  - a grid is ordered after what its stream did before it (the stream's thread
- *    releases rc_grid, every thread acquires it at its start) and before what follows
- *    (every thread releases rc_grid at its end, the stream's thread acquires it);
+ *  - __syncthreads and a warp's shuffles and gathers (mma.sync, ldmatrix) are barriers:
+ *    each thread releases on arrival and acquires on leaving, on the barrier's sync object
+ *    of this completion (one of two, alternating, so that a fast thread's arrival at the
+ *    next completion orders nothing before a slow one's leaving);
+ *  - blocks are not ordered: the end of a block is no barrier to TSan, the barriers' sync
+ *    objects are forgotten (rc_forget) before the next block uses them, and so is what the
+ *    block did to shared memory and to the warps' exchange slots, which the next block
+ *    reuses. Only the fibers carry an order, their own program order: thread t of a block
+ *    comes after thread t of the earlier blocks of its set. The two sets alternate as the
+ *    squares of a checkerboard, so each block is checked against its neighbours in x and
+ *    in y, and any two threads of different blocks unless both the thread index and the
+ *    colour agree;
+ *  - atomicAdd is a relaxed atomic (cuda_runtime.h): no race with another atomicAdd, no
+ *    order either;
+ *  - a grid is ordered after what its stream did before it (the stream's thread releases
+ *    rc_grid_in, every thread acquires it at its start) and before what follows (every
+ *    thread releases rc_grid_out after each of its blocks, the stream's thread acquires it
+ *    at the end);
  *  - cp.async writes its destination when issued (the poison) and at the wait (the data),
  *    as the issuing thread: another thread's access that no barrier after the wait orders
  *    is a race (so is a refill issued before every reader of the old contents passed a
  *    barrier).
- * Not checked: races between blocks (the end of a block orders it before the next, which
- * also keeps shared memory and the fibers' stacks, reused by the next block, free of false
- * reports), and within a warp between its collective steps (the lanes meet at each). */
+ * Not checked: within a warp between its collective steps (the lanes meet at each), and
+ * between kernels of different streams (grids take the device lock, whose mutex orders
+ * them). */
+static char rc_grid_in, rc_grid_out; /* sync objects: the stream's work before, after a grid */
 #ifdef EMU_TSAN
-static char rc_grid; /* sync object: the stream's work before and after a grid */
+/* TSan's Java API, declared in no header: java_free drops the sync objects of a range,
+ * java_alloc its record of accesses (AnnotateNewMemory does nothing in this libtsan) */
+void __tsan_java_alloc(unsigned long ptr, unsigned long size);
+void __tsan_java_free(unsigned long ptr, unsigned long size);
+static void rc_acquire(void *sync) { __tsan_acquire(sync); }
+static void rc_release(void *sync) { __tsan_release(sync); }
+/* TSan forgets every access to [p, p + n) and every sync object there: memory that the
+ * next block reuses is new to it, as on a GPU it would be another block's */
+static void rc_forget(void *p, size_t n) {
+    if (!n) return;
+    __tsan_java_free((unsigned long)p, n);
+    __tsan_java_alloc((unsigned long)p, n);
+}
+/* from rc_ignore(1) to rc_ignore(0) TSan does not see this thread's accesses */
+static void rc_ignore(int on) {
+    if (on) AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+    else AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+}
+#else
+static void rc_acquire(void *sync) { (void)sync; }
+static void rc_release(void *sync) { (void)sync; }
+static void rc_forget(void *p, size_t n) { (void)p, (void)n; }
+static void rc_ignore(int on) { (void)on; }
 #endif
 
 /* Sanitizer bookkeeping around a switch from the scheduler to f and back. */
@@ -348,49 +389,45 @@ static void yield_to_scheduler(void) {
     to_fiber_end();
 }
 
-/* Arrives at b and waits until all its threads have; the last one runs on_last (if any)
- * first, while the others still wait. */
-static void barrier_wait(barrier *b, int at, void (*on_last)(void)) {
+/* Counts a thread's arrival at b, waiting at `at`; all waiters of b must wait at the same
+ * kind. Returns 1 for the last of b's threads. */
+static int arrive(barrier *b, int at) {
     char msg[200];
     if (b->arrived != 0 && b->at != at) {
         snprintf(msg, sizeof msg, "reached %s while other threads wait at %s: a barrier "
                  "or shuffle that not every thread reaches", at_name[at], at_name[b->at]);
         emu_fail(msg);
     }
-#ifdef EMU_TSAN
-    char *sync = &b->sync[b->gen & 1];
-#endif
     if (b->arrived++ == 0) b->at = at;
-    if (b->arrived == b->count) {
-#ifdef EMU_TSAN
-        __tsan_acquire(sync); /* on_last runs after the others' work */
-#endif
-        if (on_last) on_last();
-#ifdef EMU_TSAN
-        __tsan_release(sync); /* and before what they do next */
-#endif
-        b->arrived = 0;
-        b->at = -1;
-        b->gen++;
+    if (b->arrived < b->count) return 0;
+    b->arrived = 0;
+    b->at = -1;
+    b->gen++;
+    return 1;
+}
+
+/* Arrives at b and waits until all its threads have. */
+static void barrier_wait(barrier *b, int at) {
+    char *sync = &b->sync[b->gen & 1];
+    if (arrive(b, at)) {
+        rc_acquire(sync); /* orders the others' work before what this one does next */
+        rc_release(sync);
         /* release the others (they are the fibers waiting at b) */
         for (unsigned int t = b->first; t < b->first + b->count; t++)
-            if (fibers[t].state == F_WAIT && fibers[t].waiting == b) fibers[t].state = F_RUN;
+            if (set_fibers[t].state == F_WAIT && set_fibers[t].waiting == b)
+                set_fibers[t].state = F_RUN;
     } else {
-#ifdef EMU_TSAN
-        __tsan_release(sync);
-#endif
+        rc_release(sync);
         running->state = F_WAIT;
         running->waiting = b;
     }
     /* even the last one yields: the others run before it goes on, as on a GPU none is
      * ahead by more than the barrier */
     yield_to_scheduler();
-#ifdef EMU_TSAN
-    __tsan_acquire(sync);
-#endif
+    rc_acquire(sync);
 }
 
-void emu_syncthreads(void) { barrier_wait(&block_barrier, AT_SYNCTHREADS, NULL); }
+void emu_syncthreads(void) { barrier_wait(&block_barrier, AT_SYNCTHREADS); }
 
 /* One barrier per shuffle: slots alternate between two sets, so a lane that is already
  * one shuffle ahead writes the other set while its warp still reads this one (it cannot
@@ -403,7 +440,7 @@ void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane) {
     if (size > sizeof slot[0] || src_lane < 0 || (unsigned int)src_lane >= width)
         emu_fail("shuffle from a lane outside the warp");
     memcpy(&slot[tid], in, size);
-    barrier_wait(&warp_barrier[tid / 32], AT_SHUFFLE, NULL); /* every lane has stored */
+    barrier_wait(&warp_barrier[tid / 32], AT_SHUFFLE); /* every lane has stored */
     memcpy(out, &slot[base + (unsigned int)src_lane], size);
 }
 
@@ -414,7 +451,7 @@ void emu_warp_gather(const void *in, void *out, size_t size) {
     if (size > EMU_GATHER_MAX || emu_block_dim.x - base < 32)
         emu_fail("warp gather: more than EMU_GATHER_MAX bytes, or a partial warp");
     memcpy(slot[tid], in, size);
-    barrier_wait(&warp_barrier[tid / 32], AT_SHUFFLE, NULL); /* every lane has stored */
+    barrier_wait(&warp_barrier[tid / 32], AT_SHUFFLE); /* every lane has stored */
     for (unsigned int l = 0; l < 32; l++) memcpy((char *)out + l * size, slot[base + l], size);
 }
 
@@ -461,8 +498,6 @@ void emu_cp_async_wait(unsigned int newest) {
     f->cp_n = kept;
 }
 
-void emu_atomic_lock(void) { pthread_mutex_lock(&atomic_mu); }
-void emu_atomic_unlock(void) { pthread_mutex_unlock(&atomic_mu); }
 
 /* ------------------------------------------------------------------ shared memory */
 
@@ -523,28 +558,49 @@ static size_t smem_limit(const void *kernel) {
 
 /* ------------------------------------------------------------------ launches */
 
-/* One emulated CUDA thread (a fiber's life): runs the kernel for its threadIdx in every
- * block in turn, then goes back to the scheduler for good. */
+/* The last thread to finish a block readies shared memory for the next: poisoned, and
+ * (racecheck) new to TSan, as are the barriers and the warps' exchange slots. */
+static void block_done(void) {
+    rc_ignore(1); /* the poison is no access of the block's, which no barrier orders now */
+    poison_shared();
+    rc_ignore(0);
+    char *start = __start_emu_shared, *stop = __stop_emu_shared;
+    if (start && stop > start) rc_forget(start, (size_t)(stop - start));
+    rc_forget(cur.smem, cur.smem_bytes);
+    unsigned int nt = cur.block.x, nwarps = (nt + 31) / 32;
+    rc_forget(block_barrier.sync, sizeof block_barrier.sync);
+    for (unsigned int w = 0; w < nwarps; w++)
+        rc_forget(warp_barrier[w].sync, sizeof warp_barrier[w].sync);
+    for (int p = 0; p < 2; p++) {
+        rc_forget(warp_slot[p], nt * sizeof warp_slot[p][0]);
+        rc_forget(warp_blob[p], nt * sizeof warp_blob[p][0]);
+    }
+}
+
+/* The end of a thread's block: it parks until the scheduler gives it the next block or
+ * ends the grid; the last of the block to get there first readies shared memory for the
+ * next block (block_done). Orders nothing: blocks are unordered (racecheck). */
+static void block_end(void) {
+    if (arrive(&block_barrier, AT_BLOCK_END)) block_done();
+    running->state = F_PARKED;
+    yield_to_scheduler();
+}
+
+/* One emulated CUDA thread (a fiber's life in a grid): runs the kernel for its threadIdx
+ * in each block the scheduler gives it (f->block_idx), parking after each until the next
+ * one or the end of the grid, then goes back to the scheduler for good. */
 static void fiber_main(void) {
     fiber *f = running;
     to_fiber_end();
-#ifdef EMU_TSAN
-    __tsan_acquire(&rc_grid);
-#endif
-    for (unsigned int by = 0; by < emu_grid_dim.y; by++)
-        for (unsigned int bx = 0; bx < emu_grid_dim.x; bx++) {
-            f->block_idx.x = emu_block_idx.x = bx;
-            f->block_idx.y = emu_block_idx.y = by;
-            f->block_idx.z = emu_block_idx.z = 0;
-            cur.body(cur.ctx);
-            if (f->cp_n) emu_fail("cp.async copies the thread never waited for");
-            /* the last thread to finish the block refills shared memory for the next */
-            barrier_wait(&block_barrier, AT_BLOCK_END, poison_shared);
-        }
+    rc_acquire(&rc_grid_in);
+    for (;;) {
+        cur.body(cur.ctx);
+        if (f->cp_n) emu_fail("cp.async copies the thread never waited for");
+        rc_release(&rc_grid_out);
+        block_end();
+        if (f->grid_over) break;
+    }
     f->state = F_DONE;
-#ifdef EMU_TSAN
-    __tsan_release(&rc_grid);
-#endif
     to_sched_begin(f);
 #ifdef EMU_SWAPCONTEXT
     swapcontext(&f->start, &sched_ctx);
@@ -555,8 +611,7 @@ static void fiber_main(void) {
 }
 
 /* A fiber's stack, made once (guard page below it, so that an overflow faults). */
-static void make_fiber(unsigned int t) {
-    fiber *f = &fibers[t];
+static void make_fiber(fiber *f) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     char *m = mmap(NULL, EMU_FIBER_STACK + page, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -592,26 +647,27 @@ static void resume(fiber *f) {
     running = NULL;
 }
 
-/* Runs the grid's fibers to the end. A pass takes the warps in turn, alternately upwards
- * and downwards, and runs each warp's lanes (in the same direction) until none of them can
- * go on, i.e. until the whole warp waits at a __syncthreads (or is done), before the next
- * warp starts: a warp runs as far ahead of the others as a barrier lets it, as one may on
- * a GPU. So a read of shared memory that another warp writes without a barrier in between
- * shows (as NaN, or as a cp.async's poison) in the passes where the reader goes first,
- * and a write (or cp.async) that should wait for other warps' reads of the old contents
- * shows in the passes where the writer goes first. */
-static void run_fibers(unsigned int nt) {
+/* Runs a block on its set of fibers fs until all of them are parked at its end. A pass
+ * takes the warps in turn, alternately upwards and downwards, and runs each warp's lanes
+ * (in the same direction) until none of them can go on, i.e. until the whole warp waits at
+ * a __syncthreads (or is done), before the next warp starts: a warp runs as far ahead of
+ * the others as a barrier lets it, as one may on a GPU. So a read of shared memory that
+ * another warp writes without a barrier in between shows (as NaN, or as a cp.async's
+ * poison) in the passes where the reader goes first, and a write (or cp.async) that should
+ * wait for other warps' reads of the old contents shows in the passes where the writer
+ * goes first. */
+static void run_block(fiber *fs, unsigned int nt) {
     char msg[240];
     unsigned int nw = (nt + 31) / 32;
     for (int pass = 0;; pass++) {
-        unsigned int alive = 0, ran = 0;
+        unsigned int busy = 0, ran = 0;
         for (unsigned int k = 0; k < nw; k++) {
             unsigned int w = pass & 1 ? nw - 1 - k : k, first = 32 * w;
             unsigned int n = nt - first < 32 ? nt - first : 32;
             for (unsigned int ran_warp = 1; ran_warp;) {
                 ran_warp = 0;
                 for (unsigned int i = 0; i < n; i++) {
-                    fiber *f = &fibers[first + (pass & 1 ? n - 1 - i : i)];
+                    fiber *f = &fs[first + (pass & 1 ? n - 1 - i : i)];
                     if (f->state != F_RUN) continue;
                     resume(f);
                     ran_warp++;
@@ -619,14 +675,15 @@ static void run_fibers(unsigned int nt) {
                 ran += ran_warp;
             }
         }
-        for (unsigned int t = 0; t < nt; t++) alive += fibers[t].state != F_DONE;
-        if (!alive) return;
+        for (unsigned int t = 0; t < nt; t++) busy += fs[t].state != F_PARKED;
+        if (!busy) return;
         if (ran) continue;
-        /* every live thread waits, and no barrier can complete */
+        /* every thread of the block waits, and no barrier can complete */
         unsigned int t = 0;
-        while (t < nt && fibers[t].state != F_WAIT) t++;
-        const barrier *b = fibers[t].waiting;
+        while (t < nt && fs[t].state != F_WAIT) t++;
+        const barrier *b = fs[t].waiting;
         emu_thread_idx.x = t;
+        emu_block_idx = fs[t].block_idx;
         snprintf(msg, sizeof msg, "waits at %s with %u of %u thread(s) there, and no other "
                  "thread can arrive: a barrier or shuffle that not every thread reaches",
                  at_name[b->at], b->arrived, b->count);
@@ -634,13 +691,39 @@ static void run_fibers(unsigned int nt) {
     }
 }
 
-/* Runs a checked grid to completion on this thread, holding the device. */
+/* Readies set s's first nt fibers (stacks made once) to start the grid. */
+static void start_set(unsigned int s, unsigned int nt) {
+    fiber *fs = &fibers[s * EMU_MAX_THREADS];
+    for (unsigned int t = 0; t < nt; t++) {
+        fiber *f = &fs[t];
+        if (t >= fibers_made[s]) {
+            make_fiber(f);
+            fibers_made[s] = t + 1;
+        }
+        f->tid = t;
+        f->parity = 0;
+        f->started = f->grid_over = 0;
+        f->waiting = NULL;
+        f->cp_n = f->cp_groups = 0;
+#ifdef EMU_ASAN
+        f->fake_stack = NULL;
+#endif
+        getcontext(&f->start);
+        f->start.uc_stack.ss_sp = f->stack;
+        f->start.uc_stack.ss_size = EMU_FIBER_STACK;
+        f->start.uc_link = NULL;
+        makecontext(&f->start, fiber_main, 0);
+    }
+}
+
+/* Runs a checked grid to completion on this thread, holding the device: block after
+ * block, each on the set of fibers of its colour (EMU_SETS), then lets the fibers go. */
 static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t dyn_smem,
                      emu_body_fn body, void *ctx) {
     unsigned int nt = block.x, nwarps = (nt + 31) / 32;
     pthread_mutex_lock(&device_mu);
     if (!fibers) {
-        fibers = calloc(EMU_MAX_THREADS, sizeof *fibers);
+        fibers = calloc(EMU_SETS * EMU_MAX_THREADS, sizeof *fibers);
         if (!fibers) emu_fail("no memory for the CUDA threads");
     }
     cur.name = name;
@@ -659,8 +742,8 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
         barrier_init(&warp_barrier[w], 32 * w, nt - 32 * w < 32 ? nt - 32 * w : 32);
 #ifdef EMU_TSAN
     sched_tsan = __tsan_get_current_fiber();
-    __tsan_release(&rc_grid); /* the inputs, earlier grids */
 #endif
+    rc_release(&rc_grid_in); /* the inputs, earlier grids */
 
     /* this thread's view while the grid runs (restored after: it may be the host's) */
     int was_in_kernel = in_kernel;
@@ -672,32 +755,27 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
     emu_block_dim = block;
     emu_grid_dim = grid;
     emu_dyn_smem = cur.smem;
-    for (unsigned int t = 0; t < nt; t++) {
-        fiber *f = &fibers[t];
-        if (t >= fibers_made) {
-            make_fiber(t);
-            fibers_made = t + 1;
+    int started[EMU_SETS] = {0};
+    for (unsigned int by = 0; by < grid.y; by++)
+        for (unsigned int bx = 0; bx < grid.x; bx++) {
+            unsigned int s = (bx + by) % EMU_SETS;
+            if (!started[s]) start_set(s, nt);
+            started[s] = 1;
+            set_fibers = &fibers[s * EMU_MAX_THREADS];
+            for (unsigned int t = 0; t < nt; t++) {
+                set_fibers[t].block_idx = (emu_uint3){bx, by, 0};
+                set_fibers[t].state = F_RUN;
+            }
+            run_block(set_fibers, nt);
         }
-        f->tid = t;
-        f->block_idx = (emu_uint3){0, 0, 0};
-        f->parity = 0;
-        f->state = F_RUN;
-        f->started = 0;
-        f->waiting = NULL;
-        f->cp_n = f->cp_groups = 0;
-#ifdef EMU_ASAN
-        f->fake_stack = NULL;
-#endif
-        getcontext(&f->start);
-        f->start.uc_stack.ss_sp = f->stack;
-        f->start.uc_stack.ss_size = EMU_FIBER_STACK;
-        f->start.uc_link = NULL;
-        makecontext(&f->start, fiber_main, 0);
-    }
-    run_fibers(nt);
-#ifdef EMU_TSAN
-    __tsan_acquire(&rc_grid); /* the grid's work, before what the stream does next */
-#endif
+    for (unsigned int s = 0; s < EMU_SETS; s++)
+        for (unsigned int t = 0; started[s] && t < nt; t++) {
+            fiber *f = &fibers[s * EMU_MAX_THREADS + t];
+            f->grid_over = 1;
+            f->state = F_RUN;
+            resume(f);
+        }
+    rc_acquire(&rc_grid_out); /* the grid's work, before what the stream does next */
     in_kernel = was_in_kernel;
     kernel_name = was_name;
     emu_block_dim = was_block_dim;
@@ -707,6 +785,7 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
 
     free(cur.smem);
     memset(&cur, 0, sizeof cur);
+    set_fibers = NULL;
     pthread_mutex_unlock(&device_mu);
 }
 

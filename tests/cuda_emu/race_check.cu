@@ -1,9 +1,13 @@
-/* Test tool, not part of the engine: two kernels that are races without their barrier,
- * so that the racecheck (emu_runtime.c, under GPTC_SANITIZE=thread) is seen to report
- * one: shared memory a warp writes and another reads, and a cp.async destination another
- * thread reads after the issuing thread's wait. With the barrier, the same kernels are
- * race-free, and test_cuda_emu checks their results. Compiled through xform.py like the
- * kernels of engine/cuda. */
+/* Test tool, not part of the engine: kernels with a planted synchronization bug unless
+ * made safe. Four are races, so that the racecheck (emu_runtime.c, under
+ * GPTC_SANITIZE=thread) is seen to report one: within a block, shared memory a warp writes
+ * and another reads, and a cp.async destination another thread reads after the issuing
+ * thread's wait (safe: with a barrier); between blocks, blocks writing the same elements
+ * (safe: each block its own), and blocks adding into the same elements (safe: by
+ * atomicAdd). Two are barriers that not every thread reaches, which the emulator stops at
+ * in every build: a thread that skips a __syncthreads, and half a warp at a shuffle.
+ * Made safe, they run, and test_cuda_emu checks their results. Compiled through xform.py
+ * like the kernels of engine/cuda. */
 #include "engine/cuda/cuda_common.cuh"
 #include "engine/cuda/mma.cuh"
 
@@ -30,8 +34,47 @@ __global__ void race_cp_async_kernel(float *out /* [32] */, const float *v /* [3
     if (t >= 32) out[t - 32] = ((const float *)tile)[t - 32];
 }
 
-/* which: 0 the shared-memory kernel, 1 the cp.async one; barrier 0 makes it a race */
-extern "C" void emu_race_check(int which, int barrier, float *out, const float *v) {
-    if (which == 0) race_shared_kernel<<<1, 64>>>(out, v, barrier);
-    else race_cp_async_kernel<<<1, 64>>>(out, v, barrier);
+/* 4 blocks of 32: out[32 b + t] = v[t] + b, or (indexed 0) every block to out[t] */
+__global__ void race_blocks_kernel(float *out /* [4 * 32] */, const float *v /* [32] */,
+                                   int indexed) {
+    int t = threadIdx.x, b = blockIdx.x;
+    out[(indexed ? 32 * b : 0) + t] = v[t] + (float)b;
+}
+
+/* 4 blocks of 32: out[t] += v[t] in every block, by atomicAdd or (atomic 0) a plain += */
+__global__ void race_atomic_kernel(float *out /* [32] */, const float *v /* [32] */,
+                                   int atomic) {
+    int t = threadIdx.x;
+    if (atomic) atomicAdd(out + t, v[t]);
+    else out[t] += v[t];
+}
+
+/* 64 threads: out[t] = v[t % 32] + 2 after a __syncthreads that (all 0) thread 0 skips */
+__global__ void sync_skip_kernel(float *out /* [64] */, const float *v /* [32] */, int all) {
+    int t = threadIdx.x;
+    if (all || t != 0) __syncthreads();
+    out[t] = v[t & 31] + 2.0f;
+}
+
+/* 64 threads: warp 0 swaps neighbours' values by a shuffle (all 0: only its lanes 0..15
+ * get there), then every thread stores its value after a __syncthreads:
+ * out[t] = v[t ^ 1] for t < 32, v[t - 32] above */
+__global__ void sync_shuffle_kernel(float *out /* [64] */, const float *v /* [32] */, int all) {
+    int t = threadIdx.x;
+    float x = v[t & 31];
+    if (t < (all ? 32 : 16)) x = __shfl_xor_sync(0xffffffffu, x, 1);
+    __syncthreads();
+    out[t] = x;
+}
+
+/* which: 0 the shared-memory kernel, 1 the cp.async one, 2 the blocks', 3 the atomic
+ * one, 4 the skipped __syncthreads, 5 the half-warp shuffle; safe 0 plants the bug */
+extern "C" void emu_race_check(int which, int safe, float *out /* [4 * 32] */,
+                               const float *v /* [32] */) {
+    if (which == 0) race_shared_kernel<<<1, 64>>>(out, v, safe);
+    else if (which == 1) race_cp_async_kernel<<<1, 64>>>(out, v, safe);
+    else if (which == 2) race_blocks_kernel<<<4, 32>>>(out, v, safe);
+    else if (which == 3) race_atomic_kernel<<<4, 32>>>(out, v, safe);
+    else if (which == 4) sync_skip_kernel<<<1, 64>>>(out, v, safe);
+    else sync_shuffle_kernel<<<1, 64>>>(out, v, safe);
 }

@@ -11,17 +11,21 @@
  *  - cp.async and ldmatrix on one warp (the same file), each lane checking what it sees
  *    against the PTX ISA's statements: the fragments of ldmatrix and its .trans, the
  *    groups of cp.async.wait_group, src-size 0's zero fill;
- *  - race_check.cu's kernels with their barriers (without them, "race 0" and "race 1"
- *    are what the racecheck build must report: ctest test_cuda_emu_race*_reported);
+ *  - race_check.cu's kernels made safe (unsafe, "race 0" to "race 3" are what the
+ *    racecheck build must report, ctest test_cuda_emu_race*_reported, and "race 4" and
+ *    "race 5" what the emulator must stop at, test_cuda_emu_sync*_reported);
  *  - fill_nan, which is no op of the op table (tests poison with it), aligned and not;
  *  - wait_flag and set_flag, the host flags of host_tasks.c, on host memory.
  * Everything runs on the NULL stream, which the emulator runs before a launch returns, so
  * results are read at once. A few milliseconds, under GPTC_SANITIZE=address too. */
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "engine/bf16.h"
 #include "engine/cuda/cuda_kernels.h"
@@ -33,9 +37,12 @@ void emu_mma_check(float *d, const float *a, const float *b, const float *c);
 /* mma_check.cu: cp.async and ldmatrix on one warp, mismatches per lane in bad[32] */
 void emu_cp_async_ldsm_check(int *bad, const uint16_t *m);
 
-/* race_check.cu: kernel which (0: shared memory, 1: cp.async), with or without its barrier,
- * out[32] = v[32] (+ 1 for kernel 0) */
-void emu_race_check(int which, int barrier, float *out, const float *v);
+/* race_check.cu: kernel which (0: shared memory, 1: cp.async, 2: blocks writing, 3: blocks
+ * adding, 4: a skipped __syncthreads, 5: half a warp at a shuffle), safe or not; out[32] =
+ * v[32] (+ 1 for kernel 0), out[32 b + t] = v[t] + b for b < 4 (kernel 2), out[32] +=
+ * 4 v[32] (kernel 3), out[t] = v[t % 32] + 2 for t < 64 (kernel 4), out[t] = v[t ^ 1]
+ * for t < 32 and v[t - 32] for 32 <= t < 64 (kernel 5) */
+void emu_race_check(int which, int safe, float *out, const float *v);
 
 static int g_failures;
 
@@ -157,31 +164,59 @@ static void test_host_flags(void) {
     g_failures += !ok;
 }
 
-/* race_check.cu's kernels with their barriers: what warp 0 wrote, warp 1 reads */
+/* race_check.cu's kernels made safe, and their results */
 static void test_race_check_kernels(void) {
-    for (int which = 0; which < 2; which++) {
-        float v[32], out[32];
-        for (int i = 0; i < 32; i++) v[i] = (float)i, out[i] = NAN;
+    static const char *const name[6] = {"race_check shared, barrier", "race_check cp.async, barrier",
+                                        "race_check blocks, indexed", "race_check blocks, atomicAdd",
+                                        "sync_check all at barrier",  "sync_check whole-warp shuffle"};
+    for (int which = 0; which < 6; which++) {
+        float v[32], out[4 * 32], want[4 * 32];
+        int n = which == 2 ? 4 * 32 : which >= 4 ? 64 : 32;
+        for (int i = 0; i < 32; i++) v[i] = (float)i;
+        for (int i = 0; i < 4 * 32; i++) out[i] = which == 3 ? 0.0f : NAN;
+        for (int i = 0; i < n; i++)
+            want[i] = which == 0 ? v[i] + 1.0f : which == 1 ? v[i]
+                    : which == 2 ? v[i % 32] + (float)(i / 32) : which == 3 ? 4.0f * v[i]
+                    : which == 4 ? v[i % 32] + 2.0f : i < 32 ? v[i ^ 1] : v[i - 32];
         emu_race_check(which, 1, out, v);
-        check_launch(which ? "race_cp_async" : "race_shared");
+        check_launch(name[which]);
         int bad = 0;
-        for (int i = 0; i < 32; i++) bad += out[i] != v[i] + (which ? 0.0f : 1.0f);
-        printf("%s %-28s %d of 32 wrong\n", bad ? "FAIL" : "ok  ",
-               which ? "race_check cp.async, barrier" : "race_check shared, barrier", bad);
+        for (int i = 0; i < n; i++) bad += out[i] != want[i];
+        printf("%s %-28s %d of %d wrong\n", bad ? "FAIL" : "ok  ", name[which], bad, n);
         g_failures += bad != 0;
     }
 }
 
-/* "race W": race_check.cu's kernel W without its barrier, a race that a racecheck build
- * (GPTC_SANITIZE=thread) reports; elsewhere the emulator runs it without a word */
-int main(int argc, char **argv) {
-    setvbuf(stdout, NULL, _IOLBF, 0); /* in order with the emulator's messages on stderr */
-    if (argc == 3 && strcmp(argv[1], "race") == 0) {
-        float v[32] = {0}, out[32];
-        emu_race_check(atoi(argv[2]) != 0, 0, out, v);
-        printf("ran race_check kernel %s without its barrier\n", argv[2]);
+/* race_check.cu's kernel `which` unsafe. Kernels 0 to 3 are races, which a racecheck
+ * build (GPTC_SANITIZE=thread) reports; elsewhere the emulator runs them without a word.
+ * Kernels 4 and 5 are barriers that not every thread reaches, where the emulator stops
+ * the process (a message, then abort): they run in a child, and this one exits 0 only if
+ * the child was so stopped (ctest takes an abort for a failure whatever the output). */
+static int run_unsafe(int which) {
+    float v[32] = {0}, out[4 * 32] = {0};
+    if (which < 4) {
+        emu_race_check(which, 0, out, v);
+        printf("ran race_check kernel %d unsafe\n", which);
         return 0;
     }
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0) {
+        emu_race_check(which, 0, out, v);
+        printf("race_check kernel %d ran to its end: the emulator did not stop it\n", which);
+        _exit(0);
+    }
+    int status;
+    if (child < 0 || waitpid(child, &status, 0) != child) return 1;
+    int stopped = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+    printf("%s race_check kernel %d %s\n", stopped ? "ok  " : "FAIL", which,
+           stopped ? "stopped by the emulator" : "not stopped");
+    return stopped ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* in order with the emulator's messages on stderr */
+    if (argc == 3 && strcmp(argv[1], "race") == 0) return run_unsafe(atoi(argv[2]));
     test_attention_unsupported();
     test_race_check_kernels();
     test_mma();
