@@ -6,7 +6,9 @@ report nothing. That covers the kernels' races within a block and between blocks
 events and host flags leave unordered: a communication lane that does not wait for the
 compute stream (comm_lane_after_compute without its stream_wait_event) is reported, a
 cuBLASLt product reading what the lane's copy writes. Not covered: two kernels of
-different streams (the emulator runs one grid at a time under a lock, which orders them).
+different streams (the emulator runs one grid at a time under a lock, which orders them);
+gptc launches every kernel on the model's compute stream, and its lanes run only copies,
+collectives and host-flag kernels, which are checked.
 The last run takes the NCCL path (gptc-train-emu-nccl, the fake NCCL of tests/cuda_emu).
 Open MPI's own synchronization is not instrumented: tests/tsan.supp.
 

@@ -301,7 +301,8 @@ static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
  *    barrier).
  * Not checked: within a warp between its collective steps (the lanes meet at each), and
  * between kernels of different streams (grids take the device lock, whose mutex orders
- * them). */
+ * them; gptc's kernels all run on one stream, its lanes' copies and collectives are
+ * checked). */
 static char rc_grid_in, rc_grid_out; /* sync objects: the stream's work before, after a grid */
 #ifdef EMU_TSAN
 /* TSan's Java API, declared in no header: java_free drops the sync objects of a range,
