@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static int g_rank = 0;
 
@@ -26,4 +27,22 @@ void log_error(const char *fmt, ...) {
     /* one write, so lines from several ranks do not interleave mid-line */
     fprintf(stderr, "gptc: error: %s\n", line);
     fflush(stderr);
+}
+
+void *log_calloc(size_t n, size_t size, const char *what) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) {
+        log_error("rank %d: out of memory for %s (%zu x %zu bytes)", g_rank, what, n, size);
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+
+void *log_realloc(void *p, size_t bytes, const char *what) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q) {
+        log_error("rank %d: out of memory for %s (%zu bytes)", g_rank, what, bytes);
+        exit(EXIT_FAILURE);
+    }
+    return q;
 }

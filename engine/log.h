@@ -2,11 +2,18 @@
 #ifndef GPTC_LOG_H
 #define GPTC_LOG_H
 
+#include <stddef.h>
+
 void log_set_rank(int rank);
 int log_rank(void);
 /* printf to stdout on rank 0 */
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "gptc: error: ..." on stderr, from whichever rank calls it */
 void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* calloc(n, size) of the host's small bookkeeping, where out of memory can only end the
+ * run: then one line naming the rank and `what`, and exit */
+void *log_calloc(size_t n, size_t size, const char *what);
+/* realloc(p, bytes), the same way */
+void *log_realloc(void *p, size_t bytes, const char *what);
 
 #endif

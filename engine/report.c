@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/log.h"
 #include "engine/timing.h"
 #include "parallel/comm.h"
 
@@ -33,9 +34,7 @@ static void put(text *t, const char *fmt, ...) {
         }
         size_t cap = t->cap ? 2 * t->cap : 65536;
         while (cap < t->n + (size_t)k + 1) cap *= 2;
-        char *p = realloc(t->s, cap);
-        if (!p) return;
-        t->s = p;
+        t->s = log_realloc(t->s, cap, "the report's text");
         t->cap = cap;
     }
 }
@@ -45,14 +44,14 @@ static char *gather_text(comm_group *world, const text *mine, size_t *len) {
     int size = world ? world->size : 1, rank = world ? world->rank : 0;
     int n = (int)mine->n;
     if (size == 1) {
-        char *all = malloc(mine->n + 1);
+        char *all = log_calloc(mine->n + 1, 1, "the report");
         memcpy(all, mine->s ? mine->s : "", mine->n);
         all[mine->n] = 0;
         *len = mine->n;
         return all;
     }
-    int *counts = rank == 0 ? malloc(sizeof(int) * size) : NULL;
-    int *displs = rank == 0 ? malloc(sizeof(int) * size) : NULL;
+    int *counts = rank == 0 ? log_calloc((size_t)size, sizeof(int), "the report's gather") : NULL; /* [size] */
+    int *displs = rank == 0 ? log_calloc((size_t)size, sizeof(int), "the report's gather") : NULL; /* [size] */
     MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, world->comm);
     char *all = NULL;
     long total = 0;
@@ -61,7 +60,7 @@ static char *gather_text(comm_group *world, const text *mine, size_t *len) {
             displs[r] = (int)total;
             total += counts[r];
         }
-        all = malloc((size_t)total + 1);
+        all = log_calloc((size_t)total + 1, 1, "the report");
     }
     MPI_Gatherv(mine->s ? mine->s : "", n, MPI_CHAR, all, counts, displs, MPI_CHAR, 0, world->comm);
     if (all) all[total] = 0;
@@ -96,7 +95,7 @@ static int merge_kernels(const char *lines, merged_kernel **out) {
         if (i == n) {
             if (n == cap) {
                 cap = cap ? 2 * cap : 64;
-                k = realloc(k, sizeof(*k) * (size_t)cap);
+                k = log_realloc(k, sizeof(*k) * (size_t)cap, "the report's kernels");
             }
             k[n++] = r;
             continue;

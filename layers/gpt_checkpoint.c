@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/log.h"
 #include "engine/watchdog.h"
 #include "parallel/comm.h"
 
@@ -86,7 +87,7 @@ static size_t pack_tensor(const gpt_model *m, const param_tensor *t, const float
         floats += (size_t)(blocks[i].count[0] * blocks[i].count[1]);
     }
     size_t bytes = sizeof(h) + floats * sizeof(float);
-    char *buf = malloc(bytes); /* header, then the packed blocks */
+    char *buf = log_calloc(bytes, 1, "a checkpoint's packed tensor"); /* header, then the packed blocks */
     memcpy(buf, &h, sizeof(h));
     float *data = (float *)(buf + sizeof(h));
     for (int i = 0; i < h.nb; i++) {
@@ -128,8 +129,8 @@ static int gather_and_write(const gpt_model *m, comm_group *world, ckpt_file *f,
     int *counts = NULL, *displs = NULL;
     char *all = NULL;
     if (rank == 0) {
-        counts = malloc(sizeof(int) * size);
-        displs = malloc(sizeof(int) * size);
+        counts = log_calloc((size_t)size, sizeof(int), "a checkpoint's gather"); /* [size] */
+        displs = log_calloc((size_t)size, sizeof(int), "a checkpoint's gather"); /* [size] */
     }
     MPI_Gather(&bytes, 1, MPI_INT, counts, 1, MPI_INT, 0, world->comm);
     if (rank == 0) {
@@ -138,7 +139,7 @@ static int gather_and_write(const gpt_model *m, comm_group *world, ckpt_file *f,
             displs[r] = (int)total;
             total += counts[r];
         }
-        all = malloc((size_t)total);
+        all = log_calloc((size_t)total, 1, "a checkpoint's gather"); /* [total] bytes */
     }
     MPI_Gatherv(mine, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, world->comm);
     if (rank == 0)

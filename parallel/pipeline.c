@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/log.h"
 #include "engine/timing.h"
 #include "parallel/comm.h"
 
@@ -18,7 +19,8 @@ enum { TAG_ACT = 1, TAG_GRAD = 2 }; /* one tag per direction: the lists keep eac
  * never collides; slots = the most live at once. */
 static void count_slots(const pp_list *l, int v, int n_micro, int *slots) {
     int n = v * n_micro;
-    int *first = malloc(sizeof(int) * (size_t)n), *last = malloc(sizeof(int) * (size_t)n);
+    int *first = log_calloc((size_t)n, sizeof(int), "the pipeline's slot count"); /* [n] action index */
+    int *last = log_calloc((size_t)n, sizeof(int), "the pipeline's slot count");  /* [n] action index */
     for (int k = 0; k < n; k++) first[k] = last[k] = -1;
     for (int i = 0; i < l->n; i++) {
         int k = l->a[i].chunk * n_micro + l->a[i].micro;

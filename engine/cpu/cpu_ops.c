@@ -97,7 +97,7 @@ static void f32_layernorm_backward(float *dinp, float *dw, float *db, const floa
                                    const float *rstd, int N, int C) {
     int nt_max = omp_get_max_threads();
     /* partial[thread][2][C]: per-thread dw and db, summed in thread order below */
-    float *partial = calloc((size_t)nt_max * 2 * C, sizeof(float));
+    float *partial = log_calloc((size_t)nt_max * 2 * C, sizeof(float), "layernorm_backward's partial sums");
     int nt_used = 1;
     #pragma omp parallel
     {
