@@ -35,7 +35,7 @@ static const char USAGE[] =
 typedef struct {
     long long vocab;
     const char *out;
-    char **inputs;
+    char **inputs; /* [n_inputs] input file paths */
     int n_inputs;
 } options;
 

@@ -22,12 +22,12 @@ typedef struct ckpt_file ckpt_file;
 ckpt_file *ckpt_create(const char *path, const ckpt_meta *meta, char *err, size_t errlen);
 /* group is "model", "optim/m" or "optim/v"; data holds the whole tensor, row-major. */
 int ckpt_write(ckpt_file *f, const char *group, const char *name, int ndim,
-               const long *shape, const float *data, char *err, size_t errlen);
+               const long *shape /* [ndim] */, const float *data, char *err, size_t errlen);
 /* Writes the hyperslab [start, start+count) of group/name, creating the dataset with
  * the full shape first if it is not there yet (for writers that hold one shard). */
 int ckpt_write_slab(ckpt_file *f, const char *group, const char *name, int ndim,
-                    const long *shape, const long *start, const long *count,
-                    const float *data, char *err, size_t errlen);
+                    const long *shape /* [ndim] */, const long *start /* [ndim] */,
+                    const long *count /* [ndim] */, const float *data, char *err, size_t errlen);
 int ckpt_set_optim_t(ckpt_file *f, long t, char *err, size_t errlen);
 /* Flushes, closes and renames into place. Frees f whatever the outcome. */
 int ckpt_commit(ckpt_file *f, char *err, size_t errlen);
@@ -43,8 +43,8 @@ ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *op
  * The dataset must exist, be float32 and have exactly ndim dims of the given shape.
  * start/count NULL reads the whole tensor. Non-finite values are an error. */
 int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
-              const long *shape, const long *start, const long *count, float *dst,
-              char *err, size_t errlen);
+              const long *shape /* [ndim] */, const long *start /* [ndim] or NULL */,
+              const long *count /* [ndim] or NULL */, float *dst, char *err, size_t errlen);
 /* The path f was opened or created with, as its messages name it. */
 const char *ckpt_file_path(const ckpt_file *f);
 void ckpt_close(ckpt_file *f);

@@ -17,7 +17,7 @@
 
 /* A growable string. */
 typedef struct {
-    char *s;
+    char *s; /* [cap], n used */
     size_t n, cap;
 } text;
 
@@ -50,8 +50,11 @@ static char *gather_text(comm_group *world, const text *mine, size_t *len) {
         *len = mine->n;
         return all;
     }
-    int *counts = rank == 0 ? log_calloc((size_t)size, sizeof(int), "the report's gather") : NULL; /* [size] */
-    int *displs = rank == 0 ? log_calloc((size_t)size, sizeof(int), "the report's gather") : NULL; /* [size] */
+    int *counts = NULL, *displs = NULL; /* [size] each, on rank 0 */
+    if (rank == 0) {
+        counts = log_calloc((size_t)size, sizeof(int), "the report's gather");
+        displs = log_calloc((size_t)size, sizeof(int), "the report's gather");
+    }
     MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, world->comm);
     char *all = NULL;
     long total = 0;

@@ -33,11 +33,11 @@ static struct {
     atomic_size_t n;
     atomic_long dropped;
     span *work, *merged_comp, *merged_comm; /* [capacity] each, analysis scratch */
-    timing_step_summary *steps;
+    timing_step_summary *steps; /* [cap_steps], n_steps used */
     int n_steps, cap_steps;
-    timing_kernel_stats *kernels;
+    timing_kernel_stats *kernels; /* [cap_kernels], n_kernels used */
     int n_kernels, cap_kernels;
-    timing_record *trace;
+    timing_record *trace;      /* [cap_trace], n_trace used */
     size_t n_trace, cap_trace;
 } T;
 

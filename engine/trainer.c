@@ -476,7 +476,7 @@ static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n)
     char why[ERR_LEN - 16];
     int writer = r->g->dp_rank == 0, rc = 0;
     /* the optimizer state in parameter layout, assembled from the DP shards if sharded */
-    float *opt_m = NULL, *opt_v = NULL;
+    float *opt_m = NULL, *opt_v = NULL; /* [n_params] each */
     dp_params_settle(&r->dpc, m); /* prefetched all-gathers land before parameters are read */
     dp_gather_masters(&r->dpc, m);
     if (t > 0) {
@@ -725,7 +725,7 @@ int train_run(const gptc_config *c, const grid *g) {
         /* a step-0 checkpoint without /optim is a plain initialisation */
         char why[ERR_LEN - 16];
         float *opt_m = has_optim ? calloc(m->n_params, sizeof(float)) : NULL; /* [n_params] */
-        float *opt_v = has_optim ? calloc(m->n_params, sizeof(float)) : NULL;
+        float *opt_v = has_optim ? calloc(m->n_params, sizeof(float)) : NULL; /* [n_params] */
         rc = !has_optim || (opt_m && opt_v) ? gpt_load(m, init, opt_m, opt_v, why, sizeof(why)) : -1;
         if (rc != 0) snprintf(err, sizeof(err), "train.init %s", why);
         else if (has_optim) dp_scatter_state(&r.dpc, m, opt_m, opt_v);

@@ -154,7 +154,7 @@ static void fill_views(const gpt_model *m, void *base, size_t elem, param_views 
 /* Hands out consecutive slices of the single activation allocation; run once with
  * base == NULL to count. */
 typedef struct {
-    char *base;
+    char *base;  /* [act_bytes]: the activation allocation; NULL while counting */
     size_t used; /* bytes */
 } arena;
 
@@ -453,7 +453,7 @@ static void block_forward(gpt_model *m, layer_acts *la, int l, const gptc_act *x
 /* dfull [N,C] holds this rank's rows of the gradient of the layer's output at their
  * place (dres = dfull + row0*C); on return dres is the gradient of its input x. */
 static void block_backward(gpt_model *m, layer_acts *la, int l, gptc_act *dfull,
-                           const gptc_act *x, const dims *d) {
+                           const gptc_act *x /* [Nl,C] */, const dims *d) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     scratch_views *a = &m->scratch;
@@ -517,8 +517,8 @@ gptc_act *gpt_chunk_output(gpt_model *m, int c, int micro) {
 
 /* The last stage: ln_f, the tied LM head and the vocab-parallel cross-entropy, which
  * never puts the full logits on any rank. */
-static void head_forward(gpt_model *m, slot_acts *sa, const gptc_act *x, const dims *d,
-                         int micro, float dloss) {
+static void head_forward(gpt_model *m, slot_acts *sa, const gptc_act *x /* [Nl,C] */,
+                         const dims *d, int micro, float dloss) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     param_views *p = &m->p;

@@ -155,7 +155,7 @@ typedef struct {
     int n_chunks;
     chunk_info *chunks;         /* [n_chunks] in local chunk order */
     scratch_views scratch;
-    void *act_memory;
+    void *act_memory;           /* [act_bytes] every activation and scratch view points into it */
     size_t act_bytes;
     /* [n_micro][B*T] host copies of the losses (pinned on a GPU), copied in the stream's
      * order and read by gpt_loss_sum once the step's work has finished; loss_micro
@@ -199,7 +199,7 @@ const param_tensor *gpt_find_tensor(const gpt_model *m, const char *name);
  * and, in the same pass, dlogits scaled by dloss (the weight of one position in the
  * global mean), and queues their copy to the host without waiting for it (gpt_loss_sum). */
 void gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
-                       const int32_t *targets, float dloss);
+                       const int32_t *targets /* host [B*T] */, float dloss);
 /* The sum of the losses of the micro-batches forwarded since the last call (the same on
  * every TP rank; 0 on stages without the head), each micro-batch summed in double and
  * those sums added in the order they were computed. Call after synchronising the
@@ -223,8 +223,8 @@ size_t gpt_chunk_bytes(const gpt_model *m);
 void gpt_sequence_parallel_grads(gpt_model *m, size_t lo, size_t hi);
 /* Forward and backward of one micro-batch through the whole model on one stage (the
  * single-stage path and the tests). Returns the sum of the micro-batch's losses. */
-double gpt_forward_backward(gpt_model *m, const int32_t *tokens, const int32_t *targets,
-                            float dloss);
+double gpt_forward_backward(gpt_model *m, const int32_t *tokens /* host [B*T] */,
+                            const int32_t *targets /* host [B*T] */, float dloss);
 /* This rank's share of the squared global gradient norm: its TP shards, replicated
  * tensors on TP rank 0 only, the tied wte on the first stage only, and with sharded
  * optimizer state only its piece of each bucket, so a sum over the TP, PP (and, when

@@ -37,7 +37,8 @@ static void slab_args(const param_tensor *t, const shard_block *b, long start[2]
 
 /* Reads (to_shard) or writes this rank's shard of tensor t of one group. */
 static int move_tensor(const gpt_model *m, const param_tensor *t, ckpt_file *f, const char *group,
-                       float *local, int reading, char *err, size_t errlen) {
+                       float *local /* [t->local_rows, t->local_cols] this rank's shard */,
+                       int reading, char *err, size_t errlen) {
     shard_block blocks[3];
     int nb = tp_shard_blocks(t->shard, t->rows, t->cols, t->padded_rows, m->tp.size, m->tp.rank, blocks);
     int rc = 0;
@@ -70,7 +71,8 @@ typedef struct {
     long start[3][2], count[3][2];
 } slab_header;
 
-static size_t pack_tensor(const gpt_model *m, const param_tensor *t, const float *local,
+static size_t pack_tensor(const gpt_model *m, const param_tensor *t,
+                          const float *local /* [t->local_rows, t->local_cols]; NULL with t */,
                           int writer, char **out) {
     slab_header h;
     memset(&h, 0, sizeof(h));
@@ -87,7 +89,8 @@ static size_t pack_tensor(const gpt_model *m, const param_tensor *t, const float
         floats += (size_t)(blocks[i].count[0] * blocks[i].count[1]);
     }
     size_t bytes = sizeof(h) + floats * sizeof(float);
-    char *buf = log_calloc(bytes, 1, "a checkpoint's packed tensor"); /* header, then the packed blocks */
+    /* [bytes]: the header, then the packed blocks */
+    char *buf = log_calloc(bytes, 1, "a checkpoint's packed tensor");
     memcpy(buf, &h, sizeof(h));
     float *data = (float *)(buf + sizeof(h));
     for (int i = 0; i < h.nb; i++) {
@@ -117,7 +120,8 @@ static int write_packed(ckpt_file *f, const char *group, const param_tensor *t, 
  * full names the tensor and its unsharded shape; t is this rank's copy, or NULL. */
 static int gather_and_write(const gpt_model *m, comm_group *world, ckpt_file *f,
                             const char *group, const param_tensor *full, const param_tensor *t,
-                            const float *local, int writer, char *err, size_t errlen) {
+                            const float *local /* [t->local_rows, t->local_cols]; NULL with t */,
+                            int writer, char *err, size_t errlen) {
     char *mine;
     int bytes = (int)pack_tensor(m, t, local, writer, &mine);
     int size = world ? world->size : 1, rank = world ? world->rank : 0, rc = 0;
@@ -160,7 +164,7 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     int rank = world ? world->rank : 0;
     float *host = malloc(m->n_params * sizeof(float)); /* [n_params] staging copy */
     int n_full = 0;
-    param_tensor *full = gpt_full_table(s, &n_full); /* every rank walks all tensors */
+    param_tensor *full = gpt_full_table(s, &n_full); /* [n_full]: every rank walks all tensors */
     ckpt_file *f = NULL;
     int rc = host && full ? 0 : -1;
     if (rc) snprintf(err, errlen, "%s: out of host memory", path);

@@ -317,7 +317,7 @@ static int piece_len(size_t n, size_t piece, size_t k) {
     return (int)(n - off < piece ? n - off : piece);
 }
 
-static void do_allreduce(comm_group *g, float *buf, size_t n, MPI_Op op) {
+static void do_allreduce(comm_group *g, float *buf /* [n] */, size_t n, MPI_Op op) {
     size_t p = piece_size();
     for (size_t k = 0; k * p < n; k++)
         if (!ok(g, "MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, buf + k * p, piece_len(n, p, k),
@@ -327,7 +327,8 @@ static void do_allreduce(comm_group *g, float *buf, size_t n, MPI_Op op) {
 
 /* MPI forbids aliased buffers; in place it reduces the whole buffer and leaves the result
  * at its start, from where it moves to this rank's block. */
-static void reduce_scatter_whole(comm_group *g, const float *send, float *recv, size_t n) {
+static void reduce_scatter_whole(comm_group *g, const float *send /* [size * n] */,
+                                 float *recv /* [n] */, size_t n) {
     if (recv != send + (size_t)g->rank * n) {
         ok(g, "MPI_Reduce_scatter_block",
            MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->comm));
@@ -343,7 +344,8 @@ static void reduce_scatter_whole(comm_group *g, const float *send, float *recv, 
 /* Blocks above max_count: a piece of one block is not contiguous with the same piece of the
  * next, so each piece is reduced to its owner separately. Slower, but only blocks of 8 GB
  * and more come here. */
-static void reduce_scatter_pieces(comm_group *g, const float *send, float *recv, size_t n) {
+static void reduce_scatter_pieces(comm_group *g, const float *send /* [size * n] */,
+                                  float *recv /* [n] */, size_t n) {
     int in_place = recv == send + (size_t)g->rank * n;
     size_t p = piece_size();
     for (size_t k = 0; k * p < n; k++) {
@@ -360,7 +362,8 @@ static void reduce_scatter_pieces(comm_group *g, const float *send, float *recv,
     }
 }
 
-static void do_reduce_scatter(comm_group *g, const float *send, float *recv, size_t n) {
+static void do_reduce_scatter(comm_group *g, const float *send /* [size * n] */,
+                              float *recv /* [n] */, size_t n) {
     if (n <= piece_size()) reduce_scatter_whole(g, send, recv, n);
     else reduce_scatter_pieces(g, send, recv, n);
 }
@@ -370,8 +373,8 @@ static MPI_Datatype mpi_type(gptc_precision t) { return t == GPTC_BF16 ? MPI_UIN
 
 /* Above max_count each rank broadcasts its block piece by piece, for the same reason as
  * reduce_scatter_pieces. */
-static void do_allgather(comm_group *g, const gptc_act *send, gptc_act *recv, size_t n,
-                         gptc_precision t) {
+static void do_allgather(comm_group *g, const gptc_act *send /* [n] */,
+                         gptc_act *recv /* [size * n] */, size_t n, gptc_precision t) {
     size_t e = gptc_act_bytes(t);
     MPI_Datatype type = mpi_type(t);
     char *mine = (char *)recv + (size_t)g->rank * n * e;
@@ -390,7 +393,7 @@ static void do_allgather(comm_group *g, const gptc_act *send, gptc_act *recv, si
                 return;
 }
 
-static void do_broadcast(comm_group *g, char *buf, size_t bytes, int root) {
+static void do_broadcast(comm_group *g, char *buf /* [bytes] */, size_t bytes, int root) {
     size_t p = piece_size();
     for (size_t k = 0; k * p < bytes; k++)
         if (!ok(g, "MPI_Bcast", MPI_Bcast(buf + k * p, piece_len(bytes, p, k), MPI_BYTE, root,
@@ -399,7 +402,7 @@ static void do_broadcast(comm_group *g, char *buf, size_t bytes, int root) {
 }
 
 /* Sum to root, in place there (MPI_IN_PLACE); other ranks' buffers are only read. */
-static void do_reduce(comm_group *g, float *buf, size_t n, int root) {
+static void do_reduce(comm_group *g, float *buf /* [n] */, size_t n, int root) {
     size_t p = piece_size();
     for (size_t k = 0; k * p < n; k++) {
         float *piece = buf + k * p;
@@ -410,7 +413,8 @@ static void do_reduce(comm_group *g, float *buf, size_t n, int root) {
     }
 }
 
-static void do_send(comm_group *g, const char *buf, size_t bytes, int peer, int tag) {
+static void do_send(comm_group *g, const char *buf /* [bytes] */, size_t bytes, int peer,
+                    int tag) {
     size_t p = piece_size(), pieces = piece_count(bytes, p);
     for (size_t k = 0; k < pieces; k++)
         if (!ok(g, "MPI_Send", MPI_Send(buf + k * p, piece_len(bytes, p, k), MPI_BYTE, peer, tag,
@@ -430,7 +434,7 @@ static int check_received(comm_group *g, const char *call, const MPI_Status *st,
     return 0;
 }
 
-static void do_recv(comm_group *g, char *buf, size_t bytes, int peer, int tag) {
+static void do_recv(comm_group *g, char *buf /* [bytes] */, size_t bytes, int peer, int tag) {
     size_t p = piece_size(), pieces = piece_count(bytes, p);
     for (size_t k = 0; k < pieces; k++) {
         MPI_Status st;
@@ -445,8 +449,9 @@ static void do_recv(comm_group *g, char *buf, size_t bytes, int peer, int tag) {
  * pieces, its extra steps use MPI_PROC_NULL (a no-op), and the partner's step k still
  * matches ours: dst receives exactly as many pieces as we send, src sends as many as we
  * receive. */
-static void do_sendrecv(comm_group *g, const char *sendbuf, size_t send_bytes, int dst,
-                        char *recvbuf, size_t recv_bytes, int src, int tag) {
+static void do_sendrecv(comm_group *g, const char *sendbuf /* [send_bytes] */, size_t send_bytes,
+                        int dst, char *recvbuf /* [recv_bytes] */, size_t recv_bytes, int src,
+                        int tag) {
     size_t p = piece_size();
     size_t sends = piece_count(send_bytes, p), recvs = piece_count(recv_bytes, p);
     size_t steps = sends > recvs ? sends : recvs;
@@ -476,7 +481,7 @@ static void do_sendrecv(comm_group *g, const char *sendbuf, size_t send_bytes, i
  * pages in again every time. It is freed when the thread ends. Failing to get it would
  * leave the peers waiting in the op, so the job ends, saying why. */
 typedef struct {
-    float *p;
+    float *p; /* [n] */
     size_t n;
 } wide_scratch;
 
@@ -507,7 +512,7 @@ static float *wide_scratch_get(size_t n) {
     return w->p;
 }
 
-static float *widened(comm_group *g, const char *op, const uint16_t *h, size_t n) {
+static float *widened(comm_group *g, const char *op, const uint16_t *h /* [n] */, size_t n) {
     float *f = wide_scratch_get(n ? n : 1); /* [n] */
     if (!f) {
         int world_rank = -1;
@@ -520,11 +525,11 @@ static float *widened(comm_group *g, const char *op, const uint16_t *h, size_t n
     return f;
 }
 
-static void narrow(uint16_t *h, const float *f, size_t n) {
+static void narrow(uint16_t *h /* [n] */, const float *f /* [n] */, size_t n) {
     for (size_t i = 0; i < n; i++) h[i] = bf16_bits(f[i]);
 }
 
-static void do_allreduce_act(comm_group *g, gptc_act *buf, size_t n, gptc_precision t,
+static void do_allreduce_act(comm_group *g, gptc_act *buf /* [n] */, size_t n, gptc_precision t,
                              MPI_Op op) {
     if (t == GPTC_FP32) {
         do_allreduce(g, buf, n, op);
@@ -537,8 +542,8 @@ static void do_allreduce_act(comm_group *g, gptc_act *buf, size_t n, gptc_precis
 
 /* The fp32 copy of all of send is reduced in place, so an in-place call and the other
  * differ only in where this rank's block is rounded to. */
-static void do_reduce_scatter_act(comm_group *g, const gptc_act *send, gptc_act *recv,
-                                  size_t n, gptc_precision t) {
+static void do_reduce_scatter_act(comm_group *g, const gptc_act *send /* [size * n] */,
+                                  gptc_act *recv /* [n] */, size_t n, gptc_precision t) {
     if (t == GPTC_FP32) {
         do_reduce_scatter(g, send, recv, n);
         return;
@@ -550,7 +555,8 @@ static void do_reduce_scatter_act(comm_group *g, const gptc_act *send, gptc_act 
 }
 
 /* Only root's sum is kept, so only root rounds (other ranks' buffers are only read). */
-static void do_reduce_act(comm_group *g, gptc_act *buf, size_t n, int root, gptc_precision t) {
+static void do_reduce_act(comm_group *g, gptc_act *buf /* [n] */, size_t n, int root,
+                          gptc_precision t) {
     if (t == GPTC_FP32) {
         do_reduce(g, buf, n, root);
         return;
@@ -643,7 +649,7 @@ static void run_and_free(void *arg) {
 
 /* The part of device memory an op reads and writes: where it starts and how long. */
 typedef struct {
-    void *dev;
+    void *dev; /* [bytes] */
     size_t bytes;
     int read, written;
 } region;
@@ -701,7 +707,7 @@ static int contains(const region *outer, const region *inner) {
  * of two, so the pool settles within the first step and later steps never wait here. */
 enum { STAGE_SLOTS = 256, STAGE_MIN_BYTES = 64 << 10 };
 typedef struct {
-    char *p;
+    char *p; /* [bytes] from be->alloc_host (CUDA: pinned) */
     size_t bytes;
     int busy;
 } stage_buf;

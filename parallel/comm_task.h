@@ -17,8 +17,8 @@ typedef enum {
 typedef struct {
     op_kind kind;
     comm_group *g;
-    const void *send;
-    void *recv;
+    const void *send; /* [send_n]; reduce-scatter: [g->size * recv_n]; NULL if the op has none */
+    void *recv;       /* [recv_n]; all-gather: [g->size * send_n]; NULL for a send */
     size_t send_n, recv_n;
     MPI_Op op; /* of the all-reduce */
     gptc_precision type; /* element type of the all-reduce, reduce-scatter, all-gather, reduce */

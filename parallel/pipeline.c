@@ -17,10 +17,11 @@ enum { TAG_ACT = 1, TAG_GRAD = 2 }; /* one tag per direction: the lists keep eac
  * (receive or forward) to the last (backward or sending the gradient). Starts and ends
  * both come in micro-batch order, so the live ones are consecutive and micro % slots
  * never collides; slots = the most live at once. */
-static void count_slots(const pp_list *l, int v, int n_micro, int *slots) {
+static void count_slots(const pp_list *l, int v, int n_micro, int *slots /* [v] */) {
     int n = v * n_micro;
-    int *first = log_calloc((size_t)n, sizeof(int), "the pipeline's slot count"); /* [n] action index */
-    int *last = log_calloc((size_t)n, sizeof(int), "the pipeline's slot count");  /* [n] action index */
+    /* [n] each: the index of the first and of the last action of chunk-micro k */
+    int *first = log_calloc((size_t)n, sizeof(int), "the pipeline's slot count");
+    int *last = log_calloc((size_t)n, sizeof(int), "the pipeline's slot count");
     for (int k = 0; k < n; k++) first[k] = last[k] = -1;
     for (int i = 0; i < l->n; i++) {
         int k = l->a[i].chunk * n_micro + l->a[i].micro;

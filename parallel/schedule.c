@@ -295,7 +295,7 @@ static int merge_messages(int pp, int rank, const pp_list *order, const timeline
     int S = t->n_stages;
     /* at most: every compute, plus one end of every message */
     size_t cap = (size_t)order->n + 2 * (size_t)S * t->n_micro;
-    event *ev = malloc(cap * sizeof *ev);
+    event *ev = malloc(cap * sizeof *ev); /* [cap] */
     if (!ev) return -1;
     int n = 0;
     for (int i = 0; i < order->n; i++) {
@@ -327,7 +327,7 @@ int pp_schedule_build(const char *name, int pp, int v, int n_micro, int rank, pp
     /* Every rank's compute order is needed to place this rank's messages. */
     int S = pp * v;
     size_t cells = (size_t)S * n_micro;
-    pp_list *orders = calloc((size_t)pp, sizeof *orders);
+    pp_list *orders = calloc((size_t)pp, sizeof *orders); /* [pp] each rank's compute order */
     timeline t = {S, n_micro, malloc(cells * sizeof(long)), malloc(cells * sizeof(long)),
                   malloc(cells * sizeof(long)), malloc(cells * sizeof(long))};
     int rc = -1;
@@ -380,7 +380,7 @@ done:
  * deadlock of every execution. */
 typedef struct {
     int pp, v, n_micro, S;
-    const pp_list *lists;
+    const pp_list *lists;                             /* [pp] every rank's list */
     int *pc;                                          /* [pp] next action of each rank */
     unsigned char *fwd, *bwd, *act_in, *grad_in, *act_out, *grad_out; /* [rank][chunk][micro] */
     int *fwd_order;                                   /* [rank][chunk][i]: micro of i-th forward */

@@ -80,7 +80,7 @@ typedef struct {
 } pp_action;
 
 typedef struct {
-    pp_action *a;
+    pp_action *a; /* [cap], the first n used */
     int n, cap;
 } pp_list;
 

@@ -147,7 +147,7 @@ static void broadcast_pieces(tp_context *tp, gptc_act *buf, int N, int C) {
 }
 
 /* Issues the sum of one piece: to its owner (the reduce-scatter's share) or to all. */
-static void reduce_piece(tp_context *tp, gptc_act *buf, size_t n, int owner) {
+static void reduce_piece(tp_context *tp, gptc_act *buf /* [n] */, size_t n, int owner) {
     if (owner < 0) comm_allreduce_sum_act(tp->group, buf, n, prec(tp), lane_begin(tp));
     else comm_reduce_sum_act(tp->group, buf, n, owner, prec(tp), lane_begin(tp));
 }
@@ -162,8 +162,10 @@ static size_t own_offset(const tp_context *tp, int N, int C) {
 }
 
 /* rows [r0, r1) of the column-parallel product, with the GELU fused when gelu_out */
-static void column_rows(tp_context *tp, gptc_act *out, gptc_act *gelu_out, const gptc_act *inp,
-                        const gptc_act *w, const gptc_act *bias, int r0, int r1, int IC,
+static void column_rows(tp_context *tp, gptc_act *out /* [N,OC] */,
+                        gptc_act *gelu_out /* [N,OC] or NULL */, const gptc_act *inp /* [N,IC] */,
+                        const gptc_act *w /* [IC,OC], or [OC,IC] when w_rows_out */,
+                        const gptc_act *bias /* [OC] or NULL */, int r0, int r1, int IC,
                         int OC, int w_rows_out, gptc_stream *s) {
     size_t o = (size_t)r0 * OC, i = (size_t)r0 * IC;
     if (gelu_out)
@@ -237,8 +239,10 @@ gptc_act *tp_column_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw,
 
 /* dinp rows [r0, r1) of the row-parallel backward, through the GELU's backward when
  * gelu_pre (the activation's input) is given */
-static void row_dinp(tp_context *tp, gptc_act *dinp, const gptc_act *dout, const gptc_act *w,
-                     const gptc_act *gelu_pre, int r0, int r1, int IC, int OC, gptc_stream *s) {
+static void row_dinp(tp_context *tp, gptc_act *dinp /* [N,IC] */,
+                     const gptc_act *dout /* [N,OC] */, const gptc_act *w /* [IC,OC] */,
+                     const gptc_act *gelu_pre /* [N,IC] or NULL */, int r0, int r1, int IC,
+                     int OC, gptc_stream *s) {
     size_t i = (size_t)r0 * IC, o = (size_t)r0 * OC;
     if (gelu_pre)
         tp->be->matmul_dgelu_backward(at(tp, dinp, i), at(tp, dout, o), w, at(tp, gelu_pre, i),

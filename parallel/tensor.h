@@ -80,16 +80,18 @@ gptc_act *tp_reduce_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_
  * multiplied as it arrives). With gelu_out (else NULL), also gelu_out[N,OC] = gelu(out),
  * fused into the product (matmul_gelu_forward; W then is [IC,OC]). */
 gptc_act *tp_column_parallel_forward(tp_context *tp, gptc_act *out, gptc_act *inp,
-                                     const gptc_act *w, const gptc_act *bias, int N, int IC,
+                                     const gptc_act *w /* [IC,OC], or [OC,IC] when w_rows_out */,
+                                     const gptc_act *bias /* [OC] or NULL */, int N, int IC,
                                      int OC, int w_rows_out, gptc_act *gelu_out, gptc_stream *s);
 /* The backward of a row-parallel projection (c_proj): dinp[N,IC] = dout @ W^T and dw,
  * dbias accumulate, where with sequence parallelism dout holds only this rank's rows at
  * their place and is all-gathered first (chunked: piece by piece). With gelu_pre[N,IC]
  * (the input of the GELU that made inp; else NULL), dinp is carried through the GELU's
  * backward too, fused into the product (matmul_dgelu_backward). */
-void tp_row_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw, float *dbias,
-                              gptc_act *dout, const gptc_act *inp, const gptc_act *w, int N,
-                              int IC, int OC, const gptc_act *gelu_pre, gptc_stream *s);
+void tp_row_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw /* [IC,OC] */,
+                              float *dbias /* [OC] */, gptc_act *dout,
+                              const gptc_act *inp /* [N,IC] */, const gptc_act *w /* [IC,OC] */,
+                              int N, int IC, int OC, const gptc_act *gelu_pre, gptc_stream *s);
 /* Frees the chunking events. */
 void tp_free(tp_context *tp);
 /* A row-parallel projection leaving a parallel region (c_proj): out[N,OC] = the TP sum
@@ -97,8 +99,9 @@ void tp_free(tp_context *tp);
  * tp_reduce_rows). overlap.tp = chunked cuts the rows into tp->chunks pieces and reduces
  * piece i on the TP stream while piece i+1 is multiplied. */
 gptc_act *tp_row_parallel_forward(tp_context *tp, gptc_act *out, const gptc_act *inp,
-                                  const gptc_act *w, const gptc_act *bias, int N, int IC,
-                                  int OC, gptc_stream *s);
+                                  const gptc_act *w /* [IC,OC] */,
+                                  const gptc_act *bias /* [OC] or NULL */, int N, int IC, int OC,
+                                  gptc_stream *s);
 /* The backward of a column-parallel projection entering a parallel region (c_attn,
  * c_fc, and the LM head): dinp[N,IC] = TP sum of dout @ W^T, returned as this rank's
  * rows; dw and dbias accumulate as in matmul_backward. Chunked like the forward above,

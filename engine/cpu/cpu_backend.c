@@ -25,8 +25,8 @@ static void *cpu_alloc_host(size_t bytes) { return malloc(bytes ? bytes : 1); }
 
 /* In a stream's order: on NULL at once, on a stream by its worker thread. */
 typedef struct {
-    void *dst;
-    const void *src;
+    void *dst;       /* [bytes] */
+    const void *src; /* [bytes] */
     size_t bytes;
 } copy_task;
 

@@ -33,8 +33,10 @@ static float *scratch_floats(size_t n) {
 
 /* ------------------------------------------------------------------ embedding */
 
-static void f32_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                                  const float *wpe, int N, int T, int C, int v_start, int v_local) {
+static void f32_embedding_forward(float *out /* [N,C] */, const int32_t *tokens /* [N] */,
+                                  const float *wte /* [v_local,C] */,
+                                  const float *wpe /* [T,C] or NULL */, int N, int T, int C,
+                                  int v_start, int v_local) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         int row = tokens[n] - v_start; /* this rank's row of wte, if it holds the token */
@@ -45,9 +47,9 @@ static void f32_embedding_forward(float *out, const int32_t *tokens, const float
     }
 }
 
-static void f32_embedding_backward(float *dwte, float *dwpe, const float *dout,
-                                   const int32_t *tokens, int N, int T, int C, int v_start,
-                                   int v_local) {
+static void f32_embedding_backward(float *dwte /* [v_local,C] */, float *dwpe /* [T,C] or NULL */,
+                                   const float *dout /* [N,C] */, const int32_t *tokens /* [N] */,
+                                   int N, int T, int C, int v_start, int v_local) {
     /* Rows of dwte collide when a token repeats, so threads split the columns instead:
      * each thread owns a column band of every row and walks the tokens in order. */
     #pragma omp parallel
@@ -71,8 +73,10 @@ static void f32_embedding_backward(float *dwte, float *dwpe, const float *dout,
 
 /* ------------------------------------------------------------------ layernorm */
 
-static void f32_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                  const float *w, const float *b, int N, int C) {
+static void f32_layernorm_forward(float *out /* [N,C] */, float *mean /* [N] */,
+                                  float *rstd /* [N] */, const float *inp /* [N,C] */,
+                                  const float *w /* [C] */, const float *b /* [C] */, int N,
+                                  int C) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
@@ -92,12 +96,15 @@ static void f32_layernorm_forward(float *out, float *mean, float *rstd, const fl
     }
 }
 
-static void f32_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                                   const float *inp, const float *w, const float *mean,
-                                   const float *rstd, int N, int C) {
+static void f32_layernorm_backward(float *dinp /* [N,C] */, float *dw /* [C] */,
+                                   float *db /* [C] */, const float *dout /* [N,C] */,
+                                   const float *inp /* [N,C] */, const float *w /* [C] */,
+                                   const float *mean /* [N] */, const float *rstd /* [N] */, int N,
+                                   int C) {
     int nt_max = omp_get_max_threads();
     /* partial[thread][2][C]: per-thread dw and db, summed in thread order below */
-    float *partial = log_calloc((size_t)nt_max * 2 * C, sizeof(float), "layernorm_backward's partial sums");
+    float *partial = log_calloc((size_t)nt_max * 2 * C, sizeof(float),
+                                "layernorm_backward's partial sums");
     int nt_used = 1;
     #pragma omp parallel
     {
@@ -138,8 +145,10 @@ static void f32_layernorm_backward(float *dinp, float *dw, float *db, const floa
 
 /* ------------------------------------------------------------------ matmul */
 
-static void f32_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                               int N, int IC, int OC, int w_rows_out) {
+static void f32_matmul_forward(float *out /* [N,OC] */, const float *inp /* [N,IC] */,
+                               const float *w /* [IC,OC], or [OC,IC] when w_rows_out */,
+                               const float *bias /* [OC] or NULL */, int N, int IC, int OC,
+                               int w_rows_out) {
     float beta = 0.0f;
     if (bias) {
         #pragma omp parallel for schedule(static)
@@ -150,9 +159,12 @@ static void f32_matmul_forward(float *out, const float *inp, const float *w, con
                 N, OC, IC, 1.0f, inp, IC, w, w_rows_out ? IC : OC, beta, out, OC);
 }
 
-static void f32_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                                const float *inp, const float *w, int N, int IC, int OC,
-                                int w_rows_out) {
+static void f32_matmul_backward(float *dinp /* [N,IC] or NULL */,
+                                float *dw /* [IC,OC], or [OC,IC] when w_rows_out; or NULL */,
+                                float *dbias /* [OC] or NULL */, const float *dout /* [N,OC] */,
+                                const float *inp /* [N,IC]; only read for dw */,
+                                const float *w /* [IC,OC], or [OC,IC] when w_rows_out */, int N,
+                                int IC, int OC, int w_rows_out) {
     if (dinp)
         cpu_sgemm(CblasNoTrans, w_rows_out ? CblasNoTrans : CblasTrans,
                     N, IC, OC, 1.0f, dout, OC, w, w_rows_out ? IC : OC, 0.0f, dinp, IC);
@@ -181,14 +193,16 @@ static void f32_gelu_backward(float *dinp, const float *inp, const float *dout, 
 
 /* The fused ops are the two steps they fuse: the CPU results stay bit for bit those of
  * the unfused layer. */
-static void f32_matmul_gelu_forward(float *out, float *pre, const float *inp, const float *w,
-                                    const float *bias, int N, int IC, int OC) {
+static void f32_matmul_gelu_forward(float *out /* [N,OC] */, float *pre /* [N,OC] */,
+                                    const float *inp /* [N,IC] */, const float *w /* [IC,OC] */,
+                                    const float *bias /* [OC] or NULL */, int N, int IC, int OC) {
     f32_matmul_forward(pre, inp, w, bias, N, IC, OC, 0);
     f32_gelu_forward(out, pre, (size_t)N * OC);
 }
 
-static void f32_matmul_dgelu_backward(float *dpre, const float *dout, const float *w,
-                                      const float *pre, int N, int IC, int OC) {
+static void f32_matmul_dgelu_backward(float *dpre /* [N,IC] */, const float *dout /* [N,OC] */,
+                                      const float *w /* [IC,OC] */, const float *pre /* [N,IC] */,
+                                      int N, int IC, int OC) {
     f32_matmul_backward(dpre, NULL, NULL, dout, NULL, w, N, IC, OC, 0);
     f32_gelu_backward(dpre, pre, dpre, (size_t)N * IC);
 }
@@ -239,8 +253,8 @@ static float row_max(const float *x, int n) {
 /* Per (batch, head) the products are small GEMMs on strided views of qkv: head h of
  * row t has q at qkv[t*3C + h*hs], k at +C, v at +2C, so no packing copy is needed. */
 
-static void f32_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                                  int NH) {
+static void f32_attention_forward(float *out /* [B,T,C] */, float *att /* [B,NH,T,T] */,
+                                  const float *qkv /* [B,T,3C] */, int B, int T, int C, int NH) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     /* one (batch, head) per thread: inside a parallel region the OpenMP OpenBLAS runs
@@ -268,9 +282,10 @@ size_t cpu_attention_state_floats(int B, int T, int NH) {
     return (size_t)B * NH * T * T;
 }
 
-static void f32_attention_backward(float *dqkv, float *datt, const float *dout,
-                                   const float *out, const float *qkv, const float *att, int B,
-                                   int T, int C, int NH) {
+static void f32_attention_backward(float *dqkv /* [B,T,3C] */, float *datt /* [B,NH,T,T] scratch */,
+                                   const float *dout /* [B,T,C] */, const float *out /* [B,T,C] */,
+                                   const float *qkv /* [B,T,3C] */,
+                                   const float *att /* [B,NH,T,T] */, int B, int T, int C, int NH) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for schedule(static)
@@ -394,7 +409,7 @@ void cpu_attention_backward_bf16(float *dqkv, float *datt, const float *dout, co
 
 static const float GELU_K = 0.7978845608028654f; /* sqrt(2/pi) */
 
-static void f32_gelu_forward(float *out, const float *inp, size_t n) {
+static void f32_gelu_forward(float *out /* [n] */, const float *inp /* [n] */, size_t n) {
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -402,7 +417,8 @@ static void f32_gelu_forward(float *out, const float *inp, size_t n) {
     }
 }
 
-static void f32_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+static void f32_gelu_backward(float *dinp /* [n] */, const float *inp /* [n] */,
+                              const float *dout /* [n] */, size_t n) {
     #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -414,7 +430,8 @@ static void f32_gelu_backward(float *dinp, const float *inp, const float *dout, 
     }
 }
 
-static void f32_add(float *out, const float *a, const float *b, size_t n) {
+static void f32_add(float *out /* [n] */, const float *a /* [n] */, const float *b /* [n] */,
+                    size_t n) {
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
@@ -431,14 +448,16 @@ void cpu_scale(float *x, float a, size_t n, gptc_stream *s) {
  * all-reduces vanish and this is the plain fused loss. A rank holds Vl columns of the
  * padded vocab starting at global column v_start; only the first v_valid are real. */
 
-static void f32_vocab_max(float *mx, const float *logits, int N, int Vl, int v_valid) {
+static void f32_vocab_max(float *mx /* [N] */, const float *logits /* [N,Vl] */, int N, int Vl,
+                          int v_valid) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         mx[n] = v_valid > 0 ? row_max(logits + (size_t)n * Vl, v_valid) : -INFINITY;
 }
 
-static void f32_vocab_expsum(float *stats, const float *logits, const float *mx,
-                             const int32_t *targets, int N, int Vl, int v_valid, int v_start) {
+static void f32_vocab_expsum(float *stats /* [2,N] */, const float *logits /* [N,Vl] */,
+                             const float *mx /* [N] */, const int32_t *targets /* [N] */, int N,
+                             int Vl, int v_valid, int v_start) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *row = logits + (size_t)n * Vl;
@@ -448,9 +467,10 @@ static void f32_vocab_expsum(float *stats, const float *logits, const float *mx,
     }
 }
 
-static void f32_vocab_ce_finish(float *losses, float *logits, const float *mx,
-                                const float *stats, const int32_t *targets, int N, int Vl,
-                                int v_valid, int v_start, float dloss) {
+static void f32_vocab_ce_finish(float *losses /* [N] */, float *logits /* [N,Vl] */,
+                                const float *mx /* [N] */, const float *stats /* [2,N] */,
+                                const int32_t *targets /* [N] */, int N, int Vl, int v_valid,
+                                int v_start, float dloss) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *row = logits + (size_t)n * Vl, shift = mx[n];
@@ -484,8 +504,9 @@ double cpu_sum_squares(const float *x, size_t n, gptc_stream *s) {
     return total;
 }
 
-static void f32_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                      float beta1, float beta2, float eps, float decay, float bc1, float bc2) {
+static void f32_adamw(float *p /* [n] */, const float *g /* [n] */, float *m /* [n] */,
+                      float *v /* [n] */, size_t n, float lr, float beta1, float beta2, float eps,
+                      float decay, float bc1, float bc2) {
     /* PyTorch's order: decay the weight, update moments, then step by
      * (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps). */
     float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), shrink = 1.0f - lr * decay;

@@ -358,9 +358,10 @@ static __device__ __forceinline__ void softmax_tile(float s[4][8], float m[4], f
  * rows first); warp w owns queries q0 + 16 w .. + 15. Per key tile up to the diagonal:
  * S = Q K^T, online softmax, P to shared memory (own rows), O = alpha O + P V. Finally
  * out = O / l and lse = ln 2 m + ln l. */
-static __device__ __forceinline__ void attn_fwd(float *sm, float *out, float *lse,
-                                                const float *qkv, int T, int C, int NH,
-                                                float sl2, int vec, int hsmax) {
+static __device__ __forceinline__ void attn_fwd(float *sm /* att_fwd_smem(hsmax) */,
+                                                float *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
+                                                const float *qkv /* [B,T,3C] */, int T, int C,
+                                                int NH, float sl2, int vec, int hsmax) {
     int p = att_pitch(hsmax), tile = ATT_TILE * p, nc = hsmax / 32;
     float *Qs = sm;         /* [64][p] this block's queries */
     float *Ks = Qs + tile;  /* [64][p] the current key tile */
@@ -505,10 +506,13 @@ static __device__ __forceinline__ void ds_by_key(float dp[4][8], const float *Pt
  * S^T = K Q^T, P^T from lse; dP^T = V dO^T, dS^T = P^T (dP^T - D); then dK += dS^T Q and
  * dV += P^T dO, with P^T and dS^T through shared memory. Writes dk = scale dK and dv for
  * its keys < T. */
-static __device__ __forceinline__ void attn_bwd_dkdv(float *sm, float *dqkv, const float *dout,
-                                                     const float *qkv, const float *lse,
-                                                     const float *D, int T, int C, int NH,
-                                                     float sl2, float scale, int vec,
+static __device__ __forceinline__ void attn_bwd_dkdv(float *sm /* att_dkdv_smem(hsmax, two) */,
+                                                     float *dqkv /* [B,T,3C] */,
+                                                     const float *dout /* [B,T,C] */,
+                                                     const float *qkv /* [B,T,3C] */,
+                                                     const float *lse /* [B,NH,T] */,
+                                                     const float *D /* [B,NH,T] */, int T, int C,
+                                                     int NH, float sl2, float scale, int vec,
                                                      int hsmax, int two) {
     /* two: separate P^T and dS^T tiles (else one: see the top) */
     int p = att_pitch(hsmax), tile = ATT_TILE * p, nc = hsmax / 32;
@@ -604,10 +608,13 @@ static __device__ __forceinline__ void ds_by_query(const float s[4][8], float dp
  * rows in registers; for each key tile up to the diagonal: S = Q K^T, dP = dO V^T, P and
  * dS as in the dk/dv kernel, dS to shared memory (own rows), then dQ += dS K. Writes
  * dq = scale dQ for its queries < T. */
-static __device__ __forceinline__ void attn_bwd_dq(float *sm, float *dqkv, const float *dout,
-                                                   const float *qkv, const float *lse,
-                                                   const float *D, int T, int C, int NH,
-                                                   float sl2, float scale, int vec,
+static __device__ __forceinline__ void attn_bwd_dq(float *sm /* att_dq_smem(hsmax, two) */,
+                                                   float *dqkv /* [B,T,3C] */,
+                                                   const float *dout /* [B,T,C] */,
+                                                   const float *qkv /* [B,T,3C] */,
+                                                   const float *lse /* [B,NH,T] */,
+                                                   const float *D /* [B,NH,T] */, int T, int C,
+                                                   int NH, float sl2, float scale, int vec,
                                                    int hsmax, int two) {
     /* two: two key stages (else one: see the top) */
     int p = att_pitch(hsmax), tile = ATT_TILE * p, nc = hsmax / 32;

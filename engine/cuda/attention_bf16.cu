@@ -241,9 +241,11 @@ static __device__ __forceinline__ void tile_landed(int next_issued) {
  * log2(e) / sqrt(hs)), causal mask, online softmax per row (this lane's rows g and g + 8;
  * the row's 64 scores are spread over the quad), O = alpha O + P V. Then out = O / l and
  * lse = ln 2 * m + ln l. */
-static __device__ __forceinline__ void attn_fwd(uint16_t *sm, uint16_t *out, float *lse,
-                                                const uint16_t *qkv, int T, int C, int NH,
-                                                float sl2, int vec, int hs) {
+static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs) */,
+                                                uint16_t *out /* [B,T,C] */,
+                                                float *lse /* [B,NH,T] */,
+                                                const uint16_t *qkv /* [B,T,3C] */, int T, int C,
+                                                int NH, float sl2, int vec, int hs) {
     int p = ab_pitch(hs), tile = AB_TILE * p;
     uint16_t *Qs = sm;        /* [64][p] this block's queries */
     uint16_t *KV = Qs + tile; /* [2 stages][K, V][64][p] the streamed key and value tiles */
@@ -436,12 +438,14 @@ static __device__ __forceinline__ void load_query_stage(uint16_t *QdO /* [Q, dO]
  * dv for its keys < T. nst: stages of the streamed tiles, 2 (the next tile loads under
  * this one's products) or 1 (it loads after them: for devices whose blocks cannot have
  * the shared memory of two). */
-static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm, uint16_t *dqkv,
-                                                     const uint16_t *dout,
-                                                     const uint16_t *qkv, const float *lse,
-                                                     const float *D, int T, int C, int NH,
-                                                     float sl2, float scale, int vec, int hs,
-                                                     int nst) {
+static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_smem(hs, nst) */,
+                                                     uint16_t *dqkv /* [B,T,3C] */,
+                                                     const uint16_t *dout /* [B,T,C] */,
+                                                     const uint16_t *qkv /* [B,T,3C] */,
+                                                     const float *lse /* [B,NH,T] */,
+                                                     const float *D /* [B,NH,T] */, int T, int C,
+                                                     int NH, float sl2, float scale, int vec,
+                                                     int hs, int nst) {
     int p = ab_pitch(hs), tile = AB_TILE * p;
     uint16_t *Ks = sm;           /* [64][p] this block's keys */
     uint16_t *Vs = Ks + tile;    /* [64][p] this block's values */
@@ -504,11 +508,14 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm, uint16_t *dqk
  * up to the diagonal: S = Q K^T, dP = dO V^T, P and dS as in the dk/dv kernel, then
  * dQ += dS K (K through ldmatrix .trans as that B). Writes dq = dQ / sqrt(hs) for its
  * queries < T. nst: stages of the streamed tiles, as in the dk/dv kernel. */
-static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm, uint16_t *dqkv,
-                                                   const uint16_t *dout, const uint16_t *qkv,
-                                                   const float *lse, const float *D, int T,
-                                                   int C, int NH, float sl2, float scale,
-                                                   int vec, int hs, int nst) {
+static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm /* ab_dq_smem(hs, nst) */,
+                                                   uint16_t *dqkv /* [B,T,3C] */,
+                                                   const uint16_t *dout /* [B,T,C] */,
+                                                   const uint16_t *qkv /* [B,T,3C] */,
+                                                   const float *lse /* [B,NH,T] */,
+                                                   const float *D /* [B,NH,T] */, int T, int C,
+                                                   int NH, float sl2, float scale, int vec,
+                                                   int hs, int nst) {
     int p = ab_pitch(hs), tile = AB_TILE * p;
     uint16_t *Qs = sm;          /* [64][p] this block's queries */
     uint16_t *dOs = Qs + tile;  /* [64][p] their output gradient */

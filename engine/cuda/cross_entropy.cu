@@ -25,13 +25,13 @@ __global__ void vocab_max_kernel(float *mx /* [N] */, const gptc_act *logits /* 
                                  int N, int Vl, int v_valid, int vec, int bf16) {
     __shared__ float sh[32]; /* block_max scratch */
     int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
-    size_t r0 = (size_t)n * Vl; /* row n */
-    const float *row = (const float *)logits + r0; /* only read when vec and fp32 */
+    size_t row_start = (size_t)n * Vl;
+    const float *row = (const float *)logits + row_start; /* only read when vec and fp32 */
     float m = -INFINITY;
     if (vec && bf16) { /* the maximum does not depend on the order */
         for (int i = threadIdx.x; i < nv / 8; i += blockDim.x) {
             float x[8]; /* columns 8i .. 8i+7 */
-            act_ld8(x, logits, r0 + 8 * (size_t)i);
+            act_ld8(x, logits, row_start + 8 * (size_t)i);
             for (int j = 0; j < 8; j++) m = max_sel(m, x[j]);
         }
         done = nv / 8 * 8;
@@ -43,7 +43,7 @@ __global__ void vocab_max_kernel(float *mx /* [N] */, const gptc_act *logits /* 
         done = nv / 4 * 4;
     }
     for (int i = done + threadIdx.x; i < nv; i += blockDim.x)
-        m = max_sel(m, act_ld(logits, r0 + i, bf16));
+        m = max_sel(m, act_ld(logits, row_start + i, bf16));
     m = block_max(m, sh);
     if (threadIdx.x == 0) mx[n] = m;
 }
@@ -59,14 +59,14 @@ __global__ void vocab_expsum_kernel(float *stats /* [2,N] */,
                                     int bf16) {
     __shared__ double sh[32]; /* block_sum_double scratch */
     int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
-    size_t r0 = (size_t)n * Vl; /* row n */
-    const float *row = (const float *)logits + r0; /* only read when vec and fp32 */
+    size_t row_start = (size_t)n * Vl;
+    const float *row = (const float *)logits + row_start; /* only read when vec and fp32 */
     float shift = mx[n];
     double acc = 0.0;
     if (vec && bf16) { /* groups wholly among the valid columns; padding is not read */
         for (int i = threadIdx.x; i < nv / 8; i += blockDim.x) {
             float x[8]; /* columns 8i .. 8i+7 */
-            act_ld8(x, logits, r0 + 8 * (size_t)i);
+            act_ld8(x, logits, row_start + 8 * (size_t)i);
             for (int j = 0; j < 8; j++) acc += expf(x[j] - shift);
         }
         done = nv / 8 * 8;
@@ -79,12 +79,12 @@ __global__ void vocab_expsum_kernel(float *stats /* [2,N] */,
         done = nv / 4 * 4;
     }
     for (int i = done + threadIdx.x; i < nv; i += blockDim.x)
-        acc += expf(act_ld(logits, r0 + i, bf16) - shift);
+        acc += expf(act_ld(logits, row_start + i, bf16) - shift);
     acc = block_sum_double(acc, sh);
     if (threadIdx.x == 0) {
         int y = targets[n] - v_start;
         stats[n] = (float)acc;
-        stats[N + n] = y >= 0 && y < nv ? act_ld(logits, r0 + y, bf16) - shift : 0.0f;
+        stats[N + n] = y >= 0 && y < nv ? act_ld(logits, row_start + y, bf16) - shift : 0.0f;
     }
 }
 
@@ -107,8 +107,8 @@ __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits
                                        int v_valid, int v_start, float dloss, int vec,
                                        int bf16) {
     int n = blockIdx.x, nv = valid_cols(v_valid, Vl), done = 0;
-    size_t r0 = (size_t)n * Vl; /* row n */
-    float *row = (float *)logits + r0; /* only used when vec and fp32 */
+    size_t row_start = (size_t)n * Vl;
+    float *row = (float *)logits + row_start; /* only used when vec and fp32 */
     float sum = stats[n], shift = mx[n];
     if (threadIdx.x == 0) losses[n] = logf(sum) - stats[N + n];
     float scale = dloss / sum;
@@ -117,10 +117,10 @@ __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits
     if (vec && bf16) {
         for (int i = threadIdx.x; i < Vl / 8; i += blockDim.x) {
             float x[8]; /* columns 8i .. 8i+7 */
-            act_ld8(x, logits, r0 + 8 * (size_t)i);
+            act_ld8(x, logits, row_start + 8 * (size_t)i);
             for (int j = 0; j < 8; j++)
                 x[j] = ce_grad(x[j], 8 * i + j, nv, y, shift, scale, dloss);
-            act_st8(logits, r0 + 8 * (size_t)i, x);
+            act_st8(logits, row_start + 8 * (size_t)i, x);
         }
         done = Vl / 8 * 8;
     } else if (vec) {
@@ -136,8 +136,8 @@ __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits
         done = Vl / 4 * 4;
     }
     for (int i = done + threadIdx.x; i < Vl; i += blockDim.x)
-        act_st(logits, r0 + i,
-               ce_grad(act_ld(logits, r0 + i, bf16), i, nv, y, shift, scale, dloss), bf16);
+        act_st(logits, row_start + i,
+               ce_grad(act_ld(logits, row_start + i, bf16), i, nv, y, shift, scale, dloss), bf16);
 }
 
 extern "C" {

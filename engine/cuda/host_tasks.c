@@ -45,7 +45,7 @@ struct host_worker {
     int device;
     unsigned int issued;    /* tasks enqueued (the main thread's count) */
     unsigned int *flags;    /* [2] host-mapped: [0] tasks the stream reached, [1] tasks done */
-    unsigned int *flags_dev; /* the same words, as the device sees them */
+    unsigned int *flags_dev; /* [2] the same words, as the device sees them */
 };
 
 /* Polls the stream's counter: the wait is a few microseconds when the stream is idle and
