@@ -389,7 +389,8 @@ void gpt_destroy(gpt_model *m) {
 void gpt_init_random(gpt_model *m, uint64_t seed) {
     float resid_std = 0.02f / sqrtf(2.0f * (float)m->shape.n_layer);
     size_t bytes = m->n_params * sizeof(float);
-    float *host = malloc(bytes); /* [n_params] staged on the host, then copied once */
+    /* [n_params] staged on the host, then copied once; bucket padding stays 0 */
+    float *host = log_calloc(m->n_params, sizeof(float), "the initial parameters");
     for (int i = 0; i < m->n_tensors; i++) {
         const param_tensor *t = &m->tensors[i];
         float *dst = host + t->offset;
