@@ -124,7 +124,24 @@ static int by_total(const void *a, const void *b) {
 typedef struct {
     long n;
     double iter, compute, comm, exposed, ideal; /* ideal = max(compute, comm) */
+    double par_comm[TIMING_PARS], par_exposed[TIMING_PARS]; /* by timing_par, as in a row */
 } step_means;
+
+/* Adds the row's "<par>_comm_ms" and "<par>_exposed_comm_ms" (row: from its "iter_ms" to
+ * its end, end NULL: the last row) to m. */
+static void add_par_means(const char *row, const char *end, step_means *m) {
+    for (int par = TP_DP; par < TIMING_PARS; par++) {
+        char key[48];
+        snprintf(key, sizeof(key), "\"%s_comm_ms\": ", timing_par_name(par));
+        const char *q = strstr(row, key);
+        double c, e;
+        if (!q || (end && q > end) ||
+            sscanf(q + strlen(key), "%lf, \"%*[a-z]_exposed_comm_ms\": %lf", &c, &e) != 2)
+            continue;
+        m->par_comm[par] += c;
+        m->par_exposed[par] += e;
+    }
+}
 
 static void mean_steps(const char *rows, int probe, step_means *m) {
     memset(m, 0, sizeof(*m));
@@ -141,6 +158,7 @@ static void mean_steps(const char *rows, int probe, step_means *m) {
         m->comm += c;
         m->exposed += d;
         m->ideal += b > c ? b : c;
+        add_par_means(p, strchr(p, '}'), m);
     }
     if (m->n) {
         m->iter /= m->n;
@@ -148,6 +166,10 @@ static void mean_steps(const char *rows, int probe, step_means *m) {
         m->comm /= m->n;
         m->exposed /= m->n;
         m->ideal /= m->n;
+        for (int par = 0; par < TIMING_PARS; par++) {
+            m->par_comm[par] /= m->n;
+            m->par_exposed[par] /= m->n;
+        }
     }
 }
 
@@ -183,6 +205,11 @@ static void print_table(const merged_kernel *k, int n, const step_means *pol,
                "comm %.2f ms, exposed comm %.2f ms (%.0f%% of comm hidden)\n",
                pol->n, ranks, pol->iter, pol->compute, pol->comm, pol->exposed,
                pol->comm > 0 ? 100.0 * (pol->comm - pol->exposed) / pol->comm : 0.0);
+    for (int par = TP_DP; pol->n && par < TIMING_PARS; par++)
+        if (pol->par_comm[par] > 0)
+            printf("  %s communication alone: %.2f ms, exposed %.2f ms (%.0f%% hidden)\n",
+                   timing_par_name(par), pol->par_comm[par], pol->par_exposed[par],
+                   100.0 * (pol->par_comm[par] - pol->par_exposed[par]) / pol->par_comm[par]);
     if (probe->n)
         printf("contention probe (%ld serialized step rows): iter %.2f ms, ideal max(compute, comm) "
                "%.2f ms; the policies gain %.2fx over serialized steps\n",
@@ -222,6 +249,9 @@ static void steps_text(text *t, int rank) {
                "\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f, \"probe\": %s",
             s[i].step, rank, s[i].iter_ms, s[i].compute_ms, s[i].comm_ms, s[i].exposed_comm_ms,
             s[i].probe ? "true" : "false");
+        for (int par = TP_DP; par < TIMING_PARS; par++)
+            put(t, ", \"%s_comm_ms\": %.4f, \"%s_exposed_comm_ms\": %.4f", timing_par_name(par),
+                s[i].par_comm_ms[par], timing_par_name(par), s[i].par_exposed_ms[par]);
         if (s[i].has_power) {
             put_number(t, "energy_j", s[i].energy_j);
             put_number(t, "power_w", s[i].power_w);
@@ -325,6 +355,13 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                        "\"exposed_comm_ms\": %.4f, \"hidden_comm_ms\": %.4f, ",
                 pj.s ? pj.s : "", pol.n, probe.n, pol.iter, pol.compute, pol.comm, pol.exposed,
                 pol.comm - pol.exposed);
+            put(&tail, "\"by_parallelism\": {");
+            for (int par = TP_DP; par < TIMING_PARS; par++)
+                put(&tail, "%s\"%s\": {\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f, "
+                           "\"hidden_comm_ms\": %.4f}", par > TP_DP ? ", " : "",
+                    timing_par_name(par), pol.par_comm[par], pol.par_exposed[par],
+                    pol.par_comm[par] - pol.par_exposed[par]);
+            put(&tail, "}, ");
             if (probe.n)
                 put(&tail, "\"serialized_iter_ms\": %.4f, \"ideal_iter_ms\": %.4f, \"gain\": %.4f}\n}\n",
                     probe.iter, probe.ideal, pol.iter > 0 ? probe.iter / pol.iter : 0.0);

@@ -32,7 +32,7 @@ static struct {
     size_t capacity;
     atomic_size_t n;
     atomic_long dropped;
-    span *work, *merged_comp, *merged_comm; /* [capacity] each, analysis scratch */
+    span *work, *merged_comp, *merged_comm, *merged_par; /* [capacity] each, analysis scratch */
     timing_step_summary *steps; /* [cap_steps], n_steps used */
     int n_steps, cap_steps;
     timing_kernel_stats *kernels; /* [cap_kernels], n_kernels used */
@@ -51,7 +51,8 @@ int timing_init(int kernel_level, size_t capacity) {
     T.work = calloc(capacity, sizeof(span));
     T.merged_comp = calloc(capacity, sizeof(span));
     T.merged_comm = calloc(capacity, sizeof(span));
-    if (!T.rec || !T.ops || !T.work || !T.merged_comp || !T.merged_comm) {
+    T.merged_par = calloc(capacity, sizeof(span));
+    if (!T.rec || !T.ops || !T.work || !T.merged_comp || !T.merged_comm || !T.merged_par) {
         timing_shutdown();
         return -1;
     }
@@ -66,6 +67,7 @@ void timing_shutdown(void) {
     free(T.work);
     free(T.merged_comp);
     free(T.merged_comm);
+    free(T.merged_par);
     free(T.steps);
     free(T.kernels);
     free(T.trace);
@@ -168,11 +170,13 @@ static int by_start(const void *x, const void *y) {
     return a->a < b->a ? -1 : a->a > b->a;
 }
 
-/* Sorted, disjoint union of the records of one kind; returns its length in out[]. */
-static size_t union_of(const timing_record *r, size_t n, int kind, span *out) {
+/* Sorted, disjoint union of the records of one kind (and of one parallelism, par >= 0);
+ * returns its length in out[]. */
+static size_t union_of(const timing_record *r, size_t n, int kind, int par, span *out) {
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (r[i].kind == kind) T.work[k++] = (span){r[i].start_us, r[i].end_us};
+        if (r[i].kind == kind && (par < 0 || r[i].par == par))
+            T.work[k++] = (span){r[i].start_us, r[i].end_us};
     qsort(T.work, k, sizeof(span), by_start);
     size_t m = 0;
     for (size_t i = 0; i < k; i++) {
@@ -263,13 +267,21 @@ void timing_end_step(double iter_ms) {
     if (!T.on) return;
     size_t n = atomic_load(&T.n);
     if (n > T.capacity) n = T.capacity;
-    size_t nc = union_of(T.rec, n, TK_COMPUTE, T.merged_comp);
-    size_t nm = union_of(T.rec, n, TK_COMM, T.merged_comm);
+    size_t nc = union_of(T.rec, n, TK_COMPUTE, -1, T.merged_comp);
+    size_t nm = union_of(T.rec, n, TK_COMM, -1, T.merged_comm);
     double comm = total(T.merged_comm, nm);
-    double start = (T.step_start_ms - T.origin_ms) * 1e3;
-    timing_step_summary s = {T.step, T.probe, iter_ms, total(T.merged_comp, nc) / 1e3, comm / 1e3,
-                             (comm - intersection(T.merged_comp, nc, T.merged_comm, nm)) / 1e3,
-                             start, (timing_now_ms() - T.origin_ms) * 1e3, 0, 0, 0, 0};
+    timing_step_summary s = {.step = T.step, .probe = T.probe, .iter_ms = iter_ms,
+                             .compute_ms = total(T.merged_comp, nc) / 1e3, .comm_ms = comm / 1e3,
+                             .start_us = (T.step_start_ms - T.origin_ms) * 1e3,
+                             .end_us = (timing_now_ms() - T.origin_ms) * 1e3};
+    s.exposed_comm_ms = (comm - intersection(T.merged_comp, nc, T.merged_comm, nm)) / 1e3;
+    /* which parallelism's communication the compute hides, each on its own */
+    for (int par = TP_DP; par < TIMING_PARS; par++) {
+        size_t np = union_of(T.rec, n, TK_COMM, par, T.merged_par);
+        double c = total(T.merged_par, np);
+        s.par_comm_ms[par] = c / 1e3;
+        s.par_exposed_ms[par] = (c - intersection(T.merged_comp, nc, T.merged_par, np)) / 1e3;
+    }
     if (T.n_steps == T.cap_steps) {
         int cap = T.cap_steps ? 2 * T.cap_steps : 64;
         timing_step_summary *p = realloc(T.steps, sizeof(*p) * (size_t)cap);
@@ -310,8 +322,8 @@ long timing_dropped(void) { return atomic_load(&T.dropped); }
 
 const char *timing_kind_name(int kind) { return kind == TK_COMM ? "comm" : "compute"; }
 const char *timing_par_name(int par) {
-    static const char *names[] = {"none", "dp", "tp", "pp"};
-    return par >= 0 && par < 4 ? names[par] : "none";
+    static const char *names[TIMING_PARS] = {"none", "dp", "tp", "pp"};
+    return par >= 0 && par < TIMING_PARS ? names[par] : "none";
 }
 const char *timing_phase_name(int phase) {
     static const char *names[] = {"fwd", "bwd", "opt"};

@@ -17,7 +17,7 @@
 double timing_now_ms(void);
 
 typedef enum { TK_COMPUTE, TK_COMM } timing_kind;
-typedef enum { TP_NONE, TP_DP, TP_TP, TP_PP } timing_par;
+typedef enum { TP_NONE, TP_DP, TP_TP, TP_PP, TIMING_PARS } timing_par;
 typedef enum { PH_FWD, PH_BWD, PH_OPT } timing_phase;
 enum { TIMING_STREAMS = 4 }; /* 0 compute, 1 tp, 2 pp, 3 dp */
 
@@ -73,6 +73,10 @@ typedef struct {
     long step;
     int probe;
     double iter_ms, compute_ms, comm_ms, exposed_comm_ms;
+    /* the same two for the communication of each parallelism alone (TP_DP, TP_TP, TP_PP;
+     * [TP_NONE] stays 0); they may overlap each other, so their sums can exceed comm_ms
+     * and exposed_comm_ms */
+    double par_comm_ms[TIMING_PARS], par_exposed_ms[TIMING_PARS];
     double start_us, end_us; /* the step's span on the run's clock */
     int has_power;           /* profile.power: this rank's GPU readings of the step */
     double energy_j, power_w, sm_clock_mhz;

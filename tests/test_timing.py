@@ -4,7 +4,9 @@ Checks, on one rank and on tp2 x pp2: the trace is JSON with complete events of 
 rank and both kinds; every op of a step is recorded exactly once (counted against the
 model's structure) and lies inside its step; the report's steps satisfy
 exposed_comm <= comm and, with every overlap policy none, nearly all communication is
-exposed; timing changes no number of the training itself."""
+exposed; each step row's comm_ms and exposed_comm_ms, overall and per parallelism
+(dp_comm_ms, ...), equal what the trace's intervals give; timing changes no number of
+the training itself."""
 import json
 import os
 import sys
@@ -36,7 +38,56 @@ def timed(name, ranks, extra):
         trace = json.load(f)
     with open(f"{D}/{name}.report.json") as f:
         report = json.load(f)
+    check_unions(name, report, trace["traceEvents"])
     return trace["traceEvents"], report, read_metrics(f"{D}/{name}.jsonl")
+
+
+def union(spans):
+    """sorted disjoint union of (start, end) spans"""
+    out = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def covered(u, v):
+    """length of the intersection of two sorted disjoint unions"""
+    t, i, j = 0.0, 0, 0
+    while i < len(u) and j < len(v):
+        t += max(0.0, min(u[i][1], v[j][1]) - max(u[i][0], v[j][0]))
+        if u[i][1] < v[j][1]:
+            i += 1
+        else:
+            j += 1
+    return t
+
+
+def check_unions(name, report, events):
+    """Each step row's comm_ms, exposed_comm_ms and the same per parallelism
+    (<par>_comm_ms, <par>_exposed_comm_ms), recomputed from the trace's intervals."""
+    spans = {}
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        key = (e["pid"], e["args"]["step"], e["cat"],
+               e["args"]["parallelism"] if e["cat"] == "comm" else None)
+        spans.setdefault(key, []).append((e["ts"], e["ts"] + e["dur"]))
+    for r in report["steps"]:
+        rank, step = r["rank"], r["step"]
+        comp = union(spans.get((rank, step, "compute", None), []))
+        comm = union(sum((v for k, v in spans.items() if k[:3] == (rank, step, "comm")), []))
+        want = {"comm_ms": comm, **{f"{p}_comm_ms": union(spans.get((rank, step, "comm", p), []))
+                                    for p in ("dp", "tp", "pp")}}
+        for key, u in want.items():
+            total = sum(b - a for a, b in u) / 1e3
+            exposed = total - covered(u, comp) / 1e3
+            got = (r[key], r[key.replace("comm_ms", "exposed_comm_ms")])
+            if abs(got[0] - total) > 2e-3 or abs(got[1] - exposed) > 2e-3:
+                fail(f"{name}: rank {rank} step {step}: {key} and its exposed part are {got}, "
+                     f"the trace's intervals give {total:.4f} and {exposed:.4f}")
 
 
 def check_steps_contain_ops(name, events):
@@ -132,6 +183,9 @@ def main():
     exposed = sum(r["exposed_comm_ms"] for r in report["steps"])
     if comm <= 0 or exposed < 0.9 * comm:
         fail(f"tp2pp2: with every policy none, comm {comm:.2f} ms but only {exposed:.2f} ms exposed")
+    by_par = {p: sum(r[f"{p}_comm_ms"] for r in report["steps"]) for p in ("dp", "tp", "pp")}
+    if by_par["tp"] <= 0 or by_par["pp"] <= 0 or by_par["dp"] != 0:
+        fail(f"tp2pp2: communication by parallelism {by_par}: tp and pp, and no dp, expected")
     print(f"ok   tp2 x pp2: all ranks and both kinds traced; {100 * exposed / comm:.1f}% of "
           f"{comm:.1f} ms comm exposed with policies none")
     # dp2 with a communication stream slowed on purpose: policy none leaves all of it
@@ -153,6 +207,10 @@ def main():
         comm = sum(r["comm_ms"] for r in rep["steps"])
         exposed = sum(r["exposed_comm_ms"] for r in rep["steps"])
         hidden[policy] = (comm - exposed) / comm
+        dp_comm = sum(r["dp_comm_ms"] for r in rep["steps"])
+        hidden["dp_" + policy] = (dp_comm - sum(r["dp_exposed_comm_ms"] for r in rep["steps"])) / dp_comm
+        if any(r["tp_comm_ms"] or r["pp_comm_ms"] for r in rep["steps"]):
+            fail(f"dp2-{policy}: communication of tp or pp in a dp-only run")
         hidden[policy + "_losses"] = [(m["loss"], m["grad_norm"]) for m in met]
         print(f"ok   dp2, overlap.dp = {policy}, slowed comm: {comm:.1f} ms comm, "
               f"{100 * hidden[policy]:.1f}% hidden")
@@ -160,6 +218,9 @@ def main():
         fail(f"overlap.dp = none hid {100 * hidden['none']:.1f}% of the communication")
     if hidden["bucket"] < 0.2:
         fail(f"overlap.dp = bucket hid only {100 * hidden['bucket']:.1f}% of slowed communication")
+    if hidden["dp_none"] > 0.05 or hidden["dp_bucket"] < 0.2:
+        fail(f"dp communication alone: {100 * hidden['dp_none']:.1f}% hidden with none, "
+             f"{100 * hidden['dp_bucket']:.1f}% with bucket")
     if hidden["none_losses"] != hidden["bucket_losses"]:
         fail("overlap.dp = bucket changed the losses")
     # contention probe: every 2nd step serialized, same math, its own baseline statistics
@@ -173,6 +234,8 @@ def main():
         fail(f"probe: overlap summary or probe kernels wrong: {ov}")
     if not all(k["probe_mean_us"] is not None for k in rep["kernels"] if k["name"] == "qkv_fwd"):
         fail("probe: qkv_fwd has no serialized baseline")
+    if set(ov["by_parallelism"]) != {"dp", "tp", "pp"} or ov["by_parallelism"]["dp"]["comm_ms"] <= 0:
+        fail(f"probe: overlap.by_parallelism lacks a parallelism or dp's communication: {ov}")
     if ov["ideal_iter_ms"] > ov["serialized_iter_ms"] + 1e-9:
         fail(f"probe: ideal step {ov['ideal_iter_ms']} longer than the serialized one")
     r = run_train(BASE + ["--parallel.dp=2", "--overlap.dp=bucket", f"--train.log_file={D}/np.jsonl"],

@@ -499,7 +499,6 @@ void emu_cp_async_wait(unsigned int newest) {
     f->cp_n = kept;
 }
 
-
 /* ------------------------------------------------------------------ shared memory */
 
 /* the __shared__ statics of all kernels (cuda_runtime.h); weak: there may be none */
