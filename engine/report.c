@@ -127,8 +127,8 @@ typedef struct {
     double par_comm[TIMING_PARS], par_exposed[TIMING_PARS]; /* by timing_par, as in a row */
 } step_means;
 
-/* Adds the row's "<par>_comm_ms" and "<par>_exposed_comm_ms" (row: from its "iter_ms" to
- * its end, end NULL: the last row) to m. */
+/* Adds a step row's "<par>_comm_ms" and "<par>_exposed_comm_ms" to m; the row runs from
+ * `row` (its "iter_ms") to `end` (its closing brace). */
 static void add_par_means(const char *row, const char *end, step_means *m) {
     for (int par = TP_DP; par < TIMING_PARS; par++) {
         char key[48];
