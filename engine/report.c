@@ -78,40 +78,78 @@ static char *gather_text(comm_group *world, const text *mine, size_t *len) {
 typedef struct {
     char name[64];
     int kind, probe;
+    int par; /* timing_par, or -1: every parallelism's instances together */
     long count, n_iso, n_ovl;
     double sum, iso, ovl;
 } merged_kernel;
 
-static int merge_kernels(const char *lines, merged_kernel **out) {
-    int n = 0, cap = 0;
-    merged_kernel *k = NULL;
+/* Adds r into k[0..*n), to the entry of its name, kind, probe and (unless any_par) par, or
+ * to a new one; returns k, grown as needed (*cap). */
+static merged_kernel *add_kernel(merged_kernel *k, int *n, int *cap, const merged_kernel *r,
+                                 int any_par) {
+    int i = 0;
+    while (i < *n && !(k[i].kind == r->kind && k[i].probe == r->probe &&
+                       (any_par || k[i].par == r->par) && strcmp(k[i].name, r->name) == 0))
+        i++;
+    if (i == *n) {
+        if (*n == *cap) {
+            *cap = *cap ? 2 * *cap : 64;
+            k = log_realloc(k, sizeof(*k) * (size_t)*cap, "the report's kernels");
+        }
+        k[(*n)++] = *r;
+        if (any_par) k[i].par = -1;
+        return k;
+    }
+    k[i].count += r->count;
+    k[i].sum += r->sum;
+    k[i].n_iso += r->n_iso;
+    k[i].iso += r->iso;
+    k[i].n_ovl += r->n_ovl;
+    k[i].ovl += r->ovl;
+    return k;
+}
+
+/* Every rank's kernel lines merged: *by_par per name, kind, probe and parallelism (its
+ * length in *n_par), *out per name, kind and probe (returns its length). */
+static int merge_kernels(const char *lines, merged_kernel **by_par, int *n_par,
+                         merged_kernel **out) {
+    int np = 0, cap_p = 0, n = 0, cap = 0;
+    merged_kernel *kp = NULL, *k = NULL;
     for (const char *p = lines; p && *p;) {
         merged_kernel r;
         int used = 0;
-        if (sscanf(p, "%63s %d %d %ld %lf %ld %lf %ld %lf\n%n", r.name, &r.kind, &r.probe, &r.count,
-                   &r.sum, &r.n_iso, &r.iso, &r.n_ovl, &r.ovl, &used) != 9 || used == 0)
+        if (sscanf(p, "%63s %d %d %d %ld %lf %ld %lf %ld %lf\n%n", r.name, &r.kind, &r.probe,
+                   &r.par, &r.count, &r.sum, &r.n_iso, &r.iso, &r.n_ovl, &r.ovl, &used) != 10 ||
+            used == 0)
             break;
         p += used;
-        int i = 0;
-        while (i < n && !(k[i].kind == r.kind && k[i].probe == r.probe && strcmp(k[i].name, r.name) == 0))
-            i++;
-        if (i == n) {
-            if (n == cap) {
-                cap = cap ? 2 * cap : 64;
-                k = log_realloc(k, sizeof(*k) * (size_t)cap, "the report's kernels");
-            }
-            k[n++] = r;
-            continue;
-        }
-        k[i].count += r.count;
-        k[i].sum += r.sum;
-        k[i].n_iso += r.n_iso;
-        k[i].iso += r.iso;
-        k[i].n_ovl += r.n_ovl;
-        k[i].ovl += r.ovl;
+        kp = add_kernel(kp, &np, &cap_p, &r, 0);
     }
+    for (int i = 0; i < np; i++) k = add_kernel(k, &n, &cap, &kp[i], 1);
+    *by_par = kp;
+    *n_par = np;
     *out = k;
     return n;
+}
+
+/* A kernel's mean, isolated and overlapped means and their ratio (slowdown); NAN where it
+ * has no such instances. */
+typedef struct {
+    double mean, iso, ovl, slow;
+} kernel_means;
+
+static kernel_means means_of(const merged_kernel *x) {
+    kernel_means m = {x->count ? x->sum / x->count : NAN, x->n_iso ? x->iso / x->n_iso : NAN,
+                      x->n_ovl ? x->ovl / x->n_ovl : NAN, NAN};
+    if (x->n_iso && x->n_ovl) m.slow = m.ovl / m.iso;
+    return m;
+}
+
+/* v printed with fmt into buf[32], or `none` when v is NAN */
+static const char *num(char *buf, const char *fmt, double v, const char *none) {
+    if (isnan(v)) return none;
+    snprintf(buf, 32, fmt, v);
+    return buf;
 }
 
 static int by_total(const void *a, const void *b) {
@@ -179,26 +217,45 @@ static const merged_kernel *probe_twin(const merged_kernel *k, int n, const merg
     return NULL;
 }
 
-static void print_table(const merged_kernel *k, int n, const step_means *pol,
-                        const step_means *probe, int ranks) {
+/* Do x and y count instances of the same kernel (name, kind, probe)? */
+static int same_kernel(const merged_kernel *x, const merged_kernel *y) {
+    return x->kind == y->kind && x->probe == y->probe && strcmp(x->name, y->name) == 0;
+}
+
+static void print_row(const char *name, const char *kind, const merged_kernel *x,
+                      double probe_mean) {
+    kernel_means m = means_of(x);
+    char a[32], b[32], c[32], d[32], e[32];
+    printf("%-20s %-7s %8ld %11.2f %10.1f %11s %11s %8s %10s %8s\n", name, kind, x->count,
+           x->sum / 1e3, m.mean, num(a, "%.1f", m.iso, "-"), num(b, "%.1f", m.ovl, "-"),
+           num(c, "%.2f", m.slow, "-"), num(d, "%.1f", probe_mean, "-"),
+           num(e, "%.2f", m.mean / probe_mean, "-"));
+}
+
+/* The table on stdout. A communication op is named with its parallelism, or when several
+ * parallelisms run it (a tp and a dp all-reduce), followed by a row for each. */
+static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, int np,
+                        const step_means *pol, const step_means *probe, int ranks) {
     printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in flight)\n");
-    printf("%-16s %-7s %8s %11s %10s %11s %11s %8s %10s %8s\n", "kernel", "kind", "count",
+    printf("%-20s %-7s %8s %11s %10s %11s %11s %8s %10s %8s\n", "kernel", "kind", "count",
            "total ms", "mean us", "isolated", "overlapped", "slowdown", "probe us", "vs probe");
     for (int i = 0; i < n; i++) {
         if (k[i].probe) continue;
-        char iso[16] = "-", ovl[16] = "-", slow[16] = "-", pm[16] = "-", vs[16] = "-";
-        if (k[i].n_iso) snprintf(iso, sizeof(iso), "%.1f", k[i].iso / k[i].n_iso);
-        if (k[i].n_ovl) snprintf(ovl, sizeof(ovl), "%.1f", k[i].ovl / k[i].n_ovl);
-        if (k[i].n_iso && k[i].n_ovl)
-            snprintf(slow, sizeof(slow), "%.2f", (k[i].ovl / k[i].n_ovl) / (k[i].iso / k[i].n_iso));
-        const merged_kernel *t = probe_twin(k, n, &k[i]);
-        if (t) {
-            snprintf(pm, sizeof(pm), "%.1f", t->sum / t->count);
-            snprintf(vs, sizeof(vs), "%.2f", (k[i].sum / k[i].count) / (t->sum / t->count));
-        }
-        printf("%-16s %-7s %8ld %11.2f %10.1f %11s %11s %8s %10s %8s\n", k[i].name,
-               timing_kind_name(k[i].kind), k[i].count, k[i].sum / 1e3, k[i].sum / k[i].count, iso,
-               ovl, slow, pm, vs);
+        const merged_kernel *t = probe_twin(k, n, &k[i]), *only = NULL;
+        int pars = 0;
+        for (int j = 0; j < np; j++)
+            if (same_kernel(&kp[j], &k[i])) pars++, only = &kp[j];
+        char name[96];
+        if (k[i].kind == TK_COMM && pars == 1)
+            snprintf(name, sizeof(name), "%s [%s]", k[i].name, timing_par_name(only->par));
+        else
+            snprintf(name, sizeof(name), "%s", k[i].name);
+        print_row(name, timing_kind_name(k[i].kind), &k[i], t ? t->sum / t->count : NAN);
+        for (int j = 0; k[i].kind == TK_COMM && pars > 1 && j < np; j++)
+            if (same_kernel(&kp[j], &k[i])) {
+                snprintf(name, sizeof(name), "  [%s]", timing_par_name(kp[j].par));
+                print_row(name, "", &kp[j], NAN);
+            }
     }
     if (pol->n)
         printf("per step and rank (mean of %ld over %d rank(s)): iter %.2f ms, compute %.2f ms, "
@@ -264,8 +321,9 @@ static void steps_text(text *t, int rank) {
 static void kernels_text(text *t) {
     const timing_kernel_stats *k = timing_kernels();
     for (int i = 0; i < timing_n_kernels(); i++)
-        put(t, "%s %d %d %ld %.6f %ld %.6f %ld %.6f\n", k[i].name, k[i].kind, k[i].probe, k[i].count,
-            k[i].sum_us, k[i].n_isolated, k[i].isolated_us, k[i].n_overlapped, k[i].overlapped_us);
+        put(t, "%s %d %d %d %ld %.6f %ld %.6f %ld %.6f\n", k[i].name, k[i].kind, k[i].probe,
+            k[i].par, k[i].count, k[i].sum_us, k[i].n_isolated, k[i].isolated_us,
+            k[i].n_overlapped, k[i].overlapped_us);
 }
 
 static void trace_text(text *t, int rank) {
@@ -315,8 +373,8 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
     char *steps = gather_text(world, &st, &ns), *kern = gather_text(world, &kt, &nk), *trace = NULL;
     if (trace_path && trace_path[0]) trace = gather_text(world, &tt, &nt);
     if (rank == 0) {
-        merged_kernel *k = NULL;
-        int n = merge_kernels(kern, &k);
+        merged_kernel *k = NULL, *kp = NULL;
+        int np = 0, n = merge_kernels(kern, &kp, &np, &k);
         qsort(k, (size_t)n, sizeof(*k), by_total);
         step_means pol, probe;
         mean_steps(steps, 0, &pol);
@@ -324,25 +382,33 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
         if (report_path && report_path[0]) {
             text kj = {0}, pj = {0};
             for (int i = 0; i < n; i++) {
-                char slow[32] = "null", iso[32] = "null", ovl[32] = "null", pm[32] = "null",
-                     vs[32] = "null";
-                if (k[i].n_iso) snprintf(iso, sizeof(iso), "%.4f", k[i].iso / k[i].n_iso);
-                if (k[i].n_ovl) snprintf(ovl, sizeof(ovl), "%.4f", k[i].ovl / k[i].n_ovl);
-                if (k[i].n_iso && k[i].n_ovl)
-                    snprintf(slow, sizeof(slow), "%.4f", (k[i].ovl / k[i].n_ovl) / (k[i].iso / k[i].n_iso));
+                kernel_means m = means_of(&k[i]);
                 const merged_kernel *t = k[i].probe ? NULL : probe_twin(k, n, &k[i]);
-                if (t) {
-                    snprintf(pm, sizeof(pm), "%.4f", t->sum / t->count);
-                    snprintf(vs, sizeof(vs), "%.4f", (k[i].sum / k[i].count) / (t->sum / t->count));
-                }
+                double pm = t ? t->sum / t->count : NAN;
+                char a[32], b[32], c[32], d[32], e[32];
                 /* per step and rank: shows a decomposition (chunking) as well as slowdown */
                 long rows = k[i].probe ? probe.n : pol.n;
-                put(k[i].probe ? &pj : &kj,
+                text *dst = k[i].probe ? &pj : &kj;
+                put(dst,
                     "    {\"name\": \"%s\", \"kind\": \"%s\", \"count\": %ld, \"mean_us\": %.4f, "
                     "\"isolated_mean_us\": %s, \"overlapped_mean_us\": %s, \"slowdown\": %s, "
-                    "\"total_us_per_step\": %.4f, \"probe_mean_us\": %s, \"slowdown_vs_probe\": %s},\n",
-                    k[i].name, timing_kind_name(k[i].kind), k[i].count, k[i].sum / k[i].count, iso,
-                    ovl, slow, rows ? k[i].sum / rows : 0.0, pm, vs);
+                    "\"total_us_per_step\": %.4f, \"probe_mean_us\": %s, \"slowdown_vs_probe\": %s",
+                    k[i].name, timing_kind_name(k[i].kind), k[i].count, m.mean,
+                    num(a, "%.4f", m.iso, "null"), num(b, "%.4f", m.ovl, "null"),
+                    num(c, "%.4f", m.slow, "null"), rows ? k[i].sum / rows : 0.0,
+                    num(d, "%.4f", pm, "null"), num(e, "%.4f", m.mean / pm, "null"));
+                /* the same op of different parallelisms differs in size and contention */
+                for (int j = 0, first = 1; k[i].kind == TK_COMM && j < np; j++) {
+                    if (!same_kernel(&kp[j], &k[i])) continue;
+                    kernel_means mp = means_of(&kp[j]);
+                    put(dst, "%s\"%s\": {\"count\": %ld, \"mean_us\": %.4f, \"isolated_mean_us\": %s, "
+                             "\"overlapped_mean_us\": %s, \"slowdown\": %s}",
+                        first ? ", \"by_parallelism\": {" : ", ", timing_par_name(kp[j].par),
+                        kp[j].count, mp.mean, num(a, "%.4f", mp.iso, "null"),
+                        num(b, "%.4f", mp.ovl, "null"), num(c, "%.4f", mp.slow, "null"));
+                    first = 0;
+                }
+                put(dst, "%s},\n", k[i].kind == TK_COMM ? "}" : "");
             }
             close_list(steps, ns);
             if (kj.s) close_list(kj.s, kj.n);
@@ -378,8 +444,9 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             rc = write_file(trace_path, "trace", "{\"traceEvents\": [\n", trace,
                             "], \"displayTimeUnit\": \"ms\"}\n", err, errlen);
         }
-        print_table(k, n, &pol, &probe, size);
+        print_table(k, n, kp, np, &pol, &probe, size);
         free(k);
+        free(kp);
     }
     free(st.s);
     free(kt.s);

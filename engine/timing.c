@@ -219,9 +219,10 @@ static int meets(const span *u, size_t n, double a, double b) {
     return lo < n && u[lo].a < b;
 }
 
-static timing_kernel_stats *kernel_slot(const char *name, int kind) {
+static timing_kernel_stats *kernel_slot(const char *name, int kind, int par) {
     for (int i = 0; i < T.n_kernels; i++)
-        if (T.kernels[i].kind == kind && T.kernels[i].probe == T.probe &&
+        if (T.kernels[i].kind == kind && T.kernels[i].par == par &&
+            T.kernels[i].probe == T.probe &&
             (T.kernels[i].name == name || strcmp(T.kernels[i].name, name) == 0))
             return &T.kernels[i];
     if (T.n_kernels == T.cap_kernels) {
@@ -235,6 +236,7 @@ static timing_kernel_stats *kernel_slot(const char *name, int kind) {
     memset(k, 0, sizeof(*k));
     k->name = name;
     k->kind = kind;
+    k->par = par;
     k->probe = T.probe;
     return k;
 }
@@ -294,7 +296,7 @@ void timing_end_step(double iter_ms) {
      * communication kernel when compute was */
     for (size_t i = 0; i < n; i++) {
         const timing_record *r = &T.rec[i];
-        timing_kernel_stats *k = kernel_slot(r->name, r->kind);
+        timing_kernel_stats *k = kernel_slot(r->name, r->kind, r->par);
         if (!k) continue;
         double us = r->end_us - r->start_us;
         int over = r->kind == TK_COMPUTE ? meets(T.merged_comm, nm, r->start_us, r->end_us)

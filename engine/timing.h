@@ -82,10 +82,13 @@ typedef struct {
     double energy_j, power_w, sm_clock_mhz;
 } timing_step_summary;
 
-/* Per-kernel totals of one rank (merged over ranks by the report). */
+/* Per-kernel totals of one rank (merged over ranks by the report), for each parallelism
+ * apart: a dp all-reduce of gradient buckets and a tp all-reduce of activations share a
+ * name, not their sizes or their contention. */
 typedef struct {
     const char *name;
     int kind;
+    int par;            /* timing_par; TP_NONE for every compute op */
     int probe;          /* gathered in contention-probe steps */
     long count, n_isolated, n_overlapped;
     double sum_us, isolated_us, overlapped_us;

@@ -5,7 +5,8 @@ rank and both kinds; every op of a step is recorded exactly once (counted agains
 model's structure) and lies inside its step; the report's steps satisfy
 exposed_comm <= comm and, with every overlap policy none, nearly all communication is
 exposed; each step row's comm_ms and exposed_comm_ms, overall and per parallelism
-(dp_comm_ms, ...), equal what the trace's intervals give; timing changes no number of
+(dp_comm_ms, ...), equal what the trace's intervals give, and so do each communication
+kernel's count and mean per parallelism (by_parallelism); timing changes no number of
 the training itself."""
 import json
 import os
@@ -25,6 +26,9 @@ BASE = [f"--model.n_layer={L}", "--model.n_head=4", "--model.d_model=64", "--mod
         f"--train.global_batch={GB}", f"--train.micro_batch={MB}", "--train.seq_len=32"]
 
 
+SHARED = {}  # run name: the communication kernels that several parallelisms run
+
+
 def timed(name, ranks, extra):
     args = BASE + extra + [f"--train.log_file={D}/{name}.jsonl", "--profile.timing=kernel",
                            f"--profile.report={D}/{name}.report.json",
@@ -39,7 +43,41 @@ def timed(name, ranks, extra):
     with open(f"{D}/{name}.report.json") as f:
         report = json.load(f)
     check_unions(name, report, trace["traceEvents"])
+    SHARED[name] = check_by_parallelism(name, report, trace["traceEvents"])
     return trace["traceEvents"], report, read_metrics(f"{D}/{name}.jsonl")
+
+
+def check_by_parallelism(name, report, events):
+    """Every communication kernel's by_parallelism entries hold the count and mean duration
+    of the trace's events of that name and parallelism (policy steps in "kernels", probe
+    steps in "probe_kernels"), and add up to the kernel's count; compute kernels have none.
+    Returns the names that more than one parallelism runs."""
+    probe_steps = {(r["rank"], r["step"]) for r in report["steps"] if r["probe"]}
+    durs = {}
+    for e in events:
+        if e.get("ph") == "X" and e["cat"] == "comm":
+            key = (e["name"], e["args"]["parallelism"], (e["pid"], e["args"]["step"]) in probe_steps)
+            durs.setdefault(key, []).append(e["dur"])
+    shared = set()
+    for probe, kernels in ((False, report["kernels"]), (True, report.get("probe_kernels", []))):
+        for k in kernels:
+            if k["kind"] == "compute":
+                if "by_parallelism" in k:
+                    fail(f"{name}: compute kernel {k['name']} split by parallelism")
+                continue
+            want = {p: d for (n, p, pr), d in durs.items() if n == k["name"] and pr == probe}
+            got = k["by_parallelism"]
+            if set(got) != set(want) or sum(v["count"] for v in got.values()) != k["count"]:
+                fail(f"{name}: {k['name']} by_parallelism {got}, trace events of "
+                     f"{ {p: len(d) for p, d in want.items()} }")
+            for p, v in got.items():
+                mean = sum(want[p]) / len(want[p])
+                if v["count"] != len(want[p]) or abs(v["mean_us"] - mean) > 1e-3 + 1e-6 * mean:
+                    fail(f"{name}: {k['name']} [{p}]: {v}, the trace gives {len(want[p])} of mean "
+                         f"{mean:.4f} us")
+            if len(got) > 1:
+                shared.add(k["name"])
+    return shared
 
 
 def union(spans):
@@ -186,6 +224,10 @@ def main():
     by_par = {p: sum(r[f"{p}_comm_ms"] for r in report["steps"]) for p in ("dp", "tp", "pp")}
     if by_par["tp"] <= 0 or by_par["pp"] <= 0 or by_par["dp"] != 0:
         fail(f"tp2pp2: communication by parallelism {by_par}: tp and pp, and no dp, expected")
+    # the tp all-reduces of activations and the pp all-reduce of the tied embedding's
+    # gradient share the name, and are reported apart
+    if "allreduce" not in SHARED["tp2pp2"]:
+        fail(f"tp2pp2: allreduce not split into tp and pp: {SHARED['tp2pp2']}")
     print(f"ok   tp2 x pp2: all ranks and both kinds traced; {100 * exposed / comm:.1f}% of "
           f"{comm:.1f} ms comm exposed with policies none")
     # dp2 with a communication stream slowed on purpose: policy none leaves all of it
