@@ -88,6 +88,13 @@ def table(lines, title, rep, backend):
                  f"iter {mean('iter_ms'):.1f} ms, compute {mean('compute_ms'):.1f} ms, "
                  f"comm {mean('comm_ms'):.1f} ms, exposed comm {mean('exposed_comm_ms'):.1f} ms "
                  f"(mean over ranks and non-probe steps after the first)\n\n")
+    # each parallelism's communication alone (the report's <par>_comm_ms), where it has any
+    pars = [p for p in ("dp", "tp", "pp")
+            if steps and f"{p}_comm_ms" in steps[0] and mean(f"{p}_comm_ms") > 0]
+    if pars:
+        lines.append("by parallelism: " + ", ".join(
+            f"{p} comm {mean(p + '_comm_ms'):.1f} ms, exposed {mean(p + '_exposed_comm_ms'):.1f} ms"
+            for p in pars) + "\n\n")
     # alone / beside comm: within the policy's own steps; probe: the same op in the
     # serialized probe steps of the same run, the baseline the policy is charged against
     lines.append("| kernel | count | mean us | alone us | beside comm us | slowdown | "
