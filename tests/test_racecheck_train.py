@@ -1,9 +1,10 @@
 """The CUDA host code and kernels under ThreadSanitizer (the racecheck build,
 GPTC_SANITIZE=thread): gptc-train-emu (the real host code of engine/cuda on the fake CUDA
-runtime of tests/cuda_emu) trains in layouts that use every overlap policy, and TSan must
-report nothing. That covers the kernels' races within a block and between blocks
-(emu_runtime.c's racecheck) and every access of a copy, a cuBLASLt product, a kernel or a host worker that the streams,
-events and host flags leave unordered: a communication lane that does not wait for the
+runtime of tests/cuda_emu) trains in layouts that use every overlap policy, in fp32 and
+(the pipeline run) bf16, and TSan must report nothing. That covers the kernels' races
+within a block and between blocks (emu_runtime.c's racecheck) and every access of a copy,
+a cuBLASLt product, a kernel or a host worker that the streams, events and host flags
+leave unordered: a communication lane that does not wait for the
 compute stream (comm_lane_after_compute without its stream_wait_event) is reported, a
 cuBLASLt product reading what the lane's copy writes. Not covered: two kernels of
 different streams (the emulator runs one grid at a time under a lock, which orders them);
@@ -30,9 +31,9 @@ RUNS = [
      ["--parallel.tp=2", "--parallel.dp=2", "--overlap.tp=chunked",
       "--parallel.sequence_parallel=true", "--overlap.dp=bucket", "--overlap.dp_bucket_mb=0.01",
       "--overlap.dp_shard=optimizer", "--profile.timing=kernel"]),
-    ("pp2 interleaved, async", 2, False,
+    ("pp2 interleaved, async, bf16", 2, False,
      ["--model.n_layer=4", "--parallel.pp=2", "--parallel.schedule=interleaved",
-      "--parallel.virtual_stages=2", "--overlap.pp=async"]),
+      "--parallel.virtual_stages=2", "--overlap.pp=async", "--train.precision=bf16"]),
     ("dp2 over NCCL: bucket, ZeRO-1", 2, True,
      ["--parallel.dp=2", "--overlap.dp=bucket", "--overlap.dp_bucket_mb=0.01",
       "--overlap.dp_shard=optimizer"]),

@@ -59,10 +59,10 @@
  *    Between blocks there is no concurrency at all: blocks run one after another, so a
  *    plain += where blocks collide (and atomicAdd is needed) passes; nor between kernels
  *    of different streams (one grid at a time), in any build;
- *  - memory-model and warp-synchronous bugs: every access is a host access ordered by
- *    the barriers, and the lanes of a warp are independent threads that meet only at
- *    shuffles, so code relying on lockstep execution (or on __syncwarp, which is not
- *    provided) is neither emulated nor reliably exposed;
+ *  - memory-model and warp-synchronous bugs, outside the racecheck: every access is a
+ *    host access ordered by the barriers, and the lanes of a warp are independent threads
+ *    that meet only at shuffles, so code relying on lockstep execution (or on __syncwarp,
+ *    which is not provided) is neither emulated nor reliably exposed;
  *  - timing, occupancy, register or shared memory pressure, bank conflicts;
  *  - exact device arithmetic: expf, tanhf, ... are the host's, and contraction into FMA
  *    follows the host compiler, so results agree with the GPU only to rounding.
@@ -277,14 +277,19 @@ static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
  * CUDA gives:
  *  - a switch between fibers carries no order (__tsan_switch_to_fiber_no_sync), and this
  *    file, whose bookkeeping every thread touches, is not instrumented;
- *  - __syncthreads and a warp's shuffles and gathers (mma.sync, ldmatrix) are barriers:
- *    each thread releases on arrival and acquires on leaving, on the barrier's sync object
- *    of this completion (one of two, alternating, so that a fast thread's arrival at the
- *    next completion orders nothing before a slow one's leaving);
- *  - blocks are not ordered: the end of a block is no barrier to TSan, the barriers' sync
- *    objects are forgotten (rc_forget) before the next block uses them, and so is what the
- *    block did to shared memory and to the warps' exchange slots, which the next block
- *    reuses. Only the fibers carry an order, their own program order: thread t of a block
+ *  - __syncthreads is a barrier: each thread releases on arrival and acquires on leaving,
+ *    on the barrier's sync object of this completion (one of two, alternating, so that a
+ *    fast thread's arrival at the next completion orders nothing before a slow one's
+ *    leaving);
+ *  - a warp's shuffles and gathers (mma.sync, ldmatrix) exchange values and order no
+ *    memory, as __shfl_sync promises no order of other memory: TSan does not see their
+ *    slots, and a lane that reads what another lane wrote with only a shuffle between is
+ *    a race (__syncwarp is not provided: a kernel that needs one uses __syncthreads). It
+ *    also halves the racecheck's time, whose most is TSan's vector clocks;
+ *  - blocks are not ordered: the end of a block is no barrier to TSan, and the block
+ *    barrier's sync objects are forgotten (rc_forget) before the next block uses them, and
+ *    so is what the block did to shared memory, which the next block reuses. Only the
+ *    fibers carry an order, their own program order: thread t of a block
  *    comes after thread t of the earlier blocks of its set. The two sets alternate as the
  *    squares of a checkerboard, so each block is checked against its neighbours in x and
  *    in y, and any two threads of different blocks unless both the thread index and the
@@ -299,8 +304,7 @@ static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
  *    as the issuing thread: another thread's access that no barrier after the wait orders
  *    is a race (so is a refill issued before every reader of the old contents passed a
  *    barrier).
- * Not checked: within a warp between its collective steps (the lanes meet at each), and
- * between kernels of different streams (grids take the device lock, whose mutex orders
+ * Not checked: between kernels of different streams (grids take the device lock, whose mutex orders
  * them; gptc's kernels all run on one stream, its lanes' copies and collectives are
  * checked). */
 static char rc_grid_in, rc_grid_out; /* sync objects: the stream's work before, after a grid */
@@ -309,8 +313,8 @@ static char rc_grid_in, rc_grid_out; /* sync objects: the stream's work before, 
  * java_alloc its record of accesses (AnnotateNewMemory does nothing in this libtsan) */
 void __tsan_java_alloc(unsigned long ptr, unsigned long size);
 void __tsan_java_free(unsigned long ptr, unsigned long size);
-static void rc_acquire(void *sync) { __tsan_acquire(sync); }
-static void rc_release(void *sync) { __tsan_release(sync); }
+static void rc_acquire(void *sync) { if (sync) __tsan_acquire(sync); }
+static void rc_release(void *sync) { if (sync) __tsan_release(sync); }
 /* TSan forgets every access to [p, p + n) and every sync object there: memory that the
  * next block reuses is new to it, as on a GPU it would be another block's */
 static void rc_forget(void *p, size_t n) {
@@ -407,9 +411,11 @@ static int arrive(barrier *b, int at) {
     return 1;
 }
 
-/* Arrives at b and waits until all its threads have. */
+/* Arrives at b and waits until all its threads have. Only __syncthreads orders memory
+ * (racecheck): a warp's shuffles and gathers exchange values, as __shfl_sync promises no
+ * order of other memory. */
 static void barrier_wait(barrier *b, int at) {
-    char *sync = &b->sync[b->gen & 1];
+    char *sync = at == AT_SYNCTHREADS ? &b->sync[b->gen & 1] : NULL;
     if (arrive(b, at)) {
         rc_acquire(sync); /* orders the others' work before what this one does next */
         rc_release(sync);
@@ -440,9 +446,13 @@ void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane) {
     running->parity ^= 1u;
     if (size > sizeof slot[0] || src_lane < 0 || (unsigned int)src_lane >= width)
         emu_fail("shuffle from a lane outside the warp");
+    rc_ignore(1); /* the exchange is of values: its slots are no memory of the kernel's */
     memcpy(&slot[tid], in, size);
+    rc_ignore(0);
     barrier_wait(&warp_barrier[tid / 32], AT_SHUFFLE); /* every lane has stored */
+    rc_ignore(1);
     memcpy(out, &slot[base + (unsigned int)src_lane], size);
+    rc_ignore(0);
 }
 
 void emu_warp_gather(const void *in, void *out, size_t size) {
@@ -451,9 +461,13 @@ void emu_warp_gather(const void *in, void *out, size_t size) {
     running->parity ^= 1u;
     if (size > EMU_GATHER_MAX || emu_block_dim.x - base < 32)
         emu_fail("warp gather: more than EMU_GATHER_MAX bytes, or a partial warp");
+    rc_ignore(1); /* as in emu_warp_exchange */
     memcpy(slot[tid], in, size);
+    rc_ignore(0);
     barrier_wait(&warp_barrier[tid / 32], AT_SHUFFLE); /* every lane has stored */
+    rc_ignore(1);
     for (unsigned int l = 0; l < 32; l++) memcpy((char *)out + l * size, slot[base + l], size);
+    rc_ignore(0);
 }
 
 /* cp.async (engine/cuda/mma.cuh, tests/cuda_emu/emu_mma.h): the destination is
@@ -559,7 +573,7 @@ static size_t smem_limit(const void *kernel) {
 /* ------------------------------------------------------------------ launches */
 
 /* The last thread to finish a block readies shared memory for the next: poisoned, and
- * (racecheck) new to TSan, as are the barriers and the warps' exchange slots. */
+ * (racecheck) new to TSan, as is the block barrier. */
 static void block_done(void) {
     rc_ignore(1); /* the poison is no access of the block's, which no barrier orders now */
     poison_shared();
@@ -567,14 +581,7 @@ static void block_done(void) {
     char *start = __start_emu_shared, *stop = __stop_emu_shared;
     if (start && stop > start) rc_forget(start, (size_t)(stop - start));
     rc_forget(cur.smem, cur.smem_bytes);
-    unsigned int nt = cur.block.x, nwarps = (nt + 31) / 32;
     rc_forget(block_barrier.sync, sizeof block_barrier.sync);
-    for (unsigned int w = 0; w < nwarps; w++)
-        rc_forget(warp_barrier[w].sync, sizeof warp_barrier[w].sync);
-    for (int p = 0; p < 2; p++) {
-        rc_forget(warp_slot[p], nt * sizeof warp_slot[p][0]);
-        rc_forget(warp_blob[p], nt * sizeof warp_blob[p][0]);
-    }
 }
 
 /* The end of a thread's block: it parks until the scheduler gives it the next block or

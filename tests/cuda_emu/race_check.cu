@@ -4,7 +4,9 @@
  * and another reads, and a cp.async destination another thread reads after the issuing
  * thread's wait (safe: with a barrier); between blocks, blocks writing the same elements
  * (safe: each block its own), and blocks adding into the same elements (safe: by
- * atomicAdd). Two are barriers that not every thread reaches, which the emulator stops at
+ * atomicAdd). One more, kernel 6, is a race within a warp: a lane reads what another
+ * wrote with only a shuffle between, which orders no memory (safe: a __syncthreads).
+ * Two are barriers that not every thread reaches, which the emulator stops at
  * in every build: a thread that skips a __syncthreads, and half a warp at a shuffle.
  * Made safe, they run, and test_cuda_emu checks their results. Compiled through xform.py
  * like the kernels of engine/cuda. */
@@ -67,8 +69,20 @@ __global__ void sync_shuffle_kernel(float *out /* [64] */, const float *v /* [32
     out[t] = x;
 }
 
+/* 32 threads: out[t] = v[t ^ 1], through shared memory that lane t ^ 1 wrote; between the
+ * write and the read a shuffle (safe 0) or a __syncthreads */
+__global__ void race_warp_kernel(float *out /* [32] */, const float *v /* [32] */, int safe) {
+    __shared__ float buf[32];
+    int t = threadIdx.x;
+    buf[t] = v[t];
+    if (safe) __syncthreads();
+    else (void)__shfl_xor_sync(0xffffffffu, v[t], 1);
+    out[t] = buf[t ^ 1];
+}
+
 /* which: 0 the shared-memory kernel, 1 the cp.async one, 2 the blocks', 3 the atomic
- * one, 4 the skipped __syncthreads, 5 the half-warp shuffle; safe 0 plants the bug */
+ * one, 4 the skipped __syncthreads, 5 the half-warp shuffle, 6 the warp's; safe 0 plants
+ * the bug */
 extern "C" void emu_race_check(int which, int safe, float *out /* [4 * 32] */,
                                const float *v /* [32] */) {
     if (which == 0) race_shared_kernel<<<1, 64>>>(out, v, safe);
@@ -76,5 +90,6 @@ extern "C" void emu_race_check(int which, int safe, float *out /* [4 * 32] */,
     else if (which == 2) race_blocks_kernel<<<4, 32>>>(out, v, safe);
     else if (which == 3) race_atomic_kernel<<<4, 32>>>(out, v, safe);
     else if (which == 4) sync_skip_kernel<<<1, 64>>>(out, v, safe);
-    else sync_shuffle_kernel<<<1, 64>>>(out, v, safe);
+    else if (which == 5) sync_shuffle_kernel<<<1, 64>>>(out, v, safe);
+    else race_warp_kernel<<<1, 32>>>(out, v, safe);
 }

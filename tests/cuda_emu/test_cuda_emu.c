@@ -11,9 +11,9 @@
  *  - cp.async and ldmatrix on one warp (the same file), each lane checking what it sees
  *    against the PTX ISA's statements: the fragments of ldmatrix and its .trans, the
  *    groups of cp.async.wait_group, src-size 0's zero fill;
- *  - race_check.cu's kernels made safe (unsafe, "race 0" to "race 3" are what the
- *    racecheck build must report, ctest test_cuda_emu_race*_reported, and "race 4" and
- *    "race 5" what the emulator must stop at, test_cuda_emu_sync*_reported);
+ *  - race_check.cu's kernels made safe (unsafe, "race 0" to "race 3" and "race 6" are
+ *    what the racecheck build must report, ctest test_cuda_emu_race*_reported, and
+ *    "race 4" and "race 5" what the emulator must stop at, test_cuda_emu_sync*_reported);
  *  - fill_nan, which is no op of the op table (tests poison with it), aligned and not;
  *  - wait_flag and set_flag, the host flags of host_tasks.c, on host memory.
  * Everything runs on the NULL stream, which the emulator runs before a launch returns, so
@@ -41,7 +41,8 @@ void emu_cp_async_ldsm_check(int *bad, const uint16_t *m);
  * adding, 4: a skipped __syncthreads, 5: half a warp at a shuffle), safe or not; out[32] =
  * v[32] (+ 1 for kernel 0), out[32 b + t] = v[t] + b for b < 4 (kernel 2), out[32] +=
  * 4 v[32] (kernel 3), out[t] = v[t % 32] + 2 for t < 64 (kernel 4), out[t] = v[t ^ 1]
- * for t < 32 and v[t - 32] for 32 <= t < 64 (kernel 5) */
+ * for t < 32 and v[t - 32] for 32 <= t < 64 (kernel 5), out[t] = v[t ^ 1] for t < 32
+ * (kernel 6) */
 void emu_race_check(int which, int safe, float *out, const float *v);
 
 static int g_failures;
@@ -166,12 +167,13 @@ static void test_host_flags(void) {
 
 /* race_check.cu's kernels made safe, and their results */
 static void test_race_check_kernels(void) {
-    static const char *const name[6] = {"race_check shared, barrier", "race_check cp.async, barrier",
+    static const char *const name[7] = {"race_check shared, barrier", "race_check cp.async, barrier",
                                         "race_check blocks, indexed", "race_check blocks, atomicAdd",
-                                        "sync_check all at barrier",  "sync_check whole-warp shuffle"};
-    for (int which = 0; which < 6; which++) {
+                                        "sync_check all at barrier",  "sync_check whole-warp shuffle",
+                                        "race_check warp, barrier"};
+    for (int which = 0; which < 7; which++) {
         float v[32], out[4 * 32], want[4 * 32];
-        int n = which == 2 ? 4 * 32 : which >= 4 ? 64 : 32;
+        int n = which == 2 ? 4 * 32 : which == 4 || which == 5 ? 64 : 32;
         for (int i = 0; i < 32; i++) v[i] = (float)i;
         for (int i = 0; i < 4 * 32; i++) out[i] = which == 3 ? 0.0f : NAN;
         for (int i = 0; i < n; i++)
@@ -187,14 +189,14 @@ static void test_race_check_kernels(void) {
     }
 }
 
-/* race_check.cu's kernel `which` unsafe. Kernels 0 to 3 are races, which a racecheck
+/* race_check.cu's kernel `which` unsafe. Kernels 0 to 3 and 6 are races, which a racecheck
  * build (GPTC_SANITIZE=thread) reports; elsewhere the emulator runs them without a word.
  * Kernels 4 and 5 are barriers that not every thread reaches, where the emulator stops
  * the process (a message, then abort): they run in a child, and this one exits 0 only if
  * the child was so stopped (ctest takes an abort for a failure whatever the output). */
 static int run_unsafe(int which) {
     float v[32] = {0}, out[4 * 32] = {0};
-    if (which < 4) {
+    if (which < 4 || which == 6) {
         emu_race_check(which, 0, out, v);
         printf("ran race_check kernel %d unsafe\n", which);
         return 0;
