@@ -33,6 +33,8 @@ extern __thread emu_uint3 emu_block_dim, emu_grid_dim;
 extern __thread void *emu_dyn_smem; /* the block's dynamic shared memory (extern __shared__) */
 
 void emu_syncthreads(void);
+/* __syncwarp of the full warp: a barrier of its lanes that orders their memory */
+void emu_syncwarp(unsigned int mask);
 /* One step of a warp shuffle: every lane of the warp passes its value (size bytes) in
  * `in` and receives lane src_lane's in `out`. */
 void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane);
@@ -104,6 +106,7 @@ static inline float4 make_float4(float x, float y, float z, float w) {
 }
 
 static inline void __syncthreads(void) { emu_syncthreads(); }
+static inline void __syncwarp(unsigned int mask = 0xffffffffu) { emu_syncwarp(mask); }
 
 /* C++ overloads: CUDA overloads the shuffle on the value type. Only full-warp masks
  * exist in the kernels; a partial mask stops the test (it is not emulated). */

@@ -61,8 +61,8 @@
  *    of different streams (one grid at a time), in any build;
  *  - memory-model and warp-synchronous bugs, outside the racecheck: every access is a
  *    host access ordered by the barriers, and the lanes of a warp are independent threads
- *    that meet only at shuffles, so code relying on lockstep execution (or on __syncwarp,
- *    which is not provided) is neither emulated nor reliably exposed;
+ *    that meet only at shuffles and __syncwarp (full mask only), so code relying on
+ *    lockstep execution is neither emulated nor reliably exposed;
  *  - timing, occupancy, register or shared memory pressure, bank conflicts;
  *  - exact device arithmetic: expf, tanhf, ... are the host's, and contraction into FMA
  *    follows the host compiler, so results agree with the GPU only to rounding.
@@ -183,8 +183,9 @@ typedef jmp_buf emu_jmp_buf;
 #endif
 
 /* What a thread waits at; a barrier's waiters must all wait at the same kind. */
-enum { AT_SYNCTHREADS, AT_SHUFFLE, AT_BLOCK_END };
-static const char *const at_name[] = {"__syncthreads", "a warp shuffle", "the end of its block"};
+enum { AT_SYNCTHREADS, AT_SHUFFLE, AT_BLOCK_END, AT_SYNCWARP };
+static const char *const at_name[] = {"__syncthreads", "a warp shuffle", "the end of its block",
+                                      "__syncwarp"};
 
 typedef struct barrier {
     unsigned int first, count; /* its threads: first .. first + count - 1 */
@@ -277,17 +278,17 @@ static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
  * CUDA gives:
  *  - a switch between fibers carries no order (__tsan_switch_to_fiber_no_sync), and this
  *    file, whose bookkeeping every thread touches, is not instrumented;
- *  - __syncthreads is a barrier: each thread releases on arrival and acquires on leaving,
- *    on the barrier's sync object of this completion (one of two, alternating, so that a
- *    fast thread's arrival at the next completion orders nothing before a slow one's
- *    leaving);
+ *  - __syncthreads (and __syncwarp, for its warp) is a barrier: each thread releases on
+ *    arrival and acquires on leaving, on the barrier's sync object of this completion (one
+ *    of two, alternating, so that a fast thread's arrival at the next completion orders
+ *    nothing before a slow one's leaving);
  *  - a warp's shuffles and gathers (mma.sync, ldmatrix) exchange values and order no
  *    memory, as __shfl_sync promises no order of other memory: TSan does not see their
  *    slots, and a lane that reads what another lane wrote with only a shuffle between is
- *    a race (__syncwarp is not provided: a kernel that needs one uses __syncthreads). It
- *    also halves the racecheck's time, whose most is TSan's vector clocks;
- *  - blocks are not ordered: the end of a block is no barrier to TSan, and the block
- *    barrier's sync objects are forgotten (rc_forget) before the next block uses them, and
+ *    a race (a __syncwarp between orders it). It also halves the racecheck's time, whose
+ *    most is TSan's vector clocks;
+ *  - blocks are not ordered: the end of a block is no barrier to TSan, and the barriers'
+ *    sync objects are forgotten (rc_forget) before the next block uses them, and
  *    so is what the block did to shared memory, which the next block reuses. Only the
  *    fibers carry an order, their own program order: thread t of a block
  *    comes after thread t of the earlier blocks of its set. The two sets alternate as the
@@ -411,11 +412,11 @@ static int arrive(barrier *b, int at) {
     return 1;
 }
 
-/* Arrives at b and waits until all its threads have. Only __syncthreads orders memory
- * (racecheck): a warp's shuffles and gathers exchange values, as __shfl_sync promises no
- * order of other memory. */
+/* Arrives at b and waits until all its threads have. Only __syncthreads and __syncwarp
+ * order memory (racecheck): a warp's shuffles and gathers exchange values, as __shfl_sync
+ * promises no order of other memory. */
 static void barrier_wait(barrier *b, int at) {
-    char *sync = at == AT_SYNCTHREADS ? &b->sync[b->gen & 1] : NULL;
+    char *sync = at == AT_SYNCTHREADS || at == AT_SYNCWARP ? &b->sync[b->gen & 1] : NULL;
     if (arrive(b, at)) {
         rc_acquire(sync); /* orders the others' work before what this one does next */
         rc_release(sync);
@@ -435,6 +436,12 @@ static void barrier_wait(barrier *b, int at) {
 }
 
 void emu_syncthreads(void) { barrier_wait(&block_barrier, AT_SYNCTHREADS); }
+
+void emu_syncwarp(unsigned int mask) {
+    unsigned int tid = emu_thread_idx.x;
+    if (mask != 0xffffffffu) emu_fail("__syncwarp: partial masks are not emulated");
+    barrier_wait(&warp_barrier[tid / 32], AT_SYNCWARP);
+}
 
 /* One barrier per shuffle: slots alternate between two sets, so a lane that is already
  * one shuffle ahead writes the other set while its warp still reads this one (it cannot
@@ -573,7 +580,7 @@ static size_t smem_limit(const void *kernel) {
 /* ------------------------------------------------------------------ launches */
 
 /* The last thread to finish a block readies shared memory for the next: poisoned, and
- * (racecheck) new to TSan, as is the block barrier. */
+ * (racecheck) new to TSan, as are the barriers (__syncthreads', __syncwarp's). */
 static void block_done(void) {
     rc_ignore(1); /* the poison is no access of the block's, which no barrier orders now */
     poison_shared();
@@ -582,6 +589,8 @@ static void block_done(void) {
     if (start && stop > start) rc_forget(start, (size_t)(stop - start));
     rc_forget(cur.smem, cur.smem_bytes);
     rc_forget(block_barrier.sync, sizeof block_barrier.sync);
+    for (unsigned int w = 0; w < (cur.block.x + 31) / 32; w++)
+        rc_forget(warp_barrier[w].sync, sizeof warp_barrier[w].sync);
 }
 
 /* The end of a thread's block: it parks until the scheduler gives it the next block or

@@ -5,7 +5,7 @@
  * thread's wait (safe: with a barrier); between blocks, blocks writing the same elements
  * (safe: each block its own), and blocks adding into the same elements (safe: by
  * atomicAdd). One more, kernel 6, is a race within a warp: a lane reads what another
- * wrote with only a shuffle between, which orders no memory (safe: a __syncthreads).
+ * wrote with only a shuffle between, which orders no memory (safe: a __syncwarp).
  * Two are barriers that not every thread reaches, which the emulator stops at
  * in every build: a thread that skips a __syncthreads, and half a warp at a shuffle.
  * Made safe, they run, and test_cuda_emu checks their results. Compiled through xform.py
@@ -70,12 +70,12 @@ __global__ void sync_shuffle_kernel(float *out /* [64] */, const float *v /* [32
 }
 
 /* 32 threads: out[t] = v[t ^ 1], through shared memory that lane t ^ 1 wrote; between the
- * write and the read a shuffle (safe 0) or a __syncthreads */
+ * write and the read a shuffle (safe 0) or a __syncwarp */
 __global__ void race_warp_kernel(float *out /* [32] */, const float *v /* [32] */, int safe) {
     __shared__ float buf[32];
     int t = threadIdx.x;
     buf[t] = v[t];
-    if (safe) __syncthreads();
+    if (safe) __syncwarp();
     else (void)__shfl_xor_sync(0xffffffffu, v[t], 1);
     out[t] = buf[t ^ 1];
 }
