@@ -83,13 +83,17 @@ typedef struct {
     double sum, iso, ovl;
 } merged_kernel;
 
+/* Do x and y count instances of the same kernel (name, kind, probe)? */
+static int same_kernel(const merged_kernel *x, const merged_kernel *y) {
+    return x->kind == y->kind && x->probe == y->probe && strcmp(x->name, y->name) == 0;
+}
+
 /* Adds r into k[0..*n), to the entry of its name, kind, probe and (unless any_par) par, or
  * to a new one; returns k, grown as needed (*cap). */
 static merged_kernel *add_kernel(merged_kernel *k, int *n, int *cap, const merged_kernel *r,
                                  int any_par) {
     int i = 0;
-    while (i < *n && !(k[i].kind == r->kind && k[i].probe == r->probe &&
-                       (any_par || k[i].par == r->par) && strcmp(k[i].name, r->name) == 0))
+    while (i < *n && !(same_kernel(&k[i], r) && (any_par || k[i].par == r->par)))
         i++;
     if (i == *n) {
         if (*n == *cap) {
@@ -215,11 +219,6 @@ static const merged_kernel *probe_twin(const merged_kernel *k, int n, const merg
     for (int i = 0; i < n; i++)
         if (k[i].probe && k[i].kind == x->kind && strcmp(k[i].name, x->name) == 0) return &k[i];
     return NULL;
-}
-
-/* Do x and y count instances of the same kernel (name, kind, probe)? */
-static int same_kernel(const merged_kernel *x, const merged_kernel *y) {
-    return x->kind == y->kind && x->probe == y->probe && strcmp(x->name, y->name) == 0;
 }
 
 static void print_row(const char *name, const char *kind, const merged_kernel *x,

@@ -21,14 +21,9 @@ static gptc_precision g_precision = GPTC_FP32;
 void cpu_set_precision(gptc_precision p) { g_precision = p; }
 gptc_precision cpu_get_precision(void) { return g_precision; }
 
-/* n floats of scratch for the bf16 ops; out of memory ends the run */
+/* n floats of scratch for the bf16 ops (not zeroed); out of memory ends the run */
 static float *scratch_floats(size_t n) {
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    if (!p) {
-        log_error("rank %d: out of memory for bf16 scratch (%zu floats)", log_rank(), n);
-        exit(EXIT_FAILURE);
-    }
-    return p;
+    return log_realloc(NULL, n * sizeof(float), "bf16 scratch");
 }
 
 /* ------------------------------------------------------------------ embedding */
