@@ -234,7 +234,8 @@ static void print_row(const char *name, const char *kind, const merged_kernel *x
 /* The table on stdout. A communication op is named with its parallelism, or when several
  * parallelisms run it (a tp and a dp all-reduce), followed by a row for each. */
 static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, int np,
-                        const step_means *pol, const step_means *probe, int ranks) {
+                        const step_means *pol, const step_means *probe, int ranks,
+                        long dropped, long omitted) {
     printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in flight)\n");
     printf("%-20s %-7s %8s %11s %10s %11s %11s %8s %10s %8s\n", "kernel", "kind", "count",
            "total ms", "mean us", "isolated", "overlapped", "slowdown", "probe us", "vs probe");
@@ -270,6 +271,12 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
         printf("contention probe (%ld serialized step rows): iter %.2f ms, ideal max(compute, comm) "
                "%.2f ms; the policies gain %.2fx over serialized steps\n",
                probe->n, probe->iter, probe->ideal, pol->iter > 0 ? probe->iter / pol->iter : 0.0);
+    if (dropped)
+        printf("%ld record(s) dropped untimed: more ops in a step than the timing has room for\n",
+               dropped);
+    if (omitted)
+        printf("%ld record(s) timed but left out of the trace: past its cap (2e6 records per rank)\n",
+               omitted);
 }
 
 /* ------------------------------------------------------------------ writing */
@@ -371,6 +378,11 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
     size_t ns, nk, nt = 0;
     char *steps = gather_text(world, &st, &ns), *kern = gather_text(world, &kt, &nk), *trace = NULL;
     if (trace_path && trace_path[0]) trace = gather_text(world, &tt, &nt);
+    long dropped = timing_dropped(), omitted = trace_path && trace_path[0] ? timing_trace_omitted() : 0;
+    if (world && size > 1) {
+        dropped = (long)comm_sum_double(world, (double)dropped);
+        omitted = (long)comm_sum_double(world, (double)omitted);
+    }
     if (rank == 0) {
         merged_kernel *k = NULL, *kp = NULL;
         int np = 0, n = merge_kernels(kern, &kp, &np, &k);
@@ -413,8 +425,9 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             if (kj.s) close_list(kj.s, kj.n);
             if (pj.s) close_list(pj.s, pj.n);
             text head = {0}, tail = {0};
-            put(&head, "{\n  \"ranks\": %d,\n  \"dropped_records\": %ld,\n  \"steps\": [\n%s  ],\n  \"kernels\": [\n",
-                size, timing_dropped(), steps);
+            put(&head, "{\n  \"ranks\": %d,\n  \"dropped_records\": %ld,\n  \"trace_omitted_records\": %ld,\n"
+                       "  \"steps\": [\n%s  ],\n  \"kernels\": [\n",
+                size, dropped, omitted, steps);
             put(&tail, "  ],\n  \"probe_kernels\": [\n%s  ],\n  \"overlap\": {\"policy_steps\": %ld, "
                        "\"probe_steps\": %ld, \"iter_ms\": %.4f, \"compute_ms\": %.4f, \"comm_ms\": %.4f, "
                        "\"exposed_comm_ms\": %.4f, \"hidden_comm_ms\": %.4f, ",
@@ -443,7 +456,7 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             rc = write_file(trace_path, "trace", "{\"traceEvents\": [\n", trace,
                             "], \"displayTimeUnit\": \"ms\"}\n", err, errlen);
         }
-        print_table(k, n, kp, np, &pol, &probe, size);
+        print_table(k, n, kp, np, &pol, &probe, size, dropped, omitted);
         free(k);
         free(kp);
     }

@@ -3,6 +3,7 @@
  * split of every kernel. */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/timing.h"
+#include "engine/log.h"
 #include "engine/watchdog.h"
 
 #include <stdatomic.h>
@@ -16,7 +17,8 @@ double timing_now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-enum { TRACE_CAP = 2000000 }; /* records kept for the trace over the whole run */
+/* records kept for the trace over the whole run, all steps: ~100 MB on the host */
+#define TRACE_CAP_DEFAULT ((size_t)2000000)
 
 typedef struct { double a, b; } span;
 
@@ -38,12 +40,14 @@ static struct {
     timing_kernel_stats *kernels; /* [cap_kernels], n_kernels used */
     int n_kernels, cap_kernels;
     timing_record *trace;      /* [cap_trace], n_trace used */
-    size_t n_trace, cap_trace;
+    size_t n_trace, cap_trace, trace_limit;
+    long trace_omitted;        /* records past trace_limit, timed but not in the trace */
 } T;
 
 int timing_init(int kernel_level, size_t capacity) {
     memset(&T, 0, sizeof(T));
     T.ctx = (timing_ctx){-1, -1, PH_FWD};
+    T.trace_limit = TRACE_CAP_DEFAULT;
     if (!kernel_level) return 0;
     T.capacity = capacity;
     T.rec = calloc(capacity, sizeof(timing_record));
@@ -208,6 +212,11 @@ static double intersection(const span *x, size_t nx, const span *y, size_t ny) {
     return t;
 }
 
+/* The part of the union comm not covered by the union comp: communication nothing hid. */
+static double exposed(const span *comp, size_t nc, const span *comm, size_t nm) {
+    return total(comm, nm) - intersection(comp, nc, comm, nm);
+}
+
 /* Does [a, b) meet the union u (sorted, disjoint)? */
 static int meets(const span *u, size_t n, double a, double b) {
     size_t lo = 0, hi = n;
@@ -226,11 +235,9 @@ static timing_kernel_stats *kernel_slot(const char *name, int kind, int par) {
             (T.kernels[i].name == name || strcmp(T.kernels[i].name, name) == 0))
             return &T.kernels[i];
     if (T.n_kernels == T.cap_kernels) {
-        int cap = T.cap_kernels ? 2 * T.cap_kernels : 64;
-        timing_kernel_stats *k = realloc(T.kernels, sizeof(*k) * (size_t)cap);
-        if (!k) return NULL;
-        T.kernels = k;
-        T.cap_kernels = cap;
+        T.cap_kernels = T.cap_kernels ? 2 * T.cap_kernels : 64;
+        T.kernels = log_realloc(T.kernels, sizeof(*T.kernels) * (size_t)T.cap_kernels,
+                                "the timing's kernel statistics");
     }
     timing_kernel_stats *k = &T.kernels[T.n_kernels++];
     memset(k, 0, sizeof(*k));
@@ -242,18 +249,22 @@ static timing_kernel_stats *kernel_slot(const char *name, int kind, int par) {
 }
 
 static void keep_for_trace(const timing_record *r, size_t n) {
-    if (T.n_trace + n > T.cap_trace && T.cap_trace < TRACE_CAP) {
+    if (T.n_trace + n > T.cap_trace && T.cap_trace < T.trace_limit) {
         size_t cap = T.cap_trace ? 2 * T.cap_trace : 4096;
         while (cap < T.n_trace + n) cap *= 2;
-        if (cap > TRACE_CAP) cap = TRACE_CAP;
+        if (cap > T.trace_limit) cap = T.trace_limit;
         timing_record *t = realloc(T.trace, sizeof(*t) * cap);
-        if (!t) return;
-        T.trace = t;
-        T.cap_trace = cap;
+        if (t) {
+            T.trace = t;
+            T.cap_trace = cap;
+        } else {
+            T.trace_limit = T.cap_trace; /* the run goes on; the report says what is missing */
+        }
     }
     size_t room = T.cap_trace - T.n_trace, k = n < room ? n : room;
     memcpy(T.trace + T.n_trace, r, k * sizeof(*r));
     T.n_trace += k;
+    T.trace_omitted += (long)(n - k);
 }
 
 void timing_note_power(double energy_j, double power_w, double sm_clock_mhz) {
@@ -276,20 +287,17 @@ void timing_end_step(double iter_ms) {
                              .compute_ms = total(T.merged_comp, nc) / 1e3, .comm_ms = comm / 1e3,
                              .start_us = (T.step_start_ms - T.origin_ms) * 1e3,
                              .end_us = (timing_now_ms() - T.origin_ms) * 1e3};
-    s.exposed_comm_ms = (comm - intersection(T.merged_comp, nc, T.merged_comm, nm)) / 1e3;
+    s.exposed_comm_ms = exposed(T.merged_comp, nc, T.merged_comm, nm) / 1e3;
     /* which parallelism's communication the compute hides, each on its own */
     for (int par = TP_DP; par < TIMING_PARS; par++) {
         size_t np = union_of(T.rec, n, TK_COMM, par, T.merged_par);
-        double c = total(T.merged_par, np);
-        s.par_comm_ms[par] = c / 1e3;
-        s.par_exposed_ms[par] = (c - intersection(T.merged_comp, nc, T.merged_par, np)) / 1e3;
+        s.par_comm_ms[par] = total(T.merged_par, np) / 1e3;
+        s.par_exposed_ms[par] = exposed(T.merged_comp, nc, T.merged_par, np) / 1e3;
     }
     if (T.n_steps == T.cap_steps) {
-        int cap = T.cap_steps ? 2 * T.cap_steps : 64;
-        timing_step_summary *p = realloc(T.steps, sizeof(*p) * (size_t)cap);
-        if (!p) return;
-        T.steps = p;
-        T.cap_steps = cap;
+        T.cap_steps = T.cap_steps ? 2 * T.cap_steps : 64;
+        T.steps = log_realloc(T.steps, sizeof(*T.steps) * (size_t)T.cap_steps,
+                              "the timing's step summaries");
     }
     T.steps[T.n_steps++] = s;
     /* a compute kernel is overlapped when communication was in flight during it; a
@@ -297,7 +305,6 @@ void timing_end_step(double iter_ms) {
     for (size_t i = 0; i < n; i++) {
         const timing_record *r = &T.rec[i];
         timing_kernel_stats *k = kernel_slot(r->name, r->kind, r->par);
-        if (!k) continue;
         double us = r->end_us - r->start_us;
         int over = r->kind == TK_COMPUTE ? meets(T.merged_comm, nm, r->start_us, r->end_us)
                                          : meets(T.merged_comp, nc, r->start_us, r->end_us);
@@ -321,6 +328,8 @@ const timing_kernel_stats *timing_kernels(void) { return T.kernels; }
 size_t timing_n_trace(void) { return T.n_trace; }
 const timing_record *timing_trace(void) { return T.trace; }
 long timing_dropped(void) { return atomic_load(&T.dropped); }
+long timing_trace_omitted(void) { return T.trace_omitted; }
+void timing_set_trace_limit(size_t records) { T.trace_limit = records; }
 
 const char *timing_kind_name(int kind) { return kind == TK_COMM ? "comm" : "compute"; }
 const char *timing_par_name(int par) {

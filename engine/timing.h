@@ -100,10 +100,15 @@ int timing_n_steps(void);
 const timing_step_summary *timing_steps(void);
 int timing_n_kernels(void);
 const timing_kernel_stats *timing_kernels(void);
-/* Records kept for the trace (every step's, up to a cap), and how many were dropped. */
+/* Records kept for the trace (every step's, up to a cap of 2e6 per rank); how many were
+ * dropped untimed (over a step's capacity), and how many were timed but left out of the
+ * trace (past its cap). */
 size_t timing_n_trace(void);
 const timing_record *timing_trace(void);
 long timing_dropped(void);
+long timing_trace_omitted(void);
+/* The trace's cap in records, after timing_init (tests use a small one). */
+void timing_set_trace_limit(size_t records);
 
 const char *timing_kind_name(int kind);
 const char *timing_par_name(int par);

@@ -164,8 +164,9 @@ def check_report(name, report, ranks):
                     "slowdown"):
             if key not in k:
                 fail(f"{name}: kernel entry lacks {key}: {k}")
-    if report["dropped_records"] != 0:
-        fail(f"{name}: {report['dropped_records']} records dropped")
+    if report["dropped_records"] != 0 or report["trace_omitted_records"] != 0:
+        fail(f"{name}: {report['dropped_records']} records dropped, "
+             f"{report['trace_omitted_records']} left out of the trace")
 
 
 def main():

@@ -2,7 +2,8 @@
  * timing_resolve_device), without a device: a fake timer hands out intervals chosen here,
  * so that the step's analysis can be checked exactly. Also checks that an op the timer
  * saw run nothing is dropped, that host-timed records in the same step keep their
- * times, and that device handles are not carried into the next step. */
+ * times, that device handles are not carried into the next step, and that records past
+ * the trace's cap are counted, not lost silently. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -44,6 +45,7 @@ static int near(double a, double b) { return fabs(a - b) < 1e-6; }
 
 int main(void) {
     if (timing_init(1, 64) != 0) return 1;
+    timing_set_trace_limit(6); /* steps 1 and 2 keep five records; step 3 one more */
     timing_set_origin();
     g_origin = timing_now_ms();
     timing_begin_step(1, 0);
@@ -81,6 +83,16 @@ int main(void) {
     check(g_reads == 0, "handles of an earlier step are not read again");
     timing_end_step(5.0);
     check(kernel("host_op")->count == 2, "host record of the second step counted");
+
+    /* a third step of two records: one fills the trace, one is left out of it */
+    timing_begin_step(3, 0);
+    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, g_origin + 30, g_origin + 31);
+    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, g_origin + 32, g_origin + 33);
+    timing_end_step(5.0);
+    check(timing_n_trace() == 6 && timing_trace_omitted() == 1,
+          "a record past the trace's cap is left out of it and counted");
+    check(kernel("host_op")->count == 4, "records past the trace's cap are still timed");
+    check(timing_dropped() == 0, "nothing dropped untimed");
     timing_shutdown();
     if (failures) {
         printf("%d check(s) failed\n", failures);
