@@ -500,6 +500,17 @@ static __device__ __forceinline__ void ds_by_key(float dp[4][8], const float *Pt
     }
 }
 
+/* what every backward kernel reads and writes, passed by value (kernel parameters) */
+typedef struct {
+    float *dqkv;           /* [B,T,3C] */
+    const float *dout;     /* [B,T,C] */
+    const float *qkv;      /* [B,T,3C] */
+    const float *lse;      /* [B,NH,T] log-sum-exp of the forward's scores */
+    const float *D;        /* [B,NH,T] rowsum(dO * O) */
+    int T, C, NH, vec;
+    float sl2, scale;
+} att_bwd_args;
+
 /* Block (bh, y): key tile y (the longest loops first); warp w owns keys k0 + 16 w .. + 15.
  * K, V of the tile stay in shared memory; for each query tile at or after it, in the
  * transposed view (rows: the block's keys, columns: the tile's 64 queries):
@@ -507,13 +518,12 @@ static __device__ __forceinline__ void ds_by_key(float dp[4][8], const float *Pt
  * dV += P^T dO, with P^T and dS^T through shared memory. Writes dk = scale dK and dv for
  * its keys < T. */
 static __device__ __forceinline__ void attn_bwd_dkdv(float *sm /* att_dkdv_smem(hsmax, two) */,
-                                                     float *dqkv /* [B,T,3C] */,
-                                                     const float *dout /* [B,T,C] */,
-                                                     const float *qkv /* [B,T,3C] */,
-                                                     const float *lse /* [B,NH,T] */,
-                                                     const float *D /* [B,NH,T] */, int T, int C,
-                                                     int NH, float sl2, float scale, int vec,
-                                                     int hsmax, int two) {
+                                                     att_bwd_args a, int hsmax, int two) {
+    float *dqkv = a.dqkv;
+    const float *dout = a.dout, *qkv = a.qkv;
+    const float *lse = a.lse, *D = a.D;
+    int T = a.T, C = a.C, NH = a.NH, vec = a.vec;
+    float sl2 = a.sl2, scale = a.scale;
     /* two: separate P^T and dS^T tiles (else one: see the top) */
     int p = att_pitch(hsmax), tile = ATT_TILE * p, nc = hsmax / 32;
     float *Ks = sm;                      /* [64][p] this block's keys */
@@ -609,13 +619,12 @@ static __device__ __forceinline__ void ds_by_query(const float s[4][8], float dp
  * dS as in the dk/dv kernel, dS to shared memory (own rows), then dQ += dS K. Writes
  * dq = scale dQ for its queries < T. */
 static __device__ __forceinline__ void attn_bwd_dq(float *sm /* att_dq_smem(hsmax, two) */,
-                                                   float *dqkv /* [B,T,3C] */,
-                                                   const float *dout /* [B,T,C] */,
-                                                   const float *qkv /* [B,T,3C] */,
-                                                   const float *lse /* [B,NH,T] */,
-                                                   const float *D /* [B,NH,T] */, int T, int C,
-                                                   int NH, float sl2, float scale, int vec,
-                                                   int hsmax, int two) {
+                                                   att_bwd_args a, int hsmax, int two) {
+    float *dqkv = a.dqkv;
+    const float *dout = a.dout, *qkv = a.qkv;
+    const float *lse = a.lse, *D = a.D;
+    int T = a.T, C = a.C, NH = a.NH, vec = a.vec;
+    float sl2 = a.sl2, scale = a.scale;
     /* two: two key stages (else one: see the top) */
     int p = att_pitch(hsmax), tile = ATT_TILE * p, nc = hsmax / 32;
     float *Qs = sm;                       /* [64][p] this block's queries */
@@ -684,58 +693,51 @@ static __device__ __forceinline__ void attn_bwd_dq(float *sm /* att_dq_smem(hsma
     store_rows(dqkv + (size_t)b * T * ld + (size_t)h * hs, ld, t0, T, dq, mq, hs, nc, vec);
 }
 
-/* the backward kernels' parameters */
-#define ATT_BWD_ARGS                                                                       \
-    float *dqkv /* [B,T,3C] */, const float *dout /* [B,T,C] */,                          \
-        const float *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,                 \
-        const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2, float scale, int vec
-
 /* 102.5 KiB of shared memory at hs 64: 2 blocks an SM, which leave 255 registers */
 __global__ void __launch_bounds__(ATT_THREADS, 2)
-attention_bwd_dkdv64_kernel(ATT_BWD_ARGS) {
+attention_bwd_dkdv64_kernel(att_bwd_args a) {
     extern __shared__ float4 att_smem[];
-    attn_bwd_dkdv((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 1);
+    attn_bwd_dkdv((float *)att_smem, a, 64, 1);
 }
 
 /* hs 64 with one score tile, 85.5 KiB: for devices that allow less than 102.5 KiB a block
  * (sm_86, sm_89: 99 KiB) */
 __global__ void __launch_bounds__(ATT_THREADS, 2)
-attention_bwd_dkdv64_lean_kernel(ATT_BWD_ARGS) {
+attention_bwd_dkdv64_lean_kernel(att_bwd_args a) {
     extern __shared__ float4 att_smem[];
-    attn_bwd_dkdv((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 0);
+    attn_bwd_dkdv((float *)att_smem, a, 64, 0);
 }
 
 __global__ void __launch_bounds__(ATT_THREADS)
-attention_bwd_dkdv128_kernel(ATT_BWD_ARGS) {
+attention_bwd_dkdv128_kernel(att_bwd_args a) {
     extern __shared__ float4 att_smem[];
-    attn_bwd_dkdv((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128, 0);
+    attn_bwd_dkdv((float *)att_smem, a, 128, 0);
 }
 
 __global__ void __launch_bounds__(ATT_THREADS, 2)
-attention_bwd_dq64_kernel(ATT_BWD_ARGS) {
+attention_bwd_dq64_kernel(att_bwd_args a) {
     extern __shared__ float4 att_smem[];
-    attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 1);
+    attn_bwd_dq((float *)att_smem, a, 64, 1);
 }
 
 /* hs 64 with one key stage, 85 KiB (as dkdv64_lean) */
 __global__ void __launch_bounds__(ATT_THREADS, 2)
-attention_bwd_dq64_lean_kernel(ATT_BWD_ARGS) {
+attention_bwd_dq64_lean_kernel(att_bwd_args a) {
     extern __shared__ float4 att_smem[];
-    attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 0);
+    attn_bwd_dq((float *)att_smem, a, 64, 0);
 }
 
 __global__ void __launch_bounds__(ATT_THREADS)
-attention_bwd_dq128_kernel(ATT_BWD_ARGS) {
+attention_bwd_dq128_kernel(att_bwd_args a) {
     extern __shared__ float4 att_smem[];
-    attn_bwd_dq((float *)att_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128, 0);
+    attn_bwd_dq((float *)att_smem, a, 128, 0);
 }
 
 /* ------------------------------------------------------------------ launchers */
 
 /* the kernels above, as the launchers pick them */
 typedef void (*att_fwd_fn)(float *, float *, const float *, int, int, int, float, int);
-typedef void (*att_bwd_fn)(float *, const float *, const float *, const float *, const float *,
-                           int, int, int, float, float, int);
+typedef void (*att_bwd_fn)(att_bwd_args);
 
 /* bytes of a [64][hs] tile of the kernel for head sizes up to hsmax, and of a score tile */
 static size_t att_tile_bytes(int hsmax) {
@@ -842,9 +844,9 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
     if (!cuda_smem_ready((const void *)dkdv, smem_kv, what, s) ||
         !cuda_smem_ready((const void *)dq, smem_q, what, s))
         return;
-    dkdv<<<grid, ATT_THREADS, smem_kv, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale,
-                                            vec);
-    dq<<<grid, ATT_THREADS, smem_q, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
+    att_bwd_args a = {dqkv, dout, qkv, lse, scratch, T, C, NH, vec, sl2, scale};
+    dkdv<<<grid, ATT_THREADS, smem_kv, s>>>(a);
+    dq<<<grid, ATT_THREADS, smem_q, s>>>(a);
 }
 
 } /* extern "C" */

@@ -429,6 +429,17 @@ static __device__ __forceinline__ void load_query_stage(uint16_t *QdO /* [Q, dO]
     load_row_vec(stats + AB_TILE, D_bh + q0, T - q0, 1.0f);
 }
 
+/* what every backward kernel reads and writes, passed by value (kernel parameters) */
+typedef struct {
+    uint16_t *dqkv;        /* [B,T,3C] */
+    const uint16_t *dout;  /* [B,T,C] */
+    const uint16_t *qkv;   /* [B,T,3C] */
+    const float *lse;      /* [B,NH,T] log-sum-exp of the forward's scores */
+    const float *D;        /* [B,NH,T] rowsum(dO * O) */
+    int T, C, NH, vec;
+    float sl2, scale;
+} ab_bwd_args;
+
 /* Block (bh, y): key tile y (the longest loops first); warp w owns keys k0 + 16 w .. + 15.
  * K, V of the tile stay in shared memory; for each query tile at or after it, in the
  * transposed view (rows: this warp's keys, columns: the tile's 64 queries):
@@ -439,13 +450,12 @@ static __device__ __forceinline__ void load_query_stage(uint16_t *QdO /* [Q, dO]
  * this one's products) or 1 (it loads after them: for devices whose blocks cannot have
  * the shared memory of two). */
 static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_smem(hs, nst) */,
-                                                     uint16_t *dqkv /* [B,T,3C] */,
-                                                     const uint16_t *dout /* [B,T,C] */,
-                                                     const uint16_t *qkv /* [B,T,3C] */,
-                                                     const float *lse /* [B,NH,T] */,
-                                                     const float *D /* [B,NH,T] */, int T, int C,
-                                                     int NH, float sl2, float scale, int vec,
-                                                     int hs, int nst) {
+                                                     ab_bwd_args a, int hs, int nst) {
+    uint16_t *dqkv = a.dqkv;
+    const uint16_t *dout = a.dout, *qkv = a.qkv;
+    const float *lse = a.lse, *D = a.D;
+    int T = a.T, C = a.C, NH = a.NH, vec = a.vec;
+    float sl2 = a.sl2, scale = a.scale;
     int p = ab_pitch(hs), tile = AB_TILE * p;
     uint16_t *Ks = sm;           /* [64][p] this block's keys */
     uint16_t *Vs = Ks + tile;    /* [64][p] this block's values */
@@ -509,13 +519,12 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_sme
  * dQ += dS K (K through ldmatrix .trans as that B). Writes dq = dQ / sqrt(hs) for its
  * queries < T. nst: stages of the streamed tiles, as in the dk/dv kernel. */
 static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm /* ab_dq_smem(hs, nst) */,
-                                                   uint16_t *dqkv /* [B,T,3C] */,
-                                                   const uint16_t *dout /* [B,T,C] */,
-                                                   const uint16_t *qkv /* [B,T,3C] */,
-                                                   const float *lse /* [B,NH,T] */,
-                                                   const float *D /* [B,NH,T] */, int T, int C,
-                                                   int NH, float sl2, float scale, int vec,
-                                                   int hs, int nst) {
+                                                   ab_bwd_args a, int hs, int nst) {
+    uint16_t *dqkv = a.dqkv;
+    const uint16_t *dout = a.dout, *qkv = a.qkv;
+    const float *lse = a.lse, *D = a.D;
+    int T = a.T, C = a.C, NH = a.NH, vec = a.vec;
+    float sl2 = a.sl2, scale = a.scale;
     int p = ab_pitch(hs), tile = AB_TILE * p;
     uint16_t *Qs = sm;          /* [64][p] this block's queries */
     uint16_t *dOs = Qs + tile;  /* [64][p] their output gradient */
@@ -564,71 +573,58 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm /* ab_dq_smem(hs
     store_acc(qrow[0], qrow[1], dq, scale, scale, hs);
 }
 
-#define AB_BWD_ARGS                                                                        \
-    uint16_t *dqkv /* [B,T,3C] */, const uint16_t *dout /* [B,T,C] */,                    \
-        const uint16_t *qkv /* [B,T,3C] */, const float *lse /* [B,NH,T] */,              \
-        const float *D /* [B,NH,T] */, int T, int C, int NH, float sl2, float scale, int vec
-
 /* at most 168 registers, for 3 blocks (12 warps) an SM: unbounded, ptxas takes 190 and leaves
- * room for 2; bounded, it spills 24 bytes (sm_90, nvcc 13.0). Which is faster is not yet
+ * room for 2; bounded, it spills 16 bytes (sm_90, nvcc 13.0). Which is faster is not yet
  * measured. */
-__global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_kernel(AB_BWD_ARGS) {
+__global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64,
-                  2);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2);
 }
 
-__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv128_kernel(AB_BWD_ARGS) {
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv128_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
-                  128, 2);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 128, 2);
 }
 
-__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq64_kernel(AB_BWD_ARGS) {
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq64_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 64, 2);
+    attn_bwd_dq((uint16_t *)ab_smem, a, 64, 2);
 }
 
-__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(AB_BWD_ARGS) {
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec, 128,
-                2);
+    attn_bwd_dq((uint16_t *)ab_smem, a, 128, 2);
 }
 
 /* any other head size, as the forward's */
-__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_any_kernel(AB_BWD_ARGS) {
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_any_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
-                  C / NH, 2);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 2);
 }
 
-__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_any_kernel(AB_BWD_ARGS) {
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_any_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
-                C / NH, 2);
+    attn_bwd_dq((uint16_t *)ab_smem, a, a.C / a.NH, 2);
 }
 
 /* any head size with one stage of streamed tiles: where the two-stage kernels need more
  * shared memory than the device gives a block (hs 120 and 128 on a 99 KiB sm_86 or
  * sm_89) */
-__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_lean_kernel(AB_BWD_ARGS) {
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_lean_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
-                  C / NH, 1);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 1);
 }
 
-__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_lean_kernel(AB_BWD_ARGS) {
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_lean_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dq((uint16_t *)ab_smem, dqkv, dout, qkv, lse, D, T, C, NH, sl2, scale, vec,
-                C / NH, 1);
+    attn_bwd_dq((uint16_t *)ab_smem, a, a.C / a.NH, 1);
 }
 
 /* ------------------------------------------------------------------ launchers */
 
 /* the kernels above, as the launchers pick them */
 typedef void (*ab_fwd_fn)(uint16_t *, float *, const uint16_t *, int, int, int, float, int);
-typedef void (*ab_bwd_fn)(uint16_t *, const uint16_t *, const uint16_t *, const float *,
-                          const float *, int, int, int, float, float, int);
+typedef void (*ab_bwd_fn)(ab_bwd_args);
 
 /* bytes of a [64][hs] tile */
 static size_t ab_tile_bytes(int hs) { return (size_t)AB_TILE * ab_pitch(hs) * sizeof(uint16_t); }
@@ -722,9 +718,9 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t
         !cuda_smem_ready((const void *)dq, smem_q, what, s))
         return;
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + AB_TILE - 1) / AB_TILE));
-    dkdv<<<grid, AB_THREADS, smem_kv, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale,
-                                           vec);
-    dq<<<grid, AB_THREADS, smem_q, s>>>(dqkv, dout, qkv, lse, scratch, T, C, NH, sl2, scale, vec);
+    ab_bwd_args a = {dqkv, dout, qkv, lse, scratch, T, C, NH, vec, sl2, scale};
+    dkdv<<<grid, AB_THREADS, smem_kv, s>>>(a);
+    dq<<<grid, AB_THREADS, smem_q, s>>>(a);
 }
 
 } /* extern "C" */
