@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/checkpoint.h"
+
 /* 1M tokens per chunk: large enough that per-chunk overhead vanishes, small enough that
  * a window read never drags in much more than it needs. */
 enum { CHUNK_TOKENS = 1 << 20 };
@@ -223,6 +225,7 @@ static long write_tokens(const options *o, const char *tmp) {
 
 int main(int argc, char **argv) {
     options o;
+    ckpt_library_init();
     int p = parse_args(argc, argv, &o);
     if (p != 0) {
         free(o.inputs);

@@ -85,6 +85,19 @@ static char *dup_str(const char *s)
     return d;
 }
 
+/* buf = ": <reason>" for the errno e a failed HDF5 write left (a full disk: HDF5's own
+ * message does not say), or "" for none */
+static const char *os_cause(int e, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s%s", e ? ": " : "", e ? strerror(e) : "");
+    return buf;
+}
+
+void ckpt_library_init(void)
+{
+    H5dont_atexit();
+}
+
 static void quiet_hdf5(void)
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
@@ -344,6 +357,23 @@ typedef struct {
     hsize_t dims[H5S_MAX_RANK], off[H5S_MAX_RANK], cnt[H5S_MAX_RANK];
     size_t n; /* elements in the slab */
 } slab;
+
+/* out = "[i, j]", the coordinates in the whole dataset of element k of the slab (row-major),
+ * so that a message points at the value whatever part of it this rank holds */
+static void slab_index(const slab *s, size_t k, char *out, size_t n)
+{
+    hsize_t idx[H5S_MAX_RANK];
+    for (int i = s->ndim - 1; i >= 0; i--) {
+        idx[i] = s->off[i] + k % s->cnt[i];
+        k /= s->cnt[i];
+    }
+    size_t used = (size_t)snprintf(out, n, "[");
+    for (int i = 0; i < s->ndim && used < n; i++)
+        used += (size_t)snprintf(out + used, n - used, "%s%llu", i ? ", " : "",
+                                 (unsigned long long)idx[i]);
+    if (used < n)
+        snprintf(out + used, n - used, "]");
+}
 
 /* Checks shape/start/count and that [start, start+count) lies inside shape. */
 static int make_slab(const ckpt_file *f, const char *dset, int ndim, const long *shape,
@@ -609,17 +639,22 @@ int ckpt_write_slab(ckpt_file *f, const char *group, const char *name, int ndim,
      * is still at hand. */
     size_t bad = first_non_finite(data, s.n);
     if (bad < s.n) {
-        set_err(err, errlen, "%s: refusing to write non-finite value %g at element %zu of %s",
-                f->path, (double)data[bad], bad, dpath);
+        char at[160];
+        slab_index(&s, bad, at, sizeof at);
+        set_err(err, errlen, "%s: refusing to write non-finite value %g in dataset %s at %s",
+                f->path, (double)data[bad], dpath, at);
         return -1;
     }
     hid_t d = open_or_create_dataset(f, group, dpath, &s, err, errlen);
     if (d < 0)
         return -1;
-    int rc = transfer_slab(d, &s, NULL, data);
+    errno = 0;
+    int rc = transfer_slab(d, &s, NULL, data), why = errno;
     H5Dclose(d);
+    char cause[128];
     if (rc < 0)
-        set_err(err, errlen, "%s: cannot write dataset %s", f->path, dpath);
+        set_err(err, errlen, "%s: cannot write dataset %s%s", f->path, dpath,
+                os_cause(why, cause, sizeof cause));
     return rc;
 }
 
@@ -658,13 +693,20 @@ int ckpt_commit(ckpt_file *f, char *err, size_t errlen)
         ckpt_close(f);
         return -1;
     }
+    /* errno of the failing call: why the write failed (a full disk), where HDF5 says not */
+    errno = 0;
     herr_t fl = H5Fflush(f->file, H5F_SCOPE_GLOBAL);
+    int why = errno;
+    errno = 0;
     herr_t cl = H5Fclose(f->file);
+    if (fl >= 0)
+        why = errno;
     f->file = -1;
     const char *step = NULL;
+    char cause[128];
     if (fl < 0 || cl < 0)
-        set_err(err, errlen, "%s: cannot flush and close temporary file %s", f->path,
-                f->tmp_path);
+        set_err(err, errlen, "%s: cannot flush and close temporary file %s%s", f->path,
+                f->tmp_path, os_cause(why, cause, sizeof cause));
     else if (fsync_path(f->tmp_path, O_RDONLY) != 0)
         step = "cannot fsync";
     else if (rename(f->tmp_path, f->path) != 0)
@@ -844,8 +886,10 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
         return -1;
     size_t bad = first_non_finite(dst, s.n);
     if (bad < s.n) {
-        set_err(err, errlen, "%s: dataset %s holds a non-finite value (%g) at element %zu of "
-                "the slab read", f->path, dpath, (double)dst[bad], bad);
+        char at[160];
+        slab_index(&s, bad, at, sizeof at);
+        set_err(err, errlen, "%s: non-finite value (%g) in dataset %s at %s", f->path,
+                (double)dst[bad], dpath, at);
         return -1;
     }
     return 0;

@@ -18,6 +18,13 @@ typedef struct {
 
 typedef struct ckpt_file ckpt_file;
 
+/* For a program's main, before any other HDF5 call (MPI_Init may come first): keeps HDF5
+ * from closing at exit what is still open. HDF5 1.10 keeps a file whose close failed (a
+ * full disk) in its table half torn down, and its exit handler then crashes on it: a
+ * signal and a stack after gptc's one-line error. Every file is closed explicitly, so the
+ * handler has nothing to save. */
+void ckpt_library_init(void);
+
 /* Starts a checkpoint that will replace path on ckpt_commit. */
 ckpt_file *ckpt_create(const char *path, const ckpt_meta *meta, char *err, size_t errlen);
 /* group is "model", "optim/m" or "optim/v"; data holds the whole tensor, row-major. */

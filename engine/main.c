@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/log.h"
 #include "engine/trainer.h"
@@ -15,6 +16,7 @@ static const char *USAGE =
 
 int main(int argc, char **argv) {
     int provided, world, rank;
+    ckpt_library_init();
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -208,15 +208,21 @@ static int check_output_path(const char *key, const char *path, char *err, size_
     char copy[CFG_STR_MAX];
     snprintf(copy, sizeof(copy), "%s", path);
     const char *dir = dirname(copy);
-    if (access(dir, W_OK | X_OK) != 0) {
-        if (errno == ENOENT)
-            snprintf(err, n, "%s %s: directory %s does not exist", key, path, dir);
-        else
-            snprintf(err, n, "%s %s: directory %s is not writable: %s", key, path, dir,
-                     strerror(errno));
+    struct stat st;
+    int found = stat(dir, &st) == 0;
+    if (!found && errno == ENOENT) {
+        snprintf(err, n, "%s %s: directory %s does not exist", key, path, dir);
         return -1;
     }
-    struct stat st;
+    if ((found && !S_ISDIR(st.st_mode)) || (!found && errno == ENOTDIR)) {
+        snprintf(err, n, "%s %s: %s is not a directory", key, path, dir);
+        return -1;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, n, "%s %s: directory %s is not writable: %s", key, path, dir,
+                 strerror(errno));
+        return -1;
+    }
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         snprintf(err, n, "%s %s: is a directory (name a file in it)", key, path);
         return -1;

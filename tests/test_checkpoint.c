@@ -569,7 +569,16 @@ static void test_read_errors(void)
     h.dset_type = H5T_IEEE_F32LE;
     h.fill = NAN;
     check_err("NaN value", read_handmade_x("nan.h5", &h, err, sizeof err) < 0, err,
-              "/model/x", "non-finite");
+              "/model/x at [0, 0]", "non-finite");
+    /* a rank's slab names the value by its place in the whole dataset */
+    char nan_path[1024];
+    long whole[2] = {2, 3}, start[2] = {1, 1}, count[2] = {1, 2};
+    float part[2];
+    path_in_tmp(nan_path, sizeof nan_path, "nan.h5");
+    f = ckpt_open(nan_path, NULL, NULL, NULL, err, sizeof err);
+    rc = f ? ckpt_read(f, "model", "x", 2, whole, start, count, part, err, sizeof err) : 0;
+    ckpt_close(f);
+    check_err("NaN in a slab", rc < 0, err, "/model/x at [1, 1]", "non-finite");
     h.fill = 0.25;
     check(read_handmade_x("fine.h5", &h, err, sizeof err) == 0, "hand-made float32 file reads");
 }
@@ -616,7 +625,7 @@ static void test_create_errors(void)
     float x[3] = {1.0f, INFINITY, 2.0f};
     int rc = f ? ckpt_write(f, "model", "y", 1, shape, x, err, sizeof err) : 0;
     ckpt_abort(f);
-    check_err("write of a non-finite value", rc < 0, err, "/model/y", "non-finite");
+    check_err("write of a non-finite value", rc < 0, err, "/model/y at [1]", "non-finite");
 }
 
 /* ----------------------------------------------- the cross-language reference */

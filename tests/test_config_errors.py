@@ -80,6 +80,12 @@ CASES = [
     ("save is a directory", [f"--train.save={D}"], ["train.save", "is a directory"]),
     ("trace is a directory", ["--profile.timing=kernel", f"--profile.trace={D}"],
      ["profile.trace", "is a directory"]),
+    ("save under a file", [f"--train.save={D}/garbage.h5/ck.h5"],
+     ["train.save", "garbage.h5 is not a directory"]),
+    # root may "write" into an executable file, as access() sees it
+    ("report under an executable file", ["--profile.timing=kernel",
+                                         f"--profile.report={D}/script.sh/r.json"],
+     ["profile.report", "script.sh is not a directory"]),
 ]
 
 
@@ -139,6 +145,9 @@ def main():
     write_tokens(f"{D}/big.h5", tokens, 64)
     with open(f"{D}/garbage.h5", "wb") as f:
         f.write(b"not an hdf5 file" * 10)
+    with open(f"{D}/script.sh", "w") as f:
+        f.write("#!/bin/sh\n")
+    os.chmod(f"{D}/script.sh", 0o755)
     r = run_train(BASE + ["--train.steps=0", f"--train.save={D}/ck.h5"])
     if r.returncode:
         fail("could not write the reference checkpoint: " + r.stderr)

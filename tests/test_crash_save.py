@@ -1,7 +1,11 @@
 """Crash-safe checkpoints: kill -9 a trainer that saves after every step, at random
-moments, many times; whatever is at train.save always loads and training resumes from it."""
+moments, many times; whatever is at train.save always loads and training resumes from it.
+And a save that runs out of room (a full disk, here a file-size limit) ends the run with
+one line and exit 1, the checkpoint before it untouched."""
+import hashlib
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -65,7 +69,75 @@ def main():
         fail(f"stale temporary files after a clean save: {left}\n{r.stderr[-800:]}")
     print(f"ok   8 kills at random moments; the checkpoint always loaded and resumed "
           f"(steps {sorted(steps_seen)}; first save after {first_save:.1f} s)")
+    check_full_disk(ckpt)
+    check_full_tmpfs()
     print("PASS: checkpoints survive kill -9")
+
+
+def check_full_disk(ckpt):
+    """Writes past RLIMIT_FSIZE fail with EFBIG (SIGXFSZ ignored, as a full disk fails
+    with ENOSPC): HDF5 then fails to flush and close the temporary checkpoint."""
+    with open(ckpt, "rb") as f:
+        before = hashlib.sha256(f.read()).hexdigest()
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))  # MPI start-up needs a few MB
+
+    with h5py.File(ckpt, "r") as f:
+        step = int(f.attrs["step"])
+    r = subprocess.run([TRAIN, *MODEL, f"--train.init={ckpt}", f"--train.steps={step + 1}",
+                        f"--train.save={ckpt}"], capture_output=True, text=True, env=env(),
+                       preexec_fn=limit, timeout=600)
+    errors = [x for x in r.stderr.splitlines() if x.strip()]
+    with open(ckpt, "rb") as f:
+        after = hashlib.sha256(f.read()).hexdigest()
+    left = [x for x in os.listdir(D) if ".tmp." in x]
+    if r.returncode != 1 or len(errors) != 1 or "train.save" not in errors[0] or \
+            "File too large" not in errors[0]:
+        fail(f"a save past the file-size limit: exit {r.returncode} (want 1 and one line "
+             f"naming train.save and the cause), stderr:\n{r.stderr[-1500:]}")
+    if after != before or left:
+        fail(f"a failed save changed the checkpoint ({before != after}) or left {left}")
+    print(f"ok   a save that runs out of room: exit 1, one line: {errors[0]}")
+
+
+def check_full_tmpfs():
+    """A full file system, where HDF5 finds out only when it flushes the file at close
+    (a small model's datasets sit in its caches until then): HDF5 1.10 then keeps the
+    file half closed, and its exit handler crashed the process (signal 11) until
+    ckpt_library_init. Needs root to mount a small tmpfs; says so and skips without."""
+    small = f"{D}/small"
+    os.makedirs(small)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700k", "tmpfs", small],
+                      capture_output=True).returncode != 0:
+        print("skip a full file system: cannot mount a tmpfs here (needs root)")
+        return
+    try:
+        tiny = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=32",
+                "--model.n_ctx=16", "--model.vocab_size=256", f"--data.path={D}/tok256.h5",
+                "--train.global_batch=4", "--train.micro_batch=2", "--train.seq_len=16"]
+        write_tokens(f"{D}/tok256.h5", np.random.default_rng(7).integers(0, 256, 2000), 256)
+        ck = f"{small}/ck.h5"
+        r = run_train(tiny + ["--train.steps=2", f"--train.save={ck}"])
+        if r.returncode:
+            fail(f"cannot write the first checkpoint on the tmpfs:\n{r.stderr[-800:]}")
+        with open(ck, "rb") as f:
+            before = hashlib.sha256(f.read()).hexdigest()
+        r = run_train(tiny + [f"--train.init={ck}", "--train.steps=4", "--train.save_every=1",
+                              f"--train.save={ck}"])
+        errors = [x for x in r.stderr.splitlines() if x.strip()]
+        with open(ck, "rb") as f:
+            after = hashlib.sha256(f.read()).hexdigest()
+        left = [x for x in os.listdir(small) if ".tmp." in x]
+        if r.returncode != 1 or len(errors) != 1 or "No space left on device" not in errors[0]:
+            fail(f"a save onto a full file system: exit {r.returncode} (want 1 and one line "
+                 f"with the cause), stderr:\n{r.stderr[-1500:]}")
+        if after != before or left:
+            fail(f"a failed save changed the checkpoint ({before != after}) or left {left}")
+        print(f"ok   a save onto a full file system: exit 1, one line: {errors[0]}")
+    finally:
+        subprocess.run(["umount", small], capture_output=True)
 
 
 if __name__ == "__main__":
