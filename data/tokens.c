@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* The largest vocab whose tokens still fit the int32 the model consumes. */
 static const long long MAX_VOCAB = 2147483648LL;
@@ -142,6 +143,12 @@ static int read_vocab(token_file *f, long model_vocab, char *err, size_t errlen)
 
 /* Runs with the HDF5 mutex held; leaves f's ids closed on failure. */
 static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen) {
+    /* a FIFO would block the open until a writer came, and HDF5 needs to seek anyway */
+    struct stat st;
+    if (stat(f->path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        set_err(err, errlen, "data.path %s: not a regular file", f->path);
+        return -1;
+    }
     /* fopen first so a missing or unreadable file gets the system's reason. */
     FILE *probe = fopen(f->path, "rb");
     if (!probe) {

@@ -1,6 +1,8 @@
 /* gptc-train: mpirun -np N gptc-train CONFIG.ini [--section.key=value ...] */
+#define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/checkpoint.h"
@@ -13,6 +15,40 @@ static const char *USAGE =
     "usage: gptc-train [CONFIG.ini] [--section.key=value ...]\n"
     "Trains a GPT-2 model; launch under mpirun for several ranks. README.md says what each key\n"
     "does.\n";
+
+/* Nonzero, with err naming the first key, when this rank's effective configuration is not
+ * rank 0's: ranks that trained with different settings would deadlock or diverge. */
+static int differs_from_rank0(const gptc_config *c, int rank, int world, char *err, size_t n) {
+    if (world == 1) return 0;
+    char *mine = NULL, *theirs = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&mine, &len);
+    if (!f) return 0;
+    config_print(c, f);
+    fclose(f);
+    long theirs_len = (long)len;
+    MPI_Bcast(&theirs_len, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    theirs = rank == 0 ? mine : log_calloc((size_t)theirs_len + 1, 1, "rank 0's configuration");
+    MPI_Bcast(theirs, (int)theirs_len, MPI_CHAR, 0, MPI_COMM_WORLD);
+    int bad = 0;
+    char section[64] = "";
+    for (const char *a = mine, *b = theirs; *a || *b;) {
+        size_t la = strcspn(a, "\n"), lb = strcspn(b, "\n");
+        if (la != lb || memcmp(a, b, la) != 0) {
+            snprintf(err, n, "config: %s%.*s here, but %s%.*s on rank 0 (give every rank the "
+                     "same config file and arguments)", section, (int)la, a, section, (int)lb, b);
+            bad = 1;
+            break;
+        }
+        if (a[0] == '[' && la < sizeof(section) - 1)
+            snprintf(section, sizeof(section), "%.*s.", (int)la - 2, a + 1);
+        a += la + (a[la] != 0);
+        b += lb + (b[lb] != 0);
+    }
+    if (theirs != mine) free(theirs);
+    free(mine);
+    return bad;
+}
 
 int main(int argc, char **argv) {
     int provided, world, rank;
@@ -35,16 +71,17 @@ int main(int argc, char **argv) {
     const char *path = argc > 1 && strncmp(argv[1], "--", 2) != 0 ? argv[1] : NULL;
     int first_override = path ? 2 : 1;
 
-    /* Every rank parses the same inputs, so every rank reaches the same verdict and
-     * exits with it; only rank 0 speaks. */
-    char err[1024];
+    /* Every rank parses its own inputs. They should be the same, but a launcher may give
+     * each rank its own (mpirun A : B, a pipe only one rank reads): a rank refused alone
+     * reports, and every rank exits with it. */
+    char err[1024] = "";
     gptc_config cfg;
     grid g;
     config_defaults(&cfg);
     int rc = config_load(&cfg, path, argc - first_override, argv + first_override, err, sizeof(err));
     if (rc == 0) rc = grid_layout(&g, world, rank, cfg.tp, cfg.pp, cfg.dp, err, sizeof(err));
-    if (rc != 0) {
-        if (rank == 0) log_error("%s", err);
+    if (train_refused(rc != 0, err, rank, world) ||
+        train_refused(differs_from_rank0(&cfg, rank, world, err, sizeof(err)), err, rank, world)) {
         MPI_Finalize();
         return 1;
     }

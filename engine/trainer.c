@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <mpi.h>
 #include <libgen.h>
@@ -117,8 +118,7 @@ static const gptc_backend *start_backend(const gptc_config *c, const grid *g,
         power_open(cuda_backend_device(), cuda_backend_pci_bus_id(bus, sizeof bus), err, n) != 0)
         be = NULL;
     /* the lowest failing rank speaks for all: one line, naming it */
-    int first = be ? g->world : g->rank;
-    if (g->world > 1) MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    int first = grid_first_failing(!be, g->rank, g->world);
     if (first == g->world) return be;
     if (first != g->rank) err[0] = '\0';
     return NULL;
@@ -201,15 +201,18 @@ static int plan_pipeline(const gptc_config *c, const grid *g, const gpt_shape *s
     return pp_schedule_validate(c->schedule, g->pp, c->virtual_stages, bp->n_micro, err, n);
 }
 
-/* Refuses an output path (key names it) that we could not write at the end of a long
- * run: checkpoints, the trace and the report are all written after the last step. */
-static int check_output_path(const char *key, const char *path, char *err, size_t n) {
+/* Refuses an output path (key names it) that rank 0, which writes them all, could not write
+ * at the end of a long run, or would block on: checkpoints, the trace and the report are
+ * written after the last step. replaced: the file is written beside and renamed over the
+ * path (a checkpoint, the metrics file), so its own permissions do not matter. */
+static int check_output_path(const char *key, const char *path, int replaced, char *err,
+                             size_t n) {
     if (!path[0]) return 0;
     char copy[CFG_STR_MAX];
     snprintf(copy, sizeof(copy), "%s", path);
     const char *dir = dirname(copy);
     struct stat st;
-    int found = stat(dir, &st) == 0;
+    int fd, found = stat(dir, &st) == 0;
     if (!found && errno == ENOENT) {
         snprintf(err, n, "%s %s: directory %s does not exist", key, path, dir);
         return -1;
@@ -218,15 +221,42 @@ static int check_output_path(const char *key, const char *path, char *err, size_
         snprintf(err, n, "%s %s: %s is not a directory", key, path, dir);
         return -1;
     }
-    if (access(dir, W_OK | X_OK) != 0) {
-        snprintf(err, n, "%s %s: directory %s is not writable: %s", key, path, dir,
-                 strerror(errno));
-        return -1;
-    }
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         snprintf(err, n, "%s %s: is a directory (name a file in it)", key, path);
         return -1;
     }
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        /* a stream may go to a terminal, /dev/null or a FIFO (/dev/stdout in a pipe; its
+         * reader is the user's: opening it waits for one, as tee does, and a probe here
+         * would end the reader's input); a checkpoint must be a file */
+        if (replaced || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+            snprintf(err, n, "%s %s: is not a regular file", key, path);
+            return -1;
+        }
+        return 0;
+    }
+    if (stat(path, &st) != 0 && lstat(path, &st) == 0) {
+        snprintf(err, n, "%s %s: is a symbolic link to nowhere", key, path);
+        return -1;
+    }
+    /* access() says yes to root in /proc or on a read-only mount: create a file there */
+    char probe[CFG_STR_MAX + 32];
+    snprintf(probe, sizeof(probe), "%s.tmp.%ld", path, (long)getpid());
+    fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) {
+        snprintf(err, n, "%s %s: cannot create a file in directory %s: %s", key, path, dir,
+                 strerror(errno));
+        return -1;
+    }
+    close(fd);
+    unlink(probe);
+    if (replaced || stat(path, &st) != 0) return 0;
+    fd = open(path, O_WRONLY | O_APPEND); /* writes nothing: the file stays as it is */
+    if (fd < 0) {
+        snprintf(err, n, "%s %s: cannot write: %s", key, path, strerror(errno));
+        return -1;
+    }
+    close(fd);
     return 0;
 }
 
@@ -604,6 +634,13 @@ static int locate_nonfinite(run_state *r, const batch_plan *bp, char *where, siz
     return first.rank;
 }
 
+int train_refused(int failed, const char *err, int rank, int world) {
+    int first = grid_first_failing(failed, rank, world);
+    if (first == rank && first > 0) log_error("rank %d: %s", rank, err);
+    else if (first == rank) log_error("%s", err);
+    return first < world;
+}
+
 int train_run(const gptc_config *c, const grid *g) {
     char err[ERR_LEN] = "";
     run_state r;
@@ -635,9 +672,10 @@ int train_run(const gptc_config *c, const grid *g) {
         plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0 ||
         plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
         goto fail_config;
-    if (check_output_path("train.save", c->save, err, sizeof(err)) != 0 ||
-        check_output_path("profile.trace", c->trace, err, sizeof(err)) != 0 ||
-        check_output_path("profile.report", c->report, err, sizeof(err)) != 0)
+    if (g->rank == 0 && (check_output_path("train.save", c->save, 1, err, sizeof(err)) != 0 ||
+                         check_output_path("train.log_file", c->log_file, 0, err, sizeof(err)) != 0 ||
+                         check_output_path("profile.trace", c->trace, 0, err, sizeof(err)) != 0 ||
+                         check_output_path("profile.report", c->report, 0, err, sizeof(err)) != 0))
         goto fail_config;
     if (check_precision(c, &shape, err, sizeof(err)) != 0) goto fail_config;
     long first = init ? meta.step + 1 : 1;
@@ -646,6 +684,8 @@ int train_run(const gptc_config *c, const grid *g) {
                  c->steps, meta.step, c->init);
         goto fail_config;
     }
+    /* the ranks that passed meet the ones that failed (fail_config) here */
+    if (train_refused(0, err, g->rank, g->world)) goto refused;
     print_effective_config(c, g, &shape, &bp);
     nvtx_enable(c->nvtx);
     const gptc_backend *be = start_backend(c, g, &shape, err, sizeof(err));
@@ -663,7 +703,7 @@ int train_run(const gptc_config *c, const grid *g) {
                           (size_t)shape.n_layer * 64 + 1024;
         if (timing_init(1, per_step) != 0) {
             snprintf(err, sizeof(err), "profile.timing = kernel: out of memory for %zu records", per_step);
-            goto fail_config;
+            goto fail;
         }
         be = timed_backend(be);
     }
@@ -747,7 +787,9 @@ int train_run(const gptc_config *c, const grid *g) {
     if (c->log_file[0] && g->rank == 0) {
         /* a resumed run goes on after its checkpoint's step: lines of later steps (written
          * by the run that went further before it stopped) give way to the new ones */
-        if (first > 1 && trim_log(c->log_file, first, err, sizeof(err)) != 0) rc = -1;
+        struct stat st; /* a terminal or /dev/null has no earlier lines to drop */
+        int regular = stat(c->log_file, &st) != 0 || S_ISREG(st.st_mode);
+        if (first > 1 && regular && trim_log(c->log_file, first, err, sizeof(err)) != 0) rc = -1;
         r.log = rc == 0 ? fopen(c->log_file, first > 1 ? "a" : "w") : NULL;
         if (rc == 0 && !r.log) {
             snprintf(err, sizeof(err), "train.log_file %s: %s", c->log_file, strerror(errno));
@@ -882,8 +924,10 @@ int train_run(const gptc_config *c, const grid *g) {
     return 0;
 
 fail_config:
-    /* every rank found the same: rank 0 says it once */
-    if (g->rank == 0) log_error("%s", err);
+    /* usually every rank found the same, and rank 0 says it once; a rank that failed alone
+     * (a file its node lacks) says it, and the ranks that passed stop too */
+    train_refused(1, err, g->rank, g->world);
+refused:
     if (init) ckpt_close(init);
     run_free(&r);
     return 1;

@@ -1,15 +1,18 @@
 #include "parallel/grid.h"
 
+#include <mpi.h>
 #include <stdio.h>
 
 int grid_layout(grid *g, int world, int rank, int tp, int pp, int dp, char *err, size_t errlen) {
+    /* in long: tp and pp may each be up to 2^16, and their int product wraps */
+    long tpp = (long)tp * pp;
     if (dp == 0) {
-        if (world % (tp * pp) != 0) {
-            snprintf(err, errlen, "parallel: world size %d is not a multiple of parallel.tp * parallel.pp = %d",
-                     world, tp * pp);
+        if (world % tpp != 0) {
+            snprintf(err, errlen, "parallel: world size %d is not a multiple of parallel.tp * parallel.pp = %ld",
+                     world, tpp);
             return -1;
         }
-        dp = world / (tp * pp);
+        dp = (int)(world / tpp);
     }
     if ((long)tp * pp * dp != world) {
         snprintf(err, errlen, "parallel: world size %d != parallel.tp * parallel.pp * parallel.dp = %d * %d * %d",
@@ -29,4 +32,10 @@ int grid_layout(grid *g, int world, int rank, int tp, int pp, int dp, char *err,
 
 int grid_rank_of(const grid *g, int tp_rank, int pp_rank, int dp_rank) {
     return tp_rank + g->tp * (dp_rank + g->dp * pp_rank);
+}
+
+int grid_first_failing(int failed, int rank, int world) {
+    int first = failed ? rank : world;
+    if (world > 1) MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return first;
 }

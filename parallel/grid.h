@@ -16,5 +16,10 @@ typedef struct {
 int grid_layout(grid *g, int world, int rank, int tp, int pp, int dp, char *err, size_t errlen);
 /* Rank of the given coordinates. */
 int grid_rank_of(const grid *g, int tp_rank, int pp_rank, int dp_rank);
+/* The lowest rank of MPI_COMM_WORLD whose failed is nonzero, or world when none. Every
+ * rank calls it at the same point of its start-up checks: a rank that fails one alone (a
+ * file its node lacks, arguments of its own) stops every rank there, instead of leaving
+ * them waiting for it in the next collective. */
+int grid_first_failing(int failed, int rank, int world);
 
 #endif

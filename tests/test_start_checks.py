@@ -1,0 +1,127 @@
+"""Start-up checks that depend on more than the config text: ranks that do not see the same
+arguments or files (mpirun A : B, a file one node lacks), and output paths that pass
+access() but cannot be written (or would block). Every case must end every rank with a
+nonzero exit and one gptc line naming the rank, the key or the file, before training."""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gptc_testlib import MPIRUN, TRAIN, env, fail, run_train, write_tokens  # noqa: E402
+
+D = tempfile.mkdtemp(prefix="gptc_start_")
+CFG = """[model]
+n_layer = 2
+n_head = 2
+d_model = 32
+n_ctx = 16
+vocab_size = 64
+
+[train]
+steps = 2
+global_batch = 4
+seq_len = 16
+
+[data]
+path = {tok}
+"""
+
+
+def gptc_lines(text):
+    return [x for x in text.splitlines() if x.startswith("gptc: error:")]
+
+
+def mpmd(apps, timeout=120):
+    """mpirun with one app context per (wdir, extra args): rank i runs apps[i]."""
+    cmd = list(MPIRUN)
+    for i, (wdir, extra) in enumerate(apps):
+        cmd += ([":"] if i else []) + ["-np", "1", "-wdir", wdir, TRAIN, "cfg.ini", *extra]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=env(len(apps)))
+    except subprocess.TimeoutExpired:
+        fail(f"hang: {' '.join(cmd)}")
+
+
+def expect_refused(name, r, want):
+    lines = gptc_lines(r.stdout + r.stderr)
+    if r.returncode == 0 or len(lines) != 1 or any(w not in lines[0] for w in want) or \
+            "step     1" in r.stdout:
+        fail(f"{name}: want exit != 0 and one line with {want} before training, got exit "
+             f"{r.returncode}, lines {lines}\n{(r.stdout + r.stderr)[-1500:]}")
+    print(f"ok   {name}: {lines[0]}")
+
+
+def check_ranks_disagree(a, b):
+    expect_refused("rank 1 alone has an unknown key",
+                   mpmd([(a, ["--parallel.dp=2"]), (a, ["--parallel.dp=2", "--train.bogus=1"])]),
+                   ["rank 1:", "unknown key train.bogus"])
+    expect_refused("rank 0 alone has an unknown key",
+                   mpmd([(a, ["--parallel.dp=2", "--train.bogus=1"]), (a, ["--parallel.dp=2"])]),
+                   ["unknown key train.bogus"])
+    expect_refused("rank 1 alone has another seed",
+                   mpmd([(a, ["--parallel.dp=2"]), (a, ["--parallel.dp=2", "--train.seed=5"])]),
+                   ["rank 1:", "train.seed = 5 here", "train.seed = 1337 on rank 0"])
+    # the same arguments, but rank 1's directory lacks the checkpoint (a node's own disk)
+    expect_refused("a checkpoint rank 1 cannot see",
+                   mpmd([(a, ["--parallel.dp=2", "--train.init=ck.h5"]),
+                         (b, ["--parallel.dp=2", "--train.init=ck.h5"])]),
+                   ["rank 1:", "train.init ck.h5", "does not exist"])
+    r = mpmd([(a, ["--parallel.dp=2", "--train.init=ck.h5"]),
+              (a, ["--parallel.dp=2", "--train.init=ck.h5"])])
+    if r.returncode:
+        fail(f"the same checkpoint on both ranks does not train:\n{r.stderr[-1500:]}")
+    print("ok   both ranks with the same inputs train")
+
+
+def check_outputs(a):
+    os.mkfifo(f"{D}/fifo")
+    os.symlink("/nonexistent/r.json", f"{D}/dangling.json")
+    kernel = ["--profile.timing=kernel"]
+    cases = [
+        ("report a dangling link", kernel + [f"--profile.report={D}/dangling.json"],
+         ["profile.report", "symbolic link to nowhere"]),
+        # root passes access(W_OK) in /proc: only creating a file there tells
+        ("save in /proc", ["--train.save=/proc/gptc.h5"], ["train.save", "cannot create a file"]),
+        ("trace in /proc", kernel + ["--profile.trace=/proc/t.json"],
+         ["profile.trace", "cannot create a file"]),
+        ("save onto a FIFO", [f"--train.save={D}/fifo"], ["train.save", "not a regular file"]),
+        ("save onto /dev/null", ["--train.save=/dev/null"], ["train.save", "not a regular file"]),
+        # opening a FIFO to read waits for a writer: the loader must not
+        ("tokens from a FIFO", [f"--data.path={D}/fifo"], ["data.path", "not a regular file"]),
+        # in long: each is within its range, their int product wraps to 0
+        ("tp * pp overflows an int", ["--parallel.tp=65536", "--parallel.pp=65536"],
+         ["parallel.tp * parallel.pp = 4294967296"]),
+    ]
+    for name, args, want in cases:
+        try:
+            r = run_train([f"{a}/cfg.ini"] + args, timeout=60)
+        except subprocess.TimeoutExpired:
+            fail(f"{name}: hang")
+        expect_refused(name, r, want)
+    r = run_train([f"{a}/cfg.ini", "--train.log_file=/dev/null"], timeout=60)
+    if r.returncode:
+        fail(f"metrics to /dev/null refused:\n{r.stderr[-800:]}")
+    print("ok   metrics to /dev/null train")
+
+
+def main():
+    write_tokens(f"{D}/tok.h5", np.random.default_rng(3).integers(0, 64, 2000), 64)
+    a, b = f"{D}/a", f"{D}/b"
+    for d in (a, b):
+        os.makedirs(d)
+        with open(f"{d}/cfg.ini", "w") as f:
+            f.write(CFG.format(tok=f"{D}/tok.h5"))
+    r = run_train([f"{a}/cfg.ini", "--train.steps=0", f"--train.save={a}/ck.h5"])
+    if r.returncode:
+        fail(f"cannot write the checkpoint:\n{r.stderr}")
+    check_ranks_disagree(a, b)
+    check_outputs(a)
+    print("PASS: start-up checks refuse what one rank or one path would fail on")
+
+
+if __name__ == "__main__":
+    main()
