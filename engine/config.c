@@ -3,8 +3,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine/config.h"
 
+#include <ctype.h>
 #include <errno.h>
-#include <ini.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -69,7 +69,8 @@ static const key_def KEYS[] = {
     {"train", "save_every", K_LONG, F(save_every), 0, 1e15, NULL},
     {"train", "keep", K_INT, F(keep), 1, 1 << 20, NULL},
     {"train", "log_file", K_STR, F(log_file), 0, 0, NULL},
-    {"train", "comm_timeout_s", K_DOUBLE, F(comm_timeout_s), 0.001, 1e9, NULL},
+    /* below a second the watchdog fires on healthy multi-rank jobs */
+    {"train", "comm_timeout_s", K_DOUBLE, F(comm_timeout_s), 1, 1e9, NULL},
     {"train", "nan_policy", K_CHOICE, F(nan_policy), 0, 0, "stop|skip"},
 
     {"data", "path", K_STR, F(data_path), 0, 0, NULL},
@@ -143,9 +144,15 @@ static int choice_ok(const char *choices, const char *v) {
     return 0;
 }
 
+/* v past the white space that strtod and strtoull skip themselves */
+static const char *skip_space(const char *v) {
+    while (isspace((unsigned char)*v)) v++;
+    return v;
+}
+
 /* "0x..." or "0X...", after optional blanks and a sign */
 static int is_hex(const char *v) {
-    while (*v == ' ' || *v == '\t') v++;
+    v = skip_space(v);
     if (*v == '+' || *v == '-') v++;
     return v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
 }
@@ -194,7 +201,8 @@ int config_set(gptc_config *c, const char *section, const char *key, const char 
         }
         return 0;
     case K_U64: {
-        if (value[0] == '-') end = (char *)value;
+        /* strtoull takes "-1" (after blanks too) for 2^64 - 1 */
+        if (*skip_space(value) == '-') end = (char *)value;
         unsigned long long u = end ? 0 : strtoull(value, &end, 10);
         if (end == value || *end || errno) {
             snprintf(err, errlen, "config: %s.%s = '%s' is not a non-negative integer", section, key, value);
@@ -229,70 +237,145 @@ int config_set(gptc_config *c, const char *section, const char *key, const char 
     return 0;
 }
 
+/* The config file's INI dialect, parsed here. libinih, used before, cut lines at 199
+ * characters (the tail was read as a line of its own), joined an indented line to the
+ * value above, stopped at a NUL byte and let a repeated key win silently. Here:
+ *   [section]        alone on its line (a comment may follow)
+ *   key = value      or key: value; the blanks around key and value are dropped
+ *   ; or #           a comment line; " ;" (';' after a blank) ends a value, as in inih
+ * Lines end in LF or CRLF and may be of any length; a UTF-8 BOM may open the text. A key
+ * before any [section], a key set twice and any other line are errors. */
+
+/* Bigger than any config; it also bounds reading /dev/zero or an endless pipe. */
+enum { CONFIG_MAX_BYTES = 1 << 20 };
+
 typedef struct {
     gptc_config *c;
-    const char *path;
+    const char *where;        /* the file's path, or "<text>" */
     char *err;
     size_t errlen;
-    int failed;
-} ini_ctx;
+    long line;                /* 1-based number of the line being parsed */
+    const char *section;      /* of the last header; NULL before the first */
+    long first_line[N_KEYS];  /* the line that set each key of KEYS; 0: not set */
+} ini_parser;
 
-static int on_ini_pair(void *user, const char *section, const char *key, const char *value) {
-    ini_ctx *x = user;
-    if (x->failed) return 0;
-    char msg[600];
-    if (config_set(x->c, section, key, value, msg, sizeof(msg)) != 0) {
-        /* name the file too: the same key may also come from the command line */
-        snprintf(x->err, x->errlen, "%s (in %s)", msg, x->path);
-        x->failed = 1;
-        return 0;
-    }
-    return 1;
+static int is_blank(char ch) {
+    return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\v' || ch == '\f';
 }
 
-/* The first line (1-based) whose section header is malformed, or 0. inih takes "[model"
- * for an error but goes on with the keys below it in the previous section (so the first
- * complaint would be a wrong "unknown key"), and ignores what follows "]" ("[model] x"). */
-static int bad_section_line(const char *text) {
-    int line = 1;
-    for (const char *p = text; *p; line++) {
-        const char *end = strchr(p, '\n');
-        if (!end) end = p + strlen(p);
-        while (p < end && (*p == ' ' || *p == '\t' || *p == '\r')) p++;
-        if (p < end && *p == '[') {
-            const char *close = memchr(p, ']', (size_t)(end - p));
-            if (!close) return line;
-            for (const char *q = close + 1; q < end && *q != ';' && *q != '#'; q++)
-                if (*q != ' ' && *q != '\t' && *q != '\r') return line;
+/* [s, end) without the blanks at either end, NUL-terminated in place */
+static char *trim(char *s, char *end) {
+    while (s < end && is_blank(*s)) s++;
+    while (end > s && is_blank(end[-1])) end--;
+    *end = '\0';
+    return s;
+}
+
+/* A ';' only starts a comment after a blank, so that "a;b" stays a value. */
+static void cut_inline_comment(char *s) {
+    for (char *p = s; *p; p++)
+        if (*p == ';' && p > s && is_blank(p[-1])) {
+            *p = '\0';
+            return;
         }
-        p = *end ? end + 1 : end;
-    }
+}
+
+static int syntax_error(ini_parser *x, const char *why) {
+    snprintf(x->err, x->errlen, "config: %s line %ld: syntax error (%s)", x->where, x->line, why);
+    return -1;
+}
+
+/* s: a trimmed line that starts with '[' */
+static int parse_header(ini_parser *x, char *s) {
+    char *close = strchr(s, ']');
+    const char *rest = close ? close + 1 : "";
+    while (is_blank(*rest)) rest++;
+    if (!close || (*rest && *rest != ';' && *rest != '#'))
+        return syntax_error(x, "a section header is [name] alone on its line");
+    x->section = trim(s + 1, close);
     return 0;
 }
 
-/* Parses INI text (from where: a file's path, or "<text>"). */
-static int load_ini(gptc_config *c, const char *text, const char *where, char *err,
-                    size_t errlen) {
-    ini_ctx x = {c, where, err, errlen, 0};
-    int bad = bad_section_line(text);
-    int rc = bad ? bad : ini_parse_string(text, on_ini_pair, &x);
-    if (x.failed) return -1;
-    if (rc != 0) {
-        snprintf(err, errlen, "config: %s line %d: syntax error%s", where, rc,
-                 bad ? " (a section header is [name] alone on its line)" : "");
+/* s: a trimmed line that is not blank, a comment or a header */
+static int parse_pair(ini_parser *x, char *s) {
+    char *sep = strpbrk(s, "=:");
+    if (!sep || sep == s) return syntax_error(x, "expected key = value, [section] or a comment");
+    char *value = trim(sep + 1, sep + 1 + strlen(sep + 1));
+    char *key = trim(s, sep);
+    if (!x->section) {
+        snprintf(x->err, x->errlen, "config: %s line %ld: key %s comes before any [section]",
+                 x->where, x->line, key);
         return -1;
+    }
+    const key_def *k = find_key(x->section, key);
+    long *first = k ? &x->first_line[k - KEYS] : NULL;
+    if (first && *first) {
+        snprintf(x->err, x->errlen, "config: %s line %ld: %s.%s is set twice (first on line %ld)",
+                 x->where, x->line, x->section, key, *first);
+        return -1;
+    }
+    char msg[600];
+    if (config_set(x->c, x->section, key, value, msg, sizeof(msg)) != 0) {
+        /* name the file too: the same key may also come from the command line */
+        snprintf(x->err, x->errlen, "%s (in %s)", msg, x->where);
+        return -1;
+    }
+    *first = x->line; /* config_set knew the key, so k is set */
+    return 0;
+}
+
+static int parse_line(ini_parser *x, char *line) {
+    char *s = trim(line, line + strlen(line));
+    if (*s == '\0' || *s == ';' || *s == '#') return 0;
+    cut_inline_comment(s);
+    s = trim(s, s + strlen(s));
+    return *s == '[' ? parse_header(x, s) : parse_pair(x, s);
+}
+
+static long line_of(const char *text, const char *at) {
+    long line = 1;
+    for (const char *p = text; p < at; p++) line += *p == '\n';
+    return line;
+}
+
+/* Parses text[0, len) (text[len] is a NUL), which it cuts into lines in place. */
+static int load_ini(gptc_config *c, char *text, size_t len, const char *where, char *err,
+                    size_t errlen) {
+    const char *nul = memchr(text, '\0', len);
+    if (nul) {
+        snprintf(err, errlen, "config: %s line %ld: NUL byte (not a text file?)", where,
+                 line_of(text, nul));
+        return -1;
+    }
+    ini_parser x = {.c = c, .where = where, .err = err, .errlen = errlen};
+    char *p = text, *end = text + len;
+    if (len >= 3 && memcmp(p, "\xEF\xBB\xBF", 3) == 0) p += 3;
+    for (x.line = 1; p <= end; x.line++) {
+        char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (!eol) eol = end;
+        *eol = '\0';
+        if (parse_line(&x, p) != 0) return -1;
+        p = eol + 1;
     }
     return 0;
 }
 
 int config_load_text(gptc_config *c, const char *text, char *err, size_t errlen) {
-    return load_ini(c, text, "<text>", err, errlen);
+    char *copy = strdup(text); /* load_ini cuts its text into lines */
+    if (!copy) {
+        snprintf(err, errlen, "config: out of memory");
+        return -1;
+    }
+    int rc = load_ini(c, copy, strlen(copy), "<text>", err, errlen);
+    free(copy);
+    return rc;
 }
 
-/* path's contents as a string (malloc'd), or NULL with errno set. Read to its end rather
- * than by its size, so that a pipe (bash's <(...)) works as a file does; a directory,
- * which fopen opens on Linux, is refused. */
-static char *read_text(const char *path) {
+/* path's contents (malloc'd, NUL-terminated, *len bytes before the NUL), or NULL with
+ * errno set: EFBIG past CONFIG_MAX_BYTES. Read to its end rather than by its size, so
+ * that a pipe (bash's <(...)) works as a file does; a directory, which fopen opens on
+ * Linux, is refused. */
+static char *read_text(const char *path, size_t *len) {
     FILE *f = fopen(path, "r");
     if (!f) return NULL;
     struct stat st;
@@ -304,14 +387,17 @@ static char *read_text(const char *path) {
     size_t n = 0, cap = 4096;
     char *text = malloc(cap); /* [cap], n used, then a NUL */
     while (text) {
-        n += fread(text + n, 1, cap - 1 - n, f);
-        if (n < cap - 1) break; /* end of file, or an error */
-        char *grown = realloc(text, 2 * cap);
+        size_t room = cap - 1 - n, got = fread(text + n, 1, room, f);
+        n += got;
+        if (got < room || n > CONFIG_MAX_BYTES) break; /* the end, an error, or too much */
+        /* never more than one byte past the limit: /dev/zero has no end */
+        size_t grown_cap = 2 * cap < CONFIG_MAX_BYTES + 2 ? 2 * cap : CONFIG_MAX_BYTES + 2;
+        char *grown = realloc(text, grown_cap);
         if (!grown) free(text);
         text = grown;
-        cap *= 2;
+        cap = grown_cap;
     }
-    int e = !text ? ENOMEM : ferror(f) ? EIO : 0;
+    int e = !text ? ENOMEM : ferror(f) ? EIO : n > CONFIG_MAX_BYTES ? EFBIG : 0;
     fclose(f);
     if (e) {
         free(text);
@@ -319,18 +405,24 @@ static char *read_text(const char *path) {
         return NULL;
     }
     text[n] = '\0';
+    *len = n;
     return text;
 }
 
 int config_load(gptc_config *c, const char *path, int argc, char **argv,
                 char *err, size_t errlen) {
     if (path) {
-        char *text = read_text(path);
+        size_t len = 0;
+        char *text = read_text(path, &len);
+        if (!text && errno == EFBIG) {
+            snprintf(err, errlen, "config: %s is larger than 1 MiB (not a config file?)", path);
+            return -1;
+        }
         if (!text) {
             snprintf(err, errlen, "config: cannot read %s: %s", path, strerror(errno));
             return -1;
         }
-        int rc = load_ini(c, text, path, err, errlen);
+        int rc = load_ini(c, text, len, path, err, errlen);
         free(text);
         if (rc != 0) return -1;
     }

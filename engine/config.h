@@ -1,5 +1,6 @@
 /* Run configuration: the INI keys of DESIGN section 4, with defaults, parsed from a file
- * (libinih) and then overridden by --section.key=value arguments. */
+ * (its INI dialect is described in config.c) and then overridden by --section.key=value
+ * arguments. */
 #ifndef GPTC_CONFIG_H
 #define GPTC_CONFIG_H
 

@@ -11,10 +11,11 @@
 #include "engine/trainer.h"
 #include "parallel/grid.h"
 
+/* comment lines, so that the --help output reads back as a config file */
 static const char *USAGE =
-    "usage: gptc-train [CONFIG.ini] [--section.key=value ...]\n"
-    "Trains a GPT-2 model; launch under mpirun for several ranks. README.md says what each key\n"
-    "does.\n";
+    "# usage: gptc-train [CONFIG.ini] [--section.key=value ...]\n"
+    "# Trains a GPT-2 model; launch under mpirun for several ranks. README.md says what each\n"
+    "# key does.\n";
 
 /* Nonzero, with err naming the first key, when this rank's effective configuration is not
  * rank 0's: ranks that trained with different settings would deadlock or diverge. */

@@ -55,6 +55,11 @@ CASES = [
     ("cuda with a head size of 256", ["--train.device=cuda", "--model.d_model=512"],
      ["train.device = cuda", "head size", "at most 128", "not 256"]),
     ("unknown policy", ["--overlap.dp=eager"], ["overlap.dp", "eager"]),
+    # strtoull skips the blank and wraps -1 to 2^64 - 1
+    ("seed with a blank before -", ["--train.seed= -1"], ["train.seed", "not a non-negative integer"]),
+    # the watchdog would fire on healthy multi-rank jobs
+    ("comm_timeout_s under a second", ["--train.comm_timeout_s=0.5"],
+     ["train.comm_timeout_s", "out of range"]),
     ("data without /tokens", [f"--data.path={D}/notokens.h5"], ["data.path", "notokens.h5", "tokens"]),
     ("data shorter than a window", [f"--data.path={D}/short.h5"], ["data.path", "short.h5", "window"]),
     ("token >= vocab at a position", [f"--data.path={D}/badtok.h5"], ["data.path", "badtok.h5", "position 7"]),
@@ -113,7 +118,7 @@ def check_help():
         fail(f"--help: exit {r.returncode}, {len(keys)} keys:\n{r.stdout}")
     ini = f"{D}/help.ini"
     with open(ini, "w") as f:
-        f.write("[" + r.stdout.split("\n[", 1)[1])  # from the first section on
+        f.write(r.stdout)  # whole: the usage lines are comments
     r = run_train([ini] + BASE + ["--train.steps=0"])
     if r.returncode:
         fail("the defaults --help prints do not read back: " + r.stderr)
@@ -135,11 +140,38 @@ def check_config_pipe():
     print("ok   a config through a pipe trains")
 
 
+def check_long_lines():
+    """Lines have no length limit: libinih cut them at 199 characters and read the tail as
+    a line of its own, so a long comment could set a key and a long value was cut."""
+    ini = f"{D}/long_comment.ini"
+    with open(ini, "w") as f:  # the tail past 2 * 199 characters is "steps = 9"
+        f.write("[train]\nsteps = 1\n;" + "x" * 198 + ";" + "x" * 198 + "steps = 9\n"
+                "[data]\nshuffle = false\n[train]\nseed = 7\n")  # a section may come twice
+    r = run_train([ini] + [a for a in BASE if not a.startswith("--train.steps=")], timeout=120)
+    if r.returncode or "step     1/1" not in r.stdout:
+        fail(f"a 407-character comment line: exit {r.returncode}:\n{r.stdout}\n{r.stderr}")
+    print("ok   a 407-character comment line is a comment")
+    long_dir = f"{D}/" + "d" * 230
+    os.makedirs(long_dir, exist_ok=True)
+    path = f"{long_dir}/tok.h5"
+    import shutil
+    shutil.copy(f"{D}/tok.h5", path)
+    ini = f"{D}/long_value.ini"
+    with open(ini, "w") as f:
+        f.write(f"[data]\npath = {path}\n")
+    r = run_train([ini] + [a for a in BASE if not a.startswith("--data.path=")] + ["--train.steps=1"],
+                  timeout=120)
+    if r.returncode or "step     1/1" not in r.stdout:
+        fail(f"a {len(path)}-character data.path: exit {r.returncode}:\n{r.stderr}")
+    print(f"ok   a {len(path)}-character data.path is read whole")
+
+
 def main():
     rng = np.random.default_rng(0)
     write_tokens(f"{D}/tok.h5", rng.integers(0, 50, 500), 50)
     check_help()
     check_config_pipe()
+    check_long_lines()
     tokens = rng.integers(0, 50, 500)
     tokens[123] = 60
     write_tokens(f"{D}/big.h5", tokens, 64)
@@ -183,6 +215,19 @@ def main():
         f.write("[train]\nsteps = 3\n[model\nn_layer = 2\n")
     with open(f"{D}/header2.ini", "w") as f:
         f.write("[train] steps\nsteps = 3\n")
+    # libinih joined an indented line to the value above: steps = 7
+    with open(f"{D}/indented.ini", "w") as f:
+        f.write("[train]\nsteps = 2\n  7\n")
+    # libinih stopped at the NUL and ignored the rest
+    with open(f"{D}/nul.ini", "wb") as f:
+        f.write(b"[train]\nsteps = 2\n\0[train]\nbogus = 1\n")
+    with open(f"{D}/huge.ini", "w") as f:
+        f.write("[train]\n" + ("#" * 1023 + "\n") * 1100)
+    # libinih let the last one win
+    with open(f"{D}/twice.ini", "w") as f:
+        f.write("[train]\nsteps = 1\n[model]\nn_layer = 2\n[train]\nsteps = 2\n")
+    with open(f"{D}/nosection.ini", "w") as f:
+        f.write("steps = 2\n[train]\n")
     late = rng.integers(0, 50, 500)
     late[450] = 50
     write_tokens(f"{D}/latetok.h5", late, 50)
@@ -207,6 +252,16 @@ def main():
     check("section header with more on its line", [f"{D}/header2.ini"],
           ["header2.ini", "line 1", "syntax error"])
     check("config is a directory", [D] + BASE, ["cannot read", "Is a directory"])
+    check("indented continuation line", [f"{D}/indented.ini"] + BASE,
+          ["indented.ini", "line 3", "syntax error"])
+    check("NUL byte in the config", [f"{D}/nul.ini"] + BASE, ["nul.ini", "line 3", "NUL byte"])
+    check("config over 1 MiB", [f"{D}/huge.ini"] + BASE, ["huge.ini", "larger than 1 MiB"])
+    # endless zeros: reading stops at the cap
+    check("config is /dev/full", ["/dev/full"] + BASE, ["/dev/full", "larger than 1 MiB"])
+    check("key set twice in the config", [f"{D}/twice.ini"] + BASE,
+          ["twice.ini", "line 6", "train.steps is set twice", "first on line 2"])
+    check("key before any section", [f"{D}/nosection.ini"] + BASE,
+          ["nosection.ini", "line 1", "before any [section]"])
     # a data or checkpoint error every rank meets: one line, from the lowest rank
     check("token >= vocab under mpirun", BASE + ["--parallel.dp=2", f"--data.path={D}/latetok.h5"],
           ["data.path", "position 450", "rank 0"], np_ranks=2)
@@ -226,7 +281,7 @@ def main():
     check("heads do not divide over tp", BASE + ["--model.n_head=2", "--model.d_model=32",
                                                  "--parallel.tp=4"],
           ["model.n_head", "parallel.tp"], np_ranks=4)
-    n = len(CASES) + 12
+    n = len(CASES) + 18
     # a build without CUDA, or a machine without a GPU, refuses cuda by name on every rank
     if not gpu_present():
         check("cuda without a usable GPU", BASE + ["--train.device=cuda"],

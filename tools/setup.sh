@@ -7,7 +7,7 @@ mode=${1:-demo}
 case "$mode" in demo|test) ;; *) echo "usage: bash tools/setup.sh demo|test" >&2; exit 2 ;; esac
 
 build_pkgs=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev
-            libopenblas-dev libopenblas-openmp-dev libopenblas0-pthread libinih-dev)
+            libopenblas-dev libopenblas-openmp-dev libopenblas0-pthread)
 # the test suite compares with PyTorch and reads HDF5 from Python (Debian's interpreter)
 test_pkgs=(python3 python3-numpy python3-h5py python3-torch clang)
 want=("${build_pkgs[@]}")

@@ -2,8 +2,8 @@
 # Run on the Debian 12 development machine (not on the GPU machine, which has no network).
 #
 # Downloads into benchmarks/gpu/debs/ the Debian bookworm .deb files that gptc needs to
-# build and run under mpirun on a machine that lacks them: Open MPI, HDF5, inih and
-# OpenBLAS (OpenMP build), plus their dependency closure. prepare.sh unpacks them there
+# build and run under mpirun on a machine that lacks them: Open MPI, HDF5 and OpenBLAS
+# (OpenMP build), plus their dependency closure. prepare.sh unpacks them there
 # with dpkg -x into a private prefix, so nothing is installed and no dependency is checked
 # at unpack time: the closure computed here is the only thing that makes the set complete.
 #
@@ -27,9 +27,8 @@ LIMIT_MIB=60          # the working tree plus carried paths may not exceed 64 Mi
 SEEDS=(
   libopenmpi-dev openmpi-bin libopenmpi3 openmpi-common
   libhdf5-dev libhdf5-103-1 libhdf5-hl-100
-  libinih-dev libinih1
   libopenblas0-openmp libopenblas-openmp-dev libopenblas-dev libopenblas0
-  # CMake's FindPkgConfig needs a pkg-config program (for inih); a CUDA image may lack it.
+  # pkg-config gives tests/fuzz/run.sh the prefix's HDF5 flags; a CUDA image may lack it.
   pkgconf pkg-config make
 )
 # GPTC_DEBS_EXTRA: more packages to take, e.g. "cmake" when the GPU machine may have none

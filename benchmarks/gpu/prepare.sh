@@ -2,15 +2,15 @@
 # Run on the GPU machine, from the repository root:  bash benchmarks/gpu/prepare.sh
 #
 # Makes gptc buildable there without installing anything: the GPU machine has CUDA and
-# PyTorch but most likely no Open MPI, HDF5, inih or OpenBLAS, and no network. The
+# PyTorch but most likely no Open MPI, HDF5 or OpenBLAS, and no network. The
 # Debian 12 .deb files that fetch_debs.sh put in benchmarks/gpu/debs/ (carried along as an
 # ignored path) are unpacked with dpkg -x into a private prefix, repaired where dpkg's
 # maintainer scripts would have done the work, and described in $PREFIX/env.sh:
 #
 #   . "$PREFIX/env.sh"; cmake -S . -B build-gpu $GPTC_CMAKE_ARGS -DGPTC_NCCL_ROOT=$GPTC_NCCL_ROOT
 #
-# A component the machine already has (mpicc + mpirun, HDF5, inih, OpenBLAS with
-# OpenMP) is taken from the system and its .debs are not unpacked.
+# A component the machine already has (mpicc + mpirun, HDF5, OpenBLAS with OpenMP) is
+# taken from the system and its .debs are not unpacked.
 #
 # Environment:
 #   GPTC_GPU_PREFIX        where to unpack (default: $PWD/.gpu-prefix)
@@ -66,12 +66,11 @@ fact "torch" "${TORCH:-not importable}"
 # ---------------------------------------------------------------------------- what the system has
 # Detection is deliberately strict: a component counts as present only if it can be
 # used as is (a library without its headers or wrapper does not count).
-SYS_MPI=0; SYS_HDF5=0; SYS_INIH=0; SYS_BLAS=0; SYS_PKGCONF=0; SYS_MAKE=0; SYS_CMAKE=0
+SYS_MPI=0; SYS_HDF5=0; SYS_BLAS=0; SYS_PKGCONF=0; SYS_MAKE=0; SYS_CMAKE=0
 if [ "$FORCE" != 1 ]; then
   mpicc --showme:version >/dev/null 2>&1 && mpirun --version >/dev/null 2>&1 && SYS_MPI=1
   { [ -f /usr/include/hdf5/serial/hdf5.h ] && [ -f /usr/lib/$ARCH/hdf5/serial/libhdf5.so ]; } ||
     { [ -f /usr/include/hdf5.h ] && [ -f /usr/lib/$ARCH/libhdf5.so ]; } && SYS_HDF5=1
-  pkg-config --exists inih 2>/dev/null && SYS_INIH=1
   [ -f /usr/lib/$ARCH/openblas-openmp/libopenblas.so ] && [ -f /usr/include/$ARCH/openblas-openmp/cblas.h ] && SYS_BLAS=1
   command -v make >/dev/null && SYS_MAKE=1
   command -v cmake >/dev/null && SYS_CMAKE=1
@@ -80,7 +79,6 @@ command -v pkg-config >/dev/null && SYS_PKGCONF=1   # any pkg-config reads our .
 src() { [ "$1" = 1 ] && echo system || echo prefix; }
 fact "open mpi" "$(src $SYS_MPI)"
 fact "hdf5" "$(src $SYS_HDF5)"
-fact "inih" "$(src $SYS_INIH)"
 fact "openblas (openmp)" "$(src $SYS_BLAS)"
 
 # Which component a .deb belongs to: its files are unpacked only when the system lacks
@@ -91,7 +89,6 @@ component() {
     openmpi-*|libopenmpi*|libpmix*|libhwloc*|libevent*|libfabric*|libucx*|libibverbs*|\
     ibverbs-providers|librdmacm*|libpsm*|libnl-*|libmunge*|libnuma*) echo mpi ;;
     hdf5-*|libhdf5*|libsz2|libaec*) echo hdf5 ;;
-    libinih*|libinireader*) echo inih ;;
     libopenblas*) echo blas ;;
     pkgconf*|libpkgconf*|pkg-config) echo pkgconf ;;
     make) echo make ;;
@@ -101,13 +98,13 @@ component() {
 }
 wanted() {
   case $1 in
-    mpi) [ $SYS_MPI = 0 ] ;; hdf5) [ $SYS_HDF5 = 0 ] ;; inih) [ $SYS_INIH = 0 ] ;;
+    mpi) [ $SYS_MPI = 0 ] ;; hdf5) [ $SYS_HDF5 = 0 ] ;;
     blas) [ $SYS_BLAS = 0 ] ;; pkgconf) [ $SYS_PKGCONF = 0 ] ;; make) [ $SYS_MAKE = 0 ] ;;
     cmake) [ $SYS_CMAKE = 0 ] ;; lib) return 0 ;;
   esac
 }
 NEED_PREFIX=0
-for c in mpi hdf5 inih blas pkgconf make; do wanted $c && NEED_PREFIX=1; done
+for c in mpi hdf5 blas pkgconf make; do wanted $c && NEED_PREFIX=1; done
 # cmake is carried only on request (GPTC_DEBS_EXTRA=cmake in fetch_debs.sh)
 ls "$DEBS"/cmake_*.deb >/dev/null 2>&1 && wanted cmake && NEED_PREFIX=1
 
@@ -130,7 +127,7 @@ unpack_deb() {  # dpkg -x, or ar + tar where dpkg-deb is missing
   esac
 }
 
-STAMP_WANT="$(cat "$DEBS/MANIFEST.txt" 2>/dev/null | md5sum | cut -c1-32) force=$FORCE mpi=$SYS_MPI hdf5=$SYS_HDF5 inih=$SYS_INIH blas=$SYS_BLAS pc=$SYS_PKGCONF make=$SYS_MAKE cmake=$SYS_CMAKE"
+STAMP_WANT="$(cat "$DEBS/MANIFEST.txt" 2>/dev/null | md5sum | cut -c1-32) force=$FORCE mpi=$SYS_MPI hdf5=$SYS_HDF5 blas=$SYS_BLAS pc=$SYS_PKGCONF make=$SYS_MAKE cmake=$SYS_CMAKE"
 if [ "$NEED_PREFIX" = 1 ]; then
   if ! ls "$DEBS"/*.deb >/dev/null 2>&1; then
     fail "no .deb files in $DEBS: run fetch_debs.sh on the dev machine and carry benchmarks/gpu/debs"
@@ -205,7 +202,7 @@ if [ "$NEED_PREFIX" = 1 ]; then
     # prefix goes on LD_LIBRARY_PATH, which every program started from env.sh sees
     # (cmake, python, nvcc), and those must keep their own OpenSSL and curl. gptc and
     # OpenBLAS then share the compiler's libgomp (one OpenMP thread pool). Open MPI,
-    # HDF5, inih and OpenBLAS themselves are always the prefix's own, with their
+    # HDF5 and OpenBLAS themselves are always the prefix's own, with their
     # exact dependencies (hwloc, libevent, PMIx).
     nd=0
     for f in "${DEDUP_CANDIDATES[@]}"; do
@@ -370,7 +367,7 @@ fi
 if [ "$NEED_PREFIX" = 1 ] && [ -d "$ULIB" ]; then
   BAD=$( . "$ENV_SH"
     for f in "$U"/bin/mpirun.openmpi "$U"/bin/orted "$ULIB"/libmpi.so.40 "$ULIB"/libhdf5_serial.so.103 \
-             "$ULIB"/libinih.so.1 "$ULIB"/openblas-openmp/libopenblas.so.0; do
+             "$ULIB"/openblas-openmp/libopenblas.so.0; do
       [ -e "$f" ] || continue
       ldd "$f" 2>&1 | grep -E 'not found|version .* not found' | sed "s#^#$(basename "$f"): #"
     done | sort -u)
