@@ -557,14 +557,20 @@ static void on_grads_final(void *ctx, size_t ready) {
     dp_grads_final(&r->dpc, &r->model, ready);
 }
 
+/* buf[32] = v in fmt, or null where v is not finite: JSON has no NaN (printf's "-nan"
+ * broke every reader of the metrics file on a skipped step) */
+static const char *json_number(char *buf, const char *fmt, double v) {
+    if (isfinite(v)) snprintf(buf, 32, fmt, v);
+    else snprintf(buf, 32, "null");
+    return buf;
+}
+
 /* Rank 0's GPU readings of the step (profile.power); a failed reading is null. */
 static void write_power(FILE *f, const power_sample *p) {
     const char *key[3] = {"energy_j", "power_w", "sm_clock_mhz"};
     double v[3] = {p->energy_j, p->power_w, p->sm_clock_mhz};
-    for (int i = 0; i < 3; i++) {
-        if (isfinite(v[i])) fprintf(f, ", \"%s\": %.3f", key[i], v[i]);
-        else fprintf(f, ", \"%s\": null", key[i]);
-    }
+    char buf[32];
+    for (int i = 0; i < 3; i++) fprintf(f, ", \"%s\": %s", key[i], json_number(buf, "%.3f", v[i]));
 }
 
 /* One optimizer step: the pipeline schedule's forward and backward passes over the
@@ -887,9 +893,12 @@ int train_run(const gptc_config *c, const grid *g) {
         log_info("step %5ld/%ld | loss %.6f | lr %.3e | grad norm %.4f | %8.1f ms | %8.0f tok/s\n",
                  step, c->steps, loss, lr, norm, ms, tps);
         if (r.log) {
-            fprintf(r.log, "{\"step\": %ld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
-                           "\"iter_ms\": %.3f, \"tokens_per_s\": %.1f",
-                    step, loss, norm, lr, ms, tps);
+            char a[32], b[32], d[32];
+            fprintf(r.log, "{\"step\": %ld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %.9g, "
+                           "\"iter_ms\": %.3f, \"tokens_per_s\": %s",
+                    step, json_number(a, "%.9g", loss), json_number(b, "%.9g", norm), lr, ms,
+                    json_number(d, "%.1f", tps));
+            if (skipped) fputs(", \"skipped\": true", r.log);
             if (c->power) write_power(r.log, &pw);
             fputs("}\n", r.log);
             fflush(r.log);

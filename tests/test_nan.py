@@ -2,6 +2,8 @@
 train.nan_policy = stop ends the run with one line naming the step (and, with kernel
 timing, the first op that wrote a non-finite value, found by replaying the step) and a
 nonzero exit on every rank; skip leaves out the bad updates and carries on."""
+import json
+import math
 import os
 import re
 import sys
@@ -40,10 +42,18 @@ def main():
     if "first non-finite output" not in line:
         fail(f"tp2: the op is not named: {line}")
     print(f"ok   tp2: {line}")
-    r = run_train(BASE + ["--train.nan_policy=skip"])
+    r = run_train(BASE + ["--train.nan_policy=skip", f"--train.log_file={D}/skip.jsonl"])
     if r.returncode != 0 or "update skipped" not in r.stdout:
         fail(f"skip: exit {r.returncode}, or no skipped update reported\n{r.stderr[-1000:]}")
     print("ok   skip: bad updates left out, the run finished")
+    # strict JSON, as jq and other languages' parsers read it: no NaN, no -nan
+    rows = [json.loads(x, parse_constant=lambda c: fail(f"metrics hold {c}"))
+            for x in open(f"{D}/skip.jsonl")]
+    bad = [x for x in rows if x.get("skipped")]
+    if len(rows) != 30 or not bad or any(x["loss"] is not None and math.isfinite(x["loss"])
+                                         and x["grad_norm"] is not None for x in bad):
+        fail(f"skip: {len(rows)} metrics lines, skipped ones {bad[:2]}")
+    print(f"ok   skip: {len(bad)} skipped steps logged as strict JSON, e.g. {bad[0]}")
     print("PASS: non-finite losses are caught")
 
 
