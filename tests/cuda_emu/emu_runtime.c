@@ -235,11 +235,12 @@ typedef struct fiber {
 
 /* Two sets of fibers, each a block's threads: a block runs on the set of its colour on a
  * checkerboard of the grid, so neighbouring blocks never share a fiber (a fiber's stack and
- * its TSan identity, see racecheck below). */
+ * its TSan identity, see racecheck below); within a set, each block turns the threads one
+ * fiber further, so that its thread t is not on the fiber of thread t of the block before. */
 #define EMU_SETS 2
 static fiber *fibers;    /* [EMU_SETS][EMU_MAX_THREADS], stacks made as needed */
 static unsigned int fibers_made[EMU_SETS];
-static fiber *set_fibers; /* the set that runs the current block */
+static fiber *block_threads[EMU_MAX_THREADS]; /* [block.x] the fiber of each thread */
 static fiber *running;   /* the fiber on the CPU, NULL: the scheduler */
 #ifdef EMU_SWAPCONTEXT
 static ucontext_t sched_ctx;
@@ -290,11 +291,13 @@ static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
  *  - blocks are not ordered: the end of a block is no barrier to TSan, and the barriers'
  *    sync objects are forgotten (rc_forget) before the next block uses them, and
  *    so is what the block did to shared memory, which the next block reuses. Only the
- *    fibers carry an order, their own program order: thread t of a block
- *    comes after thread t of the earlier blocks of its set. The two sets alternate as the
+ *    fibers carry an order, their own program order. The two sets alternate as the
  *    squares of a checkerboard, so each block is checked against its neighbours in x and
- *    in y, and any two threads of different blocks unless both the thread index and the
- *    colour agree;
+ *    in y; within a set, the k-th block runs thread t on fiber (t + k) mod n, so its
+ *    thread t comes after thread t - (k - j) of the set's j-th block. Two threads of
+ *    different blocks go unchecked only when their colours agree and their thread indices
+ *    differ by the blocks' distance in the set (mod n): the same thread index, the common
+ *    case of blocks adding into one element, is checked between any two blocks;
  *  - atomicAdd is a relaxed atomic (cuda_runtime.h): no race with another atomicAdd, no
  *    order either;
  *  - a grid is ordered after what its stream did before it (the stream's thread releases
@@ -422,8 +425,8 @@ static void barrier_wait(barrier *b, int at) {
         rc_release(sync);
         /* release the others (they are the fibers waiting at b) */
         for (unsigned int t = b->first; t < b->first + b->count; t++)
-            if (set_fibers[t].state == F_WAIT && set_fibers[t].waiting == b)
-                set_fibers[t].state = F_RUN;
+            if (block_threads[t]->state == F_WAIT && block_threads[t]->waiting == b)
+                block_threads[t]->state = F_RUN;
     } else {
         rc_release(sync);
         running->state = F_WAIT;
@@ -663,7 +666,7 @@ static void resume(fiber *f) {
     running = NULL;
 }
 
-/* Runs a block on its set of fibers fs until all of them are parked at its end. A pass
+/* Runs a block on its fibers (block_threads) until all of them are parked at its end. A pass
  * takes the warps in turn, alternately upwards and downwards, and runs each warp's lanes
  * (in the same direction) until none of them can go on, i.e. until the whole warp waits at
  * a __syncthreads (or is done), before the next warp starts: a warp runs as far ahead of
@@ -672,7 +675,8 @@ static void resume(fiber *f) {
  * poison) in the passes where the reader goes first, and a write (or cp.async) that should
  * wait for other warps' reads of the old contents shows in the passes where the writer
  * goes first. */
-static void run_block(fiber *fs, unsigned int nt) {
+static void run_block(unsigned int nt) {
+    fiber *const *fs = block_threads;
     char msg[240];
     unsigned int nw = (nt + 31) / 32;
     for (int pass = 0;; pass++) {
@@ -683,7 +687,7 @@ static void run_block(fiber *fs, unsigned int nt) {
             for (unsigned int ran_warp = 1; ran_warp;) {
                 ran_warp = 0;
                 for (unsigned int i = 0; i < n; i++) {
-                    fiber *f = &fs[first + (pass & 1 ? n - 1 - i : i)];
+                    fiber *f = fs[first + (pass & 1 ? n - 1 - i : i)];
                     if (f->state != F_RUN) continue;
                     resume(f);
                     ran_warp++;
@@ -691,15 +695,15 @@ static void run_block(fiber *fs, unsigned int nt) {
                 ran += ran_warp;
             }
         }
-        for (unsigned int t = 0; t < nt; t++) busy += fs[t].state != F_PARKED;
+        for (unsigned int t = 0; t < nt; t++) busy += fs[t]->state != F_PARKED;
         if (!busy) return;
         if (ran) continue;
         /* every thread of the block waits, and no barrier can complete */
         unsigned int t = 0;
-        while (t < nt && fs[t].state != F_WAIT) t++;
-        const barrier *b = fs[t].waiting;
+        while (t < nt && fs[t]->state != F_WAIT) t++;
+        const barrier *b = fs[t]->waiting;
         emu_thread_idx.x = t;
-        emu_block_idx = fs[t].block_idx;
+        emu_block_idx = fs[t]->block_idx;
         snprintf(msg, sizeof msg, "waits at %s with %u of %u thread(s) there, and no other "
                  "thread can arrive: a barrier or shuffle that not every thread reaches",
                  at_name[b->at], b->arrived, b->count);
@@ -772,17 +776,22 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
     emu_grid_dim = grid;
     emu_dyn_smem = cur.smem;
     int started[EMU_SETS] = {0};
+    unsigned int turn[EMU_SETS] = {0}; /* blocks run so far on each set, mod nt */
     for (unsigned int by = 0; by < grid.y; by++)
         for (unsigned int bx = 0; bx < grid.x; bx++) {
             unsigned int s = (bx + by) % EMU_SETS;
             if (!started[s]) start_set(s, nt);
             started[s] = 1;
-            set_fibers = &fibers[s * EMU_MAX_THREADS];
             for (unsigned int t = 0; t < nt; t++) {
-                set_fibers[t].block_idx = (emu_uint3){bx, by, 0};
-                set_fibers[t].state = F_RUN;
+                fiber *f = &fibers[s * EMU_MAX_THREADS + (t + turn[s]) % nt];
+                f->tid = t;
+                f->parity = 0; /* the warp it now serves may have shuffled more or less */
+                f->block_idx = (emu_uint3){bx, by, 0};
+                f->state = F_RUN;
+                block_threads[t] = f;
             }
-            run_block(set_fibers, nt);
+            turn[s] = (turn[s] + 1) % nt;
+            run_block(nt);
         }
     for (unsigned int s = 0; s < EMU_SETS; s++)
         for (unsigned int t = 0; started[s] && t < nt; t++) {
@@ -801,7 +810,6 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
 
     free(cur.smem);
     memset(&cur, 0, sizeof cur);
-    set_fibers = NULL;
     pthread_mutex_unlock(&device_mu);
 }
 

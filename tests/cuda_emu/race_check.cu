@@ -4,8 +4,9 @@
  * and another reads, and a cp.async destination another thread reads after the issuing
  * thread's wait (safe: with a barrier); between blocks, blocks writing the same elements
  * (safe: each block its own), and blocks adding into the same elements (safe: by
- * atomicAdd). One more, kernel 6, is a race within a warp: a lane reads what another
- * wrote with only a shuffle between, which orders no memory (safe: a __syncwarp).
+ * atomicAdd). Kernel 6 is a race within a warp: a lane reads what another wrote with
+ * only a shuffle between, which orders no memory (safe: a __syncwarp). Kernel 7 is blocks
+ * 0 and 2, of one colour, adding into the same elements from the same thread indices.
  * Two are barriers that not every thread reaches, which the emulator stops at
  * in every build: a thread that skips a __syncthreads, and half a warp at a shuffle.
  * Made safe, they run, and test_cuda_emu checks their results. Compiled through xform.py
@@ -80,9 +81,19 @@ __global__ void race_warp_kernel(float *out /* [32] */, const float *v /* [32] *
     out[t] = buf[t ^ 1];
 }
 
+/* 3 blocks of 32: blocks 0 and 2 (one colour of the racecheck's checkerboard) add v[t]
+ * into out[t], by atomicAdd or (atomic 0) a plain +=; block 1 stores out[32 + t] = v[t] */
+__global__ void race_far_blocks_kernel(float *out /* [64] */, const float *v /* [32] */,
+                                       int atomic) {
+    int t = threadIdx.x;
+    if (blockIdx.x == 1) out[32 + t] = v[t];
+    else if (atomic) atomicAdd(out + t, v[t]);
+    else out[t] += v[t];
+}
+
 /* which: 0 the shared-memory kernel, 1 the cp.async one, 2 the blocks', 3 the atomic
- * one, 4 the skipped __syncthreads, 5 the half-warp shuffle, 6 the warp's; safe 0 plants
- * the bug */
+ * one, 4 the skipped __syncthreads, 5 the half-warp shuffle, 6 the warp's, 7 the far
+ * blocks'; safe 0 plants the bug */
 extern "C" void emu_race_check(int which, int safe, float *out /* [4 * 32] */,
                                const float *v /* [32] */) {
     if (which == 0) race_shared_kernel<<<1, 64>>>(out, v, safe);
@@ -91,5 +102,6 @@ extern "C" void emu_race_check(int which, int safe, float *out /* [4 * 32] */,
     else if (which == 3) race_atomic_kernel<<<4, 32>>>(out, v, safe);
     else if (which == 4) sync_skip_kernel<<<1, 64>>>(out, v, safe);
     else if (which == 5) sync_shuffle_kernel<<<1, 64>>>(out, v, safe);
-    else race_warp_kernel<<<1, 32>>>(out, v, safe);
+    else if (which == 6) race_warp_kernel<<<1, 32>>>(out, v, safe);
+    else race_far_blocks_kernel<<<3, 32>>>(out, v, safe);
 }

@@ -42,7 +42,7 @@ void emu_cp_async_ldsm_check(int *bad, const uint16_t *m);
  * v[32] (+ 1 for kernel 0), out[32 b + t] = v[t] + b for b < 4 (kernel 2), out[32] +=
  * 4 v[32] (kernel 3), out[t] = v[t % 32] + 2 for t < 64 (kernel 4), out[t] = v[t ^ 1]
  * for t < 32 and v[t - 32] for 32 <= t < 64 (kernel 5), out[t] = v[t ^ 1] for t < 32
- * (kernel 6) */
+ * (kernel 6), out[t] += 2 v[t] and out[32 + t] = v[t] for t < 32 (kernel 7) */
 void emu_race_check(int which, int safe, float *out, const float *v);
 
 static int g_failures;
@@ -167,19 +167,21 @@ static void test_host_flags(void) {
 
 /* race_check.cu's kernels made safe, and their results */
 static void test_race_check_kernels(void) {
-    static const char *const name[7] = {"race_check shared, barrier", "race_check cp.async, barrier",
+    static const char *const name[8] = {"race_check shared, barrier", "race_check cp.async, barrier",
                                         "race_check blocks, indexed", "race_check blocks, atomicAdd",
                                         "sync_check all at barrier",  "sync_check whole-warp shuffle",
-                                        "race_check warp, barrier"};
-    for (int which = 0; which < 7; which++) {
+                                        "race_check warp, barrier",   "race_check far blocks, atomic"};
+    for (int which = 0; which < 8; which++) {
         float v[32], out[4 * 32], want[4 * 32];
-        int n = which == 2 ? 4 * 32 : which == 4 || which == 5 ? 64 : 32;
+        int n = which == 2 ? 4 * 32 : which == 4 || which == 5 || which == 7 ? 64 : 32;
         for (int i = 0; i < 32; i++) v[i] = (float)i;
-        for (int i = 0; i < 4 * 32; i++) out[i] = which == 3 ? 0.0f : NAN;
+        for (int i = 0; i < 4 * 32; i++) out[i] = which == 3 || which == 7 ? 0.0f : NAN;
         for (int i = 0; i < n; i++)
             want[i] = which == 0 ? v[i] + 1.0f : which == 1 ? v[i]
                     : which == 2 ? v[i % 32] + (float)(i / 32) : which == 3 ? 4.0f * v[i]
-                    : which == 4 ? v[i % 32] + 2.0f : i < 32 ? v[i ^ 1] : v[i - 32];
+                    : which == 4 ? v[i % 32] + 2.0f
+                    : which == 7 ? (i < 32 ? 2.0f * v[i] : v[i - 32])
+                    : i < 32 ? v[i ^ 1] : v[i - 32];
         emu_race_check(which, 1, out, v);
         check_launch(name[which]);
         int bad = 0;
@@ -189,14 +191,14 @@ static void test_race_check_kernels(void) {
     }
 }
 
-/* race_check.cu's kernel `which` unsafe. Kernels 0 to 3 and 6 are races, which a racecheck
+/* race_check.cu's kernel `which` unsafe. Kernels 0 to 3, 6 and 7 are races, which a racecheck
  * build (GPTC_SANITIZE=thread) reports; elsewhere the emulator runs them without a word.
  * Kernels 4 and 5 are barriers that not every thread reaches, where the emulator stops
  * the process (a message, then abort): they run in a child, and this one exits 0 only if
  * the child was so stopped (ctest takes an abort for a failure whatever the output). */
 static int run_unsafe(int which) {
     float v[32] = {0}, out[4 * 32] = {0};
-    if (which < 4 || which == 6) {
+    if (which < 4 || which >= 6) {
         emu_race_check(which, 0, out, v);
         printf("ran race_check kernel %d unsafe\n", which);
         return 0;
