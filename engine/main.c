@@ -24,7 +24,10 @@ static int differs_from_rank0(const gptc_config *c, int rank, int world, char *e
     char *mine = NULL, *theirs = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&mine, &len);
-    if (!f) return 0;
+    if (!f) { /* the others are already in the broadcast: end them all */
+        log_error("rank %d: out of memory for the configuration's text", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     config_print(c, f);
     fclose(f);
     long theirs_len = (long)len;

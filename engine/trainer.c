@@ -204,7 +204,7 @@ static int plan_pipeline(const gptc_config *c, const grid *g, const gpt_shape *s
 /* Refuses an output path (key names it) that rank 0, which writes them all, could not write
  * at the end of a long run, or would block on: checkpoints, the trace and the report are
  * written after the last step. replaced: the file is written beside and renamed over the
- * path (a checkpoint, the metrics file), so its own permissions do not matter. */
+ * path (a checkpoint), so its own permissions do not matter. */
 static int check_output_path(const char *key, const char *path, int replaced, char *err,
                              size_t n) {
     if (!path[0]) return 0;
