@@ -235,7 +235,7 @@ static void print_row(const char *name, const char *kind, const merged_kernel *x
  * parallelisms run it (a tp and a dp all-reduce), followed by a row for each. */
 static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, int np,
                         const step_means *pol, const step_means *probe, int ranks,
-                        long dropped, long omitted) {
+                        long dropped, long omitted, const long untimed[2]) {
     printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in flight)\n");
     printf("%-20s %-7s %8s %11s %10s %11s %11s %8s %10s %8s\n", "kernel", "kind", "count",
            "total ms", "mean us", "isolated", "overlapped", "slowdown", "probe us", "vs probe");
@@ -277,6 +277,11 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
     if (omitted)
         printf("%ld record(s) timed but left out of the trace: past its cap (2e6 records per rank)\n",
                omitted);
+    /* a collective always launches work: if none was seen, the figures above lack it */
+    if (untimed[1])
+        printf("%ld communication record(s) untimed: the device timer saw no work of theirs "
+               "(GPTC_TIMER=events times them), and every figure above leaves them out\n",
+               untimed[1]);
 }
 
 /* ------------------------------------------------------------------ writing */
@@ -379,9 +384,11 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
     char *steps = gather_text(world, &st, &ns), *kern = gather_text(world, &kt, &nk), *trace = NULL;
     if (trace_path && trace_path[0]) trace = gather_text(world, &tt, &nt);
     long dropped = timing_dropped(), omitted = trace_path && trace_path[0] ? timing_trace_omitted() : 0;
+    long untimed[2] = {timing_untimed(TK_COMPUTE), timing_untimed(TK_COMM)};
     if (world && size > 1) {
         dropped = (long)comm_sum_double(world, (double)dropped);
         omitted = (long)comm_sum_double(world, (double)omitted);
+        for (int k = 0; k < 2; k++) untimed[k] = (long)comm_sum_double(world, (double)untimed[k]);
     }
     if (rank == 0) {
         merged_kernel *k = NULL, *kp = NULL;
@@ -426,8 +433,9 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             if (pj.s) close_list(pj.s, pj.n);
             text head = {0}, tail = {0};
             put(&head, "{\n  \"ranks\": %d,\n  \"dropped_records\": %ld,\n  \"trace_omitted_records\": %ld,\n"
+                       "  \"untimed_records\": {\"compute\": %ld, \"comm\": %ld},\n"
                        "  \"steps\": [\n%s  ],\n  \"kernels\": [\n",
-                size, dropped, omitted, steps);
+                size, dropped, omitted, untimed[0], untimed[1], steps);
             put(&tail, "  ],\n  \"probe_kernels\": [\n%s  ],\n  \"overlap\": {\"policy_steps\": %ld, "
                        "\"probe_steps\": %ld, \"iter_ms\": %.4f, \"compute_ms\": %.4f, \"comm_ms\": %.4f, "
                        "\"exposed_comm_ms\": %.4f, \"hidden_comm_ms\": %.4f, ",
@@ -456,7 +464,7 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             rc = write_file(trace_path, "trace", "{\"traceEvents\": [\n", trace,
                             "], \"displayTimeUnit\": \"ms\"}\n", err, errlen);
         }
-        print_table(k, n, kp, np, &pol, &probe, size, dropped, omitted);
+        print_table(k, n, kp, np, &pol, &probe, size, dropped, omitted, untimed);
         free(k);
         free(kp);
     }

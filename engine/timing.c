@@ -34,6 +34,7 @@ static struct {
     size_t capacity;
     atomic_size_t n;
     atomic_long dropped;
+    long untimed[2];           /* [kind] records the device timer found no work of */
     span *work, *merged_comp, *merged_comm, *merged_par; /* [capacity] each, analysis scratch */
     timing_step_summary *steps; /* [cap_steps], n_steps used */
     int n_steps, cap_steps;
@@ -150,7 +151,10 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
     for (size_t i = 0; i < n; i++) {
         double a, b;
         if (T.ops[i] >= 0) {
-            if (read(T.ops[i], &a, &b) != 0) continue;
+            if (read(T.ops[i], &a, &b) != 0) {
+                T.untimed[T.rec[i].kind == TK_COMM]++;
+                continue;
+            }
             T.rec[i].start_us = (a - T.origin_ms) * 1e3;
             T.rec[i].end_us = (b - T.origin_ms) * 1e3;
             T.ops[i] = -1;
@@ -329,6 +333,7 @@ size_t timing_n_trace(void) { return T.n_trace; }
 const timing_record *timing_trace(void) { return T.trace; }
 long timing_dropped(void) { return atomic_load(&T.dropped); }
 long timing_trace_omitted(void) { return T.trace_omitted; }
+long timing_untimed(int kind) { return T.untimed[kind == TK_COMM]; }
 void timing_set_trace_limit(size_t records) { T.trace_limit = records; }
 
 const char *timing_kind_name(int kind) { return kind == TK_COMM ? "comm" : "compute"; }

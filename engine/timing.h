@@ -107,6 +107,10 @@ size_t timing_n_trace(void);
 const timing_record *timing_trace(void);
 long timing_dropped(void);
 long timing_trace_omitted(void);
+/* Device-timed records of kind (TK_COMPUTE, TK_COMM) whose op the timer saw no work of
+ * (left out of every figure): an op with nothing to launch, or kernels CUPTI did not tie
+ * to the op. */
+long timing_untimed(int kind);
 /* The trace's cap in records, after timing_init (tests use a small one). */
 void timing_set_trace_limit(size_t records);
 

@@ -12,12 +12,14 @@ the CPU's single-rank run as test_cuda_fake_train's runs do (losses and grad nor
 (all-reduce, reduce-scatter, all-gather, broadcast, reduce), dp2 ZeRO-1 with bucketed
 overlap (reduce-scatter, all-gather), pp2 1f1b and interleaved with async transfers
 (send, receive); and tp2 under precision = bf16 (ncclBfloat16 collectives) within
-compare_bf16_run of the CPU's bf16 tp2 run. Without NCCL_MULTI_RANK_GPU_ENABLE the same
+compare_bf16_run of the CPU's bf16 tp2 run. With the fake CUPTI on, kernel timing must time
+every NCCL op of the tp2 run (none untimed). Without NCCL_MULTI_RANK_GPU_ENABLE the same
 binary must fall back to MPI with host staging and issue no NCCL op.
 
     test_cuda_fake_nccl.py GPTC_TRAIN_EMU_NCCL
 
 (Not run under sanitizers: tests/CMakeLists.txt says why.)"""
+import json
 import os
 import re
 import sys
@@ -109,6 +111,25 @@ def main():
     print(f"ok   {name:<24} 2 ranks on nccl: within {worst:.1e} of the CPU's bf16 tp2 run "
           f"({secs:.1f} s)")
 
+    # kernel timing from the fake CUPTI's records, as on a GPU: each NCCL op must be tied to
+    # its kernel by the external correlation id pushed around its call, or the report
+    # would lack all communication (it says how many records went untimed)
+    name = "nccl_tp2_cupti"
+    timed = LAYOUTS[0][1] + ["--profile.timing=kernel", f"--profile.report={D}/{name}.json"]
+    got, r, secs = train(name, 2, "cuda", timed, binary=emu,
+                         extra_env=dict(NCCL_ENV, GPTC_EMU_CUPTI="1"), steps=2)
+    if "kernel timing: CUPTI" not in r.stdout:
+        fail(f"{name}: expected CUPTI kernel timing:\n{r.stdout[-2000:]}")
+    with open(f"{D}/{name}.json") as f:
+        report = json.load(f)
+    comm = {k["name"]: k["count"] for k in report["kernels"] if k["kind"] == "comm"}
+    missing = [k for k in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+               if not comm.get(k)]
+    if missing or report["untimed_records"] != {"compute": 0, "comm": 0}:
+        fail(f"{name}: CUPTI timed {comm}, lacks {missing}; untimed {report['untimed_records']}")
+    compare_metrics(name, ref[:2], got, RTOL, "CPU")
+    print(f"ok   {name:<24} CUPTI times every NCCL op ({secs:.1f} s; {comm})")
+
     # the same binary without NCCL_MULTI_RANK_GPU_ENABLE: two ranks on one GPU fall back
     name = "staged_dp2"
     got, r, secs = train(name, 2, "cuda", ["--parallel.dp=2"], binary=emu,
@@ -121,7 +142,7 @@ def main():
     compare_metrics(name, ref[:1], got, RTOL, "CPU")
     print(f"ok   {name:<24} without NCCL_MULTI_RANK_GPU_ENABLE: host-staged MPI, no NCCL op "
           f"({secs:.1f} s)")
-    print(f"PASS: {len(LAYOUTS) + 2} runs of the comm layer on the fake NCCL's build match the CPU")
+    print(f"PASS: {len(LAYOUTS) + 3} runs of the comm layer on the fake NCCL's build match the CPU")
 
 
 if __name__ == "__main__":

@@ -73,6 +73,8 @@ int main(void) {
     check(a && a->count == 1 && a->n_overlapped == 1, "allreduce ran beside compute");
     check(h && h->count == 1 && near(h->sum_us, 1000), "host-timed record kept its time");
     check(kernel("empty") == NULL, "an op that ran nothing on the device is dropped");
+    check(timing_untimed(TK_COMPUTE) == 1 && timing_untimed(TK_COMM) == 0,
+          "and counted as an untimed compute record");
     check(timing_n_trace() == 4, "the trace holds the four records that ran");
 
     /* next step: host records only; nothing of the last step's handles may be read */

@@ -5,7 +5,7 @@
  *    CUDA-event timer (timer_events.c);
  *  - with GPTC_EMU_CUPTI=1 it records activity as CUPTI does, so that timer_cupti.c runs:
  *    every call of the fake runtime that puts work on a stream (a kernel launch, a copy,
- *    a set, a cuBLASLt product) gets a correlation id, and is an API record (kind
+ *    a set, a cuBLASLt product, a fake NCCL op) gets a correlation id, and is an API record (kind
  *    RUNTIME, when enabled) followed, when the calling thread has an external id of that
  *    kind pushed, by an EXTERNAL_CORRELATION record linking the two; the work itself,
  *    when its stream runs it, is a CONCURRENT_KERNEL, MEMCPY or MEMSET record with the

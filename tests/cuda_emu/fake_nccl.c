@@ -19,7 +19,8 @@
  *    than NCCL's in-place forms; a refusal says why on stderr, "fake_nccl: ...") and put
  *    on the given stream of the fake runtime: it runs in stream order, on the stream's
  *    thread, after the work enqueued before it, and holds the stream until it is done,
- *    as a NCCL kernel does. The ops of one communicator run one at a time in the order
+ *    as a NCCL kernel does (and, with the fake CUPTI on, is a kernel record of the call
+ *    that issued it, as NCCL's kernel launch is). The ops of one communicator run one at a time in the order
  *    they were issued, whatever their streams, as NCCL serialises a communicator's
  *    kernels: an issue order that differs between ranks deadlocks here as there.
  *  - device memory is host memory, so an op is nonblocking MPI on the buffers themselves
@@ -119,6 +120,7 @@ typedef struct {
     ncclComm_t comm;
     cudaStream_t stream;
     uint64_t seq;
+    uint32_t corr; /* the fake CUPTI's correlation id of the launching call (0: CUPTI off) */
     int n;
     part parts[];
 } job;
@@ -655,6 +657,7 @@ static void finish(ncclComm_t c, const part *p, scratch *s) {
 static void run_job(void *arg) {
     job *j = arg;
     ncclComm_t c = j->comm;
+    uint64_t t0 = emu_cupti_now();
     atomic_fetch_add(&c->running, 1);
     /* a communicator's ops one at a time, in issue order */
     pthread_mutex_lock(&c->mu);
@@ -695,12 +698,17 @@ static void run_job(void *arg) {
     pthread_cond_broadcast(&c->turn);
     pthread_mutex_unlock(&c->mu);
     atomic_fetch_sub(&c->running, 1);
+    /* a kernel record, as NCCL's kernel makes: from the stream reaching it to its end */
+    emu_cupti_work(EMU_CUPTI_KERNEL, j->corr, t0, emu_cupti_now());
     free(j);
 }
 
-/* Numbered in issue order; the stream's thread runs it when the stream reaches it. */
+/* Numbered in issue order; the stream's thread runs it when the stream reaches it. Called
+ * on the issuing thread, where NCCL launches its kernel: that launch is the CUPTI API call
+ * an external correlation id pushed around the NCCL call links to. */
 static void start_job(job *j) {
     ncclComm_t c = j->comm;
+    j->corr = emu_cupti_api();
     pthread_mutex_lock(&c->mu);
     j->seq = c->issued++;
     pthread_mutex_unlock(&c->mu);
