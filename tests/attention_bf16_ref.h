@@ -12,7 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* out[B,T,C], lse[B,NH,T]; with dout (else NULL) also dqkv[B,T,3C] */
+/* out[B,T,C], lse[B,NH,T] (base 2: log2 of the row's sum of exp(scale q.k), as the kernels
+ * keep it); with dout (else NULL) also dqkv[B,T,3C] */
 static void attention_bf16_ref(float *out, float *lse, float *dqkv, const float *qkv,
                                const float *dout, int B, int T, int C, int NH) {
     int hs = C / NH;
@@ -51,7 +52,7 @@ static void attention_bf16_ref(float *out, float *lse, float *dqkv, const float 
                     p[u] /= sum;
                     for (int i = 0; i < hs; i++) o[t * hs + i] += p[u] * v[u * hs + i];
                 }
-                lse[((size_t)b * NH + h) * T + t] = (float)(mx + log(sum));
+                lse[((size_t)b * NH + h) * T + t] = (float)((mx + log(sum)) / log(2.0));
                 for (int i = 0; i < hs; i++)
                     out[((size_t)b * T + t) * C + h * hs + i] = (float)o[t * hs + i];
                 if (!dout) continue;

@@ -1,14 +1,15 @@
 /* Causal self-attention, flash style (FlashAttention-2 scheme, fp32 on CUDA cores): the
  * T x T score matrix never reaches memory. The forward keeps one (batch, head, query
  * tile) per block and streams the key/value tiles through shared memory with an online
- * softmax; it saves lse = log(sum_u exp(scale q.k_u)) per query row. The backward
- * recomputes the probabilities from lse.
+ * softmax; it saves lse = log2(sum_u exp2(sl2 q.k_u)) per query row, sl2 = log2(e) scale:
+ * the base-2 log-sum-exp the kernels compute in, with no rounding into a natural log and
+ * back. The backward recomputes the probabilities from lse.
  *
  * Backward scheme (chosen for determinism and simplicity, no atomics, no zeroing pass):
  *   1. attention_bwd_dot_kernel:  D[b,h,t] = dout[t] . out[t] over the head (scratch).
  *   2. attention_bwd_dkdv kernels: one block per (b, h, key tile) keeps dk, dv of its 64
  *      keys in registers and loops over the query tiles at or after it, recomputing
- *      P = exp(scale q.k - lse) and dS = P * (dout.v - D). Writes dk, dv.
+ *      P = exp2(sl2 q.k - lse) and dS = P * (dout.v - D). Writes dk, dv.
  *   3. attention_bwd_dq kernels:   one block per (b, h, query tile) loops over the key
  *      tiles at or before it, recomputes P and dS the same way and writes dq.
  * Kernels 2 and 3 each own a disjoint part of dqkv (k|v and q) and write every element
@@ -101,7 +102,6 @@
 #define ATT_NACC (ATT_MAX_HS / 8) /* output accumulators per row of a lane: nc float4 */
 #define ATT_SP 68                 /* pitch of a [64][64] score tile */
 #define ATT_LOG2E 1.4426950408889634f
-#define ATT_LN2 0.6931471805599453f
 
 /* floats per row of a [64][hs] tile in a kernel for head sizes up to hsmax (64 or 128) */
 static __host__ __device__ __forceinline__ int att_pitch(int hsmax) { return hsmax + 4; }
@@ -174,14 +174,14 @@ static __device__ __forceinline__ void load_tile(float *tile /* [64][att_pitch(h
     }
 }
 
-/* This thread's element of a query tile's statistics (dk/dv): log2(e) lse[q] for threads
+/* This thread's element of a query tile's statistics (dk/dv): lse[q] for threads
  * 0..63, D[q] for 64..127, q = q0 + thread % 64; 0 past T. A plain load, so that it is
  * issued early and stored to shared memory late (the rows are not 16-byte aligned). */
 static __device__ __forceinline__ float load_stat(const float *lse_bh /* [T] */,
                                                   const float *D_bh /* [T] */, int q0, int T) {
     int q = q0 + (int)(threadIdx.x & 63);
     if (q >= T) return 0.0f;
-    return threadIdx.x < 64 ? ATT_LOG2E * __ldg(lse_bh + q) : __ldg(D_bh + q);
+    return threadIdx.x < 64 ? __ldg(lse_bh + q) : __ldg(D_bh + q);
 }
 
 /* ------------------------------------------------------------------ warp products */
@@ -357,7 +357,7 @@ static __device__ __forceinline__ void softmax_tile(float s[4][8], float m[4], f
 /* Block (bh, y): batch b = bh / NH, head h = bh % NH, query tile NT-1-y (the longest
  * rows first); warp w owns queries q0 + 16 w .. + 15. Per key tile up to the diagonal:
  * S = Q K^T, online softmax, P to shared memory (own rows), O = alpha O + P V. Finally
- * out = O / l and lse = ln 2 m + ln l. */
+ * out = O / l and lse = m + log2 l (m: the row's largest score, in the log2 domain). */
 static __device__ __forceinline__ void attn_fwd(float *sm /* att_fwd_smem(hsmax) */,
                                                 float *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
                                                 const float *qkv /* [B,T,3C] */, int T, int C,
@@ -416,7 +416,7 @@ static __device__ __forceinline__ void attn_fwd(float *sm /* att_fwd_smem(hsmax)
         float lt = group8_sum(l[i]);
         int t = t0 + row_off(i);
         inv[i] = 1.0f / lt;
-        if (t < T && lane_kg() == 0) lse[(size_t)bh * T + t] = m[i] * ATT_LN2 + logf(lt);
+        if (t < T && lane_kg() == 0) lse[(size_t)bh * T + t] = m[i] + log2f(lt);
     }
     store_rows(out + (size_t)b * T * C + (size_t)h * hs, (size_t)C, t0, T, o, inv, hs, nc, vec);
 }
@@ -505,7 +505,7 @@ typedef struct {
     float *dqkv;           /* [B,T,3C] */
     const float *dout;     /* [B,T,C] */
     const float *qkv;      /* [B,T,3C] */
-    const float *lse;      /* [B,NH,T] log-sum-exp of the forward's scores */
+    const float *lse;      /* [B,NH,T] base-2 log-sum-exp of the forward's scores */
     const float *D;        /* [B,NH,T] rowsum(dO * O) */
     int T, C, NH, vec;
     float sl2, scale;
@@ -532,7 +532,7 @@ static __device__ __forceinline__ void attn_bwd_dkdv(float *sm /* att_dkdv_smem(
     float *dOs = Qs + tile;              /* [64][p] its output gradient */
     float *Pt = dOs + tile;              /* [64][ATT_SP] P^T, [key][query] */
     float *dSt = two ? Pt + ATT_TILE * ATT_SP : Pt; /* [64][ATT_SP] dS^T, [key][query] */
-    float *stats = dSt + ATT_TILE * ATT_SP; /* [2][64] log2(e) lse, then D, of its queries */
+    float *stats = dSt + ATT_TILE * ATT_SP; /* [2][64] lse, then D, of its queries */
 
     int hs = C / NH, hs4 = (hs + 3) & ~3;
     int bh = blockIdx.x, b = bh / NH, h = bh % NH;
@@ -650,7 +650,7 @@ static __device__ __forceinline__ void attn_bwd_dq(float *sm /* att_dq_smem(hsma
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         int t = t0 + row_off(i);
-        lse2[i] = t < T ? ATT_LOG2E * __ldg(lse + (size_t)bh * T + t) : 0.0f;
+        lse2[i] = t < T ? __ldg(lse + (size_t)bh * T + t) : 0.0f;
         Dq[i] = t < T ? __ldg(D + (size_t)bh * T + t) : 0.0f;
     }
 

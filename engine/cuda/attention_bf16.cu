@@ -51,7 +51,6 @@
 #define AB_MAX_HS 128
 #define AB_PAD 8       /* elements past hs in a tile row (16 bytes) */
 #define AB_LOG2E 1.4426950408889634f
-#define AB_LN2 0.6931471805599453f
 
 /* columns the products cover: hs rounded up to the mma's k of 16 (tile columns from hs up
  * to it are zero, so they add nothing) */
@@ -83,12 +82,11 @@ static __device__ __forceinline__ void load_tile(uint16_t *tile /* [64][ab_pitch
     }
 }
 
-/* dst[r] = mul * src[r] for r < nrows, 0 up to 64 */
+/* dst[r] = src[r] for r < nrows, 0 up to 64 */
 static __device__ __forceinline__ void load_row_vec(float *dst /* [64] */,
-                                                    const float *src /* [nrows] */,
-                                                    int nrows, float mul) {
+                                                    const float *src /* [nrows] */, int nrows) {
     if (threadIdx.x < AB_TILE)
-        dst[threadIdx.x] = (int)threadIdx.x < nrows ? mul * __ldg(src + threadIdx.x) : 0.0f;
+        dst[threadIdx.x] = (int)threadIdx.x < nrows ? __ldg(src + threadIdx.x) : 0.0f;
 }
 
 /* ------------------------------------------------------------------ fragments */
@@ -240,7 +238,7 @@ static __device__ __forceinline__ void tile_landed(int next_issued) {
  * registers. Per key tile up to the diagonal: S = Q K^T in the log2 domain (sl2 =
  * log2(e) / sqrt(hs)), causal mask, online softmax per row (this lane's rows g and g + 8;
  * the row's 64 scores are spread over the quad), O = alpha O + P V. Then out = O / l and
- * lse = ln 2 * m + ln l. */
+ * lse = m + log2 l (base 2, as attention.cu's). */
 static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs) */,
                                                 uint16_t *out /* [B,T,C] */,
                                                 float *lse /* [B,NH,T] */,
@@ -333,7 +331,7 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs) 
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         orow[r] = tq[r] < T ? out + ((size_t)b * T + tq[r]) * C + (size_t)h * hs : NULL;
-        if (tq[r] < T && t == 0) lse[(size_t)bh * T + tq[r]] = m[r] * AB_LN2 + logf(l[r]);
+        if (tq[r] < T && t == 0) lse[(size_t)bh * T + tq[r]] = m[r] + log2f(l[r]);
     }
     store_acc(orow[0], orow[1], o, 1.0f / l[0], 1.0f / l[1], hs);
 }
@@ -425,8 +423,8 @@ static __device__ __forceinline__ void load_query_stage(uint16_t *QdO /* [Q, dO]
     load_tile(QdO, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
     load_tile(QdO + AB_TILE * ab_pitch(hs), dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec);
     cp_async_commit();
-    load_row_vec(stats, lse_bh + q0, T - q0, AB_LOG2E);
-    load_row_vec(stats + AB_TILE, D_bh + q0, T - q0, 1.0f);
+    load_row_vec(stats, lse_bh + q0, T - q0);
+    load_row_vec(stats + AB_TILE, D_bh + q0, T - q0);
 }
 
 /* what every backward kernel reads and writes, passed by value (kernel parameters) */
@@ -434,7 +432,7 @@ typedef struct {
     uint16_t *dqkv;        /* [B,T,3C] */
     const uint16_t *dout;  /* [B,T,C] */
     const uint16_t *qkv;   /* [B,T,3C] */
-    const float *lse;      /* [B,NH,T] log-sum-exp of the forward's scores */
+    const float *lse;      /* [B,NH,T] base-2 log-sum-exp of the forward's scores */
     const float *D;        /* [B,NH,T] rowsum(dO * O) */
     int T, C, NH, vec;
     float sl2, scale;
@@ -543,8 +541,8 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm /* ab_dq_smem(hs
     load_tile(Qs, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
     load_tile(dOs, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec);
     load_key_stage(KV, base, C, ld, 0, 0, T, hs, vec); /* one group with Q, dO */
-    load_row_vec(lse_s, lse + (size_t)bh * T + q0, T - q0, AB_LOG2E);
-    load_row_vec(D_s, D + (size_t)bh * T + q0, T - q0, 1.0f);
+    load_row_vec(lse_s, lse + (size_t)bh * T + q0, T - q0);
+    load_row_vec(D_s, D + (size_t)bh * T + q0, T - q0);
 
     float dq[AB_MAX_HS / 8][4];
     zero_acc(dq, hs);

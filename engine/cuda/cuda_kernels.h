@@ -37,7 +37,7 @@ void cuda_bias_backward(float *dbias, const gptc_act *dout, int N, int OC, gptc_
                         cudaStream_t s);
 
 /* Flash-style causal attention: the T x T probabilities are never stored. The forward
- * saves lse[B,NH,T], the log-sum-exp of each query row's scaled scores; the backward
+ * saves lse[B,NH,T], the base-2 log-sum-exp of each query row's scaled scores; the backward
  * uses scratch[B,NH,T] for rowsum(dout * out) and recomputes the probabilities.
  * qkv[B,T,3C] (q|k|v, heads in order), out[B,T,C], dqkv[B,T,3C] = (overwritten). */
 void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
