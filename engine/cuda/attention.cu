@@ -101,7 +101,6 @@
 #define ATT_MAX_HS 128
 #define ATT_NACC (ATT_MAX_HS / 8) /* output accumulators per row of a lane: nc float4 */
 #define ATT_SP 68                 /* pitch of a [64][64] score tile */
-#define ATT_LOG2E 1.4426950408889634f
 
 /* floats per row of a [64][hs] tile in a kernel for head sizes up to hsmax (64 or 128) */
 static __host__ __device__ __forceinline__ int att_pitch(int hsmax) { return hsmax + 4; }
@@ -768,12 +767,6 @@ static void att_bwd_variants(int hs, size_t optin, int *two_kv, int *two_q) {
     *two_q = hs <= 64 && att_dq_smem(64, 1) <= optin;
 }
 
-/* log2(e) / sqrt(hs), the scores' factor into the log2 domain, one rounding for the forward
- * and the backward: the backward's P = exp2(s sl2 - lse) must undo the forward's lse, and
- * log2(e) / sqrtf(hs) and log2(e) * (1 / sqrtf(hs)), which they used, differ in the last
- * bit at hs 48 and 100 (an error of |s sl2| 2^-24 in P's exponent) */
-static float att_sl2(int hs) { return ATT_LOG2E * (1.0f / sqrtf((float)hs)); }
-
 /* 1 when the tiles above cover the head size: C = NH * hs with 1 <= hs <= 128; otherwise
  * the launch is refused (cuda_refuse) */
 static int att_shape_ok(int C, int NH, cudaStream_t s) {
@@ -806,7 +799,7 @@ void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int
     if (!att_shape_ok(C, NH, s)) return;
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = att_vec(hs, qkv, out, NULL), wide = hs > 64;
-    float sl2 = att_sl2(hs);
+    float sl2 = attention_sl2(hs);
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + ATT_TILE - 1) / ATT_TILE));
     size_t smem = att_fwd_smem(wide ? 128 : 64);
     att_fwd_fn fwd = wide ? attention_fwd128_kernel : attention_fwd64_kernel;
@@ -831,7 +824,7 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
     if (!att_shape_ok(C, NH, s)) return;
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = att_vec(hs, qkv, dout, dqkv);
-    float scale = 1.0f / sqrtf((float)hs), sl2 = att_sl2(hs);
+    float scale = 1.0f / sqrtf((float)hs), sl2 = attention_sl2(hs);
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_FP32, s);
     dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + ATT_TILE - 1) / ATT_TILE));
     int wide = hs > 64, two_kv, two_q;

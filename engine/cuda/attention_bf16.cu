@@ -50,7 +50,6 @@
 #define AB_THREADS 128 /* 4 warps x 16 rows */
 #define AB_MAX_HS 128
 #define AB_PAD 8       /* elements past hs in a tile row (16 bytes) */
-#define AB_LOG2E 1.4426950408889634f
 
 /* columns the products cover: hs rounded up to the mma's k of 16 (tile columns from hs up
  * to it are zero, so they add nothing) */
@@ -643,10 +642,6 @@ static size_t ab_dq_smem(int hs, int nst) {
  * kernels) */
 static int ab_bwd_stages(int hs, size_t optin) { return ab_dkdv_smem(hs, 2) <= optin ? 2 : 1; }
 
-/* log2(e) / sqrt(hs), rounded the same way for the forward and the backward (as
- * attention.cu's att_sl2) */
-static float ab_sl2(int hs) { return AB_LOG2E * (1.0f / sqrtf((float)hs)); }
-
 /* 1 when bf16 buffers a and b (either may be NULL) allow load_tile's 16-byte cp.async:
  * every tile row starts a multiple of 8 elements in (C and hs are multiples of 8), so
  * 16-byte aligned bases are enough */
@@ -685,7 +680,7 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
     if (!ab_shape_ok(C, NH, s)) return;
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = ab_vec(qkv, NULL);
-    float sl2 = ab_sl2(hs);
+    float sl2 = attention_sl2(hs);
     size_t smem = ab_fwd_smem(hs);
     ab_fwd_fn fwd = hs == 64    ? attention_bf16_fwd64_kernel
                     : hs == 128 ? attention_bf16_fwd128_kernel
@@ -702,7 +697,7 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t
     if (!ab_shape_ok(C, NH, s)) return;
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = ab_vec(qkv, dout);
-    float scale = 1.0f / sqrtf((float)hs), sl2 = ab_sl2(hs);
+    float scale = 1.0f / sqrtf((float)hs), sl2 = attention_sl2(hs);
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_BF16, s);
     int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
     size_t smem_kv = ab_dkdv_smem(hs, nst), smem_q = ab_dq_smem(hs, nst);

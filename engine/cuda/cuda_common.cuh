@@ -172,6 +172,15 @@ static inline unsigned int grid_for(size_t units, int per_block) {
     return need < 1 ? 1u : (unsigned int)need;
 }
 
+/* log2(e) / sqrt(hs), the attention scores' factor into the log2 domain, for the forward
+ * and the backward of attention.cu and attention_bf16.cu alike: the backward's
+ * P = exp2(s sl2 - lse) must undo the forward's lse with the same rounding, and
+ * log2(e) / sqrtf(hs) and log2(e) * (1 / sqrtf(hs)), which they used, differ in the last
+ * bit at hs 48 and 100 (an error of |s sl2| 2^-24 in P's exponent) */
+static inline float attention_sl2(int hs) {
+    return 1.4426950408889634f * (1.0f / sqrtf((float)hs));
+}
+
 /* 1 when p may be read or written as float4 (16-byte aligned); NULL counts as aligned */
 static inline int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
