@@ -221,11 +221,12 @@ static int check_output_path(const char *key, const char *path, int replaced, ch
         snprintf(err, n, "%s %s: %s is not a directory", key, path, dir);
         return -1;
     }
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    int exists = stat(path, &st) == 0; /* following links */
+    if (exists && S_ISDIR(st.st_mode)) {
         snprintf(err, n, "%s %s: is a directory (name a file in it)", key, path);
         return -1;
     }
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (exists && !S_ISREG(st.st_mode)) {
         /* a stream may go to a terminal, /dev/null or a FIFO (/dev/stdout in a pipe; its
          * reader is the user's: opening it waits for one, as tee does, and a probe here
          * would end the reader's input); a checkpoint must be a file */
@@ -235,7 +236,7 @@ static int check_output_path(const char *key, const char *path, int replaced, ch
         }
         return 0;
     }
-    if (stat(path, &st) != 0 && lstat(path, &st) == 0) {
+    if (!exists && lstat(path, &st) == 0) {
         snprintf(err, n, "%s %s: is a symbolic link to nowhere", key, path);
         return -1;
     }
@@ -250,7 +251,7 @@ static int check_output_path(const char *key, const char *path, int replaced, ch
     }
     close(fd);
     unlink(probe);
-    if (replaced || stat(path, &st) != 0) return 0;
+    if (replaced || !exists) return 0;
     fd = open(path, O_WRONLY | O_APPEND); /* writes nothing: the file stays as it is */
     if (fd < 0) {
         snprintf(err, n, "%s %s: cannot write: %s", key, path, strerror(errno));
