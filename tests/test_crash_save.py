@@ -74,32 +74,42 @@ def main():
     print("PASS: checkpoints survive kill -9")
 
 
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def expect_failed_save(name, ckpt, run, cause):
+    """run() saves over ckpt and must fail: exit 1, one line naming train.save and cause,
+    ckpt byte-identical, no temporary file left beside it."""
+    before = sha256(ckpt)
+    r = run()
+    errors = [x for x in r.stderr.splitlines() if x.strip()]
+    left = [x for x in os.listdir(os.path.dirname(ckpt)) if ".tmp." in x]
+    if r.returncode != 1 or len(errors) != 1 or "train.save" not in errors[0] or \
+            cause not in errors[0]:
+        fail(f"{name}: exit {r.returncode} (want 1 and one line naming train.save and "
+             f"'{cause}'), stderr:\n{r.stderr[-1500:]}")
+    if sha256(ckpt) != before or left:
+        fail(f"{name}: the failed save changed the checkpoint or left {left}")
+    print(f"ok   {name}: exit 1, one line: {errors[0]}")
+
+
 def check_full_disk(ckpt):
     """Writes past RLIMIT_FSIZE fail with EFBIG (SIGXFSZ ignored, as a full disk fails
-    with ENOSPC): HDF5 then fails to flush and close the temporary checkpoint."""
-    with open(ckpt, "rb") as f:
-        before = hashlib.sha256(f.read()).hexdigest()
-
+    with ENOSPC): HDF5 then fails to write the temporary checkpoint."""
     def limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))  # MPI start-up needs a few MB
 
     with h5py.File(ckpt, "r") as f:
         step = int(f.attrs["step"])
-    r = subprocess.run([TRAIN, *MODEL, f"--train.init={ckpt}", f"--train.steps={step + 1}",
-                        f"--train.save={ckpt}"], capture_output=True, text=True, env=env(),
-                       preexec_fn=limit, timeout=600)
-    errors = [x for x in r.stderr.splitlines() if x.strip()]
-    with open(ckpt, "rb") as f:
-        after = hashlib.sha256(f.read()).hexdigest()
-    left = [x for x in os.listdir(D) if ".tmp." in x]
-    if r.returncode != 1 or len(errors) != 1 or "train.save" not in errors[0] or \
-            "File too large" not in errors[0]:
-        fail(f"a save past the file-size limit: exit {r.returncode} (want 1 and one line "
-             f"naming train.save and the cause), stderr:\n{r.stderr[-1500:]}")
-    if after != before or left:
-        fail(f"a failed save changed the checkpoint ({before != after}) or left {left}")
-    print(f"ok   a save that runs out of room: exit 1, one line: {errors[0]}")
+    expect_failed_save(
+        "a save past the file-size limit", ckpt,
+        lambda: subprocess.run([TRAIN, *MODEL, f"--train.init={ckpt}", f"--train.steps={step + 1}",
+                                f"--train.save={ckpt}"], capture_output=True, text=True,
+                               env=env(), preexec_fn=limit, timeout=600),
+        "File too large")
 
 
 def check_full_tmpfs():
@@ -122,20 +132,11 @@ def check_full_tmpfs():
         r = run_train(tiny + ["--train.steps=2", f"--train.save={ck}"])
         if r.returncode:
             fail(f"cannot write the first checkpoint on the tmpfs:\n{r.stderr[-800:]}")
-        with open(ck, "rb") as f:
-            before = hashlib.sha256(f.read()).hexdigest()
-        r = run_train(tiny + [f"--train.init={ck}", "--train.steps=4", "--train.save_every=1",
-                              f"--train.save={ck}"])
-        errors = [x for x in r.stderr.splitlines() if x.strip()]
-        with open(ck, "rb") as f:
-            after = hashlib.sha256(f.read()).hexdigest()
-        left = [x for x in os.listdir(small) if ".tmp." in x]
-        if r.returncode != 1 or len(errors) != 1 or "No space left on device" not in errors[0]:
-            fail(f"a save onto a full file system: exit {r.returncode} (want 1 and one line "
-                 f"with the cause), stderr:\n{r.stderr[-1500:]}")
-        if after != before or left:
-            fail(f"a failed save changed the checkpoint ({before != after}) or left {left}")
-        print(f"ok   a save onto a full file system: exit 1, one line: {errors[0]}")
+        expect_failed_save(
+            "a save onto a full file system", ck,
+            lambda: run_train(tiny + [f"--train.init={ck}", "--train.steps=4",
+                                      "--train.save_every=1", f"--train.save={ck}"]),
+            "No space left on device")
     finally:
         subprocess.run(["umount", small], capture_output=True)
 
