@@ -4,20 +4,13 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine/trainer.h"
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <mpi.h>
-#include <libgen.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
 
 #include "data/tokens.h"
 #include "engine/backend.h"
@@ -26,7 +19,9 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/power.h"
 #include "engine/log.h"
+#include "engine/metrics_log.h"
 #include "engine/nvtx.h"
+#include "engine/output_files.h"
 #include "engine/report.h"
 #include "engine/timed_backend.h"
 #include "engine/timing.h"
@@ -201,66 +196,6 @@ static int plan_pipeline(const gptc_config *c, const grid *g, const gpt_shape *s
     return pp_schedule_validate(c->schedule, g->pp, c->virtual_stages, bp->n_micro, err, n);
 }
 
-/* Refuses an output path (key names it) that rank 0, which writes them all, could not write
- * at the end of a long run, or would block on: checkpoints, the trace and the report are
- * written after the last step. replaced: the file is written beside and renamed over the
- * path (a checkpoint), so its own permissions do not matter. */
-static int check_output_path(const char *key, const char *path, int replaced, char *err,
-                             size_t n) {
-    if (!path[0]) return 0;
-    char copy[CFG_STR_MAX];
-    snprintf(copy, sizeof(copy), "%s", path);
-    const char *dir = dirname(copy);
-    struct stat st;
-    int fd, found = stat(dir, &st) == 0;
-    if (!found && errno == ENOENT) {
-        snprintf(err, n, "%s %s: directory %s does not exist", key, path, dir);
-        return -1;
-    }
-    if ((found && !S_ISDIR(st.st_mode)) || (!found && errno == ENOTDIR)) {
-        snprintf(err, n, "%s %s: %s is not a directory", key, path, dir);
-        return -1;
-    }
-    int exists = stat(path, &st) == 0; /* following links */
-    if (exists && S_ISDIR(st.st_mode)) {
-        snprintf(err, n, "%s %s: is a directory (name a file in it)", key, path);
-        return -1;
-    }
-    if (exists && !S_ISREG(st.st_mode)) {
-        /* a stream may go to a terminal, /dev/null or a FIFO (/dev/stdout in a pipe; its
-         * reader is the user's: opening it waits for one, as tee does, and a probe here
-         * would end the reader's input); a checkpoint must be a file */
-        if (replaced || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
-            snprintf(err, n, "%s %s: is not a regular file", key, path);
-            return -1;
-        }
-        return 0;
-    }
-    if (!exists && lstat(path, &st) == 0) {
-        snprintf(err, n, "%s %s: is a symbolic link to nowhere", key, path);
-        return -1;
-    }
-    /* access() says yes to root in /proc or on a read-only mount: create a file there */
-    char probe[CFG_STR_MAX + 32];
-    snprintf(probe, sizeof(probe), "%s.tmp.%ld", path, (long)getpid());
-    fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
-    if (fd < 0) {
-        snprintf(err, n, "%s %s: cannot create a file in directory %s: %s", key, path, dir,
-                 strerror(errno));
-        return -1;
-    }
-    close(fd);
-    unlink(probe);
-    if (replaced || !exists) return 0;
-    fd = open(path, O_WRONLY | O_APPEND); /* writes nothing: the file stays as it is */
-    if (fd < 0) {
-        snprintf(err, n, "%s %s: cannot write: %s", key, path, strerror(errno));
-        return -1;
-    }
-    close(fd);
-    return 0;
-}
-
 /* The configuration this run uses: keys left to default by derivation (parallel.dp,
  * the model shape from train.init, seq_len, micro_batch) show the values they took. */
 static void print_effective_config(const gptc_config *c, const grid *g, const gpt_shape *s,
@@ -306,148 +241,6 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
     else
         log_info("backend: %s, %d OpenMP thread(s), OpenBLAS kernels %s\n", m->be->name,
                  omp_get_max_threads(), cpu_blas_corename());
-}
-
-/* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c) behind: remove
- * those whose writer is gone, so crashes do not pile up partial copies. */
-static void remove_stale_temporaries(const char *path) {
-    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX];
-    snprintf(copy, sizeof(copy), "%s", path);
-    snprintf(dir_copy, sizeof(dir_copy), "%s", path);
-    const char *base = basename(copy), *dir = dirname(dir_copy);
-    size_t len = strlen(base);
-    DIR *d = opendir(dir);
-    if (!d) return;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, base, len) != 0 || strncmp(e->d_name + len, ".tmp.", 5) != 0) continue;
-        char *end;
-        long pid = strtol(e->d_name + len + 5, &end, 10);
-        if (*end || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
-            char full[2 * CFG_STR_MAX];
-            snprintf(full, sizeof(full), "%s/%s", dir, e->d_name);
-            if (unlink(full) == 0) log_info("removed %s, left by an interrupted save\n", full);
-        }
-    }
-    closedir(d);
-}
-
-/* The name under which the checkpoint of one step is kept: ckpt.h5 -> ckpt.step42.h5 */
-static void versioned_name(const char *path, long step, char *out, size_t n) {
-    size_t len = strlen(path);
-    if (len > 3 && strcmp(path + len - 3, ".h5") == 0)
-        snprintf(out, n, "%.*s.step%ld.h5", (int)(len - 3), path, step);
-    else
-        snprintf(out, n, "%s.step%ld", path, step);
-}
-
-/* train.keep = k > 1 keeps the last k checkpoints as hard links to what path held, so
- * path is always the newest and every kept file is complete. Older links are removed. */
-static void keep_versions(const char *path, long step, int keep, long *kept, int *n_kept) {
-    char name[CFG_STR_MAX + 32];
-    versioned_name(path, step, name, sizeof(name));
-    unlink(name);
-    if (link(path, name) != 0) {
-        log_info("warning: could not keep %s: %s\n", name, strerror(errno));
-        return;
-    }
-    kept[(*n_kept)++] = step;
-    while (*n_kept > keep) {
-        versioned_name(path, kept[0], name, sizeof(name));
-        unlink(name);
-        memmove(kept, kept + 1, sizeof(long) * (size_t)--(*n_kept));
-    }
-}
-
-/* The steps of the versions of path (versioned_name) that an earlier run kept, before
- * step first, into kept[] (oldest first), down to the newest keep of them: so that keep
- * counts them too. Later ones (a run that went further) are left alone. */
-static void adopt_versions(const char *path, long first, int keep, long *kept, int *n_kept) {
-    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX], name[CFG_STR_MAX + 32];
-    snprintf(copy, sizeof(copy), "%s", path);
-    snprintf(dir_copy, sizeof(dir_copy), "%s", path);
-    const char *base = basename(copy), *dir = dirname(dir_copy);
-    DIR *d = opendir(dir);
-    if (!d) return;
-    /* versioned_name's prefix of the step number */
-    char prefix[CFG_STR_MAX + 8];
-    size_t len = strlen(base);
-    int h5 = len > 3 && strcmp(base + len - 3, ".h5") == 0;
-    snprintf(prefix, sizeof(prefix), "%.*s.step", (int)(h5 ? len - 3 : len), base);
-    size_t plen = strlen(prefix);
-    long found[64]; /* the newest 64 at most: more than any keep needs */
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, prefix, plen) != 0) continue;
-        char *end;
-        long step = strtol(e->d_name + plen, &end, 10);
-        if (end == e->d_name + plen || step < 1 || step >= first) continue;
-        versioned_name(base, step, name, sizeof(name));
-        if (strcmp(name, e->d_name) != 0) continue; /* another file's name */
-        if (n < 64) found[n++] = step;
-        else {
-            int oldest = 0;
-            for (int i = 1; i < n; i++) if (found[i] < found[oldest]) oldest = i;
-            if (step > found[oldest]) found[oldest] = step;
-        }
-    }
-    closedir(d);
-    for (int i = 1; i < n; i++) /* ascending */
-        for (int j = i; j > 0 && found[j] < found[j - 1]; j--) {
-            long t = found[j];
-            found[j] = found[j - 1], found[j - 1] = t;
-        }
-    for (int i = 0; i < n; i++) {
-        if (n - i > keep) { /* older than the newest keep: what keep would have removed */
-            char full[2 * CFG_STR_MAX + 32];
-            versioned_name(path, found[i], full, sizeof(full));
-            unlink(full);
-        } else {
-            kept[(*n_kept)++] = found[i];
-        }
-    }
-}
-
-/* Drops the lines of the metrics log at path whose step is first or later (a resumed
- * run writes them anew); lines it cannot read as a step are kept. 0, or -1 with err. */
-static int trim_log(const char *path, long first, char *err, size_t n) {
-    FILE *in = fopen(path, "r");
-    if (!in && errno == ENOENT) return 0; /* nothing written yet */
-    if (!in) {
-        snprintf(err, n, "train.log_file %s: %s", path, strerror(errno));
-        return -1;
-    }
-    char tmp[CFG_STR_MAX + 32];
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
-    FILE *out = fopen(tmp, "w");
-    if (!out) {
-        snprintf(err, n, "train.log_file %s: cannot write beside it: %s", path, strerror(errno));
-        fclose(in);
-        return -1;
-    }
-    char line[4096];
-    long step, dropped = 0;
-    int whole = 1; /* the last fgets ended its line: the next one starts a line */
-    while (fgets(line, sizeof(line), in)) {
-        int starts = whole;
-        whole = strchr(line, '\n') != NULL;
-        if (starts && sscanf(line, "{\"step\": %ld", &step) == 1 && step >= first) {
-            dropped++;
-            while (!whole && fgets(line, sizeof(line), in)) whole = strchr(line, '\n') != NULL;
-            continue;
-        }
-        fputs(line, out);
-    }
-    int bad = ferror(in) || fclose(out) != 0;
-    fclose(in);
-    if (bad || rename(tmp, path) != 0) {
-        snprintf(err, n, "train.log_file %s: cannot rewrite it: %s", path, strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    if (dropped)
-        log_info("train.log_file %s: dropped %ld line(s) of steps >= %ld, which this run "
-                 "writes again\n", path, dropped, first);
-    return 0;
 }
 
 typedef struct {
@@ -531,7 +324,7 @@ static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n)
         snprintf(err, n, "train.save %s", why);
         return -1;
     }
-    if (c->keep > 1 && r->g->rank == 0) keep_versions(c->save, step, c->keep, r->kept, &r->n_kept);
+    if (c->keep > 1 && r->g->rank == 0) save_keep_version(c->save, step, c->keep, r->kept, &r->n_kept);
     log_info("saved %s (step %ld%s)\n", c->save, step, t > 0 ? "" : ", no optimizer state");
     return 0;
 }
@@ -556,22 +349,6 @@ static void on_grads_final(void *ctx, size_t ready) {
     gpt_sequence_parallel_grads(&r->model, r->sp_done, ready);
     r->sp_done = ready;
     dp_grads_final(&r->dpc, &r->model, ready);
-}
-
-/* buf[32] = v in fmt, or null where v is not finite: JSON has no NaN (printf's "-nan"
- * broke every reader of the metrics file on a skipped step) */
-static const char *json_number(char *buf, const char *fmt, double v) {
-    if (isfinite(v)) snprintf(buf, 32, fmt, v);
-    else snprintf(buf, 32, "null");
-    return buf;
-}
-
-/* Rank 0's GPU readings of the step (profile.power); a failed reading is null. */
-static void write_power(FILE *f, const power_sample *p) {
-    const char *key[3] = {"energy_j", "power_w", "sm_clock_mhz"};
-    double v[3] = {p->energy_j, p->power_w, p->sm_clock_mhz};
-    char buf[32];
-    for (int i = 0; i < 3; i++) fprintf(f, ", \"%s\": %s", key[i], json_number(buf, "%.3f", v[i]));
 }
 
 /* One optimizer step: the pipeline schedule's forward and backward passes over the
@@ -679,10 +456,10 @@ int train_run(const gptc_config *c, const grid *g) {
         plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0 ||
         plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
         goto fail_config;
-    if (g->rank == 0 && (check_output_path("train.save", c->save, 1, err, sizeof(err)) != 0 ||
-                         check_output_path("train.log_file", c->log_file, 0, err, sizeof(err)) != 0 ||
-                         check_output_path("profile.trace", c->trace, 0, err, sizeof(err)) != 0 ||
-                         check_output_path("profile.report", c->report, 0, err, sizeof(err)) != 0))
+    if (g->rank == 0 && (output_path_check("train.save", c->save, 1, err, sizeof(err)) != 0 ||
+                         output_path_check("train.log_file", c->log_file, 0, err, sizeof(err)) != 0 ||
+                         output_path_check("profile.trace", c->trace, 0, err, sizeof(err)) != 0 ||
+                         output_path_check("profile.report", c->report, 0, err, sizeof(err)) != 0))
         goto fail_config;
     if (check_precision(c, &shape, err, sizeof(err)) != 0) goto fail_config;
     long first = init ? meta.step + 1 : 1;
@@ -792,16 +569,8 @@ int train_run(const gptc_config *c, const grid *g) {
     }
     long t = has_optim ? optim_t : 0;
     if (c->log_file[0] && g->rank == 0) {
-        /* a resumed run goes on after its checkpoint's step: lines of later steps (written
-         * by the run that went further before it stopped) give way to the new ones */
-        struct stat st; /* a terminal or /dev/null has no earlier lines to drop */
-        int regular = stat(c->log_file, &st) != 0 || S_ISREG(st.st_mode);
-        if (first > 1 && regular && trim_log(c->log_file, first, err, sizeof(err)) != 0) rc = -1;
-        r.log = rc == 0 ? fopen(c->log_file, first > 1 ? "a" : "w") : NULL;
-        if (rc == 0 && !r.log) {
-            snprintf(err, sizeof(err), "train.log_file %s: %s", c->log_file, strerror(errno));
-            rc = -1;
-        }
+        r.log = metrics_open(c->log_file, first, err, sizeof(err));
+        if (!r.log) rc = -1;
     }
     r.kept = calloc((size_t)c->keep + 1, sizeof(long));
     r.inputs = malloc((size_t)rows * bp.T * sizeof(int32_t));
@@ -815,9 +584,9 @@ int train_run(const gptc_config *c, const grid *g) {
     r.policy_dp = r.dpc.overlap;
     r.policy_pp = r.ppc.async;
     r.policy_tp_chunks = m->tp.chunks;
-    if (c->save[0] && g->rank == 0) remove_stale_temporaries(c->save);
+    if (c->save[0] && g->rank == 0) save_remove_stale(c->save);
     if (c->save[0] && g->rank == 0 && c->keep > 1)
-        adopt_versions(c->save, first, c->keep, r.kept, &r.n_kept);
+        save_adopt_versions(c->save, first, c->keep, r.kept, &r.n_kept);
     print_model(m, &bp, first, c->steps, c->precision);
     if (c->save_every > 0 && !c->save[0])
         log_info("warning: train.save_every = %ld has no effect: train.save is empty\n",
@@ -893,17 +662,7 @@ int train_run(const gptc_config *c, const grid *g) {
         double tps = tokens_per_step / (ms / 1000.0);
         log_info("step %5ld/%ld | loss %.6f | lr %.3e | grad norm %.4f | %8.1f ms | %8.0f tok/s\n",
                  step, c->steps, loss, lr, norm, ms, tps);
-        if (r.log) {
-            char a[32], b[32], d[32];
-            fprintf(r.log, "{\"step\": %ld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %.9g, "
-                           "\"iter_ms\": %.3f, \"tokens_per_s\": %s",
-                    step, json_number(a, "%.9g", loss), json_number(b, "%.9g", norm), lr, ms,
-                    json_number(d, "%.1f", tps));
-            if (skipped) fputs(", \"skipped\": true", r.log);
-            if (c->power) write_power(r.log, &pw);
-            fputs("}\n", r.log);
-            fflush(r.log);
-        }
+        if (r.log) metrics_write(r.log, step, loss, norm, lr, ms, tps, skipped, c->power ? &pw : NULL);
         /* a signal on any rank stops every rank after this same step */
         int stop = g_stop_signal != 0;
         if (g->world > 1) stop = comm_max_int(&r.world, stop);

@@ -1,0 +1,178 @@
+/* The files a run writes besides its metrics: every output path checked before step 1,
+ * and the checkpoints of train.save (the versions train.keep holds, and what an
+ * interrupted save left behind). Rank 0 calls these; it writes them all. */
+#define _POSIX_C_SOURCE 200809L
+#include "engine/output_files.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "engine/config.h"
+#include "engine/log.h"
+
+/* Refuses an output path (key names it) that rank 0, which writes them all, could not write
+ * at the end of a long run, or would block on: checkpoints, the trace and the report are
+ * written after the last step. replaced: the file is written beside and renamed over the
+ * path (a checkpoint), so its own permissions do not matter. */
+int output_path_check(const char *key, const char *path, int replaced, char *err, size_t n) {
+    if (!path[0]) return 0;
+    char copy[CFG_STR_MAX];
+    snprintf(copy, sizeof(copy), "%s", path);
+    const char *dir = dirname(copy);
+    struct stat st;
+    int fd, found = stat(dir, &st) == 0;
+    if (!found && errno == ENOENT) {
+        snprintf(err, n, "%s %s: directory %s does not exist", key, path, dir);
+        return -1;
+    }
+    if ((found && !S_ISDIR(st.st_mode)) || (!found && errno == ENOTDIR)) {
+        snprintf(err, n, "%s %s: %s is not a directory", key, path, dir);
+        return -1;
+    }
+    int exists = stat(path, &st) == 0; /* following links */
+    if (exists && S_ISDIR(st.st_mode)) {
+        snprintf(err, n, "%s %s: is a directory (name a file in it)", key, path);
+        return -1;
+    }
+    if (exists && !S_ISREG(st.st_mode)) {
+        /* a stream may go to a terminal, /dev/null or a FIFO (/dev/stdout in a pipe; its
+         * reader is the user's: opening it waits for one, as tee does, and a probe here
+         * would end the reader's input); a checkpoint must be a file */
+        if (replaced || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+            snprintf(err, n, "%s %s: is not a regular file", key, path);
+            return -1;
+        }
+        return 0;
+    }
+    if (!exists && lstat(path, &st) == 0) {
+        snprintf(err, n, "%s %s: is a symbolic link to nowhere", key, path);
+        return -1;
+    }
+    /* access() says yes to root in /proc or on a read-only mount: create a file there */
+    char probe[CFG_STR_MAX + 32];
+    snprintf(probe, sizeof(probe), "%s.tmp.%ld", path, (long)getpid());
+    fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) {
+        snprintf(err, n, "%s %s: cannot create a file in directory %s: %s", key, path, dir,
+                 strerror(errno));
+        return -1;
+    }
+    close(fd);
+    unlink(probe);
+    if (replaced || !exists) return 0;
+    fd = open(path, O_WRONLY | O_APPEND); /* writes nothing: the file stays as it is */
+    if (fd < 0) {
+        snprintf(err, n, "%s %s: cannot write: %s", key, path, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+/* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c) behind: remove
+ * those whose writer is gone, so crashes do not pile up partial copies. */
+void save_remove_stale(const char *path) {
+    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX];
+    snprintf(copy, sizeof(copy), "%s", path);
+    snprintf(dir_copy, sizeof(dir_copy), "%s", path);
+    const char *base = basename(copy), *dir = dirname(dir_copy);
+    size_t len = strlen(base);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, base, len) != 0 || strncmp(e->d_name + len, ".tmp.", 5) != 0) continue;
+        char *end;
+        long pid = strtol(e->d_name + len + 5, &end, 10);
+        if (*end || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+            char full[2 * CFG_STR_MAX];
+            snprintf(full, sizeof(full), "%s/%s", dir, e->d_name);
+            if (unlink(full) == 0) log_info("removed %s, left by an interrupted save\n", full);
+        }
+    }
+    closedir(d);
+}
+
+/* The name under which the checkpoint of one step is kept: ckpt.h5 -> ckpt.step42.h5 */
+static void versioned_name(const char *path, long step, char *out, size_t n) {
+    size_t len = strlen(path);
+    if (len > 3 && strcmp(path + len - 3, ".h5") == 0)
+        snprintf(out, n, "%.*s.step%ld.h5", (int)(len - 3), path, step);
+    else
+        snprintf(out, n, "%s.step%ld", path, step);
+}
+
+/* train.keep = k > 1 keeps the last k checkpoints as hard links to what path held, so
+ * path is always the newest and every kept file is complete. Older links are removed. */
+void save_keep_version(const char *path, long step, int keep, long *kept, int *n_kept) {
+    char name[CFG_STR_MAX + 32];
+    versioned_name(path, step, name, sizeof(name));
+    unlink(name);
+    if (link(path, name) != 0) {
+        log_info("warning: could not keep %s: %s\n", name, strerror(errno));
+        return;
+    }
+    kept[(*n_kept)++] = step;
+    while (*n_kept > keep) {
+        versioned_name(path, kept[0], name, sizeof(name));
+        unlink(name);
+        memmove(kept, kept + 1, sizeof(long) * (size_t)--(*n_kept));
+    }
+}
+
+/* The steps of the versions of path (versioned_name) that an earlier run kept, before
+ * step first, into kept[] (oldest first), down to the newest keep of them: so that keep
+ * counts them too. Later ones (a run that went further) are left alone. */
+void save_adopt_versions(const char *path, long first, int keep, long *kept, int *n_kept) {
+    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX], name[CFG_STR_MAX + 32];
+    snprintf(copy, sizeof(copy), "%s", path);
+    snprintf(dir_copy, sizeof(dir_copy), "%s", path);
+    const char *base = basename(copy), *dir = dirname(dir_copy);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    /* versioned_name's prefix of the step number */
+    char prefix[CFG_STR_MAX + 8];
+    size_t len = strlen(base);
+    int h5 = len > 3 && strcmp(base + len - 3, ".h5") == 0;
+    snprintf(prefix, sizeof(prefix), "%.*s.step", (int)(h5 ? len - 3 : len), base);
+    size_t plen = strlen(prefix);
+    long found[64]; /* the newest 64 at most: more than any keep needs */
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, plen) != 0) continue;
+        char *end;
+        long step = strtol(e->d_name + plen, &end, 10);
+        if (end == e->d_name + plen || step < 1 || step >= first) continue;
+        versioned_name(base, step, name, sizeof(name));
+        if (strcmp(name, e->d_name) != 0) continue; /* another file's name */
+        if (n < 64) found[n++] = step;
+        else {
+            int oldest = 0;
+            for (int i = 1; i < n; i++) if (found[i] < found[oldest]) oldest = i;
+            if (step > found[oldest]) found[oldest] = step;
+        }
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* ascending */
+        for (int j = i; j > 0 && found[j] < found[j - 1]; j--) {
+            long t = found[j];
+            found[j] = found[j - 1], found[j - 1] = t;
+        }
+    for (int i = 0; i < n; i++) {
+        if (n - i > keep) { /* older than the newest keep: what keep would have removed */
+            char full[2 * CFG_STR_MAX + 32];
+            versioned_name(path, found[i], full, sizeof(full));
+            unlink(full);
+        } else {
+            kept[(*n_kept)++] = found[i];
+        }
+    }
+}
