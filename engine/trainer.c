@@ -506,7 +506,7 @@ int train_run(const gptc_config *c, const grid *g) {
     comm_set_options(&copt);
     if (comm_world(&r.world, be) != 0 ||
         comm_grid_groups(&r.world, g, &r.tp, &r.pp, &r.dp, err, sizeof(err)) != 0) {
-        if (!err[0]) snprintf(err, sizeof(err), "%s", comm_error(&r.world));
+        if (!err[0]) snprintf(err, sizeof(err), "comm: %s", comm_error(&r.world));
         goto fail;
     }
     r.have_groups = 1;
@@ -524,9 +524,12 @@ int train_run(const gptc_config *c, const grid *g) {
     int ends = g->pp > 1 && (g->pp_rank == 0 || g->pp_rank == g->pp - 1);
     if (comm_split(&r.world, &r.embedding, "embed", ends ? g->tp_rank + g->tp * g->dp_rank : -1,
                    g->pp_rank) != 0) {
-        snprintf(err, sizeof(err), "%s", comm_error(&r.world));
+        const char *e = comm_error(&r.embedding);
+        snprintf(err, sizeof(err), "comm: %s", e ? e : comm_error(&r.world));
         goto fail;
     }
+    /* the groups stand: from here on a failed op cannot be agreed on, and ends the job */
+    comm_end_job_on_error(1);
     if (pp_setup(&r.ppc, c->schedule, g->pp, c->virtual_stages, bp.n_micro, g->pp_rank, &r.pp,
                  &r.embedding, g->pp > 1 ? &r.pp_lane : NULL, strcmp(c->overlap_pp, "async") == 0,
                  err, sizeof(err)) != 0)
@@ -703,8 +706,8 @@ refused:
 fail:
     /* a rank with nothing of its own to say stays quiet: the failing rank has spoken */
     if (r.speaker >= 0 && r.speaker != g->rank) silent = 1;
-    if (!silent && err[0]) {
-        if (g->world > 1) log_error("rank %d: %s", g->rank, err);
+    if (!silent && err[0]) { /* as train_refused: rank 0 speaks for the job */
+        if (g->rank > 0) log_error("rank %d: %s", g->rank, err);
         else log_error("%s", err);
     }
     if (init) ckpt_close(init);

@@ -36,7 +36,8 @@ static void *watch(void *arg) {
         nanosleep(&tick, NULL);
         const char *failed = g_poll ? g_poll() : NULL;
         if (failed) {
-            log_error("%s, in step %ld; aborting the job", failed, g_step ? *g_step : 0L);
+            log_error("rank %d: %s, in step %ld; aborting the job", g_rank, failed,
+                      g_step ? *g_step : 0L);
             if (g_abort_all) g_abort_all();
             MPI_Abort(MPI_COMM_WORLD, 1);
         }

@@ -37,9 +37,7 @@ void comm_set_max_count_for_testing(size_t n) {
 static void record_message(comm_group *g, const char *call, const char *what) {
     int none = 0;
     if (!atomic_compare_exchange_strong(&g->err_state, &none, 1)) return;
-    int world_rank = -1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    snprintf(g->err, sizeof g->err, "rank %d: %s on %s: %s", world_rank, call, g->name, what);
+    snprintf(g->err, sizeof g->err, "%s on %s: %s", call, g->name, what);
     atomic_store(&g->err_state, 2);
 }
 
@@ -56,6 +54,24 @@ static int ok(comm_group *g, const char *call, int rc) {
 
 const char *comm_error(const comm_group *g) {
     return atomic_load(&g->err_state) == 2 ? g->err : NULL;
+}
+
+static atomic_int g_end_job_on_error;
+
+void comm_end_job_on_error(int on) { atomic_store(&g_end_job_on_error, on); }
+
+/* With comm_end_job_on_error(1), an op that failed (MPI returned an error, a message of
+ * the wrong size came, NCCL refused the launch) ends the job here, on every rank, with the
+ * op's one line: skipped, it would leave the peers waiting in it, or pair their op with
+ * this rank's next one and go on with what it did not write. */
+static void end_job_if_failed(const comm_group *g) {
+    const char *e = comm_error(g);
+    if (!e || !atomic_load(&g_end_job_on_error)) return;
+    int world_rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    log_error("rank %d: %s; aborting the job", world_rank, e);
+    comm_abort_all();
+    MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
 /* ---- groups ---- */
@@ -592,6 +608,25 @@ static const char *op_name(const comm_task *t) {
 
 static void run_op(const comm_task *t);
 
+/* Test-only: GPTC_TEST_COMM_FAIL_OP=R:N makes the N-th op (counted from 1 over all its
+ * streams) of MPI_COMM_WORLD rank R a real MPI error (a negative count) in its place, so
+ * that tests can see how a failed op ends the job. */
+static int fail_this_op(const comm_task *t) {
+    static long fail_at = -1;
+    static atomic_long ops;
+    if (fail_at < 0) {
+        const char *v = getenv("GPTC_TEST_COMM_FAIL_OP");
+        int rank = -1, victim = -2;
+        long n = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        fail_at = v && sscanf(v, "%d:%ld", &victim, &n) == 2 && victim == rank ? n : 0;
+    }
+    if (fail_at <= 0 || atomic_fetch_add(&ops, 1) + 1 != fail_at) return 0;
+    float x = 0;
+    ok(t->g, op_name(t), MPI_Allreduce(MPI_IN_PLACE, &x, -1, MPI_FLOAT, MPI_SUM, t->g->comm));
+    return 1;
+}
+
 /* Test-only: GPTC_TEST_COMM_DELAY_US=n makes every op run on a stream n microseconds
  * slower (a sleep before it, inside its timed interval), like a slow network, so that tests
  * can see communication hidden behind compute on a fast machine. */
@@ -616,7 +651,8 @@ static void run_task(const comm_task *t) {
         struct timespec ts = {delay / 1000000, (delay % 1000000) * 1000};
         nanosleep(&ts, NULL);
     }
-    run_op(t);
+    if (!fail_this_op(t)) run_op(t);
+    end_job_if_failed(t->g);
     watchdog_waiting(NULL);
     watchdog_beat();
     if (timing_on())
@@ -829,6 +865,7 @@ static void issue(comm_task t, gptc_stream *s) {
         int op = timing_on() && be->timer_begin ? be->timer_begin(s) : -1;
         nvtx_push(op_name(&t));
         comm_nccl_issue(&t, s);
+        end_job_if_failed(t.g);
         nvtx_pop();
         if (op >= 0) {
             be->timer_end(op, s);
@@ -934,14 +971,15 @@ void comm_sendrecv(comm_group *g, const void *sendbuf, size_t send_bytes, int ds
 
 double comm_sum_double(comm_group *g, double x) {
     double sum = x;
-    if (!ok(g, "MPI_Allreduce", MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, g->comm)))
-        return x;
+    ok(g, "MPI_Allreduce", MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, g->comm));
+    end_job_if_failed(g);
     return sum;
 }
 
 int comm_max_int(comm_group *g, int x) {
     int max = x;
-    if (!ok(g, "MPI_Allreduce", MPI_Allreduce(&x, &max, 1, MPI_INT, MPI_MAX, g->comm))) return x;
+    ok(g, "MPI_Allreduce", MPI_Allreduce(&x, &max, 1, MPI_INT, MPI_MAX, g->comm));
+    end_job_if_failed(g);
     return max;
 }
 

@@ -16,9 +16,10 @@
  * - Point-to-point transfers running concurrently between the same two ranks need distinct
  *   tags (messages with the same peer and tag are matched in issue order per thread only).
  * - MPI must be initialised with MPI_THREAD_MULTIPLE when streams are used.
- * - Errors do not abort: the first one is kept per group (comm_error). A failed collective
- *   may leave other ranks waiting, so callers agree on errors (comm_max_int) at points
- *   where every rank is known to arrive. */
+ * - Errors do not abort by default: the first one is kept per group (comm_error), and
+ *   callers agree on errors (comm_max_int) at points where every rank is known to arrive.
+ *   A failed op in a running job cannot be agreed on (its peers may wait in it, or pair it
+ *   with the next op): after comm_end_job_on_error(1) it ends the job (MPI_Abort). */
 #ifndef GPTC_COMM_H
 #define GPTC_COMM_H
 
@@ -133,9 +134,13 @@ int comm_max_int(comm_group *g, int x);
 const char *comm_poll_async_errors(void);
 void comm_abort_all(void);
 
-/* The first error any op on g met, e.g. "rank 3: MPI_Allreduce on dp: <MPI's message>";
- * NULL when none. */
+/* The first error any op on g met, e.g. "MPI_Allreduce on dp: <MPI's message>"; NULL
+ * when none. */
 const char *comm_error(const comm_group *g);
+
+/* on = 1: from now on a failed op prints "rank k: <its error>; aborting the job" and ends
+ * the job on every rank (the trainer's steps); 0 (the default): it is kept, as above. */
+void comm_end_job_on_error(int on);
 
 /* Tests only: split every MPI call into pieces of at most max_count elements (0 restores
  * INT_MAX), so the path for counts above INT_MAX runs on small buffers. Call it while no

@@ -40,10 +40,8 @@ static ncclConfig_t make_config(const comm_options *o) {
 static void keep_error(comm_group *g, const char *call, ncclResult_t rc) {
     int none = 0;
     if (!atomic_compare_exchange_strong(&g->err_state, &none, 1)) return;
-    int world_rank = -1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    snprintf(g->err, sizeof g->err, "rank %d: %s on %s: %s (%s)", world_rank, call, g->name,
-             ncclGetErrorString(rc), ncclGetLastError((ncclComm_t)g->nccl));
+    snprintf(g->err, sizeof g->err, "%s on %s: %s (%s)", call, g->name, ncclGetErrorString(rc),
+             ncclGetLastError((ncclComm_t)g->nccl));
     atomic_store(&g->err_state, 2);
 }
 

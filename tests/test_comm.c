@@ -621,8 +621,7 @@ static void test_errors(const gptc_backend *be, gptc_stream *s) {
     float x = 1;
     comm_send(&g, &x, sizeof x, g.size + 5, 0, NULL); /* no such rank */
     const char *e = comm_error(&g);
-    char want[64];
-    snprintf(want, sizeof want, "rank %d: MPI_Send on world: ", world_rank);
+    const char *want = "MPI_Send on world: ";
     check(e && strncmp(e, want, strlen(want)) == 0, "error of a bad send: '%s'", e ? e : "(none)");
     comm_recv(&g, &x, sizeof x, -7, 0, s); /* a second error, on a stream: the first stays */
     be->stream_synchronize(s);

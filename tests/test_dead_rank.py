@@ -12,7 +12,10 @@ two ranks on the one fake GPU): after SIGSTOP the watchdog must also have aborte
 communicators (comm_abort_all -> ncclCommAbort, which makes an op in flight return), and a
 third run injects a lost peer connection on rank 1 (GPTC_FAKE_NCCL_FAIL): its watchdog
 must see the asynchronous error (comm_poll_async_errors -> ncclCommGetAsyncError) and
-abort the job well before the timeout."""
+abort the job well before the timeout.
+
+Without the fake NCCL, a third run makes one MPI op of rank 1 fail (GPTC_TEST_COMM_FAIL_OP,
+parallel/comm.c): the job must end at once with rank 1's line naming the op."""
 import os
 import signal
 import subprocess
@@ -116,6 +119,18 @@ def main():
     if took > TIMEOUT + 20:
         fail(f"SIGSTOP: took {took:.1f} s with train.comm_timeout_s = {TIMEOUT}")
     print(f"ok   SIGSTOP of one rank: aborted after {took:.1f} s: {lines[0]}")
+    if not EMU_NCCL:
+        # a failed MPI op on rank 1 (GPTC_TEST_COMM_FAIL_OP: its 60th op made a real
+        # MPI_ERR_COUNT): skipped, it would leave rank 0 waiting until the timeout, or pair
+        # rank 0's op with rank 1's next one; the job ends at once, naming rank 1 and the op
+        took, err = run("failed-op", None, {"GPTC_TEST_COMM_FAIL_OP": "1:60"})
+        lines = [ln for ln in err.splitlines() if "gptc: error" in ln]
+        if not lines or not lines[0].startswith("gptc: error: rank 1: allreduce on tp: ") or \
+                "aborting the job" not in lines[0] or "no progress" in err:
+            fail(f"failed op: no line from rank 1 naming the op, or the timeout fired:\n{err[-3000:]}")
+        if took > TIMEOUT:
+            fail(f"failed op: the job took {took:.1f} s to end, the timeout is {TIMEOUT} s")
+        print(f"ok   a failed MPI op on rank 1 ended the job: {lines[0]}")
     if EMU_NCCL:
         ab = aborts("SIGSTOP", err)
         print(f"ok   SIGSTOP: the watchdog aborted {len(ab)} communicator(s); ops in flight: "
