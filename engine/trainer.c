@@ -706,8 +706,8 @@ refused:
 fail:
     /* a rank with nothing of its own to say stays quiet: the failing rank has spoken */
     if (r.speaker >= 0 && r.speaker != g->rank) silent = 1;
-    if (!silent && err[0]) { /* as train_refused: rank 0 speaks for the job */
-        if (g->rank > 0) log_error("rank %d: %s", g->rank, err);
+    if (!silent && err[0]) { /* after start-up one rank may fail alone: it names itself */
+        if (g->world > 1) log_error("rank %d: %s", g->rank, err);
         else log_error("%s", err);
     }
     if (init) ckpt_close(init);
