@@ -94,31 +94,38 @@ def compare_metrics(name, ref, got, rtol, ref_name):
     return worst
 
 
-def compare_params(name, ref_path, got_path, rtol, tensor_rtol, ref_name="the CPU run"):
+def compare_params(name, ref_path, got_path, rtol, tensor_rtol, ref_name="the CPU run",
+                   groups=("model",)):
     """Final parameters of two checkpoints, normwise: over the whole model within rtol and
-    per tensor within tensor_rtol; returns the whole model's difference. Not element by
+    per tensor within tensor_rtol; returns the whole model's difference (the largest over
+    groups, which may add the optimizer state: "optim/m", "optim/v"). Not element by
     element: AdamW turns rounding noise in a gradient that is (almost) zero into steps of
     its own sign (m / sqrt(v)), so such elements differ between any two summation orders
     far more than the rest (the key biases, whose gradient is exactly zero in exact
     arithmetic, by ~1e-4 of the tensor's norm even between two CPU layouts' runs); a
     wrong tensor or shard is off by far more."""
     import h5py
-    num = den = 0.0
+    worst = 0.0
     with h5py.File(ref_path) as fr, h5py.File(got_path) as fg:
-        for t in fr["model"]:
-            a = fr["model"][t][...].astype(np.float64)
-            b = fg["model"][t][...].astype(np.float64)
-            if a.shape != b.shape:
-                fail(f"{name}: final {t} has shape {b.shape}, {ref_name}'s {a.shape}")
-            d2, a2 = float(np.sum((a - b) ** 2)), float(np.sum(a * a))
-            num, den = num + d2, den + a2
-            err = (d2 / max(a2, 1e-300)) ** 0.5
-            if not err <= tensor_rtol:
-                fail(f"{name}: final {t} differs from {ref_name} by {err:.2e} (normwise)")
-    err = (num / den) ** 0.5
-    if not err <= rtol:
-        fail(f"{name}: final parameters differ from {ref_name} by {err:.2e} (normwise)")
-    return err
+        for grp in groups:
+            if sorted(fr[grp]) != sorted(fg[grp]):
+                fail(f"{name}: /{grp} holds {sorted(fg[grp])}, {ref_name}'s {sorted(fr[grp])}")
+            num = den = 0.0
+            for t in fr[grp]:
+                a = fr[grp][t][...].astype(np.float64)
+                b = fg[grp][t][...].astype(np.float64)
+                if a.shape != b.shape:
+                    fail(f"{name}: final /{grp}/{t} has shape {b.shape}, {ref_name}'s {a.shape}")
+                d2, a2 = float(np.sum((a - b) ** 2)), float(np.sum(a * a))
+                num, den = num + d2, den + a2
+                err = (d2 / max(a2, 1e-300)) ** 0.5
+                if not err <= tensor_rtol:
+                    fail(f"{name}: final /{grp}/{t} differs from {ref_name} by {err:.2e} (normwise)")
+            err = (num / den) ** 0.5
+            if not err <= rtol:
+                fail(f"{name}: final /{grp} differs from {ref_name} by {err:.2e} (normwise)")
+            worst = max(worst, err)
+    return worst
 
 
 # precision = bf16 across devices: a bf16 run against the CPU's bf16 run of the same

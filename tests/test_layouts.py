@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import compare_metrics, fail, read_metrics, run_train, write_tokens  # noqa: E402
+from gptc_testlib import compare_metrics, compare_params, fail, read_metrics, run_train, write_tokens  # noqa: E402,E501
 
 RTOL = 1e-5
 D = tempfile.mkdtemp(prefix="gptc_layouts_")
@@ -157,21 +157,15 @@ def main():
     single = train("single-save", 1, 256, [f"--train.save={D}/single.h5"])
     pp = train("pp4-save", 4, 256, ["--parallel.pp=4", f"--train.save={D}/pp4.h5"])
     compare("pp4 run with a final checkpoint", single, pp)
-    import h5py
-    with h5py.File(f"{D}/single.h5") as a, h5py.File(f"{D}/pp4.h5") as b:
-        for grp in ("model", "optim/m", "optim/v"):
-            names_a, names_b = sorted(a[grp]), sorted(b[grp])
-            if names_a != names_b:
-                fail(f"/{grp}: pp4 checkpoint has {len(names_b)} tensors, single {len(names_a)}")
-            for n in names_a:
-                # the key part of c_attn.bias has an exactly zero gradient, so Adam turns
-                # float noise into updates of ~lr: absolute slack of 1e-5 covers that
-                x, y = a[grp][n][()], b[grp][n][()]
-                slack = 1e-5 * (grp == "model") + 1e-4 * float(np.abs(x).max())
-                if x.shape != y.shape or float(np.abs(x - y).max()) > slack:
-                    fail(f"/{grp}/{n} differs between the single-rank and pp4 checkpoints: "
-                         f"max |diff| {float(np.abs(x - y).max()):.3g} > {slack:.3g}")
-    print("ok   pp4 and single-rank final checkpoints hold the same tensors")
+    # normwise (compare_params says why not element by element): on an AMD EPYC, where
+    # OpenBLAS's kernels round differently, one element of h.3.mlp.c_fc.weight differed by
+    # 2.4e-5 (0.8% of one step's lr) while its m and v agreed to 3e-5; the worst tensor, a
+    # c_attn.bias, differs by 7.6e-5 normwise, each group by at most 3.6e-6; a tensor saved
+    # by the wrong stage or shard differs by ~1
+    err = compare_params("pp4 final checkpoint", f"{D}/single.h5", f"{D}/pp4.h5", 1e-5, 1e-3,
+                         "the single-rank run's", ("model", "optim/m", "optim/v"))
+    print(f"ok   pp4 and single-rank final checkpoints hold the same tensors "
+          f"(normwise {err:.1e})")
     print("PASS: all layouts match the single-rank run")
 
 
