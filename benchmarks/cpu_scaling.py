@@ -60,8 +60,8 @@ def run(name, ranks, extra, tokens, steps, work):
         sys.exit(f"{name} failed:\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
     rows = [json.loads(x) for x in open(log) if x.strip()]
     ms = statistics.median(x["iter_ms"] for x in rows if x["step"] > 2)
-    mem = re.search(r"parameters ([\d.]+) MiB, gradients ([\d.]+) MiB, optimizer state ([\d.]+) MiB, "
-                    r"activations ([\d.]+) MiB", r.stdout)
+    mem = re.search(r"parameters ([\d.]+) MiB(?: \(\+ [\d.]+ MiB bf16 copy\))?, gradients ([\d.]+) MiB, "
+                    r"optimizer state ([\d.]+) MiB, activations ([\d.]+) MiB", r.stdout)
     rss = max(int(x) for x in re.findall(r"peak_rss_kb (\d+)", r.stderr)) / 1024
     return ms, [float(x) for x in mem.groups()], rss, rows[-1]["loss"]
 

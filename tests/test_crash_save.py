@@ -1,7 +1,8 @@
 """Crash-safe checkpoints: kill -9 a trainer that saves after every step, at random
 moments, many times; whatever is at train.save always loads and training resumes from it.
-And a save that runs out of room (a full disk, here a file-size limit) ends the run with
-one line and exit 1, the checkpoint before it untouched."""
+And a save that runs out of room (a full disk: a file-size limit, and a full tmpfs where
+root can mount one) ends the run with one line and exit 1, the checkpoint before it
+untouched."""
 import hashlib
 import os
 import random

@@ -1,7 +1,8 @@
 /* Records timed by a device timer (engine/timing.h: timing_record_device and
  * timing_resolve_device), without a device: a fake timer hands out intervals chosen here,
  * so that the step's analysis can be checked exactly. Also checks that an op the timer
- * saw run nothing is dropped, that host-timed records in the same step keep their
+ * saw run nothing is left out of the statistics and counted as untimed
+ * (untimed_records), that host-timed records in the same step keep their
  * times, that device handles are not carried into the next step, and that records past
  * the trace's cap are counted, not lost silently. */
 #include <math.h>

@@ -32,8 +32,8 @@ SEEDS=(
   pkgconf pkg-config make
 )
 # GPTC_DEBS_EXTRA: more packages to take, e.g. "cmake" when the GPU machine may have none
-# (adds about 13 MiB: libarchive pulls libxml2 and libicu). prepare.sh uses a carried
-# program only where the machine has none of its own.
+# (adds about 13-21 MiB, not re-measured: libarchive pulls in libxml2 and libicu).
+# prepare.sh uses a carried program only where the machine has none of its own.
 read -r -a EXTRA <<< "${GPTC_DEBS_EXTRA:-}"
 SEEDS+=("${EXTRA[@]}")
 

@@ -1,5 +1,5 @@
 /* Test tool, not part of the engine: kernels with a planted synchronization bug unless
- * made safe. Four are races, so that the racecheck (emu_runtime.c, under
+ * made safe. Six are races, so that the racecheck (emu_runtime.c, under
  * GPTC_SANITIZE=thread) is seen to report one: within a block, shared memory a warp writes
  * and another reads, and a cp.async destination another thread reads after the issuing
  * thread's wait (safe: with a barrier); between blocks, blocks writing the same elements

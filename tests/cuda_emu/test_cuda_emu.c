@@ -11,9 +11,9 @@
  *  - cp.async and ldmatrix on one warp (the same file), each lane checking what it sees
  *    against the PTX ISA's statements: the fragments of ldmatrix and its .trans, the
  *    groups of cp.async.wait_group, src-size 0's zero fill;
- *  - race_check.cu's kernels made safe (unsafe, "race 0" to "race 3" and "race 6" are
- *    what the racecheck build must report, ctest test_cuda_emu_race*_reported, and
- *    "race 4" and "race 5" what the emulator must stop at, test_cuda_emu_sync*_reported);
+ *  - race_check.cu's kernels made safe (unsafe, "race 0" to "race 3", "race 6" and
+ *    "race 7" are what the racecheck build must report, ctest test_cuda_emu_race*_reported,
+ *    and "race 4" and "race 5" what the emulator must stop at, test_cuda_emu_sync*_reported);
  *  - fill_nan, which is no op of the op table (tests poison with it), aligned and not;
  *  - wait_flag and set_flag, the host flags of host_tasks.c, on host memory.
  * Everything runs on the NULL stream, which the emulator runs before a launch returns, so
