@@ -8,6 +8,9 @@ every shape of GPTC_BENCH_ATTN_SHAPES (BxTxNHxhs, default 8x1024x12x64, 32x1024x
 forward+backward:
   gptc: $GPTC_BUILD/attention_bench (the launchers of engine/cuda/cuda_kernels.h, qkv in
     gptc's layout [B,T,3C]); the backward includes its rowsum(dout * out) step.
+  gptc-plain: the same, bf16, with GPTC_ATTENTION_GROUP past B * NH: the blocks in the
+    plain order, without the grouping of (b, h) pairs for the L2 (attention_grid in
+    engine/cuda/cuda_common.cuh), so the table shows what the grouping gains.
   torch: F.scaled_dot_product_attention(is_causal=True) on q, k, v [B,NH,T,hs]: bf16 on
     the flash backend (forced), fp32 on the backend torch picks (named in the row; TF32
     off). The forward runs on inputs that require grad (it then saves the lse, as gptc's
@@ -169,9 +172,10 @@ def record(rows, row):
     write_table(rows)  # after every row: a run killed from outside still leaves its table
 
 
-def run_rows(impl, tag, shape, args, precisions, rows):
-    """runs args (which print JSON rows; output in <tag>_<shape>.log), records their rows,
-    and a failed row for every (precision, direction) of precisions they did not print"""
+def run_rows(impl, tag, shape, args, precisions, rows, env=None):
+    """runs args (which print JSON rows; output in <tag>_<shape>.log) with env added to the
+    environment, records their rows as impl's, and a failed row for every (precision,
+    direction) of precisions they did not print"""
     B, T, NH, hs = shape
     base = {"impl": impl, "B": B, "T": T, "NH": NH, "hs": hs}
     log = os.path.join(OUT, f"{tag}_b{B}_t{T}_nh{NH}_hs{hs}.log")
@@ -181,7 +185,8 @@ def run_rows(impl, tag, shape, args, precisions, rows):
     else:
         try:
             r = subprocess.run(args, capture_output=True, text=True,
-                               timeout=min(RUN_TIMEOUT_S, max(left(), 1)))
+                               timeout=min(RUN_TIMEOUT_S, max(left(), 1)),
+                               env=dict(os.environ, **(env or {})))
             stdout, stderr = r.stdout, r.stderr
             if r.returncode:
                 err = (stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]
@@ -206,6 +211,7 @@ def run_rows(impl, tag, shape, args, precisions, rows):
         if not isinstance(row, dict) or not ROW_KEYS <= row.keys() or not (
                 "ms" in row or "error" in row):
             continue
+        row["impl"] = impl
         record(rows, row)
         done.add((row.get("precision"), row.get("direction")))
     for p in precisions:
@@ -233,16 +239,20 @@ def write_table(rows):
         f.write(f"Mean of {ITERS} calls after {WARMUP} warm-up; TFLOP/s counts the causal "
                 f"FLOPs (T(T+1)/2 pairs; backward 2.5x forward); ratio = gptc ms / torch ms "
                 f"(above 1: gptc slower).\n\n")
-        f.write("| shape B,T,NH,hs | precision | direction | gptc ms | torch ms | ratio | "
-                "gptc TFLOP/s | torch TFLOP/s | torch backend | note |\n"
-                "|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write("gptc plain ms: the same kernels in the plain block order (no L2 grouping of "
+                "the (b, h) pairs: GPTC_ATTENTION_GROUP past B * NH).\n\n")
+        f.write("| shape B,T,NH,hs | precision | direction | gptc ms | gptc plain ms | torch ms | "
+                "ratio | gptc TFLOP/s | torch TFLOP/s | torch backend | note |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|\n")
         for k in keys:
             g, t = ok.get(("gptc",) + k), ok.get(("torch",) + k)
+            gp = ok.get(("gptc-plain",) + k)
             errs = [f"{r['impl']}: {r['error']}" for r in rows if "error" in r and
                     (r["B"], r["T"], r["NH"], r["hs"], r["precision"], r["direction"]) == k]
             ratio = g["ms"] / t["ms"] if g and t else None
             f.write(f"| {k[0]},{k[1]},{k[2]},{k[3]} | {k[4]} | {k[5]} | "
-                    f"{fmt(g and g['ms'], '.3f')} | {fmt(t and t['ms'], '.3f')} | "
+                    f"{fmt(g and g['ms'], '.3f')} | {fmt(gp and gp['ms'], '.3f')} | "
+                    f"{fmt(t and t['ms'], '.3f')} | "
                     f"{fmt(ratio, '.2f')} | {fmt(g and g['tflops_causal'], '.1f')} | "
                     f"{fmt(t and t['tflops_causal'], '.1f')} | {t['backend'] if t else ''} | "
                     f"{'; '.join(errs)} |\n")
@@ -265,6 +275,11 @@ def main():
         for p in PRECISIONS:
             run_rows("gptc", f"gptc_{p}", shape, [binary] + dims + [p, str(WARMUP), str(ITERS)],
                      [p], rows)
+        # bf16 in the plain block order as well: what grouping the (b, h) pairs for the L2
+        # (attention_grid in engine/cuda/cuda_common.cuh) gains or costs, in the same run
+        run_rows("gptc-plain", "gptc_plain_bf16", shape,
+                 [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
+                 {"GPTC_ATTENTION_GROUP": str(1 << 30)})
         worker = [sys.executable, os.path.abspath(__file__), "--torch-worker"]
         run_rows("torch", "torch", shape, worker + dims + [str(WARMUP), str(ITERS)], PRECISIONS,
                  rows)

@@ -360,7 +360,8 @@ static __device__ __forceinline__ void softmax_tile(float s[4][8], float m[4], f
 static __device__ __forceinline__ void attn_fwd(float *sm /* att_fwd_smem(hsmax) */,
                                                 float *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
                                                 const float *qkv /* [B,T,3C] */, int T, int C,
-                                                int NH, float sl2, int vec, int hsmax) {
+                                                int NH, float sl2, int vec, int pairs,
+                                                int hsmax) {
     int p = att_pitch(hsmax), tile = ATT_TILE * p, nc = hsmax / 32;
     float *Qs = sm;         /* [64][p] this block's queries */
     float *Ks = Qs + tile;  /* [64][p] the current key tile */
@@ -368,8 +369,9 @@ static __device__ __forceinline__ void attn_fwd(float *sm /* att_fwd_smem(hsmax)
     float *Ps = Vs + tile;  /* [64][ATT_SP] probabilities, [query][key] */
 
     int hs = C / NH, hs4 = (hs + 3) & ~3;
-    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-    int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * ATT_TILE;
+    int bh, rank;
+    if (!attention_block(pairs, &bh, &rank)) return;
+    int b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - rank, q0 = qt * ATT_TILE;
     size_t ld = 3 * (size_t)C;
     const float *base = qkv + (size_t)b * T * ld + (size_t)h * hs; /* q of row 0 */
     int t0 = q0 + lane_row0(); /* this lane's query of row(0) */
@@ -424,17 +426,17 @@ static __device__ __forceinline__ void attn_fwd(float *sm /* att_fwd_smem(hsmax)
 __global__ void __launch_bounds__(ATT_THREADS, 3)
 attention_fwd64_kernel(float *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
                        const float *qkv /* [B,T,3C] */, int T, int C, int NH, float sl2,
-                       int vec) {
+                       int vec, int pairs) {
     extern __shared__ float4 att_smem[];
-    attn_fwd((float *)att_smem, out, lse, qkv, T, C, NH, sl2, vec, 64);
+    attn_fwd((float *)att_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, 64);
 }
 
 __global__ void __launch_bounds__(ATT_THREADS)
 attention_fwd128_kernel(float *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
                         const float *qkv /* [B,T,3C] */, int T, int C, int NH, float sl2,
-                        int vec) {
+                        int vec, int pairs) {
     extern __shared__ float4 att_smem[];
-    attn_fwd((float *)att_smem, out, lse, qkv, T, C, NH, sl2, vec, 128);
+    attn_fwd((float *)att_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, 128);
 }
 
 /* ------------------------------------------------------------------ backward */
@@ -508,6 +510,7 @@ typedef struct {
     const float *D;        /* [B,NH,T] rowsum(dO * O) */
     int T, C, NH, vec;
     float sl2, scale;
+    int pairs;             /* B * NH (attention_block) */
 } att_bwd_args;
 
 /* Block (bh, y): key tile y (the longest loops first); warp w owns keys k0 + 16 w .. + 15.
@@ -534,8 +537,9 @@ static __device__ __forceinline__ void attn_bwd_dkdv(float *sm /* att_dkdv_smem(
     float *stats = dSt + ATT_TILE * ATT_SP; /* [2][64] lse, then D, of its queries */
 
     int hs = C / NH, hs4 = (hs + 3) & ~3;
-    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-    int ktile = blockIdx.y, k0 = ktile * ATT_TILE, ntiles = gridDim.y;
+    int bh, ktile;
+    if (!attention_block(a.pairs, &bh, &ktile)) return;
+    int b = bh / NH, h = bh % NH, k0 = ktile * ATT_TILE, ntiles = gridDim.y;
     size_t ld = 3 * (size_t)C;
     const float *base = qkv + (size_t)b * T * ld + (size_t)h * hs;   /* q of row 0 */
     const float *dbase = dout + (size_t)b * T * C + (size_t)h * hs; /* dout of row 0 */
@@ -633,8 +637,9 @@ static __device__ __forceinline__ void attn_bwd_dq(float *sm /* att_dq_smem(hsma
     float *dSs = Vs + tile;               /* [64][ATT_SP] dS, [query][key] */
 
     int hs = C / NH, hs4 = (hs + 3) & ~3;
-    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-    int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * ATT_TILE;
+    int bh, rank;
+    if (!attention_block(a.pairs, &bh, &rank)) return;
+    int b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - rank, q0 = qt * ATT_TILE;
     size_t ld = 3 * (size_t)C;
     const float *base = qkv + (size_t)b * T * ld + (size_t)h * hs;
     const float *dbase = dout + (size_t)b * T * C + (size_t)h * hs;
@@ -735,7 +740,7 @@ attention_bwd_dq128_kernel(att_bwd_args a) {
 /* ------------------------------------------------------------------ launchers */
 
 /* the kernels above, as the launchers pick them */
-typedef void (*att_fwd_fn)(float *, float *, const float *, int, int, int, float, int);
+typedef void (*att_fwd_fn)(float *, float *, const float *, int, int, int, float, int, int);
 typedef void (*att_bwd_fn)(att_bwd_args);
 
 /* bytes of a [64][hs] tile of the kernel for head sizes up to hsmax, and of a score tile */
@@ -800,7 +805,6 @@ void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = att_vec(hs, qkv, out, NULL), wide = hs > 64;
     float sl2 = attention_sl2(hs);
-    dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + ATT_TILE - 1) / ATT_TILE));
     size_t smem = att_fwd_smem(wide ? 128 : 64);
     att_fwd_fn fwd = wide ? attention_fwd128_kernel : attention_fwd64_kernel;
     if (!cuda_smem_ready((const void *)fwd, smem,
@@ -808,7 +812,9 @@ void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int
                               : "the fp32 attention forward at head size <= 64",
                          s))
         return;
-    fwd<<<grid, ATT_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec);
+    dim3 grid = attention_grid((long)B * NH, (T + ATT_TILE - 1) / ATT_TILE,
+                               (size_t)2 * T * hs * sizeof(float)); /* K and V */
+    fwd<<<grid, ATT_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec, B * NH);
 }
 
 void cuda_attention_dot(float *D, const gptc_act *dout, const gptc_act *out, int B, int T,
@@ -826,7 +832,6 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
     int hs = C / NH, vec = att_vec(hs, qkv, dout, dqkv);
     float scale = 1.0f / sqrtf((float)hs), sl2 = attention_sl2(hs);
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_FP32, s);
-    dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + ATT_TILE - 1) / ATT_TILE));
     int wide = hs > 64, two_kv, two_q;
     att_bwd_variants(hs, (size_t)cuda_smem_optin(), &two_kv, &two_q);
     size_t smem_kv = att_dkdv_smem(wide ? 128 : 64, two_kv);
@@ -843,7 +848,10 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
     if (!cuda_smem_ready((const void *)dkdv, smem_kv, what, s) ||
         !cuda_smem_ready((const void *)dq, smem_q, what, s))
         return;
-    att_bwd_args a = {dqkv, dout, qkv, lse, scratch, T, C, NH, vec, sl2, scale};
+    /* K and V (dq), Q and dO (dk/dv): the same bytes */
+    dim3 grid = attention_grid((long)B * NH, (T + ATT_TILE - 1) / ATT_TILE,
+                               (size_t)2 * T * hs * sizeof(float));
+    att_bwd_args a = {dqkv, dout, qkv, lse, scratch, T, C, NH, vec, sl2, scale, B * NH};
     dkdv<<<grid, ATT_THREADS, smem_kv, s>>>(a);
     dq<<<grid, ATT_THREADS, smem_q, s>>>(a);
 }

@@ -242,14 +242,15 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs) 
                                                 uint16_t *out /* [B,T,C] */,
                                                 float *lse /* [B,NH,T] */,
                                                 const uint16_t *qkv /* [B,T,3C] */, int T, int C,
-                                                int NH, float sl2, int vec, int hs) {
+                                                int NH, float sl2, int vec, int pairs, int hs) {
     int p = ab_pitch(hs), tile = AB_TILE * p;
     uint16_t *Qs = sm;        /* [64][p] this block's queries */
     uint16_t *KV = Qs + tile; /* [2 stages][K, V][64][p] the streamed key and value tiles */
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-    int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * AB_TILE;
+    int bh, rank;
+    if (!attention_block(pairs, &bh, &rank)) return;
+    int b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - rank, q0 = qt * AB_TILE;
     size_t ld = 3 * (size_t)C;
     const uint16_t *base = qkv + (size_t)b * T * ld + (size_t)h * hs; /* q of row 0 */
     int tq[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8}; /* this lane's queries */
@@ -338,17 +339,17 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs) 
 __global__ void __launch_bounds__(AB_THREADS)
 attention_bf16_fwd64_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
                             const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
-                            float sl2, int vec) {
+                            float sl2, int vec, int pairs) {
     extern __shared__ float4 ab_smem[];
-    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, 64);
+    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, 64);
 }
 
 __global__ void __launch_bounds__(AB_THREADS)
 attention_bf16_fwd128_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
                              const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
-                             float sl2, int vec) {
+                             float sl2, int vec, int pairs) {
     extern __shared__ float4 ab_smem[];
-    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, 128);
+    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, 128);
 }
 
 /* any other head size (a multiple of 8 up to 128): hs = C / NH at run time, registers as
@@ -356,9 +357,9 @@ attention_bf16_fwd128_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T]
 __global__ void __launch_bounds__(AB_THREADS)
 attention_bf16_fwd_any_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
                               const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
-                              float sl2, int vec) {
+                              float sl2, int vec, int pairs) {
     extern __shared__ float4 ab_smem[];
-    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, C / NH);
+    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, C / NH);
 }
 
 /* ------------------------------------------------------------------ backward */
@@ -435,6 +436,7 @@ typedef struct {
     const float *D;        /* [B,NH,T] rowsum(dO * O) */
     int T, C, NH, vec;
     float sl2, scale;
+    int pairs;             /* B * NH (attention_block) */
 } ab_bwd_args;
 
 /* Block (bh, y): key tile y (the longest loops first); warp w owns keys k0 + 16 w .. + 15.
@@ -460,8 +462,9 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_sme
     float *stats = (float *)(QdO + 2 * nst * tile); /* [nst][lse2, D][64] of their queries */
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
-    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-    int ktile = blockIdx.y, k0 = ktile * AB_TILE, ntiles = gridDim.y;
+    int bh, ktile;
+    if (!attention_block(a.pairs, &bh, &ktile)) return;
+    int b = bh / NH, h = bh % NH, k0 = ktile * AB_TILE, ntiles = gridDim.y;
     size_t ld = 3 * (size_t)C;
     const uint16_t *base = qkv + (size_t)b * T * ld + (size_t)h * hs;   /* q of row 0 */
     const uint16_t *dbase = dout + (size_t)b * T * C + (size_t)h * hs; /* dout of row 0 */
@@ -530,8 +533,9 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm /* ab_dq_smem(hs
     float *D_s = lse_s + AB_TILE;            /* [64] D of this block's queries */
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
-    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-    int qt = gridDim.y - 1 - blockIdx.y, q0 = qt * AB_TILE;
+    int bh, rank;
+    if (!attention_block(a.pairs, &bh, &rank)) return;
+    int b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - rank, q0 = qt * AB_TILE;
     size_t ld = 3 * (size_t)C;
     const uint16_t *base = qkv + (size_t)b * T * ld + (size_t)h * hs;
     const uint16_t *dbase = dout + (size_t)b * T * C + (size_t)h * hs;
@@ -620,7 +624,7 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_lean_kernel(ab_b
 /* ------------------------------------------------------------------ launchers */
 
 /* the kernels above, as the launchers pick them */
-typedef void (*ab_fwd_fn)(uint16_t *, float *, const uint16_t *, int, int, int, float, int);
+typedef void (*ab_fwd_fn)(uint16_t *, float *, const uint16_t *, int, int, int, float, int, int);
 typedef void (*ab_bwd_fn)(ab_bwd_args);
 
 /* bytes of a [64][hs] tile */
@@ -687,8 +691,9 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
                                 : attention_bf16_fwd_any_kernel;
     char what[80];
     if (!cuda_smem_ready((const void *)fwd, smem, ab_what(what, "forward", hs), s)) return;
-    dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + AB_TILE - 1) / AB_TILE));
-    fwd<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec);
+    dim3 grid = attention_grid((long)B * NH, (T + AB_TILE - 1) / AB_TILE,
+                               (size_t)2 * T * hs * sizeof(uint16_t)); /* K and V */
+    fwd<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec, B * NH);
 }
 
 void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
@@ -714,8 +719,10 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t
     if (!cuda_smem_ready((const void *)dkdv, smem_kv, what, s) ||
         !cuda_smem_ready((const void *)dq, smem_q, what, s))
         return;
-    dim3 grid((unsigned int)((long)B * NH), (unsigned int)((T + AB_TILE - 1) / AB_TILE));
-    ab_bwd_args a = {dqkv, dout, qkv, lse, scratch, T, C, NH, vec, sl2, scale};
+    /* K and V (dq), Q and dO (dk/dv): the same bytes */
+    dim3 grid = attention_grid((long)B * NH, (T + AB_TILE - 1) / AB_TILE,
+                               (size_t)2 * T * hs * sizeof(uint16_t));
+    ab_bwd_args a = {dqkv, dout, qkv, lse, scratch, T, C, NH, vec, sl2, scale, B * NH};
     dkdv<<<grid, AB_THREADS, smem_kv, s>>>(a);
     dq<<<grid, AB_THREADS, smem_q, s>>>(a);
 }

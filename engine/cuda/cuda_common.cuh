@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define FULL_MASK 0xffffffffu
 
@@ -179,6 +180,45 @@ static inline unsigned int grid_for(size_t units, int per_block) {
  * bit at hs 48 and 100 (an error of |s sl2| 2^-24 in P's exponent) */
 static inline float attention_sl2(int hs) {
     return 1.4426950408889634f * (1.0f / sqrtf((float)hs));
+}
+
+/* The attention kernels' blocks: one per (b, h) pair and tile, and the blocks of one pair
+ * read the same tiles (K and V in the forward and dq, Q and dO in dk/dv). Blocks start in
+ * grid order, x fastest; a grid of (pairs, tiles) runs one pair's blocks a whole row of
+ * pairs apart, and once the pairs' tiles outgrow the L2, each block reads them from DRAM
+ * again. attention_grid makes it (group, tiles, groups): `group` pairs whose tiles fit in
+ * half the L2 run together, longest tile first, then the next group. Pair and tile come
+ * from the block index alone (a division would hold them in registers the kernels need:
+ * +22 at the bf16 forward, measured with ptxas), and the blocks past the last pair return
+ * at once (1 from attention_block: this block has work). */
+static __device__ __forceinline__ int attention_block(int pairs, int *bh, int *rank) {
+    *bh = (int)(blockIdx.z * gridDim.x + blockIdx.x);
+    *rank = (int)blockIdx.y; /* 0: launched first, the longest loop under the causal mask */
+    return *bh < pairs;
+}
+
+/* The grid of attention_block for pairs (b, h) pairs of tiles tiles, whose reused tiles
+ * take bytes_per_pair (a pair's K and V, or Q and dO, over all T). GPTC_ATTENTION_GROUP = n
+ * sets the group instead (n >= pairs: the plain grid (pairs, tiles)), so that a benchmark
+ * can compare the orders in one run. */
+static inline dim3 attention_grid(long pairs, int tiles, size_t bytes_per_pair) {
+    static long forced = -1;
+    if (forced < 0) {
+        const char *v = getenv("GPTC_ATTENTION_GROUP");
+        forced = v && atol(v) > 0 ? atol(v) : 0;
+    }
+    long group = forced;
+    if (group <= 0) {
+        int dev = 0, l2 = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 <= 0)
+            l2 = 40 << 20;
+        group = (long)((size_t)l2 / 2 / (bytes_per_pair ? bytes_per_pair : 1));
+        if (group < 1) group = 1;
+    }
+    if (group > pairs) group = pairs;
+    return dim3((unsigned int)group, (unsigned int)tiles,
+                (unsigned int)((pairs + group - 1) / group));
 }
 
 /* 1 when p may be read or written as float4 (16-byte aligned); NULL counts as aligned */

@@ -45,6 +45,7 @@ typedef enum cudaDeviceAttr {
     cudaDevAttrMaxSharedMemoryPerBlock = 8,
     cudaDevAttrWarpSize = 10,
     cudaDevAttrMultiProcessorCount = 16,
+    cudaDevAttrL2CacheSize = 38,
     cudaDevAttrComputeCapabilityMajor = 75,
     cudaDevAttrComputeCapabilityMinor = 76,
     cudaDevAttrMaxSharedMemoryPerBlockOptin = 97

@@ -66,7 +66,7 @@
  *  - timing, occupancy, register or shared memory pressure, bank conflicts;
  *  - exact device arithmetic: expf, tanhf, ... are the host's, and contraction into FMA
  *    follows the host compiler, so results agree with the GPU only to rounding.
- * Limits: 1-D blocks, 1- or 2-D grids, full-warp shuffles of float and double, full-warp
+ * Limits: 1-D blocks, 1-, 2- or 3-D grids, full-warp shuffles of float and double, full-warp
  * mma.sync m16n8k16 bf16 with fp32 accumulators (summed in double here), full-warp
  * ldmatrix .x4 (and .trans), 16-byte cp.async with its commit groups; anything
  * else stops with a message (or does not compile), and cuda_runtime.h is where to add it.
@@ -92,7 +92,7 @@
 #include <unistd.h>
 
 #define EMU_MAX_THREADS 1024          /* threads per block */
-#define EMU_MAX_GRID_Y 65535
+#define EMU_MAX_GRID_Y 65535         /* and z, as on a GPU */
 #define EMU_SMEM_DEFAULT (48 * 1024)  /* dynamic shared memory without an opt-in */
 
 __thread emu_uint3 emu_thread_idx, emu_block_idx;
@@ -119,8 +119,8 @@ static struct {
 
 void emu_fail(const char *msg) {
     if (in_kernel)
-        fprintf(stderr, "cuda_emu: %s, block (%u,%u), thread %u: %s\n", kernel_name,
-                emu_block_idx.x, emu_block_idx.y, emu_thread_idx.x, msg);
+        fprintf(stderr, "cuda_emu: %s, block (%u,%u,%u), thread %u: %s\n", kernel_name,
+                emu_block_idx.x, emu_block_idx.y, emu_block_idx.z, emu_thread_idx.x, msg);
     else
         fprintf(stderr, "cuda_emu: %s\n", msg);
     fflush(stderr);
@@ -777,16 +777,17 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
     emu_dyn_smem = cur.smem;
     int started[EMU_SETS] = {0};
     unsigned int turn[EMU_SETS] = {0}; /* blocks run so far on each set, mod nt */
+    for (unsigned int bz = 0; bz < grid.z; bz++)
     for (unsigned int by = 0; by < grid.y; by++)
         for (unsigned int bx = 0; bx < grid.x; bx++) {
-            unsigned int s = (bx + by) % EMU_SETS;
+            unsigned int s = (bx + by + bz) % EMU_SETS;
             if (!started[s]) start_set(s, nt);
             started[s] = 1;
             for (unsigned int t = 0; t < nt; t++) {
                 fiber *f = &fibers[s * EMU_MAX_THREADS + (t + turn[s]) % nt];
                 f->tid = t;
                 f->parity = 0; /* the warp it now serves may have shuffled more or less */
-                f->block_idx = (emu_uint3){bx, by, 0};
+                f->block_idx = (emu_uint3){bx, by, bz};
                 f->state = F_RUN;
                 block_threads[t] = f;
             }
@@ -911,12 +912,13 @@ void emu_launch_kernel(const void *kernel, const char *name, emu_uint3 grid, emu
                        size_t dyn_smem, cudaStream_t stream, emu_body_fn body, void *ctx,
                        size_t ctx_bytes, void (*free_ctx)(void *)) {
     char msg[200];
-    if (block.y != 1 || block.z != 1 || grid.z != 1) {
-        snprintf(msg, sizeof msg, "%s: only 1-D blocks and 1- or 2-D grids are emulated", name);
+    if (block.y != 1 || block.z != 1) {
+        snprintf(msg, sizeof msg, "%s: only 1-D blocks are emulated", name);
         emu_fail(msg);
     }
     cudaError_t e = cudaSuccess;
-    if (grid.x == 0 || grid.y == 0 || grid.y > EMU_MAX_GRID_Y || block.x == 0 ||
+    if (grid.x == 0 || grid.y == 0 || grid.y > EMU_MAX_GRID_Y || grid.z == 0 ||
+        grid.z > EMU_MAX_GRID_Y || block.x == 0 ||
         block.x > EMU_MAX_THREADS)
         e = cudaErrorInvalidConfiguration;
     else if (dyn_smem > smem_limit(kernel))
