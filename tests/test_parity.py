@@ -34,17 +34,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt2 as tg  # noqa: E402
 
 # Tolerances. loss, grad_norm, lr: max over steps of |a-b|/|b|. param: max |a-b| over all
-# elements. m, v: per tensor, max |a-b| / max |b|, worst tensor. Normalising m and v by
-# the tensor's scale (not per element) is deliberate: some elements have a gradient that
-# is exactly zero in exact arithmetic (the key bias: softmax ignores a per-query constant),
-# so both sides hold pure float noise there and elementwise relative error is meaningless.
+# elements. m, v: per tensor, normwise ||a-b|| / ||b||, worst tensor. Not per element: some
+# elements have a gradient that is exactly zero in exact arithmetic (the key bias: softmax
+# ignores a per-query constant), or one that cancels over the steps, so both sides hold
+# float noise there. Even against the tensor's largest element (max |a-b| / max |b|, the
+# metric before) one such element decided the worst case: on an AMD EPYC, PyTorch's own
+# one-pass run differed from its micro-batched one by 4.7e-5 at element 101 of
+# h.1.mlp.c_fc.bias (float64 against float32: 3.1e-5), less than the 5x headroom the
+# self-check asks below 2e-4; normwise the same runs differ by at most 1.1e-5 (m) and
+# 5.9e-6 (v), and a wrong optimizer touches every element.
 # lr: the LR is exact math in double, but the log prints it with 9 significant digits
 # (%.9g), which alone can be 5e-9 relative off; 1e-9 on top of that. A float32 LR or a
 # schedule off by a step is >= 6e-8 off.
-# m, v: measured against gptc-train (CPU, 2 threads): worst m 3.3e-5, v 1.7e-5; the
-# float64-vs-float32 PyTorch gap is about the same, so 2e-4 leaves ~6x headroom.
+# m, v: PyTorch's noise (the self-check's harmless variants) at most 1.1e-5 normwise, so
+# 1e-4 leaves 9x headroom.
 # param: measured worst 3.5e-6.
-TOL = {"loss": 1e-5, "grad_norm": 1e-5, "lr": 6e-9, "param": 1e-4, "m": 2e-4, "v": 2e-4}
+TOL = {"loss": 1e-5, "grad_norm": 1e-5, "lr": 6e-9, "param": 1e-4, "m": 1e-4, "v": 1e-4}
 # A wrong variant must exceed some tolerance by this factor; a harmless one must stay
 # under tolerance / NOISE_HEADROOM on every metric.
 MIN_MARGIN = 3.0
@@ -225,8 +230,8 @@ def compare(run, ref):
     out["param"] = max((float(np.abs(run["params"][n] - p).max()), n)
                        for n, p in ref["params"].items())
     for key in ("m", "v"):
-        out[key] = max((float(np.abs(run[key][n] - r).max() / max(np.abs(r).max(), 1e-30)), n)
-                       for n, r in ref[key].items())
+        out[key] = max((float(np.linalg.norm(run[key][n] - r) / max(np.linalg.norm(r), 1e-30)),
+                        n) for n, r in ref[key].items())
     return out
 
 
