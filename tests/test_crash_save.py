@@ -34,7 +34,8 @@ def main():
     # Kill times scale with how long this machine takes to start and write the first
     # checkpoint (a sanitizer build on a loaded 2-core machine is many times slower than
     # a release build): the first attempt measures it, the others kill at a random moment
-    # between that and three times that.
+    # between that and three times that (twice as long, up to 8 times the measure, after a
+    # kill that found no newer save).
     first_save = None
     for attempt in range(8):
         p = subprocess.Popen([TRAIN, *MODEL, "--train.steps=1000", "--train.save_every=1",
@@ -44,7 +45,7 @@ def main():
             t0 = time.time()
             while not os.path.exists(ckpt) and p.poll() is None and time.time() - t0 < 300:
                 time.sleep(0.02)
-            first_save = time.time() - t0
+            first_save = measured = time.time() - t0
             time.sleep(rnd.uniform(0.0, first_save))
         else:
             time.sleep(rnd.uniform(first_save, 3 * first_save))
@@ -56,6 +57,11 @@ def main():
             step = int(f.attrs["step"])
             if "optim" not in f or int(f["optim"].attrs["t"]) != step:
                 fail(f"attempt {attempt}: checkpoint of step {step} lacks its optimizer state")
+        if step in steps_seen:
+            # no save landed since the last kill: this machine (loaded, or a sanitizer
+            # build) starts and resumes slower than the first attempt measured, so the
+            # window grows until kills land after saves again
+            first_save = min(2 * first_save, 8 * measured)
         steps_seen.add(step)
         r = run_train(MODEL + [f"--train.init={ckpt}", f"--train.steps={step + 1}"])
         if r.returncode:
