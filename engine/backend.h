@@ -205,6 +205,12 @@ typedef struct gptc_backend {
     void (*vocab_ce_finish)(float *losses, gptc_act *logits, const float *mx,
                             const float *stats, const int32_t *targets, int N, int Vl,
                             int v_valid, int v_start, float dloss, gptc_stream *s);
+    /* The three steps above at once, where one rank holds the whole vocabulary (tp = 1,
+     * v_start 0): the same mx, stats, losses and gradient, with no all-reduce to wait for
+     * between them, so a backend may read each row once and write it once. */
+    void (*cross_entropy)(float *losses, gptc_act *logits, float *mx, float *stats,
+                          const int32_t *targets, int N, int Vl, int v_valid, float dloss,
+                          gptc_stream *s);
 
     /* The optimizer's ops work on fp32 buffers only.
      * Sum of squares of x[n], accumulated in double, returned to the host. */

@@ -235,6 +235,15 @@ static void t_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx,
     scan("loss_finish", losses, (size_t)N);
 }
 
+static void t_cross_entropy(float *losses, gptc_act *logits, float *mx, float *stats,
+                            const int32_t *targets, int N, int Vl, int v_valid, float dloss,
+                            gptc_stream *s) {
+    op_start t0 = begin("loss", s);
+    g_inner->cross_entropy(losses, logits, mx, stats, targets, N, Vl, v_valid, dloss, s);
+    done("loss", t0, s);
+    scan("loss", losses, (size_t)N);
+}
+
 static double t_sum_squares(const float *x, size_t n, gptc_stream *s) {
     op_start t0 = begin("grad_norm", s);
     double r = g_inner->sum_squares(x, n, s);
@@ -276,6 +285,7 @@ const gptc_backend *timed_backend(const gptc_backend *inner) {
     g_timed.vocab_max = t_vocab_max;
     g_timed.vocab_expsum = t_vocab_expsum;
     g_timed.vocab_ce_finish = t_vocab_ce_finish;
+    g_timed.cross_entropy = t_cross_entropy;
     g_timed.sum_squares = t_sum_squares;
     g_timed.scale = t_scale;
     g_timed.adamw = t_adamw;

@@ -528,13 +528,18 @@ static void head_forward(gpt_model *m, slot_acts *sa, const gptc_act *x /* [Nl,C
                           p->lnfb, d->Nl, C, s);
     timing_matmul_role("lm_head");
     tp_column_parallel_forward(&m->tp, sa->logits, sa->lnf, p->wte, NULL, N, C, d->Vl, 1, NULL, s);
-    be->vocab_max(sa->loss_max, sa->logits, N, d->Vl, d->v_valid, s);
-    tp_allreduce_max(&m->tp, sa->loss_max, (size_t)N, s);
-    be->vocab_expsum(sa->loss_stats, sa->logits, sa->loss_max, sa->targets, N, d->Vl, d->v_valid,
-                     d->v_start, s);
-    tp_allreduce_sum(&m->tp, sa->loss_stats, 2 * (size_t)N, s);
-    be->vocab_ce_finish(sa->losses, sa->logits, sa->loss_max, sa->loss_stats, sa->targets, N,
-                        d->Vl, d->v_valid, d->v_start, dloss, s);
+    if (m->tp.size == 1) { /* nothing to sum over ranks between the steps */
+        be->cross_entropy(sa->losses, sa->logits, sa->loss_max, sa->loss_stats, sa->targets, N,
+                          d->Vl, d->v_valid, dloss, s);
+    } else {
+        be->vocab_max(sa->loss_max, sa->logits, N, d->Vl, d->v_valid, s);
+        tp_allreduce_max(&m->tp, sa->loss_max, (size_t)N, s);
+        be->vocab_expsum(sa->loss_stats, sa->logits, sa->loss_max, sa->targets, N, d->Vl,
+                         d->v_valid, d->v_start, s);
+        tp_allreduce_sum(&m->tp, sa->loss_stats, 2 * (size_t)N, s);
+        be->vocab_ce_finish(sa->losses, sa->logits, sa->loss_max, sa->loss_stats, sa->targets,
+                            N, d->Vl, d->v_valid, d->v_start, dloss, s);
+    }
     if (m->n_losses >= m->n_micro) {
         log_error("rank %d: more than %d micro-batches forwarded through the head in one step",
                   log_rank(), m->n_micro);

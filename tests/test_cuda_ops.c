@@ -846,6 +846,31 @@ static void test_cross_entropy(int N, int Vl, int v_valid, int v_start) {
     gpu->release(d_tgt);
 }
 
+/* the one-rank cross_entropy (tp = 1): the same mx, stats, losses and gradient as the
+ * CPU's three steps; targets include ones past the valid columns (ignored). Under bf16
+ * with Vl a multiple of 8 up to 57344 it is the one-pass kernel, else the three. */
+static void test_cross_entropy_whole(int N, int Vl, int v_valid) {
+    size_t n = (size_t)N * Vl;
+    float *logits = host_randn_act(n, 3, 51), *mx = malloc(N * sizeof(float));
+    float *stats = malloc(2 * (size_t)N * sizeof(float)), *losses = malloc(N * sizeof(float));
+    int32_t *tgt = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++) tgt[i] = (int32_t)((i * 53) % (v_valid + 3));
+    gptc_act *d_logits = act_to_gpu(logits, n);
+    float *d_mx = poisoned(N), *d_stats = poisoned(2 * (size_t)N), *d_losses = poisoned(N);
+    int32_t *d_tgt = ints_to_gpu(tgt, N);
+    cpu->cross_entropy(losses, logits, mx, stats, tgt, N, Vl, v_valid, 0.01f, NULL);
+    gpu->cross_entropy(d_losses, d_logits, d_mx, d_stats, d_tgt, N, Vl, v_valid, 0.01f, NULL);
+    char name[64];
+    snprintf(name, sizeof name, "cross_entropy Vl=%d max", Vl);
+    compare(name, d_mx, mx, N, 0);
+    compare("cross_entropy stats", d_stats, stats, 2 * (size_t)N, 1e-5);
+    compare("cross_entropy losses", d_losses, losses, N, 1e-6);
+    compare_act("cross_entropy dlogits", d_logits, logits, n, 1e-6);
+    free(logits), free(mx), free(stats), free(losses), free(tgt);
+    gpu->release(d_logits), gpu->release(d_mx), gpu->release(d_stats), gpu->release(d_losses);
+    gpu->release(d_tgt);
+}
+
 /* offset 1: p alone one float into its allocation; one misaligned buffer must be
  * enough to send the update down the scalar path. Under bf16 the update also writes the
  * parameter copy p_act (poisoned first): the new p rounded. Under fp32 p_act is NULL,
@@ -981,6 +1006,7 @@ int main(int argc, char **argv) {
     test_cross_entropy(37, 104, 97, 0);  /* vector rows, a scalar tail of valid columns */
     test_cross_entropy(37, 101, 0, 101); /* a rank holding padding only */
     if (!quick) test_cross_entropy(19, 4096, 4096, 4096);
+    test_cross_entropy_whole(37, 104, 97); /* fp32: the three kernels */
     test_adamw(quick ? 10007 : 100003, 0);
     test_adamw(1003, 1);
     test_to_act(1003, 0);
@@ -988,6 +1014,7 @@ int main(int argc, char **argv) {
     test_bias_backward(37, 101);
     /* two row slices: blocks adding into the same dbias (quick too: the racecheck's case) */
     test_bias_backward(128, 64);
+    test_bias_backward(200, 264); /* the 16-byte kernel: a block of 256 columns and one of 8 */
 
     /* precision = bf16 for the GPU; the CPU reference runs fp32 on the same bf16 values
      * (top comment) */
@@ -1011,6 +1038,7 @@ int main(int argc, char **argv) {
     test_layernorm(2, 30000);
     test_bias_backward(37, 101);
     if (!quick) test_bias_backward(128, 64);
+    test_bias_backward(200, 264); /* the 16-byte kernel: a block of 256 columns and one of 8 */
     test_elementwise(quick ? 10007 : 100003, 0);
     test_elementwise(1003, 1);
     test_to_act(1003, 0);
@@ -1019,6 +1047,10 @@ int main(int argc, char **argv) {
     test_cross_entropy(37, 104, 97, 0);
     test_cross_entropy(37, 101, 0, 101);
     if (!quick) test_cross_entropy(19, 4096, 4096, 4096);
+    test_cross_entropy_whole(37, 104, 97);     /* one pass: 13 groups, a partial last one */
+    test_cross_entropy_whole(3, 8 * 1024 + 64, 8 * 1024 + 60); /* two groups a thread */
+    test_cross_entropy_whole(3, 57352, 57345); /* past what one pass holds: the three */
+    test_cross_entropy_whole(5, 101, 97);      /* rows of no whole 16-byte groups: the three */
     test_adamw(quick ? 10007 : 100003, 0);
     test_adamw(1003, 1);
     gpu->set_precision(GPTC_FP32);

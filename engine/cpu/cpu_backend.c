@@ -87,6 +87,7 @@ static const gptc_backend CPU = {
     .vocab_max = cpu_vocab_max,
     .vocab_expsum = cpu_vocab_expsum,
     .vocab_ce_finish = cpu_vocab_ce_finish,
+    .cross_entropy = cpu_cross_entropy,
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
     .adamw = cpu_adamw,

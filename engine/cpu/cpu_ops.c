@@ -804,6 +804,19 @@ void cpu_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx, const
     pack(logits, l, nl);
 }
 
+/* the three steps on one copy of the logits (unpacked once under bf16) */
+void cpu_cross_entropy(float *losses, gptc_act *logits, float *mx, float *stats,
+                       const int32_t *targets, int N, int Vl, int v_valid, float dloss,
+                       gptc_stream *s) {
+    size_t nl = (size_t)N * Vl;
+    float *next = bf16() ? arena(nl) : NULL;
+    float *l = bf16() ? unpack(&next, logits, nl) : (float *)logits;
+    f32_vocab_max(mx, l, N, Vl, v_valid);
+    f32_vocab_expsum(stats, l, mx, targets, N, Vl, v_valid, 0);
+    f32_vocab_ce_finish(losses, l, mx, stats, targets, N, Vl, v_valid, 0, dloss);
+    if (bf16()) pack(logits, l, nl);
+}
+
 void cpu_adamw(float *p, gptc_act *p_act, const float *g, float *m, float *v, size_t n,
                float lr, float beta1, float beta2, float eps, float decay, float bc1, float bc2,
                gptc_stream *s) {

@@ -59,6 +59,9 @@ void cpu_vocab_expsum(float *stats, const gptc_act *logits, const float *mx,
 void cpu_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx, const float *stats,
                          const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                          float dloss, gptc_stream *s);
+void cpu_cross_entropy(float *losses, gptc_act *logits, float *mx, float *stats,
+                       const int32_t *targets, int N, int Vl, int v_valid, float dloss,
+                       gptc_stream *s);
 double cpu_sum_squares(const float *x, size_t n, gptc_stream *s);
 void cpu_scale(float *x, float a, size_t n, gptc_stream *s);
 void cpu_adamw(float *p, gptc_act *p_act, const float *g, float *m, float *v, size_t n,

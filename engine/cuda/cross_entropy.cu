@@ -140,6 +140,73 @@ __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits
                ce_grad(act_ld(logits, row_start + i, bf16), i, nv, y, shift, scale, dloss), bf16);
 }
 
+/* ------------------------------------------------------------------ one rank, one pass */
+
+#define CEF_THREADS 1024
+#define CEF_GROUPS 7 /* 16-byte groups a thread keeps: rows of up to 7 * 8 * 1024 = 57344 */
+
+/* The three kernels above in one, where one rank holds the whole vocabulary, for bf16
+ * rows of 16-byte groups: a block per row keeps the row in registers (7 groups of 8 bf16
+ * a thread, still packed), so the logits are read once and the gradient written once
+ * instead of three reads and a write. The same max, a double sum of the same terms (in
+ * another order), the same loss and gradient formulas (ce_grad). */
+__global__ void __launch_bounds__(CEF_THREADS, 1)
+cross_entropy_bf16_kernel(float *losses /* [N] */, gptc_act *logits /* [N,Vl] */,
+                          float *mx /* [N] */, float *stats /* [2,N] */,
+                          const int32_t *targets /* [N] */, int N, int Vl, int v_valid,
+                          float dloss) {
+    __shared__ float shf[32];  /* block_max scratch */
+    __shared__ double shd[32]; /* block_sum_double scratch */
+    int n = blockIdx.x, nv = valid_cols(v_valid, Vl), ng = Vl / 8;
+    size_t row_start = (size_t)n * Vl;
+    bf16x8 *row = (bf16x8 *)((uint16_t *)logits + row_start); /* [Vl / 8] */
+    int y = targets[n];
+    if (y < 0 || y >= nv) y = -1; /* out of range: no column matches, as in expsum */
+    /* read before any thread writes the row: the barriers of the reductions come between */
+    float target = threadIdx.x == 0 && y >= 0 ? act_ld(logits, row_start + y, 1) : 0.0f;
+    bf16x8 v[CEF_GROUPS]; /* groups threadIdx.x + k * CEF_THREADS of the row */
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < CEF_GROUPS; k++) {
+        int gi = threadIdx.x + k * CEF_THREADS;
+        if (gi >= ng) continue;
+        v[k] = row[gi];
+        float x[8];
+        bf16x8_unpack(x, v[k]);
+        for (int j = 0; j < 8; j++)
+            if (8 * gi + j < nv) m = max_sel(m, x[j]);
+    }
+    m = block_max(m, shf);
+    double acc = 0.0;
+#pragma unroll
+    for (int k = 0; k < CEF_GROUPS; k++) {
+        int gi = threadIdx.x + k * CEF_THREADS;
+        if (gi >= ng) continue;
+        float x[8];
+        bf16x8_unpack(x, v[k]);
+        for (int j = 0; j < 8; j++)
+            if (8 * gi + j < nv) acc += expf(x[j] - m);
+    }
+    acc = block_sum_double(acc, shd);
+    float sum = (float)acc, scale = dloss / sum;
+    if (threadIdx.x == 0) {
+        float t = y >= 0 ? target - m : 0.0f;
+        mx[n] = m;
+        stats[n] = sum;
+        stats[N + n] = t;
+        losses[n] = logf(sum) - t;
+    }
+#pragma unroll
+    for (int k = 0; k < CEF_GROUPS; k++) {
+        int gi = threadIdx.x + k * CEF_THREADS;
+        if (gi >= ng) continue;
+        float x[8];
+        bf16x8_unpack(x, v[k]);
+        for (int j = 0; j < 8; j++) x[j] = ce_grad(x[j], 8 * gi + j, nv, y, m, scale, dloss);
+        row[gi] = bf16x8_pack(x);
+    }
+}
+
 extern "C" {
 
 /* 16-byte rows: the buffer 16-byte aligned, Vl a multiple of 4 floats or 8 bf16 */
@@ -172,6 +239,20 @@ void cuda_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx, cons
     vocab_ce_finish_kernel<<<N, CE_THREADS, 0, s>>>(losses, logits, mx, stats, targets, N, Vl,
                                                     v_valid, v_start, dloss,
                                                     ce_vec(logits, Vl, bf16), bf16);
+}
+
+void cuda_cross_entropy(float *losses, gptc_act *logits, float *mx, float *stats,
+                        const int32_t *targets, int N, int Vl, int v_valid, float dloss,
+                        gptc_precision p, cudaStream_t s) {
+    if (N <= 0) return;
+    if (p == GPTC_BF16 && ce_vec(logits, Vl, 1) && Vl <= 8 * CEF_GROUPS * CEF_THREADS) {
+        cross_entropy_bf16_kernel<<<N, CEF_THREADS, 0, s>>>(losses, logits, mx, stats, targets,
+                                                             N, Vl, v_valid, dloss);
+        return;
+    }
+    cuda_vocab_max(mx, logits, N, Vl, v_valid, p, s);
+    cuda_vocab_expsum(stats, logits, mx, targets, N, Vl, v_valid, 0, p, s);
+    cuda_vocab_ce_finish(losses, logits, mx, stats, targets, N, Vl, v_valid, 0, dloss, p, s);
 }
 
 } /* extern "C" */

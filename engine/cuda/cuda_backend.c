@@ -284,6 +284,13 @@ static void cu_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx,
                          g_precision, cu(s));
     check_launch("vocab_ce_finish");
 }
+static void cu_cross_entropy(float *losses, gptc_act *logits, float *mx, float *stats,
+                             const int32_t *targets, int N, int Vl, int v_valid, float dloss,
+                             gptc_stream *s) {
+    cuda_cross_entropy(losses, logits, mx, stats, targets, N, Vl, v_valid, dloss, g_precision,
+                       cu(s));
+    check_launch("cross_entropy");
+}
 /* The result comes back to the host, so this waits for the stream: callers sum whole
  * gradient slices, a few per step. */
 static double cu_sum_squares(const float *x, size_t n, gptc_stream *s) {
@@ -385,6 +392,7 @@ static const gptc_backend CUDA = {
     .vocab_max = cu_vocab_max,
     .vocab_expsum = cu_vocab_expsum,
     .vocab_ce_finish = cu_vocab_ce_finish,
+    .cross_entropy = cu_cross_entropy,
     .sum_squares = cu_sum_squares,
     .scale = cu_scale,
     .adamw = cu_adamw,

@@ -88,6 +88,12 @@ void cuda_vocab_expsum(float *stats, const gptc_act *logits, const float *mx,
 void cuda_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx, const float *stats,
                           const int32_t *targets, int N, int Vl, int v_valid, int v_start,
                           float dloss, gptc_precision p, cudaStream_t s);
+/* the three above on one rank's whole vocabulary (v_start 0): one kernel that reads and
+ * writes each row once where it can (bf16, rows of 16-byte groups, Vl <= 57344), else
+ * the three */
+void cuda_cross_entropy(float *losses, gptc_act *logits, float *mx, float *stats,
+                        const int32_t *targets, int N, int Vl, int v_valid, float dloss,
+                        gptc_precision p, cudaStream_t s);
 
 /* *out (device, one double) = sum of x[n]^2, summed in double; partial[n_partial] is
  * scratch of cuda_sum_squares_partials() doubles */

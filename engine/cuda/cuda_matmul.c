@@ -165,6 +165,11 @@ static plan *make_plan(const plan *key) {
     else lt_check(rc, "cublasLtMatmulAlgoGetHeuristic");
     cublasLtMatmulPreferenceDestroy(pref);
     if (n_found == 0 && key->epi != EPI_NONE) {
+        /* said once per shape: an unfused GELU costs a pass over the activations and their
+         * gradient each way, a slowdown to look for in the timing report */
+        log_info("cuBLASLt has no %s epilogue for the %d x %d x %d product: GEMM and GELU "
+                 "run as separate kernels\n", key->epi == EPI_GELU_AUX ? "GELU" : "DGELU",
+                 key->m, key->n, key->k);
         p->unfused = 1; /* the caller runs the GEMM plain and the activation on its own */
         p->used = 1;
         return p;
