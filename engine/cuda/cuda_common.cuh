@@ -217,6 +217,7 @@ static inline dim3 attention_grid(long pairs, int tiles, size_t bytes_per_pair) 
         if (group < 1) group = 1;
     }
     if (group > pairs) group = pairs;
+    if ((pairs + group - 1) / group > 65535) group = (pairs + 65534) / 65535; /* grid z's limit */
     return dim3((unsigned int)group, (unsigned int)tiles,
                 (unsigned int)((pairs + group - 1) / group));
 }
