@@ -215,15 +215,14 @@ typedef struct gptc_backend {
     /* The optimizer's ops work on fp32 buffers only.
      * Sum of squares of x[n], accumulated in double, returned to the host. */
     double (*sum_squares)(const float *x, size_t n, gptc_stream *s);
-    /* x[n] *= a */
-    void (*scale)(float *x, float a, size_t n, gptc_stream *s);
     /* AdamW (PyTorch semantics) on n elements; decay is 0 for tensors that take none.
-     * bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. When p_act is not NULL and not p, it also
+     * bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. The gradient is g * gscale (the clipping
+     * coefficient, 1 for none: the same float product a pass scaling g first would store,
+     * without that pass over the gradients). When p_act is not NULL and not p, it also
      * writes act p_act[n] = the new p rounded (the parameter copy compute reads). */
-    void (*adamw)(float *p, gptc_act *p_act, const float *g, float *m, float *v, size_t n,
-                  float lr,
-                  float beta1, float beta2, float eps, float decay, float bc1, float bc2,
-                  gptc_stream *s);
+    void (*adamw)(float *p, gptc_act *p_act, const float *g, float gscale, float *m, float *v,
+                  size_t n, float lr, float beta1, float beta2, float eps, float decay,
+                  float bc1, float bc2, gptc_stream *s);
 } gptc_backend;
 
 const gptc_backend *cpu_backend(void);

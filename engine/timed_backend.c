@@ -251,17 +251,12 @@ static double t_sum_squares(const float *x, size_t n, gptc_stream *s) {
     return r;
 }
 
-static void t_scale(float *x, float a, size_t n, gptc_stream *s) {
-    op_start t0 = begin("grad_clip", s);
-    g_inner->scale(x, a, n, s);
-    done("grad_clip", t0, s);
-}
 
-static void t_adamw(float *p, gptc_act *p_act, const float *g, float *m, float *v, size_t n,
-                    float lr, float beta1, float beta2, float eps, float decay, float bc1,
-                    float bc2, gptc_stream *s) {
+static void t_adamw(float *p, gptc_act *p_act, const float *g, float gscale, float *m, float *v,
+                    size_t n, float lr, float beta1, float beta2, float eps, float decay,
+                    float bc1, float bc2, gptc_stream *s) {
     op_start t0 = begin("adamw", s);
-    g_inner->adamw(p, p_act, g, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2, s);
+    g_inner->adamw(p, p_act, g, gscale, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2, s);
     done("adamw", t0, s);
 }
 
@@ -287,7 +282,6 @@ const gptc_backend *timed_backend(const gptc_backend *inner) {
     g_timed.vocab_ce_finish = t_vocab_ce_finish;
     g_timed.cross_entropy = t_cross_entropy;
     g_timed.sum_squares = t_sum_squares;
-    g_timed.scale = t_scale;
     g_timed.adamw = t_adamw;
     return &g_timed;
 }

@@ -43,7 +43,6 @@ double optim_step(gpt_model *m, const optim_config *c, double grad_norm, long t,
     for (int b = 0; b < m->n_buckets; b++) {
         size_t a, z, state;
         optim_piece(m, b, shard_rank, &a, &z, &state);
-        if (coef < 1.0) m->be->scale(m->grads + a, (float)coef, z - a, m->stream);
         const grad_bucket *bk = &m->buckets[b];
         for (int i = bk->first_tensor; i < bk->first_tensor + bk->n_tensors; i++) {
             const param_tensor *p = &m->tensors[i];
@@ -54,7 +53,7 @@ double optim_step(gpt_model *m, const optim_config *c, double grad_norm, long t,
             m->be->adamw(m->params + lo,
                          m->params_act == m->params ? NULL
                                                     : gptc_act_at(m->params_act, lo, m->prec),
-                         m->grads + lo, m->opt_m + s, m->opt_v + s, hi - lo,
+                         m->grads + lo, (float)coef, m->opt_m + s, m->opt_v + s, hi - lo,
                          (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps, decay, bc1,
                          bc2, m->stream);
         }

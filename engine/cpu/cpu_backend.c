@@ -89,7 +89,6 @@ static const gptc_backend CPU = {
     .vocab_ce_finish = cpu_vocab_ce_finish,
     .cross_entropy = cpu_cross_entropy,
     .sum_squares = cpu_sum_squares,
-    .scale = cpu_scale,
     .adamw = cpu_adamw,
 };
 

@@ -431,11 +431,6 @@ static void f32_add(float *out /* [n] */, const float *a /* [n] */, const float 
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-void cpu_scale(float *x, float a, size_t n, gptc_stream *s) {
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) x[i] *= a;
-}
-
 /* ------------------------------------------------------------------ loss */
 
 /* Vocab-parallel softmax cross-entropy, in three passes around two all-reduces over the
@@ -499,15 +494,15 @@ double cpu_sum_squares(const float *x, size_t n, gptc_stream *s) {
     return total;
 }
 
-static void f32_adamw(float *p /* [n] */, const float *g /* [n] */, float *m /* [n] */,
-                      float *v /* [n] */, size_t n, float lr, float beta1, float beta2, float eps,
-                      float decay, float bc1, float bc2) {
+static void f32_adamw(float *p /* [n] */, const float *g /* [n] */, float gscale,
+                      float *m /* [n] */, float *v /* [n] */, size_t n, float lr, float beta1,
+                      float beta2, float eps, float decay, float bc1, float bc2) {
     /* PyTorch's order: decay the weight, update moments, then step by
      * (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps). */
     float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), shrink = 1.0f - lr * decay;
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        float gi = g[i];
+        float gi = g[i] * gscale;
         float mi = beta1 * m[i] + (1.0f - beta1) * gi;
         float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
         m[i] = mi;
@@ -817,9 +812,9 @@ void cpu_cross_entropy(float *losses, gptc_act *logits, float *mx, float *stats,
     if (bf16()) pack(logits, l, nl);
 }
 
-void cpu_adamw(float *p, gptc_act *p_act, const float *g, float *m, float *v, size_t n,
-               float lr, float beta1, float beta2, float eps, float decay, float bc1, float bc2,
-               gptc_stream *s) {
-    f32_adamw(p, g, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2);
+void cpu_adamw(float *p, gptc_act *p_act, const float *g, float gscale, float *m, float *v,
+               size_t n, float lr, float beta1, float beta2, float eps, float decay, float bc1,
+               float bc2, gptc_stream *s) {
+    f32_adamw(p, g, gscale, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2);
     if (p_act && p_act != p) cpu_to_act(p_act, p, n, s);
 }

@@ -63,9 +63,8 @@ void cpu_cross_entropy(float *losses, gptc_act *logits, float *mx, float *stats,
                        const int32_t *targets, int N, int Vl, int v_valid, float dloss,
                        gptc_stream *s);
 double cpu_sum_squares(const float *x, size_t n, gptc_stream *s);
-void cpu_scale(float *x, float a, size_t n, gptc_stream *s);
-void cpu_adamw(float *p, gptc_act *p_act, const float *g, float *m, float *v, size_t n,
-               float lr, float beta1, float beta2, float eps, float decay, float bc1, float bc2,
-               gptc_stream *s);
+void cpu_adamw(float *p, gptc_act *p_act, const float *g, float gscale, float *m, float *v,
+               size_t n, float lr, float beta1, float beta2, float eps, float decay, float bc1,
+               float bc2, gptc_stream *s);
 
 #endif

@@ -78,7 +78,6 @@ void cuda_add(gptc_act *out, const gptc_act *a, const gptc_act *b, size_t n, gpt
               cudaStream_t s);
 /* act dst[n] = src[n] rounded (engine/backend.h: to_act) */
 void cuda_to_act(gptc_act *dst, const float *src, size_t n, gptc_precision p, cudaStream_t s);
-void cuda_scale(float *x, float a, size_t n, cudaStream_t s);
 
 void cuda_vocab_max(float *mx, const gptc_act *logits, int N, int Vl, int v_valid,
                     gptc_precision p, cudaStream_t s);
@@ -101,9 +100,9 @@ size_t cuda_sum_squares_partials(void);
 void cuda_sum_squares(double *out, double *partial, const float *x, size_t n, cudaStream_t s);
 
 /* p_act: NULL, or a bf16 copy (uint16_t bits) of p to write (the fp32 copy is p itself) */
-void cuda_adamw(float *p, uint16_t *p_act, const float *g, float *m, float *v, size_t n,
-                float lr, float beta1, float beta2, float eps, float decay, float bc1,
-                float bc2, cudaStream_t s);
+void cuda_adamw(float *p, uint16_t *p_act, const float *g, float gscale, float *m, float *v,
+                size_t n, float lr, float beta1, float beta2, float eps, float decay,
+                float bc1, float bc2, cudaStream_t s);
 
 /* Fills x[n] with a NaN bit pattern (tests poison outputs before an op). */
 void cuda_fill_nan(float *x, size_t n, cudaStream_t s);

@@ -143,21 +143,6 @@ __global__ void to_act_kernel(gptc_act *dst /* [n] */, const float *src /* [n] *
     for (size_t i = done + i0; i < n; i += stride) act_st(dst, i, src[i], bf16);
 }
 
-/* In place, same layout as add_kernel. */
-__global__ void scale_kernel(float *x /* [n] */, float a, size_t n, int vec) {
-    size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
-    if (vec) {
-        size_t n4 = n / 4;
-        for (size_t i = i0; i < n4; i += stride) {
-            float4 v = ((float4 *)x)[i];
-            ((float4 *)x)[i] = make_float4(v.x * a, v.y * a, v.z * a, v.w * a);
-        }
-        done = n4 * 4;
-    }
-    for (size_t i = done + i0; i < n; i += stride) x[i] *= a;
-}
-
 /* Quiet NaN 0x7fc00000 everywhere; same layout as add_kernel. */
 __global__ void fill_nan_kernel(float *x /* [n] */, size_t n, int vec) {
     size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -315,12 +300,6 @@ void cuda_to_act(gptc_act *dst, const float *src, size_t n, gptc_precision p,
     if (n == 0 || (!bf16 && dst == (const gptc_act *)src)) return;
     int vec = aligned16(dst) && aligned16(src);
     to_act_kernel<<<ew_grid(n, vec, bf16), EW_THREADS, 0, s>>>(dst, src, n, vec, bf16);
-}
-
-void cuda_scale(float *x, float a, size_t n, cudaStream_t s) {
-    if (n == 0) return;
-    int vec = aligned16(x);
-    scale_kernel<<<ew_grid(n, vec, 0), EW_THREADS, 0, s>>>(x, a, n, vec);
 }
 
 void cuda_fill_nan(float *x, size_t n, cudaStream_t s) {

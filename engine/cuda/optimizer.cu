@@ -20,11 +20,12 @@ static __device__ __forceinline__ float adamw_one(float p, float g, float *m, fl
     return p * shrink - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
 }
 
-/* Grid-stride; float4 body when p, g, m, v are all 16-byte aligned, scalar tail. The bf16
- * parameter copy p_act (when not NULL) is written element by element (8 bytes per float4:
- * its alignment does not matter). */
+/* Grid-stride; float4 body when p, g, m, v are all 16-byte aligned, scalar tail. g is
+ * taken times gscale (the clipping coefficient) as it is read. The bf16 parameter copy
+ * p_act (when not NULL) is written element by element (8 bytes per float4: its alignment
+ * does not matter). */
 __global__ void adamw_kernel(float *p /* [n] */, uint16_t *p_act /* [n] or NULL */,
-                             const float *g /* [n] */, float *m /* [n] */,
+                             const float *g /* [n] */, float gscale, float *m /* [n] */,
                              float *v /* [n] */, size_t n, float beta1, float beta2,
                              float eps, float step_size, float bc2_sqrt, float shrink,
                              int vec) {
@@ -34,6 +35,7 @@ __global__ void adamw_kernel(float *p /* [n] */, uint16_t *p_act /* [n] or NULL 
         size_t n4 = n / 4;
         for (size_t i = i0; i < n4; i += stride) {
             float4 p4 = ((float4 *)p)[i], g4 = ((const float4 *)g)[i];
+            g4.x *= gscale, g4.y *= gscale, g4.z *= gscale, g4.w *= gscale;
             float4 m4 = ((float4 *)m)[i], v4 = ((float4 *)v)[i];
             p4.x = adamw_one(p4.x, g4.x, &m4.x, &v4.x, beta1, beta2, eps, step_size, bc2_sqrt,
                              shrink);
@@ -57,8 +59,8 @@ __global__ void adamw_kernel(float *p /* [n] */, uint16_t *p_act /* [n] or NULL 
     }
     for (size_t i = done + i0; i < n; i += stride) {
         float mi = m[i], vi = v[i];
-        float pi = adamw_one(p[i], g[i], &mi, &vi, beta1, beta2, eps, step_size, bc2_sqrt,
-                             shrink);
+        float pi = adamw_one(p[i], g[i] * gscale, &mi, &vi, beta1, beta2, eps, step_size,
+                             bc2_sqrt, shrink);
         p[i] = pi;
         if (p_act) p_act[i] = bf16_bits(pi);
         m[i] = mi;
@@ -108,14 +110,14 @@ __global__ void sum_squares_final_kernel(double *out /* [1] */,
 
 extern "C" {
 
-void cuda_adamw(float *p, uint16_t *p_act, const float *g, float *m, float *v, size_t n,
-                float lr, float beta1, float beta2, float eps, float decay, float bc1,
-                float bc2, cudaStream_t s) {
+void cuda_adamw(float *p, uint16_t *p_act, const float *g, float gscale, float *m, float *v,
+                size_t n, float lr, float beta1, float beta2, float eps, float decay,
+                float bc1, float bc2, cudaStream_t s) {
     if (n == 0) return;
     float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), shrink = 1.0f - lr * decay;
     int vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
     unsigned int grid = grid_for(vec ? n / 4 + 1 : n, ADAM_THREADS);
-    adamw_kernel<<<grid, ADAM_THREADS, 0, s>>>(p, p_act, g, m, v, n, beta1, beta2, eps,
+    adamw_kernel<<<grid, ADAM_THREADS, 0, s>>>(p, p_act, g, gscale, m, v, n, beta1, beta2, eps,
                                                step_size, bc2_sqrt, shrink, vec);
 }
 
