@@ -241,6 +241,7 @@ static void t_cross_entropy(float *losses, gptc_act *logits, float *mx, float *s
     op_start t0 = begin("loss", s);
     g_inner->cross_entropy(losses, logits, mx, stats, targets, N, Vl, v_valid, dloss, s);
     done("loss", t0, s);
+    scan("loss", stats, 2 * (size_t)N);
     scan("loss", losses, (size_t)N);
 }
 

@@ -1048,6 +1048,7 @@ int main(int argc, char **argv) {
     if (!quick) test_cross_entropy(19, 4096, 4096, 4096);
     test_cross_entropy_whole(37, 104, 97);     /* one pass: 13 groups, a partial last one */
     test_cross_entropy_whole(3, 8 * 1024 + 64, 8 * 1024 + 60); /* two groups a thread */
+    test_cross_entropy_whole(2, 50304, 50257); /* GPT-2's padded vocab: 7 groups a thread */
     test_cross_entropy_whole(3, 57352, 57345); /* past what one pass holds: the three */
     test_cross_entropy_whole(5, 101, 97);      /* rows of no whole 16-byte groups: the three */
     test_adamw(quick ? 10007 : 100003, 0);

@@ -165,12 +165,16 @@ cross_entropy_bf16_kernel(float *losses /* [N] */, gptc_act *logits /* [N,Vl] */
     /* read before any thread writes the row: the barriers of the reductions come between */
     float target = threadIdx.x == 0 && y >= 0 ? act_ld(logits, row_start + y, 1) : 0.0f;
     bf16x8 v[CEF_GROUPS]; /* groups threadIdx.x + k * CEF_THREADS of the row */
+#pragma unroll
+    for (int k = 0; k < CEF_GROUPS; k++) { /* all loads first: in flight together */
+        int gi = threadIdx.x + k * CEF_THREADS;
+        if (gi < ng) v[k] = row[gi];
+    }
     float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < CEF_GROUPS; k++) {
         int gi = threadIdx.x + k * CEF_THREADS;
         if (gi >= ng) continue;
-        v[k] = row[gi];
         float x[8];
         bf16x8_unpack(x, v[k]);
         for (int j = 0; j < 8; j++)

@@ -217,9 +217,10 @@ static inline dim3 attention_grid(long pairs, int tiles, size_t bytes_per_pair) 
         if (group < 1) group = 1;
     }
     if (group > pairs) group = pairs;
-    if ((pairs + group - 1) / group > 65535) group = (pairs + 65534) / 65535; /* grid z's limit */
-    return dim3((unsigned int)group, (unsigned int)tiles,
-                (unsigned int)((pairs + group - 1) / group));
+    long groups = (pairs + group - 1) / group;
+    if (groups > 65535) groups = 65535; /* grid z's limit */
+    group = (pairs + groups - 1) / groups; /* groups as even as can be: few idle blocks */
+    return dim3((unsigned int)group, (unsigned int)tiles, (unsigned int)((pairs + group - 1) / group));
 }
 
 /* 1 when p may be read or written as float4 (16-byte aligned); NULL counts as aligned */

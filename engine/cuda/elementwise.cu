@@ -188,7 +188,9 @@ __global__ void bias_backward_kernel(float *dbias /* [OC] */,
     }
 }
 
-#define BB_VEC_COLS (BB_WARPS * 32) /* columns per block of the 16-byte kernel: 8 a lane */
+#define BB_VEC_COLS (8 * 32) /* columns per block of the 16-byte kernel: 8 a lane */
+/* its last step has thread t add column t: one thread per column of the block */
+static_assert(BB_WARPS * 32 == BB_VEC_COLS, "bias_backward_vec_kernel needs 256 threads");
 
 /* bias_backward_kernel with 16-byte loads, for OC % 8 == 0 and dout 16-byte aligned: a
  * lane takes 8 adjacent columns, so a warp reads 256 columns of a row (512 bytes in bf16)

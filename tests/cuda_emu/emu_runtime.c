@@ -292,8 +292,8 @@ static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
  *    sync objects are forgotten (rc_forget) before the next block uses them, and
  *    so is what the block did to shared memory, which the next block reuses. Only the
  *    fibers carry an order, their own program order. The two sets alternate as the
- *    squares of a checkerboard, so each block is checked against its neighbours in x and
- *    in y; within a set, the k-th block runs thread t on fiber (t + k) mod n, so its
+ *    squares of a checkerboard, so each block is checked against its neighbours in x, y
+ *    and z; within a set, the k-th block runs thread t on fiber (t + k) mod n, so its
  *    thread t comes after thread t - (k - j) of the set's j-th block. Two threads of
  *    different blocks go unchecked only when their colours agree and their thread indices
  *    differ by the blocks' distance in the set (mod n): the same thread index, the common
@@ -926,7 +926,7 @@ void emu_launch_kernel(const void *kernel, const char *name, emu_uint3 grid, emu
     else if (!emu_stream_valid(stream))
         e = cudaErrorInvalidResourceHandle;
     if (e == cudaSuccess && host_flag_kind(name) &&
-        (grid.x != 1 || grid.y != 1 || block.x != 1 || dyn_smem != 0)) {
+        (grid.x != 1 || grid.y != 1 || grid.z != 1 || block.x != 1 || dyn_smem != 0)) {
         snprintf(msg, sizeof msg, "%s talks to the host, so it is emulated as one thread "
                  "only: launch it <<<1, 1, 0>>>", name);
         emu_fail(msg);
