@@ -467,6 +467,38 @@ __global__ void attention_bwd_dot_kernel(float *D /* [B,NH,T] */,
     }
 }
 
+/* attention_bwd_dot_kernel with 16-byte loads, where hs = 8 lanes (lanes: 1 to 32, a
+ * power of two) and both buffers are 16-byte aligned: a lane multiplies 8 elements, its
+ * group of `lanes` lanes adds them by shuffles within the group, and a warp takes
+ * 32 / lanes consecutive (b, t, h) rows at once (at hs 64 four heads of a row, 512
+ * contiguous bytes of bf16 where the kernel above reads 64 at a time). */
+__global__ void attention_bwd_dot_vec_kernel(float *D /* [B,NH,T] */,
+                                             const gptc_act *dout /* [B,T,C] */,
+                                             const gptc_act *out /* [B,T,C] */, int B, int T,
+                                             int C, int NH, int bf16, int lanes) {
+    int hs = C / NH, lane = threadIdx.x & 31, part = lane % lanes, per_warp = 32 / lanes;
+    size_t rows = (size_t)B * T * NH, units = (rows + per_warp - 1) / per_warp;
+    size_t stride = ((size_t)gridDim.x * blockDim.x) >> 5;
+    for (size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < units;
+         w += stride) {
+        size_t r = w * per_warp + lane / lanes; /* this lane's row */
+        float acc = 0.0f;
+        if (r < rows) {
+            size_t i = r / NH * C + (size_t)(r % NH) * hs + 8 * (size_t)part;
+            float a[8], b[8];
+            act_ld8_any(a, dout, i, bf16);
+            act_ld8_any(b, out, i, bf16);
+            for (int j = 0; j < 8; j++) acc += a[j] * b[j];
+        }
+        for (int off = lanes >> 1; off > 0; off >>= 1) /* within the group: xor < lanes */
+            acc += __shfl_xor_sync(FULL_MASK, acc, off);
+        if (r < rows && part == 0) {
+            size_t bt = r / NH, b = bt / T, t = bt % T, h = r % NH;
+            D[(b * NH + h) * T + t] = acc;
+        }
+    }
+}
+
 /* P^T = exp2(s sl2 - lse2[t]) over a dk/dv lane's block (rows: keys u0 + row(i); columns:
  * queries t = q0 + kg + 8j, whose log2-domain lse is lse2[kg + 8j]), in place. masked:
  * 0 where u > t or t >= T (the diagonal tile and a partial last one; the callers pass a
@@ -819,9 +851,17 @@ void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int
 
 void cuda_attention_dot(float *D, const gptc_act *dout, const gptc_act *out, int B, int T,
                         int C, int NH, gptc_precision p, cudaStream_t s) {
-    attention_bwd_dot_kernel<<<grid_for((size_t)B * T * NH, ATT_DOT_THREADS / 32),
-                               ATT_DOT_THREADS, 0, s>>>(D, dout, out, B, T, C, NH,
-                                                        p == GPTC_BF16);
+    size_t rows = (size_t)B * T * NH;
+    int hs = C / NH, lanes = hs / 8;
+    if (hs % 8 == 0 && lanes >= 1 && lanes <= 32 && (lanes & (lanes - 1)) == 0 &&
+        aligned16(dout) && aligned16(out)) {
+        size_t units = (rows + 32 / lanes - 1) / (32 / lanes); /* warps' worth of rows */
+        attention_bwd_dot_vec_kernel<<<grid_for(units, ATT_DOT_THREADS / 32), ATT_DOT_THREADS, 0,
+                                       s>>>(D, dout, out, B, T, C, NH, p == GPTC_BF16, lanes);
+        return;
+    }
+    attention_bwd_dot_kernel<<<grid_for(rows, ATT_DOT_THREADS / 32), ATT_DOT_THREADS, 0, s>>>(
+        D, dout, out, B, T, C, NH, p == GPTC_BF16);
 }
 
 void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,

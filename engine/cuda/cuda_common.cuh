@@ -64,6 +64,20 @@ static __device__ __forceinline__ void act_ld8(float f[8], const gptc_act *base,
     bf16x8_unpack(f, *(const bf16x8 *)((const uint16_t *)base + i));
 }
 
+/* f[0..7] = elements i .. i+7 of an act buffer of either type (bf16: one 16-byte load;
+ * fp32: two); base + i 16-byte aligned */
+static __device__ __forceinline__ void act_ld8_any(float f[8], const gptc_act *base, size_t i,
+                                                   int bf16) {
+    if (bf16) {
+        act_ld8(f, base, i);
+        return;
+    }
+    float4 a = ((const float4 *)((const float *)base + i))[0];
+    float4 b = ((const float4 *)((const float *)base + i))[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
+    f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
 /* elements i .. i+7 of a bf16 act buffer = f[0..7] rounded; alignment as act_ld8 */
 static __device__ __forceinline__ void act_st8(gptc_act *base, size_t i, const float f[8]) {
     *(bf16x8 *)((uint16_t *)base + i) = bf16x8_pack(f);

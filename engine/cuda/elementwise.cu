@@ -212,14 +212,7 @@ __global__ void bias_backward_vec_kernel(float *dbias /* [OC] */,
     for (int r = r0 + warp; r < r1; r += BB_WARPS) {
         size_t i = (size_t)r * OC + c0;
         float x[8]; /* columns c0 .. c0+7 of row r */
-        if (bf16) {
-            act_ld8(x, dout, i);
-        } else {
-            float4 a = ((const float4 *)((const float *)dout + i))[0];
-            float4 b = ((const float4 *)((const float *)dout + i))[1];
-            x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
-            x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-        }
+        act_ld8_any(x, dout, i, bf16);
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[j] += x[j];
     }
