@@ -11,6 +11,8 @@
  *  - cp.async and ldmatrix on one warp (the same file), each lane checking what it sees
  *    against the PTX ISA's statements: the fragments of ldmatrix and its .trans, the
  *    groups of cp.async.wait_group, src-size 0's zero fill;
+ *  - a 3-D grid (grid_check.cu) runs each block once with its own blockIdx, and one past
+ *    the z limit is refused (the attention grids are 3-D);
  *  - race_check.cu's kernels made safe (unsafe, "race 0" to "race 3", "race 6" and
  *    "race 7" are what the racecheck build must report, ctest test_cuda_emu_race*_reported,
  *    and "race 4" and "race 5" what the emulator must stop at, test_cuda_emu_sync*_reported);
@@ -36,6 +38,11 @@ void emu_mma_check(float *d, const float *a, const float *b, const float *c);
 
 /* mma_check.cu: cp.async and ldmatrix on one warp, mismatches per lane in bad[32] */
 void emu_cp_async_ldsm_check(int *bad, const uint16_t *m);
+
+/* grid_check.cu: a grid of gx x gy x gz blocks; each adds 1 to count[z][y][x] and writes
+ * the coordinates it saw to coords[z][y][x][0..2] */
+void emu_grid_check(int *count, int *coords, unsigned int gx, unsigned int gy,
+                    unsigned int gz);
 
 /* race_check.cu: kernel which (0: shared memory, 1: cp.async, 2: blocks writing, 3: blocks
  * adding, 4: a skipped __syncthreads, 5: half a warp at a shuffle), safe or not; out[32] =
@@ -111,6 +118,29 @@ static void test_mma(void) {
     int ok = rel <= 1e-6;
     printf("%s %-28s rel err %.3g\n", ok ? "ok  " : "FAIL", "mma m16n8k16 bf16 (emulated)", rel);
     g_failures += !ok;
+}
+
+/* A 3-D grid runs every block once with its own blockIdx (the attention grids are 3-D),
+ * and one past the z limit (65535, as on a GPU) is refused with a launch error. */
+static void test_grid_3d(void) {
+    enum { GX = 3, GY = 2, GZ = 4, NB = GX * GY * GZ };
+    int count[NB] = {0}, coords[3 * NB], bad = 0;
+    for (int i = 0; i < 3 * NB; i++) coords[i] = -1;
+    emu_grid_check(count, coords, GX, GY, GZ);
+    check_launch("grid_check 3 x 2 x 4");
+    for (int z = 0; z < GZ; z++)
+        for (int y = 0; y < GY; y++)
+            for (int x = 0; x < GX; x++) {
+                int i = (z * GY + y) * GX + x;
+                bad += count[i] != 1 || coords[3 * i] != x || coords[3 * i + 1] != y ||
+                       coords[3 * i + 2] != z;
+            }
+    printf("%s %-28s %d of %d blocks wrong\n", bad ? "FAIL" : "ok  ", "3-D grid", bad, NB);
+    g_failures += bad != 0;
+    emu_grid_check(count, coords, 1, 1, 65536);
+    int e = cuda_check_launch();
+    printf("%s %-28s launch error %d\n", e ? "ok  " : "FAIL", "grid z 65536 refused", e);
+    g_failures += !e;
 }
 
 /* cp.async and ldmatrix as emulated (emu_mma.h, emu_runtime.c) against the PTX ISA's
@@ -224,6 +254,7 @@ int main(int argc, char **argv) {
     test_attention_unsupported();
     test_race_check_kernels();
     test_mma();
+    test_grid_3d();
     test_cp_async_ldsm();
     /* 100003: several grid-stride passes */
     test_fill_nan(100003, 0);
