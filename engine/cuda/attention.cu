@@ -467,7 +467,7 @@ __global__ void attention_bwd_dot_kernel(float *D /* [B,NH,T] */,
     }
 }
 
-/* attention_bwd_dot_kernel with 16-byte loads, where hs = 8 lanes (lanes: 1 to 32, a
+/* attention_bwd_dot_kernel with 16-byte loads, where hs = 8 * lanes (lanes: 1 to 32, a
  * power of two) and both buffers are 16-byte aligned: a lane multiplies 8 elements, its
  * group of `lanes` lanes adds them by shuffles within the group, and a warp takes
  * 32 / lanes consecutive (b, t, h) rows at once (at hs 64 four heads of a row, 512
