@@ -844,8 +844,7 @@ void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int
                               : "the fp32 attention forward at head size <= 64",
                          s))
         return;
-    dim3 grid = attention_grid((long)B * NH, (T + ATT_TILE - 1) / ATT_TILE,
-                               (size_t)2 * T * hs * sizeof(float)); /* K and V */
+    dim3 grid = attention_grid(B, NH, T, hs, ATT_TILE, sizeof(float));
     fwd<<<grid, ATT_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec, B * NH);
 }
 
@@ -888,9 +887,7 @@ void cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
     if (!cuda_smem_ready((const void *)dkdv, smem_kv, what, s) ||
         !cuda_smem_ready((const void *)dq, smem_q, what, s))
         return;
-    /* K and V (dq), Q and dO (dk/dv): the same bytes */
-    dim3 grid = attention_grid((long)B * NH, (T + ATT_TILE - 1) / ATT_TILE,
-                               (size_t)2 * T * hs * sizeof(float));
+    dim3 grid = attention_grid(B, NH, T, hs, ATT_TILE, sizeof(float));
     att_bwd_args a = {dqkv, dout, qkv, lse, scratch, T, C, NH, vec, sl2, scale, B * NH};
     dkdv<<<grid, ATT_THREADS, smem_kv, s>>>(a);
     dq<<<grid, ATT_THREADS, smem_q, s>>>(a);

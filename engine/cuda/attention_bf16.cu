@@ -691,8 +691,7 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
                                 : attention_bf16_fwd_any_kernel;
     char what[80];
     if (!cuda_smem_ready((const void *)fwd, smem, ab_what(what, "forward", hs), s)) return;
-    dim3 grid = attention_grid((long)B * NH, (T + AB_TILE - 1) / AB_TILE,
-                               (size_t)2 * T * hs * sizeof(uint16_t)); /* K and V */
+    dim3 grid = attention_grid(B, NH, T, hs, AB_TILE, sizeof(uint16_t));
     fwd<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec, B * NH);
 }
 
@@ -719,9 +718,7 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t
     if (!cuda_smem_ready((const void *)dkdv, smem_kv, what, s) ||
         !cuda_smem_ready((const void *)dq, smem_q, what, s))
         return;
-    /* K and V (dq), Q and dO (dk/dv): the same bytes */
-    dim3 grid = attention_grid((long)B * NH, (T + AB_TILE - 1) / AB_TILE,
-                               (size_t)2 * T * hs * sizeof(uint16_t));
+    dim3 grid = attention_grid(B, NH, T, hs, AB_TILE, sizeof(uint16_t));
     ab_bwd_args a = {dqkv, dout, qkv, lse, scratch, T, C, NH, vec, sl2, scale, B * NH};
     dkdv<<<grid, AB_THREADS, smem_kv, s>>>(a);
     dq<<<grid, AB_THREADS, smem_q, s>>>(a);

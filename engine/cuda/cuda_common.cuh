@@ -211,11 +211,14 @@ static __device__ __forceinline__ int attention_block(int pairs, int *bh, int *r
     return *bh < pairs;
 }
 
-/* The grid of attention_block for pairs (b, h) pairs of tiles tiles, whose reused tiles
- * take bytes_per_pair (a pair's K and V, or Q and dO, over all T). GPTC_ATTENTION_GROUP = n
- * sets the group instead (n >= pairs: the plain grid (pairs, tiles)), so that a benchmark
- * can compare the orders in one run. */
-static inline dim3 attention_grid(long pairs, int tiles, size_t bytes_per_pair) {
+/* The grid of attention_block for B * NH (b, h) pairs of T rows in tiles of `tile` rows,
+ * with elements of elem bytes: the tiles a pair's blocks reuse (K and V in the forward
+ * and dq, Q and dO in dk/dv) take 2 T hs elements. GPTC_ATTENTION_GROUP = n sets the
+ * group instead (n >= B * NH: the plain grid (pairs, tiles)), so that a benchmark can
+ * compare the orders in one run. */
+static inline dim3 attention_grid(int B, int NH, int T, int hs, int tile, size_t elem) {
+    long pairs = (long)B * NH;
+    size_t bytes_per_pair = 2 * (size_t)T * hs * elem;
     static long forced = -1;
     if (forced < 0) {
         const char *v = getenv("GPTC_ATTENTION_GROUP");
@@ -227,14 +230,15 @@ static inline dim3 attention_grid(long pairs, int tiles, size_t bytes_per_pair) 
         if (cudaGetDevice(&dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 <= 0)
             l2 = 40 << 20;
-        group = (long)((size_t)l2 / 2 / (bytes_per_pair ? bytes_per_pair : 1));
+        group = (long)((size_t)l2 / 2 / bytes_per_pair);
         if (group < 1) group = 1;
     }
     if (group > pairs) group = pairs;
     long groups = (pairs + group - 1) / group;
     if (groups > 65535) groups = 65535; /* grid z's limit */
     group = (pairs + groups - 1) / groups; /* groups as even as can be: few idle blocks */
-    return dim3((unsigned int)group, (unsigned int)tiles, (unsigned int)((pairs + group - 1) / group));
+    return dim3((unsigned int)group, (unsigned int)((T + tile - 1) / tile),
+                (unsigned int)((pairs + group - 1) / group));
 }
 
 /* 1 when p may be read or written as float4 (16-byte aligned); NULL counts as aligned */
