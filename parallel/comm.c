@@ -34,7 +34,7 @@ void comm_set_max_count_for_testing(size_t n) {
 
 /* Keeps only the first error: later ones are usually consequences of it. The state flag
  * lets stream threads and the caller race here without a lock. */
-static void record_message(comm_group *g, const char *call, const char *what) {
+void comm_record_error(comm_group *g, const char *call, const char *what) {
     int none = 0;
     if (!atomic_compare_exchange_strong(&g->err_state, &none, 1)) return;
     snprintf(g->err, sizeof g->err, "%s on %s: %s", call, g->name, what);
@@ -48,7 +48,7 @@ static int ok(comm_group *g, const char *call, int rc) {
     int len = 0;
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
         snprintf(msg, sizeof msg, "MPI error %d", rc);
-    record_message(g, call, msg);
+    comm_record_error(g, call, msg);
     return 0;
 }
 
@@ -103,12 +103,12 @@ static int mpi_ready(comm_group *g) {
     int initialized = 0, provided = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
-        record_message(g, "comm_world", "MPI is not initialised");
+        comm_record_error(g, "comm_world", "MPI is not initialised");
         return 0;
     }
     MPI_Query_thread(&provided);
     if (provided < MPI_THREAD_MULTIPLE) {
-        record_message(g, "comm_world", "MPI was not initialised with MPI_THREAD_MULTIPLE");
+        comm_record_error(g, "comm_world", "MPI was not initialised with MPI_THREAD_MULTIPLE");
         return 0;
     }
     return 1;
@@ -230,7 +230,7 @@ int comm_world(comm_group *g, const gptc_backend *be) {
     if (g_backend == COMM_NCCL) {
         char err[256];
         if (comm_nccl_world(g, &g_options, err, sizeof err) != 0) {
-            record_message(g, "NCCL init", err);
+            comm_record_error(g, "NCCL init", err);
             return -1;
         }
         nccl_register(g, 1);
@@ -251,7 +251,7 @@ static int nccl_split(comm_group *parent, comm_group *g, int color, int key) {
     if (!parent->nccl) return 0;
     char err[256];
     if (comm_nccl_split(parent, g, color, key, &g_options, err, sizeof err) != 0) {
-        record_message(parent, "ncclCommSplit", err);
+        comm_record_error(parent, "ncclCommSplit", err);
         return -1;
     }
     if (g->nccl) nccl_register(g, 1);
@@ -446,7 +446,7 @@ static int check_received(comm_group *g, const char *call, const MPI_Status *st,
     char what[96];
     snprintf(what, sizeof what, "got %d bytes from rank %d, expected %d", got, st->MPI_SOURCE,
              expect);
-    record_message(g, call, what);
+    comm_record_error(g, call, what);
     return 0;
 }
 

@@ -38,11 +38,10 @@ static ncclConfig_t make_config(const comm_options *o) {
 }
 
 static void keep_error(comm_group *g, const char *call, ncclResult_t rc) {
-    int none = 0;
-    if (!atomic_compare_exchange_strong(&g->err_state, &none, 1)) return;
-    snprintf(g->err, sizeof g->err, "%s on %s: %s (%s)", call, g->name, ncclGetErrorString(rc),
+    char what[MPI_MAX_ERROR_STRING];
+    snprintf(what, sizeof what, "%s (%s)", ncclGetErrorString(rc),
              ncclGetLastError((ncclComm_t)g->nccl));
-    atomic_store(&g->err_state, 2);
+    comm_record_error(g, call, what);
 }
 
 int comm_nccl_world(comm_group *g, const comm_options *o, char *err, size_t errlen) {

@@ -29,4 +29,7 @@ typedef struct {
     int stream;     /* timing's stream number: 0 when run on the caller */
 } comm_task;
 
+/* g's error becomes "call on <group>: what" unless it has one already (comm_error). */
+void comm_record_error(comm_group *g, const char *call, const char *what);
+
 #endif
