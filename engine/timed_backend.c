@@ -252,7 +252,6 @@ static double t_sum_squares(const float *x, size_t n, gptc_stream *s) {
     return r;
 }
 
-
 static void t_adamw(float *p, gptc_act *p_act, const float *g, float gscale, float *m, float *v,
                     size_t n, float lr, float beta1, float beta2, float eps, float decay,
                     float bc1, float bc2, gptc_stream *s) {

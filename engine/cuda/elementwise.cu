@@ -306,8 +306,8 @@ void cuda_fill_nan(float *x, size_t n, cudaStream_t s) {
 void cuda_bias_backward(float *dbias, const gptc_act *dout, int N, int OC, gptc_precision p,
                         cudaStream_t s) {
     if (N <= 0 || OC <= 0) return;
-    int vec = OC % 8 == 0 && aligned16(dout);
-    int col_blocks = (OC + (vec ? BB_VEC_COLS : BB_COLS) - 1) / (vec ? BB_VEC_COLS : BB_COLS);
+    int vec = OC % 8 == 0 && aligned16(dout), cols = vec ? BB_VEC_COLS : BB_COLS;
+    int col_blocks = (OC + cols - 1) / cols;
     /* enough row slices for about 4 blocks per SM, each slice at least 64 rows */
     long want = ((long)cuda_sm_count() * 4 + col_blocks - 1) / col_blocks;
     long max_slices = (N + 63) / 64;
