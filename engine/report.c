@@ -383,13 +383,13 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
     size_t ns, nk, nt = 0;
     char *steps = gather_text(world, &st, &ns), *kern = gather_text(world, &kt, &nk), *trace = NULL;
     if (trace_path && trace_path[0]) trace = gather_text(world, &tt, &nt);
-    long dropped = timing_dropped(), omitted = trace_path && trace_path[0] ? timing_trace_omitted() : 0;
-    long untimed[2] = {timing_untimed(TK_COMPUTE), timing_untimed(TK_COMM)};
-    if (world && size > 1) {
-        dropped = (long)comm_sum_double(world, (double)dropped);
-        omitted = (long)comm_sum_double(world, (double)omitted);
-        for (int k = 0; k < 2; k++) untimed[k] = (long)comm_sum_double(world, (double)untimed[k]);
-    }
+    /* dropped records, trace events omitted, untimed compute ops, untimed comm ops */
+    double counts[4] = {(double)timing_dropped(),
+                        trace_path && trace_path[0] ? (double)timing_trace_omitted() : 0,
+                        (double)timing_untimed(TK_COMPUTE), (double)timing_untimed(TK_COMM)};
+    if (world && size > 1) comm_sum_doubles(world, counts, 4);
+    long dropped = (long)counts[0], omitted = (long)counts[1];
+    long untimed[2] = {(long)counts[2], (long)counts[3]};
     if (rank == 0) {
         merged_kernel *k = NULL, *kp = NULL;
         int np = 0, n = merge_kernels(kern, &kp, &np, &k);

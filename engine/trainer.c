@@ -373,14 +373,11 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
      * every TP rank); gradients are the same on every DP rank after an all-reduce, and
      * split into pieces after a reduce-scatter */
     timing_set_context(-1, -1, PH_OPT);
-    double loss = loss_sum * (g->tp_rank == 0);
-    double sq = gpt_grad_sum_squares(m, piece) * (sharded || g->dp_rank == 0);
-    if (g->world > 1) {
-        loss = comm_sum_double(&r->world, loss);
-        sq = comm_sum_double(&r->world, sq);
-    }
-    loss /= tokens;
-    *norm = sqrt(sq);
+    double sums[2] = {loss_sum * (g->tp_rank == 0), /* loss, squared gradient norm */
+                      gpt_grad_sum_squares(m, piece) * (sharded || g->dp_rank == 0)};
+    if (g->world > 1) comm_sum_doubles(&r->world, sums, 2);
+    double loss = sums[0] / tokens;
+    *norm = sqrt(sums[1]);
     *skipped = !isfinite(loss) || !isfinite(*norm);
     if (!*skipped) {
         dp_params_settle(&r->dpc, m); /* the optimizer writes parameters a gather may fill */

@@ -969,11 +969,19 @@ void comm_sendrecv(comm_group *g, const void *sendbuf, size_t send_bytes, int ds
 
 /* ---- host-side reductions ---- */
 
-double comm_sum_double(comm_group *g, double x) {
-    double sum = x;
-    ok(g, "MPI_Allreduce", MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, g->comm));
+void comm_sum_doubles(comm_group *g, double *x, int n) {
+    double sum[COMM_SUM_MAX]; /* [n]: x stays as it was if the reduction fails */
+    if (n < 1 || n > COMM_SUM_MAX) {
+        ok(g, "MPI_Allreduce", MPI_ERR_COUNT);
+    } else if (ok(g, "MPI_Allreduce", MPI_Allreduce(x, sum, n, MPI_DOUBLE, MPI_SUM, g->comm))) {
+        memcpy(x, sum, (size_t)n * sizeof(*x));
+    }
     end_job_if_failed(g);
-    return sum;
+}
+
+double comm_sum_double(comm_group *g, double x) {
+    comm_sum_doubles(g, &x, 1);
+    return x;
 }
 
 int comm_max_int(comm_group *g, int x) {

@@ -125,7 +125,10 @@ void comm_lane_after_compute(comm_lane *l);
 /* Compute issued from now on starts after the lane's work issued so far. */
 void comm_lane_join(comm_lane *l);
 
-/* Host-side and synchronous (losses, norms, agreeing on errors). On error they return x. */
+/* Host-side and synchronous (losses, norms, agreeing on errors). On error they return x
+ * (comm_sum_doubles leaves x[0..n) as they were). */
+enum { COMM_SUM_MAX = 8 };
+void comm_sum_doubles(comm_group *g, double *x, int n); /* 1 <= n <= COMM_SUM_MAX */
 double comm_sum_double(comm_group *g, double x);
 int comm_max_int(comm_group *g, int x);
 

@@ -344,6 +344,16 @@ static void test_host_reductions(const team *t) {
     }
     check(comm_sum_double(t->g, me(t) + 0.25) == want, "comm_sum_double on %s", t->g->name);
     check(comm_max_int(t->g, me(t)) == want_max, "comm_max_int on %s", t->g->name);
+    /* each element its own sum: element k adds k * (member + 1) over the group */
+    double x[3], want_k[3] = {0, 0, 0};
+    for (int k = 0; k < 3; k++) {
+        x[k] = k * (me(t) + 1.0);
+        for (int r = 0; r < t->g->size; r++) want_k[k] += k * (t->members[r] + 1.0);
+    }
+    comm_sum_doubles(t->g, x, 3);
+    for (int k = 0; k < 3; k++)
+        check(x[k] == want_k[k], "comm_sum_doubles on %s: element %d is %g, want %g", t->g->name,
+              k, x[k], want_k[k]);
 }
 
 /* Every op, on the caller and on streams, at a few sizes (0 included). */
