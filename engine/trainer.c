@@ -67,10 +67,15 @@ static int check_supported(const gptc_config *c, const grid *g, char *err, size_
 
 /* The CUDA attention kernels handle head sizes up to 128 in fp32, and multiples of 8 up
  * to 128 on tensor cores under precision = bf16 (16-byte rows for ldmatrix); the CPU's
- * attention, any. */
-static int check_precision(const gptc_config *c, const gpt_shape *s, char *err, size_t n) {
+ * attention, any. Their grids hold a sequence's 64-row tiles in y, which stops at 65535. */
+static int check_precision(const gptc_config *c, const gpt_shape *s, int T, char *err, size_t n) {
     int hs = s->d_model / s->n_head;
     if (strcmp(c->device, "cuda") != 0) return 0;
+    if ((long)T > 65535L * 64) {
+        snprintf(err, n, "train.device = cuda takes train.seq_len up to %ld (65535 attention "
+                 "tiles of 64 rows), not %d", 65535L * 64, T);
+        return -1;
+    }
     if (strcmp(c->precision, "bf16") == 0 && hs % 8 != 0) {
         snprintf(err, n, "train.precision = bf16 on train.device = cuda needs a head size "
                  "(model.d_model / model.n_head) that is a multiple of 8, not %d", hs);
@@ -458,7 +463,7 @@ int train_run(const gptc_config *c, const grid *g) {
                          output_path_check("profile.trace", c->trace, 0, err, sizeof(err)) != 0 ||
                          output_path_check("profile.report", c->report, 0, err, sizeof(err)) != 0))
         goto fail_config;
-    if (check_precision(c, &shape, err, sizeof(err)) != 0) goto fail_config;
+    if (check_precision(c, &shape, bp.T, err, sizeof(err)) != 0) goto fail_config;
     long first = init ? meta.step + 1 : 1;
     if (first > c->steps + 1) {
         snprintf(err, sizeof(err), "train.steps = %ld is before the checkpoint's step %ld (train.init %s)",

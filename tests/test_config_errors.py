@@ -54,6 +54,10 @@ CASES = [
      ["train.precision = bf16", "head size", "multiple of 8", "not 20"]),
     ("cuda with a head size of 256", ["--train.device=cuda", "--model.d_model=512"],
      ["train.device = cuda", "head size", "at most 128", "not 256"]),
+    # 65536 tiles of 64 rows would pass grid y's limit of 65535 in the attention launches
+    ("cuda with seq_len past the attention grid", ["--train.device=cuda",
+                                                   "--model.n_ctx=4194305", "--train.seq_len=4194305"],
+     ["train.device = cuda", "train.seq_len", "up to 4194240", "not 4194305"]),
     ("unknown policy", ["--overlap.dp=eager"], ["overlap.dp", "eager"]),
     # strtoull skips the blank and wraps -1 to 2^64 - 1
     ("seed with a blank before -", ["--train.seed= -1"], ["train.seed", "not a non-negative integer"]),
