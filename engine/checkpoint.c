@@ -693,28 +693,35 @@ int ckpt_commit(ckpt_file *f, char *err, size_t errlen)
         ckpt_close(f);
         return -1;
     }
-    /* errno of the failing call: why the write failed (a full disk), where HDF5 says not */
+    /* errno of the first failing call: why the write failed (a full disk), where HDF5
+     * says not */
+    int why = 0;
     errno = 0;
-    herr_t fl = H5Fflush(f->file, H5F_SCOPE_GLOBAL);
-    int why = errno;
-    errno = 0;
-    herr_t cl = H5Fclose(f->file);
-    if (fl >= 0)
+    int failed = H5Fflush(f->file, H5F_SCOPE_GLOBAL) < 0;
+    if (failed)
         why = errno;
+    errno = 0;
+    if (H5Fclose(f->file) < 0) {
+        if (!failed)
+            why = errno;
+        failed = 1;
+    }
     f->file = -1;
-    const char *step = NULL;
     char cause[128];
-    if (fl < 0 || cl < 0)
+    if (failed) {
         set_err(err, errlen, "%s: cannot flush and close temporary file %s%s", f->path,
                 f->tmp_path, os_cause(why, cause, sizeof cause));
-    else if (fsync_path(f->tmp_path, O_RDONLY) != 0)
+        ckpt_abort(f);
+        return -1;
+    }
+    const char *step = NULL;
+    if (fsync_path(f->tmp_path, O_RDONLY) != 0)
         step = "cannot fsync";
     else if (rename(f->tmp_path, f->path) != 0)
         step = "cannot rename into place";
-    if (step)
+    if (step) {
         set_err(err, errlen, "%s: %s temporary file %s: %s", f->path, step, f->tmp_path,
                 strerror(errno));
-    if (step || fl < 0 || cl < 0) {
         ckpt_abort(f);
         return -1;
     }
