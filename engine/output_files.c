@@ -78,27 +78,19 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
     return 0;
 }
 
-/* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c) behind: remove
- * those whose writer is gone, so crashes do not pile up partial copies. */
-void save_remove_stale(const char *path) {
-    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX];
-    snprintf(copy, sizeof(copy), "%s", path);
-    snprintf(dir_copy, sizeof(dir_copy), "%s", path);
-    const char *base = basename(copy), *dir = dirname(dir_copy);
+/* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c) behind: removes
+ * entry (of dir) if it is one whose writer is gone, so crashes do not pile up partial
+ * copies. */
+static void remove_if_stale(const char *dir, const char *base, const char *entry) {
     size_t len = strlen(base);
-    DIR *d = opendir(dir);
-    if (!d) return;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, base, len) != 0 || strncmp(e->d_name + len, ".tmp.", 5) != 0) continue;
-        char *end;
-        long pid = strtol(e->d_name + len + 5, &end, 10);
-        if (*end || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
-            char full[2 * CFG_STR_MAX];
-            snprintf(full, sizeof(full), "%s/%s", dir, e->d_name);
-            if (unlink(full) == 0) log_info("removed %s, left by an interrupted save\n", full);
-        }
+    if (strncmp(entry, base, len) != 0 || strncmp(entry + len, ".tmp.", 5) != 0) return;
+    char *end;
+    long pid = strtol(entry + len + 5, &end, 10);
+    if (*end || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+        char full[2 * CFG_STR_MAX];
+        snprintf(full, sizeof(full), "%s/%s", dir, entry);
+        if (unlink(full) == 0) log_info("removed %s, left by an interrupted save\n", full);
     }
-    closedir(d);
 }
 
 /* The name under which the checkpoint of one step is kept: ckpt.h5 -> ckpt.step42.h5 */
@@ -128,31 +120,35 @@ void save_keep_version(const char *path, long step, int keep, long *kept, int *n
     }
 }
 
-/* The steps of the versions of path (versioned_name) that an earlier run kept, before
- * step first, into kept[] (oldest first), down to the newest keep of them: so that keep
- * counts them too. Later ones (a run that went further) are left alone. */
-void save_adopt_versions(const char *path, long first, int keep, long *kept, int *n_kept) {
-    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX], name[CFG_STR_MAX + 32];
+/* The step of a version of base (versioned_name) that an earlier run kept before step
+ * first, or 0 when entry is none. */
+static long kept_step(const char *base, const char *entry, long first) {
+    size_t len = strlen(base);
+    int h5 = len > 3 && strcmp(base + len - 3, ".h5") == 0;
+    char prefix[CFG_STR_MAX + 8], name[CFG_STR_MAX + 32]; /* versioned_name's, up to the step */
+    snprintf(prefix, sizeof(prefix), "%.*s.step", (int)(h5 ? len - 3 : len), base);
+    size_t plen = strlen(prefix);
+    if (strncmp(entry, prefix, plen) != 0) return 0;
+    char *end;
+    long step = strtol(entry + plen, &end, 10);
+    if (end == entry + plen || step < 1 || step >= first) return 0;
+    versioned_name(base, step, name, sizeof(name));
+    return strcmp(name, entry) == 0 ? step : 0; /* else another file's name */
+}
+
+void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_kept) {
+    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX];
     snprintf(copy, sizeof(copy), "%s", path);
     snprintf(dir_copy, sizeof(dir_copy), "%s", path);
     const char *base = basename(copy), *dir = dirname(dir_copy);
     DIR *d = opendir(dir);
     if (!d) return;
-    /* versioned_name's prefix of the step number */
-    char prefix[CFG_STR_MAX + 8];
-    size_t len = strlen(base);
-    int h5 = len > 3 && strcmp(base + len - 3, ".h5") == 0;
-    snprintf(prefix, sizeof(prefix), "%.*s.step", (int)(h5 ? len - 3 : len), base);
-    size_t plen = strlen(prefix);
-    long found[64]; /* the newest 64 at most: more than any keep needs */
+    long found[64]; /* [n]: the newest 64 versions at most, more than any keep needs */
     int n = 0;
     for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, prefix, plen) != 0) continue;
-        char *end;
-        long step = strtol(e->d_name + plen, &end, 10);
-        if (end == e->d_name + plen || step < 1 || step >= first) continue;
-        versioned_name(base, step, name, sizeof(name));
-        if (strcmp(name, e->d_name) != 0) continue; /* another file's name */
+        remove_if_stale(dir, base, e->d_name);
+        long step = keep > 1 ? kept_step(base, e->d_name, first) : 0;
+        if (step == 0) continue;
         if (n < 64) found[n++] = step;
         else {
             int oldest = 0;
@@ -166,8 +162,9 @@ void save_adopt_versions(const char *path, long first, int keep, long *kept, int
             long t = found[j];
             found[j] = found[j - 1], found[j - 1] = t;
         }
+    /* the newest keep count against keep; older ones are what keep would have removed */
     for (int i = 0; i < n; i++) {
-        if (n - i > keep) { /* older than the newest keep: what keep would have removed */
+        if (n - i > keep) {
             char full[2 * CFG_STR_MAX + 32];
             versioned_name(path, found[i], full, sizeof(full));
             unlink(full);

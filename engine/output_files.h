@@ -9,17 +9,17 @@
  * is written beside path and renamed over it (a checkpoint). */
 int output_path_check(const char *key, const char *path, int replaced, char *err, size_t n);
 
-/* Removes the PATH.tmp.<pid> files whose writer is gone (saves killed mid-write). */
-void save_remove_stale(const char *path);
-
 /* train.keep = keep > 1: keeps the checkpoint just written to path for step as a hard
  * link under a name with the step in it (ckpt.h5 -> ckpt.step42.h5), appends step to
  * kept[] (oldest first, room for keep + 1) and removes the links older than the newest
  * keep. */
 void save_keep_version(const char *path, long step, int keep, long *kept, int *n_kept);
 
-/* The versions an earlier run kept before step first, into kept[]: the newest keep of
- * them count against keep, older ones are removed, later ones left alone. */
-void save_adopt_versions(const char *path, long first, int keep, long *kept, int *n_kept);
+/* At the start of a run that saves to path (rank 0), in one pass over its directory:
+ * removes the PATH.tmp.<pid> files whose writer is gone (saves killed mid-write); and with
+ * keep > 1, puts the versions an earlier run kept before step first into kept[] (oldest
+ * first), so that they count against keep, and removes those older than the newest keep.
+ * Later versions (of a run that went further) are left alone. */
+void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_kept);
 
 #endif

@@ -589,9 +589,7 @@ int train_run(const gptc_config *c, const grid *g) {
     r.policy_dp = r.dpc.overlap;
     r.policy_pp = r.ppc.async;
     r.policy_tp_chunks = m->tp.chunks;
-    if (c->save[0] && g->rank == 0) save_remove_stale(c->save);
-    if (c->save[0] && g->rank == 0 && c->keep > 1)
-        save_adopt_versions(c->save, first, c->keep, r.kept, &r.n_kept);
+    if (c->save[0] && g->rank == 0) save_dir_tidy(c->save, first, c->keep, r.kept, &r.n_kept);
     print_model(m, &bp, first, c->steps, c->precision);
     if (c->save_every > 0 && !c->save[0])
         log_info("warning: train.save_every = %ld has no effect: train.save is empty\n",
