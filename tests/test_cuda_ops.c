@@ -813,59 +813,75 @@ static void test_bias_backward(int N, int OC) {
     gpu->release(d_dout), gpu->release(d_dbias);
 }
 
+/* A cross-entropy case: logits [N, Vl] (std 3) and targets [N] (i * 53 % tgt_mod) on
+ * the host and on the GPU; the host's mx [N], stats [2N] and losses [N], and their device
+ * copies poisoned. */
+typedef struct {
+    size_t n; /* N * Vl */
+    float *logits, *mx, *stats, *losses;
+    int32_t *tgt;
+    gptc_act *d_logits;
+    float *d_mx, *d_stats, *d_losses;
+    int32_t *d_tgt;
+} ce_case;
+
+static ce_case ce_case_make(int N, int Vl, int tgt_mod, uint64_t key) {
+    ce_case c = {.n = (size_t)N * Vl};
+    c.logits = host_randn_act(c.n, 3, key);
+    c.mx = malloc(N * sizeof(float));
+    c.stats = malloc(2 * (size_t)N * sizeof(float));
+    c.losses = malloc(N * sizeof(float));
+    c.tgt = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++) c.tgt[i] = (int32_t)((i * 53) % tgt_mod);
+    c.d_logits = act_to_gpu(c.logits, c.n);
+    c.d_mx = poisoned(N), c.d_stats = poisoned(2 * (size_t)N), c.d_losses = poisoned(N);
+    c.d_tgt = ints_to_gpu(c.tgt, N);
+    return c;
+}
+
+static void ce_case_free(ce_case *c) {
+    free(c->logits), free(c->mx), free(c->stats), free(c->losses), free(c->tgt);
+    gpu->release(c->d_logits), gpu->release(c->d_mx), gpu->release(c->d_stats);
+    gpu->release(c->d_losses), gpu->release(c->d_tgt);
+}
+
 /* The logits must come through max and expsum unchanged (compared exactly) before the
- * finish writes the gradient over them. */
+ * finish writes the gradient over them. Some targets lie on other ranks. */
 static void test_cross_entropy(int N, int Vl, int v_valid, int v_start) {
-    size_t n = (size_t)N * Vl;
-    float *logits = host_randn_act(n, 3, 50), *mx = malloc(N * sizeof(float));
-    float *stats = malloc(2 * (size_t)N * sizeof(float)), *losses = malloc(N * sizeof(float));
-    int32_t *tgt = malloc(N * sizeof(int32_t));
-    for (int i = 0; i < N; i++) tgt[i] = (int32_t)((i * 53) % (v_start + v_valid + 20)); /* some on other ranks */
-    gptc_act *d_logits = act_to_gpu(logits, n);
-    float *d_mx = poisoned(N), *d_stats = poisoned(2 * (size_t)N), *d_losses = poisoned(N);
-    int32_t *d_tgt = ints_to_gpu(tgt, N);
-    cpu->vocab_max(mx, logits, N, Vl, v_valid, NULL);
-    gpu->vocab_max(d_mx, d_logits, N, Vl, v_valid, NULL);
+    ce_case c = ce_case_make(N, Vl, v_start + v_valid + 20, 50);
+    cpu->vocab_max(c.mx, c.logits, N, Vl, v_valid, NULL);
+    gpu->vocab_max(c.d_mx, c.d_logits, N, Vl, v_valid, NULL);
     char name[64];
     snprintf(name, sizeof name, "vocab_max Vl=%d", Vl);
-    compare(name, d_mx, mx, N, 0);
-    cpu->vocab_expsum(stats, logits, mx, tgt, N, Vl, v_valid, v_start, NULL);
-    gpu->vocab_expsum(d_stats, d_logits, d_mx, d_tgt, N, Vl, v_valid, v_start, NULL);
-    compare("vocab_expsum stats", d_stats, stats, 2 * (size_t)N, 1e-5);
-    compare_act("vocab_expsum leaves the logits", d_logits, logits, n, 0);
-    cpu->vocab_ce_finish(losses, logits, mx, stats, tgt, N, Vl, v_valid, v_start, 0.01f, NULL);
-    gpu->vocab_ce_finish(d_losses, d_logits, d_mx, d_stats, d_tgt, N, Vl, v_valid, v_start, 0.01f,
-                         NULL);
-    compare("vocab_ce_finish losses", d_losses, losses, N, 1e-6);
-    compare_act("vocab_ce_finish dlogits", d_logits, logits, n, 1e-6);
-    free(logits), free(mx), free(stats), free(losses), free(tgt);
-    gpu->release(d_logits), gpu->release(d_mx), gpu->release(d_stats), gpu->release(d_losses);
-    gpu->release(d_tgt);
+    compare(name, c.d_mx, c.mx, N, 0);
+    cpu->vocab_expsum(c.stats, c.logits, c.mx, c.tgt, N, Vl, v_valid, v_start, NULL);
+    gpu->vocab_expsum(c.d_stats, c.d_logits, c.d_mx, c.d_tgt, N, Vl, v_valid, v_start, NULL);
+    compare("vocab_expsum stats", c.d_stats, c.stats, 2 * (size_t)N, 1e-5);
+    compare_act("vocab_expsum leaves the logits", c.d_logits, c.logits, c.n, 0);
+    cpu->vocab_ce_finish(c.losses, c.logits, c.mx, c.stats, c.tgt, N, Vl, v_valid, v_start,
+                         0.01f, NULL);
+    gpu->vocab_ce_finish(c.d_losses, c.d_logits, c.d_mx, c.d_stats, c.d_tgt, N, Vl, v_valid,
+                         v_start, 0.01f, NULL);
+    compare("vocab_ce_finish losses", c.d_losses, c.losses, N, 1e-6);
+    compare_act("vocab_ce_finish dlogits", c.d_logits, c.logits, c.n, 1e-6);
+    ce_case_free(&c);
 }
 
 /* the one-rank cross_entropy (tp = 1): the same mx, stats, losses and gradient as the
  * CPU's three steps; targets include ones past the valid columns (ignored). Under bf16
  * with Vl a multiple of 8 up to 57344 it is the one-pass kernel, else the three. */
 static void test_cross_entropy_whole(int N, int Vl, int v_valid) {
-    size_t n = (size_t)N * Vl;
-    float *logits = host_randn_act(n, 3, 51), *mx = malloc(N * sizeof(float));
-    float *stats = malloc(2 * (size_t)N * sizeof(float)), *losses = malloc(N * sizeof(float));
-    int32_t *tgt = malloc(N * sizeof(int32_t));
-    for (int i = 0; i < N; i++) tgt[i] = (int32_t)((i * 53) % (v_valid + 3));
-    gptc_act *d_logits = act_to_gpu(logits, n);
-    float *d_mx = poisoned(N), *d_stats = poisoned(2 * (size_t)N), *d_losses = poisoned(N);
-    int32_t *d_tgt = ints_to_gpu(tgt, N);
-    cpu->cross_entropy(losses, logits, mx, stats, tgt, N, Vl, v_valid, 0.01f, NULL);
-    gpu->cross_entropy(d_losses, d_logits, d_mx, d_stats, d_tgt, N, Vl, v_valid, 0.01f, NULL);
+    ce_case c = ce_case_make(N, Vl, v_valid + 3, 51);
+    cpu->cross_entropy(c.losses, c.logits, c.mx, c.stats, c.tgt, N, Vl, v_valid, 0.01f, NULL);
+    gpu->cross_entropy(c.d_losses, c.d_logits, c.d_mx, c.d_stats, c.d_tgt, N, Vl, v_valid, 0.01f,
+                       NULL);
     char name[64];
     snprintf(name, sizeof name, "cross_entropy Vl=%d max", Vl);
-    compare(name, d_mx, mx, N, 0);
-    compare("cross_entropy stats", d_stats, stats, 2 * (size_t)N, 1e-5);
-    compare("cross_entropy losses", d_losses, losses, N, 1e-6);
-    compare_act("cross_entropy dlogits", d_logits, logits, n, 1e-6);
-    free(logits), free(mx), free(stats), free(losses), free(tgt);
-    gpu->release(d_logits), gpu->release(d_mx), gpu->release(d_stats), gpu->release(d_losses);
-    gpu->release(d_tgt);
+    compare(name, c.d_mx, c.mx, N, 0);
+    compare("cross_entropy stats", c.d_stats, c.stats, 2 * (size_t)N, 1e-5);
+    compare("cross_entropy losses", c.d_losses, c.losses, N, 1e-6);
+    compare_act("cross_entropy dlogits", c.d_logits, c.logits, c.n, 1e-6);
+    ce_case_free(&c);
 }
 
 /* offset 1: p alone one float into its allocation; one misaligned buffer must be
