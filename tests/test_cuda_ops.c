@@ -42,6 +42,7 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/cuda_kernels.h"
+#include "engine/cuda/cuda_matmul.h"
 #include "engine/rng.h"
 #include "tests/attention_bf16_ref.h"
 
@@ -954,13 +955,41 @@ static void test_no_gelu_epilogue(void) {
     gpu->set_precision(GPTC_FP32);
 }
 
+/* The products with GPTC_GEMM_CANDIDATES set (test_cuda_ops_candidates): each plan's first
+ * call times cuBLASLt's candidates, those that accumulate on a scratch C (a dw summed
+ * into twice fails), and the one kept gives the same results. On the emulator, with
+ * GPTC_EMU_LT_SLOW_FIRST = 1, the first candidate is the slow one: every plan must have
+ * picked another. */
+static void test_gemm_candidates(void) {
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        gpu->set_precision(bf16 ? GPTC_BF16 : GPTC_FP32);
+        test_matmul(37, 48, 144, 0, 1);
+        test_matmul(37, 48, 101, 1, 0);
+        test_matmul_gelu(37, 48, 192);
+    }
+    gpu->set_precision(GPTC_FP32);
+    int tuned = 0, not_first = 0;
+    cuda_matmul_tuning(&tuned, &not_first);
+    const char *slow = getenv("GPTC_EMU_LT_SLOW_FIRST");
+    int want_not_first = slow && strcmp(slow, "1") == 0 ? tuned : -1;
+    printf("%d plan(s) timed their candidates; in %d the heuristic's first was not the "
+           "fastest\n", tuned, not_first);
+    if (tuned == 0 || (want_not_first >= 0 && not_first != want_not_first)) {
+        printf("FAIL: want plans timed%s\n",
+               want_not_first >= 0 ? ", each past the slow first candidate" : "");
+        g_failures++;
+    }
+}
+
 /* argv[1] = "quick": the smaller shapes only, for runs under compute-sanitizer, which
  * slows kernels down a hundredfold; "small_smem": test_small_smem_device alone;
- * "no_gelu_epilogue": test_no_gelu_epilogue alone. */
+ * "no_gelu_epilogue": test_no_gelu_epilogue alone; "gemm_candidates":
+ * test_gemm_candidates alone. */
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     int small_smem = argc > 1 && strcmp(argv[1], "small_smem") == 0;
     int no_gelu = argc > 1 && strcmp(argv[1], "no_gelu_epilogue") == 0;
+    int candidates = argc > 1 && strcmp(argv[1], "gemm_candidates") == 0;
     char err[256];
     if (cuda_device_count() == 0) {
         printf("skipped: no GPU visible (test_cuda_ops needs one)\n");
@@ -972,9 +1001,10 @@ int main(int argc, char **argv) {
         printf("FAIL: backend did not start: %s\n", gpu ? "cpu" : err);
         return 1;
     }
-    if (small_smem || no_gelu) {
+    if (small_smem || no_gelu || candidates) {
         if (small_smem) test_small_smem_device();
-        else test_no_gelu_epilogue();
+        else if (no_gelu) test_no_gelu_epilogue();
+        else test_gemm_candidates();
         if (g_failures) printf("%d comparison(s) failed\n", g_failures);
         else printf("the ops run on this device match the CPU ops\n");
         return g_failures ? 1 : 0;

@@ -7,8 +7,9 @@ Rows (one JSON line each in $GPTC_BENCH_OUT/gpt2.jsonl, a table in gpt2.md):
   the same with profile.timing = kernel (CUPTI) and with GPTC_TIMER=events: the overhead;
   gptc with train.precision = bf16 at that micro-batch;
   PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at that micro-batch;
-  then gptc bf16 at twice it (bf16's own largest, where it fits) and, last, with kernel
-  timing, whose log holds the per-op table of a bf16 step.
+  then gptc bf16 at twice it (bf16's own largest, where it fits), with kernel timing
+  (whose log holds the per-op table of a bf16 step) and, last, with cuBLASLt's first 8
+  candidates of every GEMM timed and the fastest kept (GPTC_GEMM_CANDIDATES=8).
 MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
 the card's dense peak for the precision (H100/H200: fp32 67, bf16 989 TFLOP/s).
 gptc's ms/step is its own mean over the steps after the first.
@@ -148,6 +149,17 @@ def main():
             row["overhead_vs_off"] = row["ms_per_step"] / bf["ms_per_step"] - 1
         record(row)
         rows.append(row)
+    # then bf16 with each GEMM's first 8 cuBLASLt candidates timed at its first call and
+    # the fastest kept (GPTC_GEMM_CANDIDATES): whether the heuristic's first choice leaves
+    # time behind; its log says, per product, which candidate won and by how much
+    if left() >= 30:
+        row = gptc("bf16_gemm_candidates8", micro, 6, [], {"GPTC_GEMM_CANDIDATES": "8"},
+                   precision="bf16")
+        bf = next((r for r in rows if r.get("row") == "bf16" and "ms_per_step" in r), None)
+        if bf and "ms_per_step" in row:
+            row["speedup_vs_bf16"] = bf["ms_per_step"] / row["ms_per_step"]
+        record(row)
+        rows.append(row)
     base = rows[0].get("tokens_per_s")
     with open(os.path.join(OUT, "gpt2.md"), "w") as f:
         gpu = next((r["gpu"] for r in rows if "gpu" in r), "see nvidia-smi in the summary")
@@ -159,6 +171,8 @@ def main():
                 continue
             ratio = r["tokens_per_s"] / base if base else float("nan")
             note = f"timing overhead {r['overhead_vs_off']:+.1%}" if "overhead_vs_off" in r else ""
+            if "speedup_vs_bf16" in r:
+                note = f"{r['speedup_vs_bf16']:.3f}x the bf16 row"
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else ""
             f.write(f"| {r['row']} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:.0f} | {mfu} | "
                     f"{ratio:.2f}x | {note} |\n")

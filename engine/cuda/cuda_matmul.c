@@ -12,7 +12,11 @@
  * Choosing an algorithm (the heuristic query) costs tens of microseconds, as much as a
  * small GEMM, so each distinct problem is planned once: a small table keyed by shape,
  * transposes, types, epilogue, beta and pointer alignment keeps its descriptors and
- * algorithm.
+ * algorithm. The heuristic's first candidate is a prediction, not a measurement: with
+ * GPTC_GEMM_CANDIDATES = n (2 to 16) the first call of each plan times its first n
+ * candidates on that call's operands and keeps the fastest (tune_plan), saying which in
+ * the log. Off by default: the choice then rests on timings, so two runs may pick
+ * different algorithms, which sum in different orders.
  * All products run on one workspace; that is safe because only the compute stream
  * issues them. */
 #include "engine/cuda/cuda_matmul.h"
@@ -22,12 +26,13 @@
 #include "engine/log.h"
 
 #include <cublasLt.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { PLAN_SLOTS = 128, WORKSPACE_BYTES = 32 << 20 };
+enum { PLAN_SLOTS = 128, WORKSPACE_BYTES = 32 << 20, MAX_CANDIDATES = 16, TUNE_RUNS = 5 };
 
 /* what the GEMM's epilogue does besides the optional bias */
 enum { EPI_NONE, EPI_GELU_AUX, EPI_DGELU };
@@ -43,6 +48,9 @@ typedef struct {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
+    int n_candidates; /* heuristic results in candidates[], best predicted first */
+    int tuned;        /* candidates timed (or not to be): algo is the one to run */
+    cublasLtMatmulAlgo_t candidates[MAX_CANDIDATES];
 } plan;
 
 static struct {
@@ -51,6 +59,10 @@ static struct {
     cudaDataType_t act; /* the activation type: CUDA_R_32F, or CUDA_R_16BF under bf16 */
     void *workspace; /* [WORKSPACE_BYTES] */
     plan plans[PLAN_SLOTS];
+    int candidates;         /* GPTC_GEMM_CANDIDATES: how many to time per plan (1: none) */
+    void *scratch;          /* [scratch_bytes]: tune_plan's C for products that accumulate */
+    size_t scratch_bytes;
+    int n_tuned, n_not_first; /* plans tuned, and of those, how many the first did not win */
 } g;
 
 static void lt_check(cublasStatus_t rc, const char *what) {
@@ -66,6 +78,18 @@ void cuda_matmul_set_precision(gptc_precision p) {
 
 int cuda_matmul_init(char *err, size_t errlen) {
     cuda_matmul_set_precision(GPTC_FP32);
+    const char *env = getenv("GPTC_GEMM_CANDIDATES");
+    g.candidates = 1;
+    if (env && env[0]) {
+        char *end;
+        long n = strtol(env, &end, 10);
+        if (*end || n < 1 || n > MAX_CANDIDATES) {
+            snprintf(err, errlen, "GPTC_GEMM_CANDIDATES = %s: give a count from 1 to %d", env,
+                     MAX_CANDIDATES);
+            return -1;
+        }
+        g.candidates = (int)n;
+    }
     cublasStatus_t rc = cublasLtCreate(&g.lt);
     if (rc != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "train.device = cuda: cuBLASLt failed to start (%s)",
@@ -155,15 +179,19 @@ static plan *make_plan(const plan *key) {
                                                   &al[2], sizeof al[2]), "preference");
     lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &al[2], sizeof al[2]), "preference");
-    cublasLtMatmulHeuristicResult_t found;
+    cublasLtMatmulHeuristicResult_t found[MAX_CANDIDATES];
     int n_found = 0;
     cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->a, p->b, p->c, p->c, pref,
-                                                       1, &found, &n_found);
+                                                       g.candidates, found, &n_found);
     /* cuBLASLt says "no algorithm" both ways: no result, or NOT_SUPPORTED (e.g. an epilogue
      * it has no kernel for with these types) */
     if (rc == CUBLAS_STATUS_NOT_SUPPORTED) n_found = 0;
     else lt_check(rc, "cublasLtMatmulAlgoGetHeuristic");
     cublasLtMatmulPreferenceDestroy(pref);
+    p->n_candidates = 0;
+    for (int i = 0; i < n_found; i++) /* a result is valid only where its state says so */
+        if (found[i].state == CUBLAS_STATUS_SUCCESS) p->candidates[p->n_candidates++] = found[i].algo;
+    n_found = p->n_candidates;
     if (n_found == 0 && key->epi != EPI_NONE) {
         /* said once per shape: an unfused GELU costs a pass over the activations and their
          * gradient each way, a slowdown to look for in the timing report */
@@ -179,9 +207,99 @@ static plan *make_plan(const plan *key) {
                   key->m, key->n, key->k);
         exit(EXIT_FAILURE);
     }
-    p->algo = found.algo;
+    p->algo = p->candidates[0];
+    p->tuned = p->n_candidates < 2;
     p->used = 1;
     return p;
+}
+
+/* A C of the plan's shape (ldc x n of its type, on 256 bytes: any alignment a plan may
+ * have been promised) for tune_plan, zeroed on s: grown as needed and kept for the run,
+ * so that no cudaFree (which waits for the whole device) falls between steps. */
+static void *tune_scratch(const plan *p, cudaStream_t s) {
+    size_t bytes = (size_t)p->ldc * p->n * (p->c_type == CUDA_R_32F ? 4 : 2);
+    if (bytes + 256 > g.scratch_bytes) {
+        if (g.scratch) cudaFree(g.scratch);
+        g.scratch_bytes = 0;
+        if (cudaMalloc(&g.scratch, bytes + 256) != cudaSuccess) {
+            (void)cudaGetLastError();
+            g.scratch = NULL;
+            return NULL;
+        }
+        g.scratch_bytes = bytes + 256;
+    }
+    char *c = (char *)g.scratch + (256 - (uintptr_t)g.scratch % 256) % 256;
+    if (cudaMemsetAsync(c, 0, bytes, s) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return c;
+}
+
+/* One candidate's mean time over TUNE_RUNS runs after an untimed one, in ms (INFINITY
+ * when it fails to run). */
+static float time_candidate(const plan *p, const cublasLtMatmulAlgo_t *algo, const void *A,
+                            const void *B, void *C, float beta, cudaEvent_t ev[2],
+                            cudaStream_t s) {
+    float alpha = 1.0f, ms = INFINITY;
+    for (int r = 0; r <= TUNE_RUNS; r++) {
+        if (r == 1 && cudaEventRecord(ev[0], s) != cudaSuccess) break;
+        if (cublasLtMatmul(g.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, algo,
+                           g.workspace, WORKSPACE_BYTES, s) != CUBLAS_STATUS_SUCCESS)
+            return INFINITY;
+    }
+    if (cudaEventRecord(ev[1], s) == cudaSuccess && cudaEventSynchronize(ev[1]) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, ev[0], ev[1]) == cudaSuccess)
+        return ms / TUNE_RUNS;
+    (void)cudaGetLastError();
+    return INFINITY;
+}
+
+/* GPTC_GEMM_CANDIDATES > 1, a plan's first call: times its candidates on this call's
+ * operands (the bias and aux pointers already set) and keeps the fastest. The runs write
+ * what the real call then writes again, except where the product accumulates (beta 1):
+ * those run on a zeroed scratch C, so that C is added to once. */
+static void tune_plan(plan *p, const void *A, const void *B, void *C, float beta,
+                      cudaStream_t s) {
+    p->tuned = 1;
+    void *target = C;
+    if (beta != 0.0f) {
+        target = tune_scratch(p, s);
+        if (!target) {
+            log_info("cuBLASLt: no GPU memory to time the %d x %d x %d product's candidates: "
+                     "the heuristic's first runs\n", p->m, p->n, p->k);
+            return;
+        }
+    }
+    cudaEvent_t ev[2];
+    cuda_check(cudaEventCreate(&ev[0]), "cudaEventCreate");
+    cuda_check(cudaEventCreate(&ev[1]), "cudaEventCreate");
+    float first = INFINITY, best = INFINITY;
+    int pick = 0;
+    for (int i = 0; i < p->n_candidates; i++) {
+        float ms = time_candidate(p, &p->candidates[i], A, B, target, beta, ev, s);
+        if (i == 0) first = ms;
+        if (ms < best) best = ms, pick = i;
+    }
+    cudaEventDestroy(ev[0]);
+    cudaEventDestroy(ev[1]);
+    if (best == INFINITY) {
+        log_info("cuBLASLt: the %d x %d x %d product's candidates could not be timed: the "
+                 "heuristic's first runs\n", p->m, p->n, p->k);
+        return;
+    }
+    p->algo = p->candidates[pick];
+    g.n_tuned++;
+    g.n_not_first += pick != 0;
+    log_info("cuBLASLt: the %d x %d x %d product%s: candidate %d of %d is the fastest, %.4f ms "
+             "(the heuristic's first: %.4f ms)\n", p->m, p->n, p->k,
+             p->epi == EPI_GELU_AUX ? " + GELU" : p->epi == EPI_DGELU ? " * GELU'" : "",
+             pick + 1, p->n_candidates, best, first);
+}
+
+void cuda_matmul_tuning(int *tuned, int *not_first) {
+    *tuned = g.n_tuned;
+    *not_first = g.n_not_first;
 }
 
 static plan *find_plan(const plan *key) {
@@ -225,6 +343,7 @@ static int gemm_epi(int ta, int tb, int m, int n, int k, const gptc_act *A, int 
     if (bias) set_op(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
     if (epi != EPI_NONE) set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    if (!p->tuned) tune_plan(p, A, B, C, beta, s);
     lt_check(cublasLtMatmul(g.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c,
                             &p->algo, g.workspace, WORKSPACE_BYTES, s), "cublasLtMatmul");
     return 1;

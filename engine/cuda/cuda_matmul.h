@@ -19,6 +19,10 @@ int cuda_matmul_init(char *err, size_t errlen);
  * of every gptc_act buffer below (fp32, or bf16 with fp32 accumulation). */
 void cuda_matmul_set_precision(gptc_precision p);
 
+/* GPTC_GEMM_CANDIDATES (cuda_matmul.c's top comment): how many plans timed their
+ * candidates so far, and in how many the heuristic's first was not the fastest. */
+void cuda_matmul_tuning(int *tuned, int *not_first);
+
 /* act out[N,OC] = inp[N,IC] @ W (+ bias[OC], fused as the GEMM's epilogue), all act */
 void cuda_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,
                          const gptc_act *bias, int N, int IC, int OC, int w_rows_out,

@@ -36,7 +36,12 @@
  * reads or writes; D not overlapping A, B or the bias; an in-place C == D with the same
  * layout; pointers aligned as the preference promised when the algorithm was chosen
  * (the real library picks vectorised kernels by that promise); a bias pointer with the
- * BIAS epilogue; an algorithm that came from cublasLtMatmulAlgoGetHeuristic. */
+ * BIAS epilogue; an algorithm that came from cublasLtMatmulAlgoGetHeuristic.
+ *
+ * The heuristic hands out one algorithm, or with GPTC_EMU_LT_CANDIDATES = n up to n
+ * (as many as asked for), which all compute alike; GPTC_EMU_LT_SLOW_FIRST = 1 makes the
+ * first of them take 3 ms longer per product, so that a caller that times the
+ * candidates (cuda_matmul.c's GPTC_GEMM_CANDIDATES) must pick another. */
 #include "cublasLt.h"
 #include "emu_internal.h"
 #include "engine/bf16.h"
@@ -46,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { HANDLE_MAGIC = 0x4c544844, DESC_MAGIC = 0x4c544453, LAYOUT_MAGIC = 0x4c544c59,
        PREF_MAGIC = 0x4c545046, ALGO_MAGIC = 0x414c474f };
@@ -383,6 +389,7 @@ static uint64_t types_word(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A,
 /* What cublasLtMatmulAlgoGetHeuristic hands out: it remembers the promise it was made
  * (the preference's alignments) and the problem it was chosen for. */
 enum { ALGO_TA, ALGO_TB, ALGO_M, ALGO_N, ALGO_K };
+enum { ALGO_INDEX_SHIFT = 8 }; /* data[6]: the candidate's index above the transposes */
 
 cublasStatus_t emu_cublasLtMatmulAlgoGetHeuristic(
     cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
@@ -404,18 +411,23 @@ cublasStatus_t emu_cublasLtMatmulAlgoGetHeuristic(
         (d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
          d->epilogue == CUBLASLT_EPILOGUE_DGELU))
         return CUBLAS_STATUS_NOT_SUPPORTED;
-    memset(&results[0], 0, sizeof results[0]);
-    uint64_t *a = results[0].algo.data;
-    a[0] = ALGO_MAGIC;
-    a[1] = ((uint64_t)pref->align[0] << 32) | pref->align[1];
-    a[2] = ((uint64_t)pref->align[2] << 32) | pref->align[3];
-    a[3] = p.m, a[4] = p.n, a[5] = p.k;
-    a[6] = (uint64_t)p.ta << 1 | (uint64_t)p.tb;
-    a[7] = types_word(d, A, C, D);
-    results[0].workspaceSize = 0;
-    results[0].state = CUBLAS_STATUS_SUCCESS;
-    results[0].wavesCount = 1.0f;
-    *returned = 1;
+    const char *nc = getenv("GPTC_EMU_LT_CANDIDATES");
+    int n = nc && atoi(nc) > 1 ? atoi(nc) : 1;
+    if (n > requested) n = requested;
+    for (int i = 0; i < n; i++) {
+        memset(&results[i], 0, sizeof results[i]);
+        uint64_t *a = results[i].algo.data;
+        a[0] = ALGO_MAGIC;
+        a[1] = ((uint64_t)pref->align[0] << 32) | pref->align[1];
+        a[2] = ((uint64_t)pref->align[2] << 32) | pref->align[3];
+        a[3] = p.m, a[4] = p.n, a[5] = p.k;
+        a[6] = (uint64_t)i << ALGO_INDEX_SHIFT | (uint64_t)p.ta << 1 | (uint64_t)p.tb;
+        a[7] = types_word(d, A, C, D);
+        results[i].workspaceSize = 0;
+        results[i].state = CUBLAS_STATUS_SUCCESS;
+        results[i].wavesCount = 1.0f;
+    }
+    *returned = n;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -432,6 +444,7 @@ typedef struct {
     int gelu;      /* 0, or EPI_GELU / EPI_DGELU */
     void *aux;     /* m x n, leading dimension aux_ld */
     int64_t aux_ld;
+    int slow; /* GPTC_EMU_LT_SLOW_FIRST and the first candidate: 3 ms more */
 } gemm_job;
 
 enum { EPI_GELU = 1, EPI_DGELU = 2 };
@@ -506,6 +519,10 @@ static void run_gemm(void *arg) {
         }
     }
     free(bcol);
+    if (g->slow) {
+        struct timespec pause = {0, 3000000};
+        nanosleep(&pause, NULL);
+    }
     emu_cupti_work(EMU_CUPTI_KERNEL, g->corr, t0, emu_cupti_now());
     free(g);
 }
@@ -544,13 +561,14 @@ cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, co
     if (!algo || algo->data[0] != ALGO_MAGIC)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "an algorithm that did not come from the heuristic");
     const uint64_t *a = algo->data;
-    if (a[3] != p.m || a[4] != p.n || a[5] != p.k || a[6] != ((uint64_t)p.ta << 1 | (uint64_t)p.tb) ||
+    if (a[3] != p.m || a[4] != p.n || a[5] != p.k ||
+        (a[6] & ((1u << ALGO_INDEX_SHIFT) - 1)) != ((uint64_t)p.ta << 1 | (uint64_t)p.tb) ||
         a[7] != types_word(d, Ad, Cd, Dd))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the algorithm was chosen for another problem");
     if (!alpha || !beta) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "alpha or beta is NULL");
     gemm_job g = {p, *(const float *)alpha, *(const float *)beta, A, B, C, NULL, D,
                   Ad->ld, Bd->ld, Cd->ld, Dd->ld, (int32_t)Ad->type, (int32_t)Cd->type,
-                  (int32_t)Dd->type, bias_type(d, Dd), aux_type(d, Dd), 0, 0, NULL, 0};
+                  (int32_t)Dd->type, bias_type(d, Dd), aux_type(d, Dd), 0, 0, NULL, 0, 0};
     int with_bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     if (with_bias && !d->bias)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the BIAS epilogue without a bias pointer");
@@ -562,6 +580,8 @@ cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, co
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call,
                       "a GELU epilogue without an aux pointer, or with EPILOGUE_AUX_LD below m");
     g.aux = (void *)d->aux, g.aux_ld = d->aux_ld;
+    const char *slow = getenv("GPTC_EMU_LT_SLOW_FIRST");
+    g.slow = slow && strcmp(slow, "1") == 0 && (a[6] >> ALGO_INDEX_SHIFT) == 0;
     if (p.m == 0 || p.n == 0) return CUBLAS_STATUS_SUCCESS;
 
     /* every operand lies in memory the GPU can reach, over its whole extent */
