@@ -187,9 +187,29 @@ def main():
             fail(f"{name}: report step {st}: implausible times")
     print(f"ok   {name:<24} 1 rank(s): losses, grad norms within {worst:.1e}, parameters "
           f"{perr:.1e} ({secs:.1f} s); report: {len(cupti_names)} op names timed from CUPTI records")
+
+    # the same with cuBLASLt's candidates timed at each product's first call: those calls'
+    # ops hold every candidate's runs, so they must be read as untimed: at least one op,
+    # at most one per product (an op may run two products, as the backward's dinp and dw;
+    # test_cuda_ops_emu_candidates checks one op exactly)
+    name = "emu_cupti_candidates"
+    got, out, secs = train(name, 1, "cuda", ["--profile.timing=kernel",
+                                             f"--profile.report={D}/report_cand.json"],
+                           binary=emu, extra_env={"GPTC_EMU_CUPTI": "1", "GPTC_GEMM_CANDIDATES": "3",
+                                                  "GPTC_EMU_LT_CANDIDATES": "3"})
+    worst, perr = compare(name, ref, got)
+    tuned = len(re.findall(r"candidate \d of 3 is the fastest", out))
+    plain_untimed = rep["untimed_records"]["compute"]
+    untimed = json.load(open(f"{D}/report_cand.json"))["untimed_records"]["compute"]
+    if tuned == 0 or not plain_untimed < untimed <= plain_untimed + tuned:
+        fail(f"{name}: {tuned} products timed their candidates, {untimed} compute records "
+             f"untimed, {plain_untimed} without candidates: want 1 to {tuned} more")
+    print(f"ok   {name:<24} 1 rank(s): losses, grad norms within {worst:.1e}, parameters "
+          f"{perr:.1e} ({secs:.1f} s); {tuned} products timed their candidates in "
+          f"{untimed - plain_untimed} ops, left untimed")
     check_small_smem_refusal(emu)
     check_old_gpu_refusal(emu)
-    print(f"PASS: {len(LAYOUTS) + 3 + len(bf16_runs)} runs of the CUDA host code on the fake runtime match the CPU run")
+    print(f"PASS: {len(LAYOUTS) + 4 + len(bf16_runs)} runs of the CUDA host code on the fake runtime match the CPU run")
 
 
 def check_start_refusal(emu, name, what, d_model, extra_env, want):

@@ -968,6 +968,27 @@ static void test_gemm_candidates(void) {
         test_matmul_gelu(37, 48, 192);
     }
     gpu->set_precision(GPTC_FP32);
+    /* under kernel timing the op that timed the candidates reads as untimed (its time
+     * holds every candidate's runs); the same product's next op is timed */
+    int N = 37, IC = 48, OC = 80; /* a shape no plan above has */
+    float *inp = host_randn_act((size_t)N * IC, 1, 26), *w = host_randn_act((size_t)IC * OC, 0.1f, 27);
+    gptc_act *d_inp = act_to_gpu(inp, (size_t)N * IC), *d_w = act_to_gpu(w, (size_t)IC * OC);
+    gptc_act *d_out = act_poisoned((size_t)N * OC);
+    free(inp), free(w);
+    gpu->timer_reset();
+    int reads[2];
+    for (int i = 0; i < 2; i++) {
+        int op = gpu->timer_begin(NULL);
+        gpu->matmul_forward(d_out, d_inp, d_w, NULL, N, IC, OC, 0, NULL);
+        gpu->timer_end(op, NULL);
+        gpu->synchronize(NULL);
+        double a, b;
+        reads[i] = gpu->timer_read(op, &a, &b);
+    }
+    printf("%s the tuning op reads %d (want -1: untimed), the next %d (want 0)\n",
+           reads[0] == -1 && reads[1] == 0 ? "ok  " : "FAIL", reads[0], reads[1]);
+    g_failures += !(reads[0] == -1 && reads[1] == 0);
+    gpu->release(d_inp), gpu->release(d_w), gpu->release(d_out);
     int tuned = 0, not_first = 0;
     cuda_matmul_tuning(&tuned, &not_first);
     const char *slow = getenv("GPTC_EMU_LT_SLOW_FIRST");

@@ -314,6 +314,11 @@ static void cu_adamw(float *p, gptc_act *p_act, const float *gr, float gscale, f
 /* ---- device timing: CUPTI where it starts, else CUDA events ---- */
 
 static int g_cupti = -1; /* -1 undecided, 0 events, 1 CUPTI */
+static int g_spoil;      /* cuda_timer_spoil_op since the op in flight began */
+static int *g_spoiled;   /* [g_n_spoiled] this step's ops whose time is not their own */
+static int g_n_spoiled, g_cap_spoiled;
+
+void cuda_timer_spoil_op(void) { g_spoil = 1; }
 
 /* Decided at the first step that is timed, so that runs without kernel timing never pay
  * for CUPTI's activity tracing. GPTC_TIMER=events forces the fallback (e.g. under nsys,
@@ -330,15 +335,28 @@ static void cu_timer_reset(void) {
     }
     if (g_cupti) cupti_timer_reset();
     else event_timer_reset();
+    g_n_spoiled = 0;
 }
 static int cu_timer_begin(gptc_stream *s) {
+    g_spoil = 0;
     return g_cupti == 1 ? cupti_timer_begin(s) : event_timer_begin(s);
 }
 static void cu_timer_end(int op, gptc_stream *s) {
     if (g_cupti == 1) cupti_timer_end(op, s);
     else event_timer_end(op, s);
+    if (g_spoil) {
+        g_spoil = 0;
+        if (g_n_spoiled == g_cap_spoiled) {
+            g_cap_spoiled = g_cap_spoiled ? 2 * g_cap_spoiled : 64;
+            g_spoiled = log_realloc(g_spoiled, sizeof(int) * (size_t)g_cap_spoiled,
+                                    "the timer's spoiled ops");
+        }
+        g_spoiled[g_n_spoiled++] = op;
+    }
 }
 static int cu_timer_read(int op, double *start_ms, double *end_ms) {
+    for (int i = 0; i < g_n_spoiled; i++)
+        if (g_spoiled[i] == op) return -1;
     return g_cupti == 1 ? cupti_timer_read(op, start_ms, end_ms)
                         : event_timer_read(op, start_ms, end_ms);
 }
