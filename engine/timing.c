@@ -80,7 +80,7 @@ void timing_shutdown(void) {
 }
 
 int timing_on(void) { return T.on; }
-void timing_set_origin(void) { T.origin_ms = timing_now_ms(); }
+void timing_set_origin(double origin_ms) { T.origin_ms = origin_ms; }
 
 void timing_set_context(int layer, int micro, timing_phase phase) {
     T.ctx = (timing_ctx){(int16_t)layer, (int16_t)micro, (int8_t)phase};

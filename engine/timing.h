@@ -40,8 +40,9 @@ typedef struct {
 int timing_init(int kernel_level, size_t capacity);
 void timing_shutdown(void);
 int timing_on(void);
-/* Sets the run's time origin; call right after a barrier so ranks share it. */
-void timing_set_origin(void);
+/* Sets the run's time origin (timing_now_ms's clock): one instant for all ranks, each in
+ * its own clock, so that their traces line up. */
+void timing_set_origin(double origin_ms);
 void timing_set_context(int layer, int micro, timing_phase phase);
 /* Names the matrix products issued next by their role in the model ("qkv", "attn_proj",
  * "fc", "fc_proj", "lm_head"), so that the report tells their shapes apart; their records

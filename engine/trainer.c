@@ -605,9 +605,18 @@ int train_run(const gptc_config *c, const grid *g) {
     catch_stop_signals();
     current_step = first;
     if (kernel_timing) {
-        /* one time origin for all ranks, so their traces line up */
-        if (g->world > 1) MPI_Barrier(r.world.comm);
-        timing_set_origin();
+        /* one time origin for all ranks, so their traces line up: rank 0's clock now, in
+         * each rank's clock. A barrier would not do: ranks leave it up to a scheduler's
+         * time slice apart (milliseconds on a loaded node). */
+        double rtt = 0, offset = g->world > 1 ? comm_clock_offset_ms(&r.world, &rtt) : 0;
+        double origin[2] = {g->rank == 0 ? timing_now_ms() : 0, rtt / 2}; /* [0] rank 0's */
+        if (g->world > 1) {
+            comm_sum_doubles(&r.world, origin, 1);
+            origin[1] = comm_max_double(&r.world, origin[1]);
+            log_info("kernel timing: the %d ranks' clocks agree with rank 0's within %.1f us "
+                     "(half the shortest round trip to it)\n", g->world, origin[1] * 1e3);
+        }
+        timing_set_origin(origin[0] + offset);
     }
     double tokens_per_step = (double)bp.B * bp.T;
     double total_ms = 0, last_loss = NAN;
@@ -618,6 +627,7 @@ int train_run(const gptc_config *c, const grid *g) {
         int probe = c->contention_probe > 0 && step % c->contention_probe == 0;
         set_policies(&r, !probe);
         timing_begin_step(step, probe);
+        timing_set_context(-1, -1, PH_FWD); /* the batch is read, and agreed on, for the forward */
         if (kernel_timing && m->be->timer_reset) m->be->timer_reset();
         if (c->power) power_step_begin();
         char step_name[32];
@@ -641,16 +651,18 @@ int train_run(const gptc_config *c, const grid *g) {
             log_info("step %ld: loss %g, grad norm %g is not finite: update skipped (train.nan_policy = skip)\n",
                      step, loss, norm);
         m->be->synchronize(m->stream);
-        double ms = timing_now_ms() - t0;
-        nvtx_pop();
-        if (kernel_timing && m->be->timer_read) {
+        if (kernel_timing) {
             /* work still queued on a lane (ZeRO-1's prefetched gathers for the next step)
-             * belongs to this step's records and must finish before they are read */
+             * belongs to this step's records: it must finish before they are read, and
+             * before the next step starts on the storage it writes them into. A timed step
+             * so ends with its last record, and its time covers every record's. */
             comm_lane *lanes[3] = {&r.tp_lane, &r.pp_lane, &r.dp_lane};
             for (int i = 0; i < 3; i++)
                 if (lanes[i]->stream) m->be->stream_synchronize(lanes[i]->stream);
-            timing_resolve_device(m->be->timer_read);
         }
+        double ms = timing_now_ms() - t0;
+        nvtx_pop();
+        if (kernel_timing && m->be->timer_read) timing_resolve_device(m->be->timer_read);
         timing_end_step(ms);
         power_sample pw = {NAN, NAN, NAN};
         if (c->power) {

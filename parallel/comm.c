@@ -15,6 +15,7 @@
 #include "engine/watchdog.h"
 
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -969,14 +970,28 @@ void comm_sendrecv(comm_group *g, const void *sendbuf, size_t send_bytes, int ds
 
 /* ---- host-side reductions ---- */
 
+/* The host-side reductions block the caller: each is one record on it (stream 0, as an
+ * op run on the caller), under a name of its own so that its few bytes do not mix with
+ * the gradients' all-reduces in the report. rc is MPI_Allreduce's. */
+static int host_allreduce(comm_group *g, const void *in, void *out, int n, MPI_Datatype type,
+                          MPI_Op op) {
+    double t0 = timing_on() ? timing_now_ms() : 0;
+    int rc = ok(g, "MPI_Allreduce", MPI_Allreduce(in, out, n, type, op, g->comm));
+    if (timing_on())
+        timing_record_op(op == MPI_MAX ? "host_allreduce_max" : "host_allreduce", TK_COMM,
+                         par_of(g), 0, timing_context(), t0, timing_now_ms());
+    end_job_if_failed(g);
+    return rc;
+}
+
 void comm_sum_doubles(comm_group *g, double *x, int n) {
     double sum[COMM_SUM_MAX]; /* [n]: x stays as it was if the reduction fails */
     if (n < 1 || n > COMM_SUM_MAX) {
         ok(g, "MPI_Allreduce", MPI_ERR_COUNT);
-    } else if (ok(g, "MPI_Allreduce", MPI_Allreduce(x, sum, n, MPI_DOUBLE, MPI_SUM, g->comm))) {
+        end_job_if_failed(g);
+    } else if (host_allreduce(g, x, sum, n, MPI_DOUBLE, MPI_SUM)) {
         memcpy(x, sum, (size_t)n * sizeof(*x));
     }
-    end_job_if_failed(g);
 }
 
 double comm_sum_double(comm_group *g, double x) {
@@ -984,11 +999,52 @@ double comm_sum_double(comm_group *g, double x) {
     return x;
 }
 
+double comm_max_double(comm_group *g, double x) {
+    double max = x;
+    host_allreduce(g, &x, &max, 1, MPI_DOUBLE, MPI_MAX);
+    return max;
+}
+
 int comm_max_int(comm_group *g, int x) {
     int max = x;
-    ok(g, "MPI_Allreduce", MPI_Allreduce(&x, &max, 1, MPI_INT, MPI_MAX, g->comm));
-    end_job_if_failed(g);
+    host_allreduce(g, &x, &max, 1, MPI_INT, MPI_MAX);
     return max;
+}
+
+double comm_clock_offset_ms(comm_group *g, double *rtt_ms) {
+    /* up to 64 round trips per rank, fewer once one took under 20 us: on a loaded node a
+     * rank may wait a time slice for its peer, and only the fastest trip counts */
+    enum { MAX_ROUNDS = 64, TAG = 7341 };
+    const double good_ms = 0.02, done = -1; /* done: the rank's last message */
+    double offset = 0, best = INFINITY;
+    for (int r = 1; r < g->size; r++) { /* one rank at a time, so that rank 0 answers at once */
+        if (g->rank == r) {
+            for (int i = 0; i < MAX_ROUNDS && best > good_ms; i++) {
+                double t0 = timing_now_ms(), t_root = 0;
+                ok(g, "MPI_Send", MPI_Send(&t0, 1, MPI_DOUBLE, 0, TAG, g->comm));
+                ok(g, "MPI_Recv", MPI_Recv(&t_root, 1, MPI_DOUBLE, 0, TAG, g->comm, MPI_STATUS_IGNORE));
+                double t1 = timing_now_ms();
+                end_job_if_failed(g);
+                if (t1 - t0 < best) {
+                    best = t1 - t0;
+                    offset = (t0 + t1) / 2 - t_root;
+                }
+            }
+            ok(g, "MPI_Send", MPI_Send(&done, 1, MPI_DOUBLE, 0, TAG, g->comm));
+        } else if (g->rank == 0) {
+            for (;;) {
+                double t = done;
+                ok(g, "MPI_Recv", MPI_Recv(&t, 1, MPI_DOUBLE, r, TAG, g->comm, MPI_STATUS_IGNORE));
+                end_job_if_failed(g);
+                if (t == done) break;
+                double t_root = timing_now_ms();
+                ok(g, "MPI_Send", MPI_Send(&t_root, 1, MPI_DOUBLE, r, TAG, g->comm));
+            }
+        }
+        end_job_if_failed(g);
+    }
+    if (rtt_ms) *rtt_ms = g->rank == 0 ? 0 : best;
+    return offset;
 }
 
 /* ---- lanes ---- */

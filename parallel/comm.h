@@ -130,7 +130,13 @@ void comm_lane_join(comm_lane *l);
 enum { COMM_SUM_MAX = 8 };
 void comm_sum_doubles(comm_group *g, double *x, int n); /* 1 <= n <= COMM_SUM_MAX */
 double comm_sum_double(comm_group *g, double x);
+double comm_max_double(comm_group *g, double x);
 int comm_max_int(comm_group *g, int x);
+
+/* This rank's clock (timing_now_ms) minus rank 0's of g, in ms, estimated NTP-style
+ * from round trips with rank 0: the one with the shortest round trip, *rtt_ms, gives the
+ * estimate, which is then off by at most half of it (0 and 0 on rank 0). Collective. */
+double comm_clock_offset_ms(comm_group *g, double *rtt_ms);
 
 /* For the watchdog thread (engine/watchdog.h): the first asynchronous error of a live
  * NCCL group as a message (NULL when none), and aborting every NCCL group. */

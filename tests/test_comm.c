@@ -344,6 +344,8 @@ static void test_host_reductions(const team *t) {
     }
     check(comm_sum_double(t->g, me(t) + 0.25) == want, "comm_sum_double on %s", t->g->name);
     check(comm_max_int(t->g, me(t)) == want_max, "comm_max_int on %s", t->g->name);
+    check(comm_max_double(t->g, me(t) + 0.5) == want_max + 0.5, "comm_max_double on %s",
+          t->g->name);
     /* each element its own sum: element k adds k * (member + 1) over the group */
     double x[3], want_k[3] = {0, 0, 0};
     for (int k = 0; k < 3; k++) {

@@ -10,6 +10,7 @@ kernel's count and mean per parallelism (by_parallelism); timing changes no numb
 the training itself."""
 import json
 import os
+import re
 import sys
 import tempfile
 from collections import Counter
@@ -27,6 +28,7 @@ BASE = [f"--model.n_layer={L}", "--model.n_head=4", "--model.d_model=64", "--mod
 
 
 SHARED = {}  # run name: the communication kernels that several parallelisms run
+STDOUT = {}  # run name: what it printed
 
 
 def timed(name, ranks, extra):
@@ -38,6 +40,7 @@ def timed(name, ranks, extra):
         fail(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}")
     if "per-kernel timing" not in r.stdout:
         fail(f"{name}: no timing table on stdout")
+    STDOUT[name] = r.stdout
     with open(f"{D}/{name}.trace.json") as f:
         trace = json.load(f)
     with open(f"{D}/{name}.report.json") as f:
@@ -149,6 +152,30 @@ def check_steps_contain_ops(name, events):
             fail(f"{name}: negative duration")
 
 
+def check_clocks(name, events):
+    """The ranks' records share one clock: a collective cannot end on one rank before it
+    began on the other, so each pair of the two ranks' k-th instances of a collective must
+    overlap, up to the error the run states for its clock alignment (half the shortest
+    round trip to rank 0). Rank 0 and 1 of a dp-only run: every collective is theirs."""
+    m = re.search(r"clocks agree with rank 0's within ([0-9.]+) us", STDOUT[name])
+    if not m:
+        fail(f"{name}: no line on how well the ranks' clocks agree")
+    err_us = float(m.group(1)) + 0.002  # the trace's times have 3 decimals
+    worst, pairs = 0.0, 0
+    for op in ("allreduce", "reduce_scatter", "allgather"):
+        per_rank = [sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X"
+                           and e["name"] == op and e["pid"] == k) for k in (0, 1)]
+        if len(per_rank[0]) != len(per_rank[1]):
+            fail(f"{name}: {len(per_rank[0])} and {len(per_rank[1])} {op} records on ranks 0 and 1")
+        for (a0, a1), (b0, b1) in zip(*per_rank):
+            worst = max(worst, a0 - b1, b0 - a1)
+            pairs += 1
+    if pairs == 0 or worst > err_us:
+        fail(f"{name}: of {pairs} collectives, one ends {worst:.3f} us before its peer's begins "
+             f"on the other rank; the clocks were said to agree within {err_us:.3f} us")
+    return pairs, err_us
+
+
 def check_report(name, report, ranks):
     rows = report["steps"]
     if sorted((r["rank"], r["step"]) for r in rows) != sorted(
@@ -216,8 +243,21 @@ def main():
     if pids != {0, 1, 2, 3} or any((p, k) not in cats for p in pids for k in ("compute", "comm")):
         fail(f"tp2pp2: trace lacks a rank or a kind: {sorted(cats)}")
     for e in events:
-        if e.get("ph") == "X" and e["cat"] == "comm" and e["args"]["parallelism"] not in ("tp", "pp"):
-            fail(f"tp2pp2: comm event with parallelism {e['args']['parallelism']}")
+        if e.get("ph") != "X" or e["cat"] != "comm":
+            continue
+        if e["args"]["parallelism"] not in ("tp", "pp") and not e["name"].startswith("host_"):
+            fail(f"tp2pp2: comm event {e['name']} with parallelism {e['args']['parallelism']}")
+    # the host-side reductions over all ranks are records too: each step agrees on the
+    # batch (host_allreduce_max, forward) and sums the loss and the gradient norm
+    # (host_allreduce, optimizer), on the main thread (stream 0), of no parallelism
+    host = Counter((e["pid"], e["args"]["step"], e["name"], e["args"]["phase"], e["tid"],
+                    e["args"]["parallelism"]) for e in events
+                   if e.get("ph") == "X" and e["name"].startswith("host_"))
+    want = Counter({(k, s, n, ph, 0, "none"): 1 for k in range(4) for s in range(1, STEPS + 1)
+                    for n, ph in (("host_allreduce_max", "fwd"), ("host_allreduce", "opt"))})
+    if host != want:
+        fail(f"tp2pp2: host-side reductions {sorted(host.items())[:6]}..., want one of each "
+             f"per rank and step")
     comm = sum(r["comm_ms"] for r in report["steps"])
     exposed = sum(r["exposed_comm_ms"] for r in report["steps"])
     if comm <= 0 or exposed < 0.9 * comm:
@@ -240,7 +280,7 @@ def main():
     for policy in ("none", "bucket"):
         os.environ.update(slow)
         try:
-            _, rep, met = timed(f"dp2-{policy}", 2, ["--parallel.dp=2", f"--overlap.dp={policy}",
+            ev, rep, met = timed(f"dp2-{policy}", 2, ["--parallel.dp=2", f"--overlap.dp={policy}",
                                                     "--overlap.dp_bucket_mb=1", "--model.d_model=256",
                                                     "--model.n_ctx=64", "--train.seq_len=64",
                                                     "--train.micro_batch=4"])
@@ -257,6 +297,9 @@ def main():
         hidden[policy + "_losses"] = [(m["loss"], m["grad_norm"]) for m in met]
         print(f"ok   dp2, overlap.dp = {policy}, slowed comm: {comm:.1f} ms comm, "
               f"{100 * hidden[policy]:.1f}% hidden")
+        pairs, err_us = check_clocks(f"dp2-{policy}", ev)
+        print(f"ok   dp2, overlap.dp = {policy}: the {pairs} collectives of the two ranks overlap "
+              f"in time, on clocks said to agree within {err_us:.1f} us")
     if hidden["none"] > 0.05:
         fail(f"overlap.dp = none hid {100 * hidden['none']:.1f}% of the communication")
     if hidden["bucket"] < 0.2:
@@ -288,6 +331,22 @@ def main():
         fail("probe: the contention probe changed the losses")
     print(f"ok   contention probe: step 2 serialized ({ov['serialized_iter_ms']:.1f} ms vs "
           f"{ov['iter_ms']:.1f} ms with the policy), losses unchanged")
+
+    # dp2 ZeRO-1, buckets overlapped: the parameters' all-gathers for the next step are
+    # issued at the end of a step and finish on the dp lane after the step's clock stops;
+    # every one must land in its own step (not dropped, not in the next step's records)
+    ev, rep, _ = timed("dp2-zero1", 2, ["--parallel.dp=2", "--overlap.dp=bucket",
+                                        "--overlap.dp_shard=optimizer", "--overlap.dp_bucket_mb=0.02"])
+    check_report("dp2-zero1", rep, 2)
+    check_steps_contain_ops("dp2-zero1", ev)
+    gathers = Counter((e["pid"], e["args"]["step"]) for e in ev
+                      if e.get("ph") == "X" and e["name"] == "allgather")
+    want = {(k, s) for k in range(2) for s in range(1, STEPS + 1)}
+    if set(gathers) != want or len(set(gathers.values())) != 1:
+        fail(f"dp2-zero1: all-gathers per (rank, step) differ: {sorted(gathers.items())}")
+    pairs, err_us = check_clocks("dp2-zero1", ev)
+    print(f"ok   dp2 ZeRO-1, bucket: {next(iter(gathers.values()))} all-gathers in every step of "
+          f"both ranks; {pairs} collectives overlap across ranks within {err_us:.1f} us")
 
     # tp2 chunked: each row chunk's all-reduce runs while the next chunk is multiplied
     os.environ["GPTC_TEST_COMM_DELAY_US"] = "300"

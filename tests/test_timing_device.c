@@ -47,7 +47,7 @@ static int near(double a, double b) { return fabs(a - b) < 1e-6; }
 int main(void) {
     if (timing_init(1, 64) != 0) return 1;
     timing_set_trace_limit(6); /* steps 1 and 2 keep five records; step 3 one more */
-    timing_set_origin();
+    timing_set_origin(timing_now_ms());
     g_origin = timing_now_ms();
     timing_begin_step(1, 0);
     timing_ctx ctx = timing_context();
