@@ -80,13 +80,14 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
 
 /* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c) behind: removes
  * entry (of dir) if it is one whose writer is gone, so crashes do not pile up partial
- * copies. */
+ * copies. Only that name, all digits after ".tmp.": a user's PATH.tmp.notes is theirs. */
 static void remove_if_stale(const char *dir, const char *base, const char *entry) {
     size_t len = strlen(base);
     if (strncmp(entry, base, len) != 0 || strncmp(entry + len, ".tmp.", 5) != 0) return;
-    char *end;
-    long pid = strtol(entry + len + 5, &end, 10);
-    if (*end || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+    const char *digits = entry + len + 5;
+    if (!*digits || strspn(digits, "0123456789") != strlen(digits)) return;
+    long pid = strtol(digits, NULL, 10);
+    if (pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
         char full[2 * CFG_STR_MAX];
         snprintf(full, sizeof(full), "%s/%s", dir, entry);
         if (unlink(full) == 0) log_info("removed %s, left by an interrupted save\n", full);

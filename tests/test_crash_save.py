@@ -68,12 +68,22 @@ def main():
             fail(f"attempt {attempt}: the checkpoint left by kill -9 does not resume:\n{r.stderr[-1500:]}")
     if len(steps_seen) < 3:
         fail(f"too few kills landed after a save to test anything: {sorted(steps_seen)}")
-    # the partial copies the kills left are removed by the next run that saves there
+    # the partial copies the kills left are removed by the next run that saves there, and
+    # only they: a user's file whose name merely starts the same way stays
+    mine = [f"{os.path.basename(ckpt)}.tmp.{x}" for x in ("notes", "0x10", "12a", "")]
+    for x in mine:
+        with open(os.path.join(D, x), "w") as f:
+            f.write("a user's file\n")
     r = run_train(MODEL + [f"--train.init={ckpt}", f"--train.steps={max(steps_seen) + 1}",
                            f"--train.save={ckpt}"])
-    left = [x for x in os.listdir(D) if ".tmp." in x]
+    left = [x for x in os.listdir(D) if ".tmp." in x and x not in mine]
     if r.returncode or left:
         fail(f"stale temporary files after a clean save: {left}\n{r.stderr[-800:]}")
+    gone = [x for x in mine if not os.path.exists(os.path.join(D, x))]
+    if gone:
+        fail(f"the clean-up of interrupted saves removed files that were not theirs: {gone}")
+    for x in mine:
+        os.remove(os.path.join(D, x))
     print(f"ok   8 kills at random moments; the checkpoint always loaded and resumed "
           f"(steps {sorted(steps_seen)}; first save after {first_save:.1f} s)")
     check_full_disk(ckpt)
