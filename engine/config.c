@@ -425,6 +425,7 @@ int config_load(gptc_config *c, const char *path, int argc, char **argv,
         int rc = load_ini(c, text, len, path, err, errlen);
         free(text);
         if (rc != 0) return -1;
+        snprintf(c->source, sizeof(c->source), "%s", path);
     }
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];

@@ -62,6 +62,7 @@ typedef struct {
     int nvtx;
     int power;
     int contention_probe;
+    char source[CFG_STR_MAX]; /* the config file read (empty: none); a fact, not a key */
 } gptc_config;
 
 void config_defaults(gptc_config *c);

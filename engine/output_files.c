@@ -78,6 +78,40 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
     return 0;
 }
 
+/* 1 when a and b name one file: one inode where both exist; where neither does (both
+ * outputs yet to be made), one directory and one name in it. */
+static int same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
+    if (ea || eb) return ea && eb && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char ca[CFG_STR_MAX], cb[CFG_STR_MAX], da[CFG_STR_MAX], db[CFG_STR_MAX];
+    snprintf(ca, sizeof ca, "%s", a), snprintf(da, sizeof da, "%s", a);
+    snprintf(cb, sizeof cb, "%s", b), snprintf(db, sizeof db, "%s", b);
+    return strcmp(basename(ca), basename(cb)) == 0 && stat(dirname(da), &sa) == 0 &&
+           stat(dirname(db), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int output_paths_distinct(const named_path *paths, int n, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++) {
+        if (!paths[i].output || !paths[i].path[0]) continue;
+        for (int j = 0; j < n; j++) {
+            const named_path *o = &paths[i], *p = &paths[j];
+            if (j == i || !p->path[0] || (p->output && j < i)) continue; /* each pair once */
+            if (strcmp(o->key, "train.save") == 0 && strcmp(p->key, "train.init") == 0) continue;
+            if (!same_file(o->path, p->path)) continue;
+            if (p->output)
+                snprintf(err, errlen, "%s %s and %s %s are one file: one would overwrite the "
+                         "other (give each output a path of its own)", o->key, o->path, p->key,
+                         p->path);
+            else
+                snprintf(err, errlen, "%s %s is also %s %s: writing it would destroy it "
+                         "(give the output another path)", o->key, o->path, p->key, p->path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c) behind: removes
  * entry (of dir) if it is one whose writer is gone, so crashes do not pile up partial
  * copies. Only that name, all digits after ".tmp.": a user's PATH.tmp.notes is theirs. */

@@ -9,6 +9,18 @@
  * is written beside path and renamed over it (a checkpoint). */
 int output_path_check(const char *key, const char *path, int replaced, char *err, size_t n);
 
+/* A file a run names: key (e.g. "train.save") = path, and whether the run writes it. */
+typedef struct {
+    const char *key, *path;
+    int output;
+} named_path;
+
+/* 0 when no output of paths[n] is the file of another of them (empty paths aside), else
+ * -1 with err naming both keys: writing it would destroy the other (a config, the data,
+ * the checkpoint resumed from, another output). train.save may be train.init's file:
+ * resuming writes over the checkpoint it read. */
+int output_paths_distinct(const named_path *paths, int n, char *err, size_t errlen);
+
 /* train.keep = keep > 1: keeps the checkpoint just written to path for step as a hard
  * link under a name with the step in it (ckpt.h5 -> ckpt.step42.h5), appends step to
  * kept[] (oldest first, room for keep + 1) and removes the links older than the newest

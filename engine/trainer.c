@@ -458,7 +458,12 @@ int train_run(const gptc_config *c, const grid *g) {
         plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0 ||
         plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
         goto fail_config;
-    if (g->rank == 0 && (output_path_check("train.save", c->save, 1, err, sizeof(err)) != 0 ||
+    const named_path files[] = {{"train.save", c->save, 1},        {"train.log_file", c->log_file, 1},
+                                {"profile.trace", c->trace, 1},    {"profile.report", c->report, 1},
+                                {"the config file", c->source, 0},     {"data.path", c->data_path, 0},
+                                {"train.init", c->init, 0}};
+    if (g->rank == 0 && (output_paths_distinct(files, 7, err, sizeof(err)) != 0 ||
+                         output_path_check("train.save", c->save, 1, err, sizeof(err)) != 0 ||
                          output_path_check("train.log_file", c->log_file, 0, err, sizeof(err)) != 0 ||
                          output_path_check("profile.trace", c->trace, 0, err, sizeof(err)) != 0 ||
                          output_path_check("profile.report", c->report, 0, err, sizeof(err)) != 0))

@@ -144,6 +144,44 @@ def check_config_pipe():
     print("ok   a config through a pipe trains")
 
 
+def check_outputs_over_inputs():
+    """An output path that names an input file, or another output, is refused before
+    anything is written: the file must be byte for byte what it was. By path, through
+    "/./", and through a hard link (one inode). train.save = train.init is resuming, and
+    allowed (test_resume)."""
+    with open(f"{D}/run.ini", "w") as f:
+        f.write("[train]\nsteps = 2\n")
+    os.link(f"{D}/tok.h5", f"{D}/tok_link.h5")
+    cases = [
+        ("save over the data", BASE + [f"--train.save={D}/tok.h5"], "tok.h5",
+         ["train.save", "is also data.path", "tok.h5", "destroy"]),
+        ("save over the data by another path", BASE + [f"--train.save={D}/./tok.h5"], "tok.h5",
+         ["train.save", "data.path"]),
+        ("save over a hard link of the data", BASE + [f"--train.save={D}/tok_link.h5"], "tok.h5",
+         ["train.save", "data.path", "tok_link.h5"]),
+        ("log over the checkpoint resumed from",
+         BASE + [f"--train.init={D}/ck.h5", f"--train.log_file={D}/ck.h5"], "ck.h5",
+         ["train.log_file", "train.init", "ck.h5"]),
+        ("trace over the data", BASE + ["--profile.timing=kernel", f"--profile.trace={D}/tok.h5"],
+         "tok.h5", ["profile.trace", "data.path"]),
+        ("log over the config file", [f"{D}/run.ini"] + BASE + [f"--train.log_file={D}/run.ini"],
+         "run.ini", ["train.log_file", "is also the config file", "run.ini"]),
+        ("save and trace to one new file",
+         BASE + ["--profile.timing=kernel", f"--profile.trace={D}/out.h5", f"--train.save={D}/out.h5"],
+         None, ["train.save", "profile.trace", "one file"]),
+        ("report and log to one existing file",
+         BASE + ["--profile.timing=kernel", f"--profile.report={D}/run.ini",
+                 f"--train.log_file={D}/./run.ini"], "run.ini", ["train.log_file", "profile.report"]),
+    ]
+    for name, args, kept, words in cases:
+        before = open(f"{D}/{kept}", "rb").read() if kept else None
+        check(name, args, words)
+        if kept and open(f"{D}/{kept}", "rb").read() != before:
+            fail(f"{name}: {kept} was changed")
+        if not kept and os.path.exists(f"{D}/out.h5"):
+            fail(f"{name}: out.h5 was written")
+
+
 def check_long_lines():
     """Lines have no length limit: libinih cut them at 199 characters and read the tail as
     a line of its own, so a long comment could set a key and a long value was cut."""
@@ -250,6 +288,7 @@ def main():
 
     for name, extra, words in CASES:
         check(name, BASE + extra, words)
+    check_outputs_over_inputs()
     check("missing config file", [f"{D}/missing.ini"], ["missing.ini"])
     check("ini syntax error", [f"{D}/bad.ini"], ["bad.ini", "line 3"])
     check("section header without ]", [f"{D}/header.ini"], ["header.ini", "line 3", "syntax error"])
