@@ -420,6 +420,29 @@ static int locate_nonfinite(run_state *r, const batch_plan *bp, char *where, siz
     return first.rank;
 }
 
+/* Each rank reads train.init from its own file system: node-local copies under one name
+ * may differ (one left from another run), and ranks that load different models or
+ * steps meet in collectives of different sizes or counts. Compares this rank's
+ * checkpoint with rank 0's (collective: call it on every rank, opened or not); err (NULL:
+ * only take part) names the first field that differs. */
+static void same_init_as_rank0(const char *path, const ckpt_meta *meta, int has_optim,
+                               long optim_t, int world, char *err, size_t n) {
+    enum { FIELDS = 8 };
+    static const char *const name[FIELDS] = {"step",  "n_layer",    "n_head",       "d_model",
+                                             "n_ctx", "vocab_size", "optimizer state", "optimizer t"};
+    long mine[FIELDS] = {meta->step,  meta->n_layer,    meta->n_head, meta->d_model,
+                         meta->n_ctx, meta->vocab_size, has_optim,    optim_t};
+    long root[FIELDS];
+    memcpy(root, mine, sizeof(root));
+    if (world > 1) MPI_Bcast(root, FIELDS, MPI_LONG, 0, MPI_COMM_WORLD);
+    for (int i = 0; err && i < FIELDS; i++)
+        if (mine[i] != root[i]) {
+            snprintf(err, n, "train.init %s: %s = %ld here, but %ld on rank 0 (every rank must "
+                     "read the same checkpoint)", path, name[i], mine[i], root[i]);
+            return;
+        }
+}
+
 int train_refused(int failed, const char *err, int rank, int world) {
     int first = grid_first_failing(failed, rank, world);
     if (first == rank && first > 0) log_error("rank %d: %s", rank, err);
@@ -449,19 +472,25 @@ int train_run(const gptc_config *c, const grid *g) {
         char why[ERR_LEN - 16];
         init = ckpt_open(c->init, &meta, &has_optim, &optim_t, why, sizeof(why));
         if (!init) {
+            memset(&meta, 0, sizeof(meta));
             snprintf(err, sizeof(err), "train.init %s", why);
-            goto fail_config;
         }
+        /* on every rank, opened or not: a broadcast (a rank that could not open it reports
+         * that, not the difference) */
+        same_init_as_rank0(c->init, &meta, has_optim, optim_t, g->world, err[0] ? NULL : err,
+                           sizeof(err));
+        if (err[0]) goto fail_config;
     }
     if (resolve_shape(c, init ? &meta : NULL, &shape, err, sizeof(err)) != 0 ||
         gpt_check_shape(&shape, g->tp, err, sizeof(err)) != 0 ||
         plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0 ||
         plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
         goto fail_config;
-    const named_path files[] = {{"train.save", c->save, 1},        {"train.log_file", c->log_file, 1},
-                                {"profile.trace", c->trace, 1},    {"profile.report", c->report, 1},
-                                {"the config file", c->source, 0},     {"data.path", c->data_path, 0},
-                                {"train.init", c->init, 0}};
+    const named_path files[] = {
+        {"train.save", c->save, 1},       {"train.log_file", c->log_file, 1},
+        {"profile.trace", c->trace, 1},   {"profile.report", c->report, 1},
+        {"the config file", c->source, 0}, {"data.path", c->data_path, 0},
+        {"train.init", c->init, 0}};
     if (g->rank == 0 && (output_paths_distinct(files, 7, err, sizeof(err)) != 0 ||
                          output_path_check("train.save", c->save, 1, err, sizeof(err)) != 0 ||
                          output_path_check("train.log_file", c->log_file, 0, err, sizeof(err)) != 0 ||

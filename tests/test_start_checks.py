@@ -70,6 +70,20 @@ def check_ranks_disagree(a, b):
                    mpmd([(a, ["--parallel.dp=2", "--train.init=ck.h5"]),
                          (b, ["--parallel.dp=2", "--train.init=ck.h5"])]),
                    ["rank 1:", "train.init ck.h5", "does not exist"])
+    # each rank sees a checkpoint by that name, but not the same one: a model of other
+    # shape (the gradient buffers' sizes differ: an all-reduce past one rank's buffer), or
+    # another step (the ranks would run different numbers of steps)
+    for name, extra, want in (("of another shape", ["--model.n_layer=4"], "n_layer = 4 here, but 2"),
+                              ("of another step", ["--train.steps=1"], "step = 1 here, but 0")):
+        # b's cfg.ini sets the model; the other shape is the one the checkpoint holds
+        r = run_train([f"{b}/cfg.ini", "--train.steps=0", f"--train.save={b}/ck.h5", *extra])
+        if r.returncode:
+            fail(f"cannot write rank 1's checkpoint:\n{r.stderr}")
+        expect_refused(f"rank 1's checkpoint is {name}",
+                       mpmd([(a, ["--parallel.dp=2", "--train.init=ck.h5", "--train.steps=3"]),
+                             (b, ["--parallel.dp=2", "--train.init=ck.h5", "--train.steps=3"])]),
+                       ["rank 1:", "train.init ck.h5", want, "on rank 0"])
+    os.remove(f"{b}/ck.h5")
     r = mpmd([(a, ["--parallel.dp=2", "--train.init=ck.h5"]),
               (a, ["--parallel.dp=2", "--train.init=ck.h5"])])
     if r.returncode:
