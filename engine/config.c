@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 typedef enum { K_INT, K_LONG, K_U64, K_DOUBLE, K_BOOL, K_STR, K_CHOICE } key_type;
@@ -61,7 +62,8 @@ static const key_def KEYS[] = {
     {"train", "weight_decay", K_DOUBLE, F(weight_decay), 0, 1e3, NULL},
     {"train", "beta1", K_DOUBLE, F(beta1), 0, 0.999999999, NULL},
     {"train", "beta2", K_DOUBLE, F(beta2), 0, 0.999999999, NULL},
-    {"train", "eps", K_DOUBLE, F(eps), 0, 1, NULL},
+    /* 0 divides by zero where a gradient and its second moment are 0 (padded vocab rows) */
+    {"train", "eps", K_DOUBLE, F(eps), 1e-30, 1, NULL},
     {"train", "grad_clip", K_DOUBLE, F(grad_clip), 0, 1e30, NULL},
     {"train", "seed", K_U64, F(seed), 0, 0, NULL},
     {"train", "init", K_STR, F(init), 0, 0, NULL},
@@ -160,8 +162,8 @@ static int is_hex(const char *v) {
 static int parse_bool(const char *v, int *out) {
     const char *t[] = {"true", "1", "yes", "on"}, *f[] = {"false", "0", "no", "off"};
     for (int i = 0; i < 4; i++) {
-        if (strcmp(v, t[i]) == 0) { *out = 1; return 0; }
-        if (strcmp(v, f[i]) == 0) { *out = 0; return 0; }
+        if (strcasecmp(v, t[i]) == 0) { *out = 1; return 0; }
+        if (strcasecmp(v, f[i]) == 0) { *out = 0; return 0; }
     }
     return -1;
 }
@@ -176,6 +178,14 @@ int config_set(gptc_config *c, const char *section, const char *key, const char 
             snprintf(err, errlen, "config: unknown key %s.%s", section, key);
         return -1;
     }
+    /* a newline from the command line would split the one-line errors and the effective
+     * config (which reads back as INI) */
+    for (const char *p = value; *p; p++)
+        if ((unsigned char)*p < 0x20 && *p != '\t') {
+            snprintf(err, errlen, "config: %s.%s holds a control character (0x%02x): give it "
+                     "on one line", section, key, (unsigned)(unsigned char)*p);
+            return -1;
+        }
     char *field = (char *)c + k->offset;
     char *end = NULL;
     errno = 0;
@@ -196,7 +206,7 @@ int config_set(gptc_config *c, const char *section, const char *key, const char 
         return 0;
     case K_BOOL:
         if (parse_bool(value, (int *)field) != 0) {
-            snprintf(err, errlen, "config: %s.%s = '%s' is not a boolean (true|false)", section, key, value);
+            snprintf(err, errlen, "config: %s.%s = '%s' is not a boolean (true|false, yes|no, on|off, 1|0)", section, key, value);
             return -1;
         }
         return 0;

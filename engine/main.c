@@ -62,11 +62,16 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     log_set_rank(rank);
 
-    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+    int help = 0;
+    for (int i = 1; i < argc; i++)
+        help |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+    if (help) {
         if (rank == 0) {
             gptc_config defaults;
             config_defaults(&defaults);
-            printf("%s\n# every key, with its default (model keys 0: from train.init)\n", USAGE);
+            printf("%s\n# every key, with its default. 0 means: for the model keys, from "
+                   "train.init;\n# parallel.dp = world size / (tp * pp); train.micro_batch = "
+                   "global_batch / dp;\n# train.seq_len = model.n_ctx\n", USAGE);
             config_print(&defaults, stdout);
         }
         MPI_Finalize();

@@ -28,7 +28,11 @@ CASES = [
     ("hex float", ["--train.lr=0x1p-10"], ["train.lr", "not a decimal number"]),
     ("hex seed", ["--train.seed=0x10"], ["train.seed", "not a non-negative integer"]),
     ("bad choice", ["--parallel.schedule=zigzag"], ["parallel.schedule", "zigzag"]),
-    ("bad boolean", ["--data.shuffle=maybe"], ["data.shuffle", "boolean"]),
+    ("bad boolean", ["--data.shuffle=maybe"], ["data.shuffle", "boolean", "yes|no"]),
+    # AdamW divides by sqrt(v) + eps: 0 gives 0/0 where a gradient stays 0 (padded rows)
+    ("eps of 0", ["--train.eps=0"], ["train.eps", "out of range"]),
+    # the error and the effective config are one line a value
+    ("newline in a value", ["--train.save=a\nb.h5"], ["train.save", "control character"]),
     ("malformed argument", ["train.steps=3"], ["train.steps=3", "--section.key=value"]),
     ("seq_len > n_ctx", ["--train.seq_len=32"], ["train.seq_len", "model.n_ctx"]),
     ("batch does not divide", ["--train.micro_batch=3"], ["train.global_batch", "train.micro_batch"]),
@@ -127,6 +131,15 @@ def check_help():
     if r.returncode:
         fail("the defaults --help prints do not read back: " + r.stderr)
     print(f"ok   --help lists {len(keys)} keys with their defaults, and they read back")
+    # after a config file and overrides too: help, not a "bad argument"
+    r = run_train([ini, "--train.steps=3", "--help"])
+    if r.returncode or "[overlap]" not in r.stdout:
+        fail(f"--help after other arguments: exit {r.returncode}\n{r.stderr}")
+    # booleans in any case, as the error line lists them
+    r = run_train(BASE + ["--train.steps=0", "--data.shuffle=TRUE", "--profile.nvtx=Off"])
+    if r.returncode:
+        fail("--data.shuffle=TRUE --profile.nvtx=Off refused: " + r.stderr)
+    print("ok   --help after other arguments; booleans in any case")
 
 
 def check_config_pipe():
