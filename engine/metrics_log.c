@@ -64,20 +64,26 @@ FILE *metrics_open(const char *path, long first, char *err, size_t n) {
 }
 
 /* buf[32] = v in fmt, or null where v is not finite: JSON has no NaN (printf's "-nan"
- * broke every reader of the metrics file on a skipped step) */
+ * broke every reader of the metrics file on a skipped step). A whole number keeps a
+ * ".0", so that readers see one type in a column (%g writes a loss of 26185034 or an
+ * lr of 1000 as an integer). */
 static const char *json_number(char *buf, const char *fmt, double v) {
-    if (isfinite(v)) snprintf(buf, 32, fmt, v);
-    else snprintf(buf, 32, "null");
+    if (!isfinite(v)) {
+        snprintf(buf, 32, "null");
+        return buf;
+    }
+    int len = snprintf(buf, 32, fmt, v);
+    if (len > 0 && len < 30 && !strpbrk(buf, ".e")) strcat(buf, ".0");
     return buf;
 }
 
-void metrics_write(FILE *f, long step, double loss, double grad_norm, double lr, double iter_ms,
-                   double tokens_per_s, int skipped, const power_sample *power) {
-    char a[32], b[32], d[32];
-    fprintf(f, "{\"step\": %ld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %.9g, "
+int metrics_write(FILE *f, long step, double loss, double grad_norm, double lr, double iter_ms,
+                  double tokens_per_s, int skipped, const power_sample *power) {
+    char a[32], b[32], c[32], d[32];
+    fprintf(f, "{\"step\": %ld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, "
                "\"iter_ms\": %.3f, \"tokens_per_s\": %s",
-            step, json_number(a, "%.9g", loss), json_number(b, "%.9g", grad_norm), lr, iter_ms,
-            json_number(d, "%.1f", tokens_per_s));
+            step, json_number(a, "%.9g", loss), json_number(b, "%.9g", grad_norm),
+            json_number(c, "%.9g", lr), iter_ms, json_number(d, "%.1f", tokens_per_s));
     if (skipped) fputs(", \"skipped\": true", f);
     if (power) { /* rank 0's GPU readings of the step; a failed reading is null */
         const char *key[3] = {"energy_j", "power_w", "sm_clock_mhz"};
@@ -85,5 +91,5 @@ void metrics_write(FILE *f, long step, double loss, double grad_norm, double lr,
         for (int i = 0; i < 3; i++) fprintf(f, ", \"%s\": %s", key[i], json_number(a, "%.3f", v[i]));
     }
     fputs("}\n", f);
-    fflush(f);
+    return fflush(f) != 0 || ferror(f) ? -1 : 0;
 }

@@ -15,8 +15,9 @@ FILE *metrics_open(const char *path, long first, char *err, size_t n);
 
 /* One step's line; a number that is not finite is written as null (JSON has no NaN), a
  * step whose update was skipped says "skipped": true, and power (NULL when profile.power
- * is off) adds energy_j, power_w and sm_clock_mhz. */
-void metrics_write(FILE *f, long step, double loss, double grad_norm, double lr, double iter_ms,
-                   double tokens_per_s, int skipped, const power_sample *power);
+ * is off) adds energy_j, power_w and sm_clock_mhz. 0, or -1 (errno set) when it could not
+ * be written (a full disk). */
+int metrics_write(FILE *f, long step, double loss, double grad_norm, double lr, double iter_ms,
+                  double tokens_per_s, int skipped, const power_sample *power);
 
 #endif

@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine/trainer.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <mpi.h>
 #include <math.h>
@@ -262,6 +263,7 @@ typedef struct {
     gpt_model model;
     batch_loader *loader;
     FILE *log;
+    int log_failed; /* a line of the metrics log could not be written (said once) */
     int32_t *inputs, *targets; /* [B/dp, T] each, this rank's rows of the step */
     long *kept;                /* [keep + 1] steps whose checkpoints are kept, oldest first */
     int n_kept;
@@ -441,6 +443,21 @@ static void same_init_as_rank0(const char *path, const ckpt_meta *meta, int has_
                      "read the same checkpoint)", path, name[i], mine[i], root[i]);
             return;
         }
+}
+
+/* x, with a NaN's sign dropped: printf's "-nan" reads as a different value than "nan" */
+static double unsigned_nan(double x) { return isnan(x) ? fabs(x) : x; }
+
+/* metrics_write, saying once when the log could not be written (a full disk): training
+ * goes on, since the checkpoints matter more than the lines, but not in silence. */
+static void log_metrics(run_state *r, long step, double loss, double norm, double lr, double ms,
+                        double tps, int skipped, const power_sample *pw) {
+    if (metrics_write(r->log, step, loss, norm, lr, ms, tps, skipped, pw) == 0 || r->log_failed)
+        return;
+    r->log_failed = 1;
+    log_info("warning: train.log_file %s: the line of step %ld could not be written (%s); "
+             "training goes on, but its metrics may be lost\n", r->c->log_file, step,
+             strerror(errno));
 }
 
 int train_refused(int failed, const char *err, int rank, int world) {
@@ -674,16 +691,20 @@ int train_run(const gptc_config *c, const grid *g) {
         int skipped;
         double loss = train_step(&r, &bp, &t, lr, &oc, &norm, &skipped);
         if (skipped && !skip_bad) {
+            /* the step that stopped the run has its line too: what went non-finite */
+            double ms = timing_now_ms() - t0;
+            if (r.log)
+                log_metrics(&r, step, loss, norm, lr, ms, tokens_per_step / (ms / 1000.0), 1, NULL);
             char where[256] = "";
             int reporter = kernel_timing ? locate_nonfinite(&r, &bp, where, sizeof(where)) : 0;
             snprintf(err, sizeof(err), "step %ld: loss %g, grad norm %g is not finite (train.nan_policy = stop)%s",
-                     step, loss, norm, where);
+                     step, unsigned_nan(loss), unsigned_nan(norm), where);
             silent = g->rank != reporter;
             goto fail;
         }
         if (skipped)
             log_info("step %ld: loss %g, grad norm %g is not finite: update skipped (train.nan_policy = skip)\n",
-                     step, loss, norm);
+                     step, unsigned_nan(loss), unsigned_nan(norm));
         m->be->synchronize(m->stream);
         if (kernel_timing) {
             /* work still queued on a lane (ZeRO-1's prefetched gathers for the next step)
@@ -711,7 +732,7 @@ int train_run(const gptc_config *c, const grid *g) {
         double tps = tokens_per_step / (ms / 1000.0);
         log_info("step %5ld/%ld | loss %.6f | lr %.3e | grad norm %.4f | %8.1f ms | %8.0f tok/s\n",
                  step, c->steps, loss, lr, norm, ms, tps);
-        if (r.log) metrics_write(r.log, step, loss, norm, lr, ms, tps, skipped, c->power ? &pw : NULL);
+        if (r.log) log_metrics(&r, step, loss, norm, lr, ms, tps, skipped, c->power ? &pw : NULL);
         /* a signal on any rank stops every rank after this same step */
         int stop = g_stop_signal != 0;
         if (g->world > 1) stop = comm_max_int(&r.world, stop);

@@ -29,10 +29,19 @@ def error_line(r, name):
 
 def main():
     write_tokens(f"{D}/tok.h5", np.random.default_rng(4).integers(0, 256, 5000), 256)
-    line = error_line(run_train(BASE), "stop")
-    if not re.search(r"step \d+: loss .* is not finite \(train.nan_policy = stop\)", line):
+    line = error_line(run_train(BASE + [f"--train.log_file={D}/stop.jsonl"]), "stop")
+    m = re.search(r"step (\d+): loss .* is not finite \(train.nan_policy = stop\)", line)
+    if not m or "-nan" in line:
         fail(f"stop: unexpected message: {line}")
-    print(f"ok   stop: {line}")
+    # the step that stopped the run has its metrics line, its update left out; every
+    # number a JSON reader sees in a column has one type (a whole lr of 1000 as 1000.0)
+    rows = [json.loads(x, parse_constant=lambda c: fail(f"metrics hold {c}"))
+            for x in open(f"{D}/stop.jsonl")]
+    last = rows[-1] if rows else {}
+    if len(rows) != int(m.group(1)) or last.get("step") != int(m.group(1)) or \
+            not last.get("skipped") or not all(isinstance(x["lr"], float) for x in rows):
+        fail(f"stop: the metrics end with {last}, {len(rows)} lines; want the stopping step's")
+    print(f"ok   stop: {line}; its metrics line: {last}")
     line = error_line(run_train(BASE + ["--profile.timing=kernel"]), "stop, timed")
     if not re.search(r"first non-finite output: \w+ \(.*micro-batch \d+, (fwd|bwd)\) on rank 0", line):
         fail(f"stop with kernel timing does not name the op: {line}")
