@@ -120,6 +120,12 @@ def check_outputs(a):
     if r.returncode:
         fail(f"metrics to /dev/null refused:\n{r.stderr[-800:]}")
     print("ok   metrics to /dev/null train")
+    # a log that stops taking lines (a full disk): training goes on, and says so once
+    r = run_train([f"{a}/cfg.ini", "--train.log_file=/dev/full"], timeout=60)
+    warned = [x for x in r.stdout.splitlines() if "train.log_file /dev/full" in x]
+    if r.returncode or len(warned) != 1 or "could not be written" not in warned[0]:
+        fail(f"metrics to /dev/full: exit {r.returncode}, warnings {warned}\n{r.stderr[-800:]}")
+    print(f"ok   metrics to /dev/full: {warned[0]}")
 
 
 def main():
