@@ -14,10 +14,13 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <hdf5.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/checkpoint.h"
 
@@ -223,6 +226,31 @@ static long write_tokens(const options *o, const char *tmp) {
     return rc == 0 ? w.written : -1;
 }
 
+/* 0 when --out is none of the inputs (by inode: "./a.txt" and a hard link count), else 1
+ * with a line: the output replaces its file only at the end, but then the input is gone. */
+static int out_is_input(const options *o) {
+    struct stat so, si;
+    if (stat(o->out, &so) != 0) return 0;
+    for (int i = 0; i < o->n_inputs; i++)
+        if (strcmp(o->inputs[i], "-") != 0 && stat(o->inputs[i], &si) == 0 &&
+            si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+            fprintf(stderr, "gptc-data: --out %s is also the input %s: writing it would destroy "
+                    "it (give the output another path)\n", o->out, o->inputs[i]);
+            return 1;
+        }
+    return 0;
+}
+
+/* The temporary output, removed when SIGINT or SIGTERM ends the run: a conversion stopped
+ * by hand leaves no half-written copy (it grows as fast as the input is read). */
+static const char *volatile g_tmp;
+
+static void remove_tmp_and_die(int sig) {
+    if (g_tmp) unlink(g_tmp); /* async-signal-safe, as are the two calls after it */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 int main(int argc, char **argv) {
     options o;
     ckpt_library_init();
@@ -230,6 +258,10 @@ int main(int argc, char **argv) {
     if (p != 0) {
         free(o.inputs);
         return p > 0 ? 0 : 2;
+    }
+    if (out_is_input(&o)) {
+        free(o.inputs);
+        return 1;
     }
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     size_t len = strlen(o.out);
@@ -240,7 +272,14 @@ int main(int argc, char **argv) {
     }
     memcpy(tmp, o.out, len);
     memcpy(tmp + len, ".tmp", 5);
+    g_tmp = tmp;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = remove_tmp_and_die;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     long n = write_tokens(&o, tmp);
+    g_tmp = NULL;
     int rc = 0;
     if (n < 0) {
         remove(tmp);

@@ -569,6 +569,25 @@ static void test_cli(const char *bin) {
     snprintf(cmd, sizeof cmd, "'%s' --help > /dev/null", bin);
     check(run(cmd) == 0, "cli: --help failed");
     check(access(tmp_path("bad.h5.tmp"), F_OK) != 0, "cli: a failed run left bad.h5.tmp");
+
+    /* --out naming an input, by another path: refused, the input untouched */
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' --out ./a.txt '%s' 2> /dev/null", tmpdir, bin, pa);
+    check(run(cmd) != 0, "cli: --out over its own input was accepted");
+    FILE *fa = fopen(pa, "rb");
+    char back[sizeof a] = "";
+    check(fa && fread(back, 1, sizeof a - 1, fa) == sizeof a - 1 && memcmp(back, a, sizeof a - 1) == 0,
+          "cli: --out over its own input changed %s", pa);
+    if (fa) fclose(fa);
+
+    /* stopped by SIGINT while it waits for input (its temporary file already made): the
+     * temporary file goes with it */
+    const char *stopped = tmp_path("stopped.h5");
+    const char *stopped_tmp = tmp_path("stopped.h5.tmp");
+    snprintf(cmd, sizeof cmd, "sleep 1 | timeout -s INT 0.3 '%s' --out '%s' - 2> /dev/null", bin,
+             stopped);
+    check(run(cmd) != 0, "cli: a run stopped by SIGINT exited 0");
+    check(access(stopped_tmp, F_OK) != 0, "cli: a run stopped by SIGINT left %s", stopped_tmp);
+    check(access(stopped, F_OK) != 0, "cli: a run stopped by SIGINT wrote %s", stopped);
 }
 
 int main(int argc, char **argv) {
