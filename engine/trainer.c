@@ -746,9 +746,12 @@ int train_run(const gptc_config *c, const grid *g) {
             return 0;
         }
     }
-    /* a run with no steps left still writes what it holds: with train.steps = 0 that is
-     * the initialisation itself, a step-0 checkpoint without /optim */
-    if (c->save[0] && first > c->steps && save_checkpoint(&r, first - 1, t, err, sizeof(err)) != 0)
+    /* train.steps = 0 from scratch writes the initialisation itself, a step-0 checkpoint
+     * without /optim. A resumed run with no step left writes nothing: it holds only what
+     * train.init holds, and would replace train.save (a later run's, perhaps) with it. */
+    int fresh = !c->init[0];
+    if (c->save[0] && first > c->steps && fresh &&
+        save_checkpoint(&r, first - 1, t, err, sizeof(err)) != 0)
         goto fail;
     if (kernel_timing && report_write(&r.world, c->report, c->trace, err, sizeof(err)) != 0) goto fail;
     if (timed_steps > 0)
@@ -758,7 +761,8 @@ int train_run(const gptc_config *c, const grid *g) {
     else if (first <= c->steps)
         log_info("done: %ld steps, final loss %.6f\n", c->steps - first + 1, last_loss);
     else
-        log_info("done: no step to run (train.steps = %ld)\n", c->steps);
+        log_info("done: no step to run (train.steps = %ld)%s\n", c->steps,
+                 c->save[0] && !fresh ? "; train.save left as it was" : "");
     run_free(&r);
     return 0;
 

@@ -101,6 +101,15 @@ def main():
         fail(f"train.keep=2 across a resume should leave cos.step6.h5 and cos.step9.h5, "
              f"found {kept}")
     print("keep: the versions of the run before count, the oldest is removed")
+    # a resumed run with no step left (train.steps read as "more steps", not "up to"):
+    # train.save, here a later run's checkpoint, stays as it was
+    before = open(f"{d}/full.h5", "rb").read()
+    r = run_train(common + [f"--train.init={d}/half.h5", "--train.steps=3",
+                            f"--train.save={d}/full.h5"])
+    if r.returncode or "no step to run" not in r.stdout or open(f"{d}/full.h5", "rb").read() != before:
+        fail(f"a resumed run with no step left: exit {r.returncode}, or it replaced train.save\n"
+             f"{r.stdout[-600:]}{r.stderr[-600:]}")
+    print("ok   a resumed run with no step left leaves train.save as it was")
     check_effective_config(d)
     print("PASS: resume is exact")
 
