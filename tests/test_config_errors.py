@@ -69,6 +69,7 @@ CASES = [
     ("comm_timeout_s under a second", ["--train.comm_timeout_s=0.5"],
      ["train.comm_timeout_s", "out of range"]),
     ("data without /tokens", [f"--data.path={D}/notokens.h5"], ["data.path", "notokens.h5", "tokens"]),
+    ("tokens never written", [f"--data.path={D}/unwritten.h5"], ["data.path", "unwritten.h5", "never written"]),
     ("data shorter than a window", [f"--data.path={D}/short.h5"], ["data.path", "short.h5", "window"]),
     ("token >= vocab at a position", [f"--data.path={D}/badtok.h5"], ["data.path", "badtok.h5", "position 7"]),
     ("checkpoint not HDF5", [f"--train.init={D}/garbage.h5"], ["train.init", "garbage.h5"]),
@@ -241,6 +242,9 @@ def main():
     import h5py
     with h5py.File(f"{D}/notokens.h5", "w") as f:
         f["ids"] = np.arange(100, dtype=np.uint16)
+        f.attrs["vocab_size"] = np.int64(50)
+    with h5py.File(f"{D}/unwritten.h5", "w") as f:  # a shape and no data: reads as zeros
+        f.create_dataset("tokens", (500,), dtype=np.uint16)
         f.attrs["vocab_size"] = np.int64(50)
     write_tokens(f"{D}/short.h5", np.arange(10) % 50, 50)
     bad = rng.integers(0, 50, 500)
