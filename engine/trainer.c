@@ -24,6 +24,7 @@
 #include "engine/nvtx.h"
 #include "engine/output_files.h"
 #include "engine/report.h"
+#include "engine/run_plan.h"
 #include "engine/timed_backend.h"
 #include "engine/timing.h"
 #include "engine/watchdog.h"
@@ -50,44 +51,6 @@ static void catch_stop_signals(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-}
-
-/* Features whose keys exist in the contract but whose code lands with later work are
- * refused by name rather than silently ignored. */
-static int check_supported(const gptc_config *c, const grid *g, char *err, size_t n) {
-    if ((c->trace[0] || c->report[0]) && strcmp(c->timing, "kernel") != 0)
-        snprintf(err, n, "profile.%s needs profile.timing = kernel", c->trace[0] ? "trace" : "report");
-    else if (c->power && strcmp(c->device, "cuda") != 0)
-        snprintf(err, n, "profile.power = true needs train.device = cuda");
-    else if (c->contention_probe > 0 && strcmp(c->timing, "kernel") != 0)
-        snprintf(err, n, "profile.contention_probe needs profile.timing = kernel");
-    else
-        return 0;
-    return -1;
-}
-
-/* The CUDA attention kernels handle head sizes up to 128 in fp32, and multiples of 8 up
- * to 128 on tensor cores under precision = bf16 (16-byte rows for ldmatrix); the CPU's
- * attention, any. Their grids hold a sequence's 64-row tiles in y, which stops at 65535. */
-static int check_precision(const gptc_config *c, const gpt_shape *s, int T, char *err, size_t n) {
-    int hs = s->d_model / s->n_head;
-    if (strcmp(c->device, "cuda") != 0) return 0;
-    if ((long)T > 65535L * 64) {
-        snprintf(err, n, "train.device = cuda takes train.seq_len up to %ld (65535 attention "
-                 "tiles of 64 rows), not %d", 65535L * 64, T);
-        return -1;
-    }
-    if (strcmp(c->precision, "bf16") == 0 && hs % 8 != 0) {
-        snprintf(err, n, "train.precision = bf16 on train.device = cuda needs a head size "
-                 "(model.d_model / model.n_head) that is a multiple of 8, not %d", hs);
-        return -1;
-    }
-    if (hs > 128) { /* the fp32 attention kernels' tiles hold up to 128 columns */
-        snprintf(err, n, "train.device = cuda needs a head size (model.d_model / model.n_head) "
-                 "of at most 128, not %d", hs);
-        return -1;
-    }
-    return 0;
 }
 
 /* The compute backend of train.device, and NVML when profile.power is on. Collective: a
@@ -123,103 +86,6 @@ static const gptc_backend *start_backend(const gptc_config *c, const grid *g,
     if (first == g->world) return be;
     if (first != g->rank) err[0] = '\0';
     return NULL;
-}
-
-/* Model shape from [model], from the checkpoint, or both when they agree. */
-static int resolve_shape(const gptc_config *c, const ckpt_meta *meta, gpt_shape *s,
-                         char *err, size_t n) {
-    struct { const char *key; int cfg; long ckpt; int *dst; } k[] = {
-        {"n_layer", c->n_layer, meta ? meta->n_layer : 0, &s->n_layer},
-        {"n_head", c->n_head, meta ? meta->n_head : 0, &s->n_head},
-        {"d_model", c->d_model, meta ? meta->d_model : 0, &s->d_model},
-        {"n_ctx", c->n_ctx, meta ? meta->n_ctx : 0, &s->n_ctx},
-        {"vocab_size", c->vocab_size, meta ? meta->vocab_size : 0, &s->vocab_size},
-    };
-    memset(s, 0, sizeof(*s));
-    for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
-        if (meta && k[i].cfg && k[i].cfg != k[i].ckpt) {
-            snprintf(err, n, "config: model.%s = %d contradicts train.init %s (%s = %ld)", k[i].key,
-                     k[i].cfg, c->init, k[i].key, k[i].ckpt);
-            return -1;
-        }
-        if (!meta && !k[i].cfg) {
-            snprintf(err, n, "config: model.%s is required when train.init is empty", k[i].key);
-            return -1;
-        }
-        long v = meta ? k[i].ckpt : k[i].cfg;
-        if (v < 1 || v > (1L << 30)) {
-            snprintf(err, n, "train.init %s: attribute %s = %ld is out of range", c->init, k[i].key, v);
-            return -1;
-        }
-        *k[i].dst = (int)v;
-    }
-    return 0;
-}
-
-typedef struct {
-    int B;      /* global batch rows */
-    int T;      /* sequence length */
-    int mb;     /* micro-batch rows */
-    int n_micro;
-} batch_plan;
-
-static int plan_batch(const gptc_config *c, const grid *g, const gpt_shape *s, batch_plan *p,
-                      char *err, size_t n) {
-    p->B = c->global_batch;
-    p->T = c->seq_len ? c->seq_len : s->n_ctx;
-    if (p->T > s->n_ctx) {
-        snprintf(err, n, "config: train.seq_len = %d is larger than model.n_ctx = %d", p->T, s->n_ctx);
-        return -1;
-    }
-    if (p->B % g->dp != 0) {
-        snprintf(err, n, "config: train.global_batch = %d is not divisible by parallel.dp = %d", p->B, g->dp);
-        return -1;
-    }
-    p->mb = c->micro_batch ? c->micro_batch : p->B / g->dp;
-    if (p->B % (g->dp * p->mb) != 0) {
-        snprintf(err, n, "config: train.global_batch = %d is not divisible by parallel.dp * train.micro_batch = %d * %d",
-                 p->B, g->dp, p->mb);
-        return -1;
-    }
-    p->n_micro = p->B / (g->dp * p->mb);
-    if (c->sequence_parallel && (p->mb * p->T) % g->tp != 0) {
-        snprintf(err, n, "config: parallel.sequence_parallel splits train.micro_batch * train.seq_len = %d tokens over parallel.tp = %d, which does not divide them",
-                 p->mb * p->T, g->tp);
-        return -1;
-    }
-    return 0;
-}
-
-/* The pipeline split: whole layers per chunk, and a schedule that exists for it. */
-static int plan_pipeline(const gptc_config *c, const grid *g, const gpt_shape *s,
-                         const batch_plan *bp, char *err, size_t n) {
-    int chunks = g->pp * c->virtual_stages;
-    if (s->n_layer % chunks != 0) {
-        snprintf(err, n, "config: model.n_layer = %d is not divisible by parallel.pp * parallel.virtual_stages = %d * %d",
-                 s->n_layer, g->pp, c->virtual_stages);
-        return -1;
-    }
-    return pp_schedule_validate(c->schedule, g->pp, c->virtual_stages, bp->n_micro, err, n);
-}
-
-/* The configuration this run uses: keys left to default by derivation (parallel.dp,
- * the model shape from train.init, seq_len, micro_batch) show the values they took. */
-static void print_effective_config(const gptc_config *c, const grid *g, const gpt_shape *s,
-                                   const batch_plan *bp) {
-    if (g->rank != 0) return;
-    gptc_config eff = *c;
-    eff.dp = g->dp;
-    eff.n_layer = s->n_layer;
-    eff.n_head = s->n_head;
-    eff.d_model = s->d_model;
-    eff.n_ctx = s->n_ctx;
-    eff.vocab_size = s->vocab_size;
-    eff.seq_len = bp->T;
-    eff.micro_batch = bp->mb;
-    printf("# effective configuration\n");
-    config_print(&eff, stdout);
-    printf("\n");
-    fflush(stdout);
 }
 
 static void print_model(const gpt_model *m, const batch_plan *bp, long first, long last,
@@ -422,29 +288,6 @@ static int locate_nonfinite(run_state *r, const batch_plan *bp, char *where, siz
     return first.rank;
 }
 
-/* Each rank reads train.init from its own file system: node-local copies under one name
- * may differ (one left from another run), and ranks that load different models or
- * steps meet in collectives of different sizes or counts. Compares this rank's
- * checkpoint with rank 0's (collective: call it on every rank, opened or not); err (NULL:
- * only take part) names the first field that differs. */
-static void same_init_as_rank0(const char *path, const ckpt_meta *meta, int has_optim,
-                               long optim_t, int world, char *err, size_t n) {
-    enum { FIELDS = 8 };
-    static const char *const name[FIELDS] = {"step",  "n_layer",    "n_head",       "d_model",
-                                             "n_ctx", "vocab_size", "optimizer state", "optimizer t"};
-    long mine[FIELDS] = {meta->step,  meta->n_layer,    meta->n_head, meta->d_model,
-                         meta->n_ctx, meta->vocab_size, has_optim,    optim_t};
-    long root[FIELDS];
-    memcpy(root, mine, sizeof(root));
-    if (world > 1) MPI_Bcast(root, FIELDS, MPI_LONG, 0, MPI_COMM_WORLD);
-    for (int i = 0; err && i < FIELDS; i++)
-        if (mine[i] != root[i]) {
-            snprintf(err, n, "train.init %s: %s = %ld here, but %ld on rank 0 (every rank must "
-                     "read the same checkpoint)", path, name[i], mine[i], root[i]);
-            return;
-        }
-}
-
 /* x, with a NaN's sign dropped: printf's "-nan" reads as a different value than "nan" */
 static double unsigned_nan(double x) { return isnan(x) ? fabs(x) : x; }
 
@@ -483,7 +326,7 @@ int train_run(const gptc_config *c, const grid *g) {
     batch_plan bp;
 
     /* checks every rank makes identically: rank 0 reports */
-    if (config_validate(c, err, sizeof(err)) != 0 || check_supported(c, g, err, sizeof(err)) != 0)
+    if (config_validate(c, err, sizeof(err)) != 0 || plan_check_supported(c, g, err, sizeof(err)) != 0)
         goto fail_config;
     if (c->init[0]) {
         char why[ERR_LEN - 16];
@@ -494,27 +337,17 @@ int train_run(const gptc_config *c, const grid *g) {
         }
         /* on every rank, opened or not: a broadcast (a rank that could not open it reports
          * that, not the difference) */
-        same_init_as_rank0(c->init, &meta, has_optim, optim_t, g->world, err[0] ? NULL : err,
+        plan_same_init(c->init, &meta, has_optim, optim_t, g->world, err[0] ? NULL : err,
                            sizeof(err));
         if (err[0]) goto fail_config;
     }
-    if (resolve_shape(c, init ? &meta : NULL, &shape, err, sizeof(err)) != 0 ||
+    if (plan_shape(c, init ? &meta : NULL, &shape, err, sizeof(err)) != 0 ||
         gpt_check_shape(&shape, g->tp, err, sizeof(err)) != 0 ||
         plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0 ||
         plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
         goto fail_config;
-    const named_path files[] = {
-        {"train.save", c->save, 1},       {"train.log_file", c->log_file, 1},
-        {"profile.trace", c->trace, 1},   {"profile.report", c->report, 1},
-        {"the config file", c->source, 0}, {"data.path", c->data_path, 0},
-        {"train.init", c->init, 0}};
-    if (g->rank == 0 && (output_paths_distinct(files, 7, err, sizeof(err)) != 0 ||
-                         output_path_check("train.save", c->save, 1, err, sizeof(err)) != 0 ||
-                         output_path_check("train.log_file", c->log_file, 0, err, sizeof(err)) != 0 ||
-                         output_path_check("profile.trace", c->trace, 0, err, sizeof(err)) != 0 ||
-                         output_path_check("profile.report", c->report, 0, err, sizeof(err)) != 0))
-        goto fail_config;
-    if (check_precision(c, &shape, bp.T, err, sizeof(err)) != 0) goto fail_config;
+    if (g->rank == 0 && plan_check_outputs(c, err, sizeof(err)) != 0) goto fail_config;
+    if (plan_check_device(c, &shape, bp.T, err, sizeof(err)) != 0) goto fail_config;
     long first = init ? meta.step + 1 : 1;
     if (first > c->steps + 1) {
         snprintf(err, sizeof(err), "train.steps = %ld is before the checkpoint's step %ld (train.init %s)",
@@ -523,7 +356,7 @@ int train_run(const gptc_config *c, const grid *g) {
     }
     /* the ranks that passed meet the ones that failed (fail_config) here */
     if (train_refused(0, err, g->rank, g->world)) goto refused;
-    print_effective_config(c, g, &shape, &bp);
+    plan_print_effective(c, g, &shape, &bp);
     nvtx_enable(c->nvtx);
     const gptc_backend *be = start_backend(c, g, &shape, err, sizeof(err));
     if (!be) {
