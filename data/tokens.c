@@ -7,6 +7,7 @@
  * tokens_hdf5_lock(). */
 #define _POSIX_C_SOURCE 200809L
 #include "data/tokens.h"
+#include "engine/h5_filters.h"
 
 #include <errno.h>
 #include <hdf5.h>
@@ -185,6 +186,13 @@ static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen
     f->dset = H5Dopen2(f->file, "tokens", H5P_DEFAULT);
     if (f->dset < 0) {
         set_err(err, errlen, "data.path %s: /tokens is not a dataset", f->path);
+        return -1;
+    }
+    char filter[96];
+    if (h5_missing_filter(f->dset, filter, sizeof filter)) {
+        set_err(err, errlen, "data.path %s: /tokens was written with the HDF5 filter %s, which "
+                "this HDF5 library cannot decode (write it uncompressed, or with gzip)", f->path,
+                filter);
         return -1;
     }
     if (read_length(f, err, errlen) || check_element_type(f, err, errlen) ||

@@ -26,6 +26,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "engine/checkpoint.h"
+#include "engine/h5_filters.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -884,6 +885,12 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
         return -1;
     }
     int rc = check_dataset(f, d, dpath, &s, err, errlen);
+    char filter[96];
+    if (rc == 0 && h5_missing_filter(d, filter, sizeof filter)) {
+        set_err(err, errlen, "%s: dataset %s was written with the HDF5 filter %s, which this "
+                "HDF5 library cannot decode", f->path, dpath, filter);
+        rc = -1;
+    }
     if (rc == 0 && transfer_slab(d, &s, dst, NULL) < 0) {
         set_err(err, errlen, "%s: cannot read dataset %s", f->path, dpath);
         rc = -1;

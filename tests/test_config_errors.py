@@ -70,6 +70,10 @@ CASES = [
      ["train.comm_timeout_s", "out of range"]),
     ("data without /tokens", [f"--data.path={D}/notokens.h5"], ["data.path", "notokens.h5", "tokens"]),
     ("tokens never written", [f"--data.path={D}/unwritten.h5"], ["data.path", "unwritten.h5", "never written"]),
+    ("tokens compressed with h5py's lzf", [f"--data.path={D}/lzftok.h5"],
+     ["data.path", "lzftok.h5", "filter lzf", "cannot decode"]),
+    ("checkpoint tensor compressed with h5py's lzf", [f"--train.init={D}/lzf.h5"],
+     ["train.init", "lzf.h5", "/model/ln_f.bias", "filter lzf"]),
     ("data shorter than a window", [f"--data.path={D}/short.h5"], ["data.path", "short.h5", "window"]),
     ("token >= vocab at a position", [f"--data.path={D}/badtok.h5"], ["data.path", "badtok.h5", "position 7"]),
     ("checkpoint not HDF5", [f"--train.init={D}/garbage.h5"], ["train.init", "garbage.h5"]),
@@ -243,6 +247,9 @@ def main():
     with h5py.File(f"{D}/notokens.h5", "w") as f:
         f["ids"] = np.arange(100, dtype=np.uint16)
         f.attrs["vocab_size"] = np.int64(50)
+    with h5py.File(f"{D}/lzftok.h5", "w") as f:
+        f.create_dataset("tokens", data=np.arange(500, dtype=np.uint16) % 50, compression="lzf")
+        f.attrs["vocab_size"] = np.int64(50)
     with h5py.File(f"{D}/unwritten.h5", "w") as f:  # a shape and no data: reads as zeros
         f.create_dataset("tokens", (500,), dtype=np.uint16)
         f.attrs["vocab_size"] = np.int64(50)
@@ -264,6 +271,10 @@ def main():
         ("float64", lambda f: (f["model"].__delitem__("wte"),
                                f["model"].create_dataset("wte", data=np.zeros((50, 32), np.float64)))),
         ("nan", lambda f: f["model"]["ln_f.weight"].__setitem__(0, np.float32("nan"))),
+        # h5py brings its lzf filter; libhdf5 does not, and a read fails with no reason
+        ("lzf", lambda f: (f["model"].__delitem__("ln_f.bias"),
+                           f["model"].create_dataset("ln_f.bias", data=np.zeros(32, np.float32),
+                                                     compression="lzf"))),
     ]:
         shutil.copy(f"{D}/ck.h5", f"{D}/{name}.h5")
         with h5py.File(f"{D}/{name}.h5", "r+") as f:
