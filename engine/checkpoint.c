@@ -909,6 +909,38 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
     return 0;
 }
 
+typedef struct {
+    const char *const *known;
+    int n, unknown;
+    char *first;
+    size_t first_len;
+} unknown_scan;
+
+static herr_t note_unknown(hid_t group, const char *name, const H5L_info_t *info, void *arg)
+{
+    (void)group, (void)info;
+    unknown_scan *u = arg;
+    for (int i = 0; i < u->n; i++)
+        if (strcmp(u->known[i], name) == 0)
+            return 0;
+    if (u->unknown++ == 0)
+        snprintf(u->first, u->first_len, "%s", name);
+    return 0;
+}
+
+int ckpt_count_unknown(ckpt_file *f, const char *group, const char *const *known, int n,
+                       char *first, size_t first_len)
+{
+    unknown_scan u = {known, n, 0, first, first_len};
+    first[0] = 0;
+    if (!f || f->file < 0 || link_exists(f->file, group) <= 0)
+        return 0;
+    hsize_t at = 0;
+    H5Literate_by_name(f->file, group, H5_INDEX_NAME, H5_ITER_INC, &at, note_unknown, &u,
+                       H5P_DEFAULT);
+    return u.unknown;
+}
+
 const char *ckpt_file_path(const ckpt_file *f)
 {
     return f ? f->path : "";

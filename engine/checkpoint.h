@@ -52,6 +52,10 @@ ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *op
 int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
               const long *shape /* [ndim] */, const long *start /* [ndim] or NULL */,
               const long *count /* [ndim] or NULL */, float *dst, char *err, size_t errlen);
+/* How many entries of group (e.g. "model") have none of the n names known[]; the first
+ * of them into first[first_len] (empty when none). For saying what a load leaves out. */
+int ckpt_count_unknown(ckpt_file *f, const char *group, const char *const *known, int n,
+                       char *first, size_t first_len);
 /* The path f was opened or created with, as its messages name it. */
 const char *ckpt_file_path(const ckpt_file *f);
 void ckpt_close(ckpt_file *f);

@@ -288,6 +288,26 @@ static int locate_nonfinite(run_state *r, const batch_plan *bp, char *where, siz
     return first.rank;
 }
 
+/* Says which datasets under train.init's /model the model has no use for (a file
+ * converted from Hugging Face's GPT-2 keeps its attention-mask buffers h.N.attn.bias, a
+ * model with more layers than its attributes say): they are left out, not in silence. */
+static void note_unused_tensors(ckpt_file *f, const gpt_shape *shape) {
+    int n = 0;
+    param_tensor *all = gpt_full_table(shape, &n);
+    const char **names = all ? malloc((size_t)n * sizeof(*names)) : NULL; /* [n] */
+    if (names) {
+        for (int i = 0; i < n; i++) names[i] = all[i].name;
+        char first[128];
+        int unknown = ckpt_count_unknown(f, "model", names, n, first, sizeof first);
+        if (unknown)
+            log_info("train.init %s: %d dataset(s) under /model that this model does not have "
+                     "(/model/%s%s), left out\n", ckpt_file_path(f), unknown, first,
+                     unknown > 1 ? ", ..." : "");
+    }
+    free(names);
+    free(all);
+}
+
 /* x, with a NaN's sign dropped: printf's "-nan" reads as a different value than "nan" */
 static double unsigned_nan(double x) { return isnan(x) ? fabs(x) : x; }
 
@@ -448,6 +468,7 @@ int train_run(const gptc_config *c, const grid *g) {
         rc = !has_optim || (opt_m && opt_v) ? gpt_load(m, init, opt_m, opt_v, why, sizeof(why)) : -1;
         if (rc != 0) snprintf(err, sizeof(err), "train.init %s", why);
         else if (has_optim) dp_scatter_state(&r.dpc, m, opt_m, opt_v);
+        if (rc == 0 && g->rank == 0) note_unused_tensors(init, &shape);
         free(opt_m);
         free(opt_v);
         ckpt_close(init);

@@ -110,6 +110,18 @@ def main():
         fail(f"a resumed run with no step left: exit {r.returncode}, or it replaced train.save\n"
              f"{r.stdout[-600:]}{r.stderr[-600:]}")
     print("ok   a resumed run with no step left leaves train.save as it was")
+    # datasets the model has no use for (Hugging Face's GPT-2 keeps its causal-mask buffers
+    # as h.N.attn.bias) are left out, and the run says so
+    import shutil
+    shutil.copy(f"{d}/half.h5", f"{d}/extra.h5")
+    with h5py.File(f"{d}/extra.h5", "r+") as f:
+        f["model"].create_dataset("h.0.attn.bias", data=np.ones((1, 1, 16, 16), np.float32))
+        f["model"].create_dataset("h.0.attn.masked_bias", data=np.float32(-1e4))
+    r = run_train(common + [f"--train.init={d}/extra.h5", "--train.steps=4"])
+    said = [x for x in r.stdout.splitlines() if "does not have" in x]
+    if r.returncode or len(said) != 1 or "2 dataset(s)" not in said[0] or "/model/h.0.attn" not in said[0]:
+        fail(f"extra datasets in train.init: exit {r.returncode}, lines {said}\n{r.stderr[-600:]}")
+    print(f"ok   {said[0]}")
     check_effective_config(d)
     print("PASS: resume is exact")
 
