@@ -38,7 +38,7 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
         snprintf(err, n, "%s %s: %s is not a directory", key, path, dir);
         return -1;
     }
-    int exists = stat(path, &st) == 0; /* following links */
+    int exists = stat(path, &st) == 0, why = errno; /* following links */
     if (exists && S_ISDIR(st.st_mode)) {
         snprintf(err, n, "%s %s: is a directory (name a file in it)", key, path);
         return -1;
@@ -54,7 +54,8 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
         return 0;
     }
     if (!exists && lstat(path, &st) == 0) {
-        snprintf(err, n, "%s %s: is a symbolic link to nowhere", key, path);
+        snprintf(err, n, "%s %s: is a symbolic link %s", key, path,
+                 why == ELOOP ? "in a loop of links" : "to nowhere");
         return -1;
     }
     /* access() says yes to root in /proc or on a read-only mount: create a file there */

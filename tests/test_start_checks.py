@@ -94,6 +94,8 @@ def check_ranks_disagree(a, b):
 def check_outputs(a):
     os.mkfifo(f"{D}/fifo")
     os.symlink("/nonexistent/r.json", f"{D}/dangling.json")
+    os.symlink(f"{D}/loop_b", f"{D}/loop_a")
+    os.symlink(f"{D}/loop_a", f"{D}/loop_b")
     kernel = ["--profile.timing=kernel"]
     cases = [
         ("report a dangling link", kernel + [f"--profile.report={D}/dangling.json"],
@@ -102,6 +104,7 @@ def check_outputs(a):
         ("save in /proc", ["--train.save=/proc/gptc.h5"], ["train.save", "cannot create a file"]),
         ("trace in /proc", kernel + ["--profile.trace=/proc/t.json"],
          ["profile.trace", "cannot create a file"]),
+        ("save onto a loop of links", [f"--train.save={D}/loop_a"], ["train.save", "loop of links"]),
         ("save onto a FIFO", [f"--train.save={D}/fifo"], ["train.save", "not a regular file"]),
         ("save onto /dev/null", ["--train.save=/dev/null"], ["train.save", "not a regular file"]),
         # opening a FIFO to read waits for a writer: the loader must not
