@@ -876,7 +876,18 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
         make_slab(f, dpath, ndim, shape, start, count, &s, err, errlen) < 0)
         return -1;
     if (link_exists(f->file, dpath) <= 0) {
-        set_err(err, errlen, "%s: missing dataset %s", f->path, dpath);
+        char gpath[160];
+        snprintf(gpath, sizeof gpath, "/%s", group);
+        /* /model written as a dataset holds no tensors at all (H5Oopen and H5Iget_type
+         * read the same in every HDF5 since 1.8, unlike H5Oget_info) */
+        hid_t o = link_exists(f->file, gpath) > 0 ? H5Oopen(f->file, gpath, H5P_DEFAULT) : -1;
+        int not_group = o >= 0 && H5Iget_type(o) != H5I_GROUP;
+        if (o >= 0)
+            H5Oclose(o);
+        if (not_group)
+            set_err(err, errlen, "%s: %s is not a group (the tensors belong in it)", f->path, gpath);
+        else
+            set_err(err, errlen, "%s: missing dataset %s", f->path, dpath);
         return -1;
     }
     hid_t d = H5Dopen2(f->file, dpath, H5P_DEFAULT);

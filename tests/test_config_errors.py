@@ -84,6 +84,8 @@ CASES = [
     ("checkpoint tensor of the wrong shape", [f"--train.init={D}/badshape.h5"], ["train.init", "wpe"]),
     ("checkpoint tensor of the wrong dtype", [f"--train.init={D}/float64.h5"], ["train.init", "wte"]),
     ("checkpoint with a NaN", [f"--train.init={D}/nan.h5"], ["train.init", "ln_f.weight"]),
+    ("checkpoint whose /model is a dataset", [f"--train.init={D}/modelds.h5"],
+     ["train.init", "/model is not a group"]),
     # optimizer state that cannot be resumed, refused rather than dropped or run into NaN
     ("checkpoint /optim without t", [f"--train.init={D}/optnot.h5", "--train.steps=3"],
      ["train.init", "optnot.h5", "/optim has no attribute t"]),
@@ -266,6 +268,7 @@ def main():
         ("otherformat", lambda f: f.attrs.__setitem__("format", "not-gpt")),
         ("v2", lambda f: f.attrs.__setitem__("version", np.int64(2))),
         ("notensor", lambda f: f["model"].__delitem__("h.1.ln_2.bias")),
+        ("modelds", lambda f: (f.__delitem__("model"), f.create_dataset("model", data=np.zeros(3)))),
         ("badshape", lambda f: (f["model"].__delitem__("wpe"),
                                 f["model"].create_dataset("wpe", data=np.zeros((8, 32), np.float32)))),
         ("float64", lambda f: (f["model"].__delitem__("wte"),
