@@ -226,18 +226,23 @@ static long write_tokens(const options *o, const char *tmp) {
     return rc == 0 ? w.written : -1;
 }
 
-/* 0 when --out is none of the inputs (by inode: "./a.txt" and a hard link count), else 1
- * with a line: the output replaces its file only at the end, but then the input is gone. */
-static int out_is_input(const options *o) {
-    struct stat so, si;
-    if (stat(o->out, &so) != 0) return 0;
-    for (int i = 0; i < o->n_inputs; i++)
-        if (strcmp(o->inputs[i], "-") != 0 && stat(o->inputs[i], &si) == 0 &&
-            si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
-            fprintf(stderr, "gptc-data: --out %s is also the input %s: writing it would destroy "
-                    "it (give the output another path)\n", o->out, o->inputs[i]);
-            return 1;
-        }
+/* 0 when neither --out nor its temporary file tmp is one of the inputs (by inode:
+ * "./a.txt" and a hard link count), else 1 with a line: the output replaces its file only
+ * at the end, but then the input is gone (and tmp is truncated at the start). */
+static int out_is_input(const options *o, const char *tmp) {
+    const char *outs[2] = {o->out, tmp};
+    for (int k = 0; k < 2; k++) {
+        struct stat so, si;
+        if (stat(outs[k], &so) != 0) continue;
+        for (int i = 0; i < o->n_inputs; i++)
+            if (strcmp(o->inputs[i], "-") != 0 && stat(o->inputs[i], &si) == 0 &&
+                si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+                fprintf(stderr, "gptc-data: %s %s is also the input %s: writing it would "
+                        "destroy it (give --out another path)\n",
+                        k ? "the temporary file" : "--out", outs[k], o->inputs[i]);
+                return 1;
+            }
+    }
     return 0;
 }
 
@@ -259,10 +264,6 @@ int main(int argc, char **argv) {
         free(o.inputs);
         return p > 0 ? 0 : 2;
     }
-    if (out_is_input(&o)) {
-        free(o.inputs);
-        return 1;
-    }
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     size_t len = strlen(o.out);
     char *tmp = malloc(len + 5);
@@ -272,6 +273,11 @@ int main(int argc, char **argv) {
     }
     memcpy(tmp, o.out, len);
     memcpy(tmp + len, ".tmp", 5);
+    if (out_is_input(&o, tmp)) {
+        free(tmp);
+        free(o.inputs);
+        return 1;
+    }
     g_tmp = tmp;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

@@ -63,23 +63,23 @@ FILE *metrics_open(const char *path, long first, char *err, size_t n) {
     return f;
 }
 
-/* buf[32] = v in fmt, or null where v is not finite: JSON has no NaN (printf's "-nan"
+/* buf[64] = v in fmt, or null where v is not finite: JSON has no NaN (printf's "-nan"
  * broke every reader of the metrics file on a skipped step). A whole number keeps a
  * ".0", so that readers see one type in a column (%g writes a loss of 26185034 or an
  * lr of 1000 as an integer). */
 static const char *json_number(char *buf, const char *fmt, double v) {
     if (!isfinite(v)) {
-        snprintf(buf, 32, "null");
+        snprintf(buf, 64, "null");
         return buf;
     }
-    int len = snprintf(buf, 32, fmt, v);
-    if (len > 0 && len < 30 && !strpbrk(buf, ".e")) strcat(buf, ".0");
+    int len = snprintf(buf, 64, fmt, v); /* "%.1f" of up to 1e61 fits */
+    if (len > 0 && len < 62 && !strpbrk(buf, ".e")) strcat(buf, ".0");
     return buf;
 }
 
 int metrics_write(FILE *f, long step, double loss, double grad_norm, double lr, double iter_ms,
                   double tokens_per_s, int skipped, const power_sample *power) {
-    char a[32], b[32], c[32], d[32];
+    char a[64], b[64], c[64], d[64];
     fprintf(f, "{\"step\": %ld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, "
                "\"iter_ms\": %.3f, \"tokens_per_s\": %s",
             step, json_number(a, "%.9g", loss), json_number(b, "%.9g", grad_norm),

@@ -79,12 +79,15 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
     return 0;
 }
 
-/* 1 when a and b name one file: one inode where both exist; where neither does (both
- * outputs yet to be made), one directory and one name in it. */
+/* 1 when a and b name one file: one regular file's inode where both exist (two streams to
+ * /dev/null or one terminal are fine); where neither does (both outputs yet to be made),
+ * one directory and one name in it. */
 static int same_file(const char *a, const char *b) {
     struct stat sa, sb;
     int ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
-    if (ea || eb) return ea && eb && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (ea || eb)
+        return ea && eb && S_ISREG(sa.st_mode) && S_ISREG(sb.st_mode) && sa.st_dev == sb.st_dev &&
+               sa.st_ino == sb.st_ino;
     char ca[CFG_STR_MAX], cb[CFG_STR_MAX], da[CFG_STR_MAX], db[CFG_STR_MAX];
     snprintf(ca, sizeof ca, "%s", a), snprintf(da, sizeof da, "%s", a);
     snprintf(cb, sizeof cb, "%s", b), snprintf(db, sizeof db, "%s", b);

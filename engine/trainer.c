@@ -600,10 +600,11 @@ int train_run(const gptc_config *c, const grid *g) {
             return 0;
         }
     }
-    /* train.steps = 0 from scratch writes the initialisation itself, a step-0 checkpoint
-     * without /optim. A resumed run with no step left writes nothing: it holds only what
-     * train.init holds, and would replace train.save (a later run's, perhaps) with it. */
-    int fresh = !c->init[0];
+    /* train.steps = 0 from scratch (or from a step-0 initialisation, converted weights)
+     * writes the initialisation itself, a step-0 checkpoint without /optim. A resumed run
+     * with no step left writes nothing: it holds only what train.init holds, and would
+     * replace train.save (a later run's, perhaps) with it. */
+    int fresh = !c->init[0] || (first == 1 && !has_optim);
     if (c->save[0] && first > c->steps && fresh &&
         save_checkpoint(&r, first - 1, t, err, sizeof(err)) != 0)
         goto fail;
@@ -616,7 +617,7 @@ int train_run(const gptc_config *c, const grid *g) {
         log_info("done: %ld steps, final loss %.6f\n", c->steps - first + 1, last_loss);
     else
         log_info("done: no step to run (train.steps = %ld)%s\n", c->steps,
-                 c->save[0] && !fresh ? "; train.save left as it was" : "");
+                 c->save[0] && !fresh ? "; nothing written to train.save" : "");
     run_free(&r);
     return 0;
 

@@ -972,7 +972,7 @@ void comm_sendrecv(comm_group *g, const void *sendbuf, size_t send_bytes, int ds
 
 /* The host-side reductions block the caller: each is one record on it (stream 0, as an
  * op run on the caller), under a name of its own so that its few bytes do not mix with
- * the gradients' all-reduces in the report. rc is MPI_Allreduce's. */
+ * the gradients' all-reduces in the report. 1 when MPI_Allreduce succeeded, else 0. */
 static int host_allreduce(comm_group *g, const void *in, void *out, int n, MPI_Datatype type,
                           MPI_Op op) {
     double t0 = timing_on() ? timing_now_ms() : 0;
@@ -1021,10 +1021,14 @@ double comm_clock_offset_ms(comm_group *g, double *rtt_ms) {
         if (g->rank == r) {
             for (int i = 0; i < MAX_ROUNDS && best > good_ms; i++) {
                 double t0 = timing_now_ms(), t_root = 0;
-                ok(g, "MPI_Send", MPI_Send(&t0, 1, MPI_DOUBLE, 0, TAG, g->comm));
-                ok(g, "MPI_Recv", MPI_Recv(&t_root, 1, MPI_DOUBLE, 0, TAG, g->comm, MPI_STATUS_IGNORE));
+                /* a failed send: no answer will come */
+                if (!ok(g, "MPI_Send", MPI_Send(&t0, 1, MPI_DOUBLE, 0, TAG, g->comm)) ||
+                    !ok(g, "MPI_Recv", MPI_Recv(&t_root, 1, MPI_DOUBLE, 0, TAG, g->comm,
+                                                MPI_STATUS_IGNORE))) {
+                    end_job_if_failed(g);
+                    break;
+                }
                 double t1 = timing_now_ms();
-                end_job_if_failed(g);
                 if (t1 - t0 < best) {
                     best = t1 - t0;
                     offset = (t0 + t1) / 2 - t_root;
@@ -1034,11 +1038,11 @@ double comm_clock_offset_ms(comm_group *g, double *rtt_ms) {
         } else if (g->rank == 0) {
             for (;;) {
                 double t = done;
-                ok(g, "MPI_Recv", MPI_Recv(&t, 1, MPI_DOUBLE, r, TAG, g->comm, MPI_STATUS_IGNORE));
-                end_job_if_failed(g);
-                if (t == done) break;
+                if (!ok(g, "MPI_Recv", MPI_Recv(&t, 1, MPI_DOUBLE, r, TAG, g->comm,
+                                                MPI_STATUS_IGNORE)) || t == done)
+                    break;
                 double t_root = timing_now_ms();
-                ok(g, "MPI_Send", MPI_Send(&t_root, 1, MPI_DOUBLE, r, TAG, g->comm));
+                if (!ok(g, "MPI_Send", MPI_Send(&t_root, 1, MPI_DOUBLE, r, TAG, g->comm))) break;
             }
         }
         end_job_if_failed(g);

@@ -123,6 +123,12 @@ def check_outputs(a):
     if r.returncode:
         fail(f"metrics to /dev/null refused:\n{r.stderr[-800:]}")
     print("ok   metrics to /dev/null train")
+    # two streams to one device are not one file to overwrite
+    r = run_train([f"{a}/cfg.ini", "--train.log_file=/dev/null", "--profile.timing=kernel",
+                   "--profile.report=/dev/null", "--profile.trace=/dev/null"], timeout=60)
+    if r.returncode:
+        fail(f"metrics, report and trace all to /dev/null refused:\n{r.stderr[-800:]}")
+    print("ok   metrics, report and trace all to /dev/null train")
     # a log that stops taking lines (a full disk): training goes on, and says so once
     r = run_train([f"{a}/cfg.ini", "--train.log_file=/dev/full"], timeout=60)
     warned = [x for x in r.stdout.splitlines() if "train.log_file /dev/full" in x]

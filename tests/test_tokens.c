@@ -579,6 +579,16 @@ static void test_cli(const char *bin) {
           "cli: --out over its own input changed %s", pa);
     if (fa) fclose(fa);
 
+    /* an input named as --out's temporary file, which the run truncates at its start */
+    const char *as_tmp = tmp_path("corpus.tmp");
+    write_text(as_tmp, a, sizeof a - 1);
+    snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' 2> /dev/null", bin, tmp_path("corpus"), as_tmp);
+    check(run(cmd) != 0, "cli: an input named as --out's temporary file was accepted");
+    fa = fopen(as_tmp, "rb");
+    check(fa && fread(back, 1, sizeof a - 1, fa) == sizeof a - 1 && memcmp(back, a, sizeof a - 1) == 0,
+          "cli: an input named as --out's temporary file was changed");
+    if (fa) fclose(fa);
+
     /* stopped by SIGINT while it waits for input (its temporary file already made): the
      * temporary file goes with it */
     const char *stopped = tmp_path("stopped.h5");

@@ -33,7 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { PLAN_SLOTS = 128, WORKSPACE_BYTES = 32 << 20, MAX_CANDIDATES = 16, TUNE_RUNS = 5 };
+enum { PLAN_SLOTS = 128, WORKSPACE_BYTES = 32 << 20, MAX_CANDIDATES = 16, TUNE_RUNS = 5,
+       TUNE_ROUNDS = 2 };
 
 /* what the GEMM's epilogue does besides the optional bias */
 enum { EPI_NONE, EPI_GELU_AUX, EPI_DGELU };
@@ -61,8 +62,6 @@ static struct {
     void *workspace; /* [WORKSPACE_BYTES] */
     plan plans[PLAN_SLOTS];
     int candidates;         /* GPTC_GEMM_CANDIDATES: how many to time per plan (1: none) */
-    void *scratch;          /* [scratch_bytes]: tune_plan's C for products that accumulate */
-    size_t scratch_bytes;
     int n_tuned, n_not_first; /* plans tuned, and of those, how many the first did not win */
 } g;
 
@@ -214,41 +213,30 @@ static plan *make_plan(const plan *key) {
     return p;
 }
 
-/* A C of the plan's shape (ldc x n of its type, on 256 bytes: any alignment a plan may
- * have been promised) for tune_plan, zeroed on s: grown as needed and kept for the run,
- * so that no cudaFree (which waits for the whole device) falls between steps. */
-static void *tune_scratch(const plan *p, cudaStream_t s) {
-    size_t bytes = (size_t)p->ldc * p->n * (p->c_type == CUDA_R_32F ? 4 : 2);
-    if (bytes + 256 > g.scratch_bytes) {
-        if (g.scratch) cudaFree(g.scratch);
-        g.scratch_bytes = 0;
-        if (cudaMalloc(&g.scratch, bytes + 256) != cudaSuccess) {
-            (void)cudaGetLastError();
-            g.scratch = NULL;
-            return NULL;
-        }
-        g.scratch_bytes = bytes + 256;
-    }
-    char *c = (char *)g.scratch + (256 - (uintptr_t)g.scratch % 256) % 256;
-    if (cudaMemsetAsync(c, 0, bytes, s) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return NULL;
-    }
-    return c;
+/* Runs candidate algo once on the plan's operands; 0, or -1 when it cannot run (the
+ * runtime's error, if the library left one, cleared: the next launch must not take it
+ * for its own). */
+static int run_candidate(const plan *p, const cublasLtMatmulAlgo_t *algo, const void *A,
+                         const void *B, void *C, float beta, cudaStream_t s) {
+    float alpha = 1.0f;
+    if (cublasLtMatmul(g.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, algo,
+                       g.workspace, WORKSPACE_BYTES, s) == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    (void)cudaGetLastError();
+    return -1;
 }
 
-/* One candidate's mean time over TUNE_RUNS runs after an untimed one, in ms (INFINITY
- * when it fails to run). */
+/* One candidate's mean time over TUNE_RUNS runs, in ms (INFINITY when it fails). */
 static float time_candidate(const plan *p, const cublasLtMatmulAlgo_t *algo, const void *A,
                             const void *B, void *C, float beta, cudaEvent_t ev[2],
                             cudaStream_t s) {
-    float alpha = 1.0f, ms = INFINITY;
-    for (int r = 0; r <= TUNE_RUNS; r++) {
-        if (r == 1 && cudaEventRecord(ev[0], s) != cudaSuccess) break;
-        if (cublasLtMatmul(g.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, algo,
-                           g.workspace, WORKSPACE_BYTES, s) != CUBLAS_STATUS_SUCCESS)
-            return INFINITY;
+    float ms = INFINITY;
+    if (cudaEventRecord(ev[0], s) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return INFINITY;
     }
+    for (int r = 0; r < TUNE_RUNS; r++)
+        if (run_candidate(p, algo, A, B, C, beta, s) != 0) return INFINITY;
     if (cudaEventRecord(ev[1], s) == cudaSuccess && cudaEventSynchronize(ev[1]) == cudaSuccess &&
         cudaEventElapsedTime(&ms, ev[0], ev[1]) == cudaSuccess)
         return ms / TUNE_RUNS;
@@ -257,35 +245,50 @@ static float time_candidate(const plan *p, const cublasLtMatmulAlgo_t *algo, con
 }
 
 /* GPTC_GEMM_CANDIDATES > 1, a plan's first call: times its candidates on this call's
- * operands (the bias and aux pointers already set) and keeps the fastest. The runs write
- * what the real call then writes again, except where the product accumulates (beta 1):
- * those run on a zeroed scratch C, so that C is added to once. */
+ * operands (the bias and aux pointers already set) and keeps the fastest. Every candidate
+ * runs once before any is timed (the first timed must not pay for clocks still rising),
+ * then each is timed in TUNE_ROUNDS rounds, its best round counting. The runs write what
+ * the real call then writes again, except where the product accumulates (beta 1): those
+ * run on a zeroed scratch C, allocated and freed in the stream's order (no cudaFree, which
+ * would wait for the whole device, comm streams included, in the middle of a step). */
 static void tune_plan(plan *p, const void *A, const void *B, void *C, float beta,
                       cudaStream_t s) {
     p->tuned = 1;
-    cuda_timer_spoil_op();
-    void *target = C;
+    void *scratch = NULL, *target = C;
     if (beta != 0.0f) {
-        target = tune_scratch(p, s);
-        if (!target) {
-            log_info("cuBLASLt: no GPU memory to time the %d x %d x %d product's candidates: "
-                     "the heuristic's first runs\n", p->m, p->n, p->k);
+        size_t bytes = (size_t)p->ldc * p->n * (p->c_type == CUDA_R_32F ? 4 : 2);
+        if (cudaMallocAsync(&scratch, bytes + 256, s) != cudaSuccess ||
+            cudaMemsetAsync(scratch, 0, bytes + 256, s) != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (scratch) cudaFreeAsync(scratch, s);
+            log_info("cuBLASLt: no GPU memory (or no stream-ordered allocator) to time the "
+                     "%d x %d x %d product's candidates: the heuristic's first runs\n", p->m,
+                     p->n, p->k);
             return;
         }
+        /* on 256 bytes: any alignment a plan may have been promised */
+        target = (char *)scratch + (256 - (uintptr_t)scratch % 256) % 256;
     }
+    cuda_timer_spoil_op();
     cudaEvent_t ev[2];
     cuda_check(cudaEventCreate(&ev[0]), "cudaEventCreate");
     cuda_check(cudaEventCreate(&ev[1]), "cudaEventCreate");
-    float first = INFINITY, best = INFINITY;
-    int pick = 0;
-    for (int i = 0; i < p->n_candidates; i++) {
-        float ms = time_candidate(p, &p->candidates[i], A, B, target, beta, ev, s);
-        if (i == 0) first = ms;
-        if (ms < best) best = ms, pick = i;
-    }
+    float best_of[MAX_CANDIDATES];
+    for (int i = 0; i < p->n_candidates; i++)
+        best_of[i] = run_candidate(p, &p->candidates[i], A, B, target, beta, s) == 0 ? INFINITY : -1;
+    for (int round = 0; round < TUNE_ROUNDS; round++)
+        for (int i = 0; i < p->n_candidates; i++) {
+            if (best_of[i] < 0) continue; /* could not run at all */
+            float ms = time_candidate(p, &p->candidates[i], A, B, target, beta, ev, s);
+            if (ms < best_of[i]) best_of[i] = ms;
+        }
     cudaEventDestroy(ev[0]);
     cudaEventDestroy(ev[1]);
-    if (best == INFINITY) {
+    if (scratch) cudaFreeAsync(scratch, s);
+    int pick = 0;
+    for (int i = 1; i < p->n_candidates; i++)
+        if (best_of[i] >= 0 && (best_of[pick] < 0 || best_of[i] < best_of[pick])) pick = i;
+    if (best_of[pick] < 0 || best_of[pick] == INFINITY) {
         log_info("cuBLASLt: the %d x %d x %d product's candidates could not be timed: the "
                  "heuristic's first runs\n", p->m, p->n, p->k);
         return;
@@ -293,10 +296,12 @@ static void tune_plan(plan *p, const void *A, const void *B, void *C, float beta
     p->algo = p->candidates[pick];
     g.n_tuned++;
     g.n_not_first += pick != 0;
+    char first[32] = "could not run";
+    if (best_of[0] >= 0 && best_of[0] != INFINITY) snprintf(first, sizeof first, "%.4f ms", best_of[0]);
     log_info("cuBLASLt: the %d x %d x %d product%s: candidate %d of %d is the fastest, %.4f ms "
-             "(the heuristic's first: %.4f ms)\n", p->m, p->n, p->k,
+             "(the heuristic's first: %s)\n", p->m, p->n, p->k,
              p->epi == EPI_GELU_AUX ? " + GELU" : p->epi == EPI_DGELU ? " * GELU'" : "",
-             pick + 1, p->n_candidates, best, first);
+             pick + 1, p->n_candidates, best_of[pick], first);
 }
 
 void cuda_matmul_tuning(int *tuned, int *not_first) {

@@ -105,6 +105,8 @@ typedef struct cudaDeviceProp {
 #define cudaDeviceSynchronize emu_cudaDeviceSynchronize
 #define cudaMalloc emu_cudaMalloc
 #define cudaFree emu_cudaFree
+#define cudaMallocAsync emu_cudaMallocAsync
+#define cudaFreeAsync emu_cudaFreeAsync
 #define cudaMallocHost emu_cudaMallocHost
 #define cudaHostAlloc emu_cudaHostAlloc
 #define cudaFreeHost emu_cudaFreeHost
@@ -149,6 +151,8 @@ cudaError_t emu_cudaDeviceSynchronize(void);
 
 cudaError_t emu_cudaMalloc(void **p, size_t bytes);
 cudaError_t emu_cudaFree(void *p);
+cudaError_t emu_cudaMallocAsync(void **p, size_t bytes, cudaStream_t s);
+cudaError_t emu_cudaFreeAsync(void *p, cudaStream_t s);
 cudaError_t emu_cudaMallocHost(void **p, size_t bytes);
 cudaError_t emu_cudaHostAlloc(void **p, size_t bytes, unsigned int flags);
 cudaError_t emu_cudaFreeHost(void *p);

@@ -764,6 +764,28 @@ cudaError_t emu_cudaFree(void *p) {
     return cudaSuccess;
 }
 
+/* Stream-ordered allocation: the block is usable by work queued on s from now on (it is
+ * made at once here) and goes when s reaches the free, without waiting for the device as
+ * cudaFree does. */
+cudaError_t emu_cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
+    if (!emu_stream_valid(s))
+        return refuse(cudaErrorInvalidValue, "cudaMallocAsync", "not a live stream");
+    return emu_cudaMalloc(p, bytes);
+}
+
+static void run_free(void *p) {
+    if (mem_remove(p, EMU_MEM_DEVICE) != 0)
+        emu_fail("cudaFreeAsync: not the start of a live cudaMalloc block");
+    free(p);
+}
+
+cudaError_t emu_cudaFreeAsync(void *p, cudaStream_t s) {
+    if (!emu_stream_valid(s))
+        return refuse(cudaErrorInvalidValue, "cudaFreeAsync", "not a live stream");
+    if (p) emu_stream_run(s, run_free, p, "cudaFreeAsync");
+    return cudaSuccess;
+}
+
 cudaError_t emu_cudaHostAlloc(void **p, size_t bytes, unsigned int flags) {
     *p = NULL;
     if (flags & ~(unsigned int)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined))
