@@ -76,6 +76,10 @@ void cuda_gelu_backward(gptc_act *dinp, const gptc_act *inp, const gptc_act *dou
                         gptc_precision p, cudaStream_t s);
 void cuda_add(gptc_act *out, const gptc_act *a, const gptc_act *b, size_t n, gptc_precision p,
               cudaStream_t s);
+/* act out (column-major m x n, leading dimension ldo) = src (fp32 m x n, packed) + bias[m]
+ * per row, rounded once */
+void cuda_bias_round(gptc_act *out, int ldo, const float *src, const gptc_act *bias, int m,
+                     int n, gptc_precision p, cudaStream_t s);
 /* act dst[n] = src[n] rounded (engine/backend.h: to_act) */
 void cuda_to_act(gptc_act *dst, const float *src, size_t n, gptc_precision p, cudaStream_t s);
 

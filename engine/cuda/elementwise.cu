@@ -143,6 +143,20 @@ __global__ void to_act_kernel(gptc_act *dst /* [n] */, const float *src /* [n] *
     for (size_t i = done + i0; i < n; i += stride) act_st(dst, i, src[i], bf16);
 }
 
+/* out (column-major m x n, leading dimension ldo) = src (m x n, packed) + bias[i] on each
+ * row i, rounded once to the activation type: the bias epilogue done here, where cuBLASLt's
+ * would round the product before adding it (cuda_matmul.c: gemm). A thread per element. */
+__global__ void bias_round_kernel(gptc_act *out /* [n, ldo] */, int ldo,
+                                  const float *src /* [n, m] */,
+                                  const gptc_act *bias /* [m] */, int m, size_t total,
+                                  int bf16) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
+        size_t i = e % (size_t)m, j = e / (size_t)m;
+        act_st(out, j * (size_t)ldo + i, src[e] + act_ld(bias, i, bf16), bf16);
+    }
+}
+
 /* Quiet NaN 0x7fc00000 everywhere; same layout as add_kernel. */
 __global__ void fill_nan_kernel(float *x /* [n] */, size_t n, int vec) {
     size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -295,6 +309,14 @@ void cuda_to_act(gptc_act *dst, const float *src, size_t n, gptc_precision p,
     if (n == 0 || (!bf16 && dst == (const gptc_act *)src)) return;
     int vec = aligned16(dst) && aligned16(src);
     to_act_kernel<<<ew_grid(n, vec, bf16), EW_THREADS, 0, s>>>(dst, src, n, vec, bf16);
+}
+
+void cuda_bias_round(gptc_act *out, int ldo, const float *src, const gptc_act *bias, int m,
+                     int n, gptc_precision p, cudaStream_t s) {
+    size_t total = (size_t)m * n;
+    if (total == 0) return;
+    bias_round_kernel<<<ew_grid(total, 0, 0), EW_THREADS, 0, s>>>(out, ldo, src, bias, m, total,
+                                                                  p == GPTC_BF16);
 }
 
 void cuda_fill_nan(float *x, size_t n, cudaStream_t s) {
