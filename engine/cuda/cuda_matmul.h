@@ -23,7 +23,8 @@ void cuda_matmul_set_precision(gptc_precision p);
  * candidates so far, and in how many the heuristic's first was not the fastest. */
 void cuda_matmul_tuning(int *tuned, int *not_first);
 
-/* act out[N,OC] = inp[N,IC] @ W (+ bias[OC], fused as the GEMM's epilogue), all act */
+/* act out[N,OC] = inp[N,IC] @ W (+ bias[OC], fused as the GEMM's epilogue; under bf16 with
+ * rows of partial 16-byte groups, added to the fp32 product by a kernel), all act */
 void cuda_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,
                          const gptc_act *bias, int N, int IC, int OC, int w_rows_out,
                          cudaStream_t s);
