@@ -994,11 +994,6 @@ void comm_sum_doubles(comm_group *g, double *x, int n) {
     }
 }
 
-double comm_sum_double(comm_group *g, double x) {
-    comm_sum_doubles(g, &x, 1);
-    return x;
-}
-
 double comm_max_double(comm_group *g, double x) {
     double max = x;
     host_allreduce(g, &x, &max, 1, MPI_DOUBLE, MPI_MAX);

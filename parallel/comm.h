@@ -129,7 +129,6 @@ void comm_lane_join(comm_lane *l);
  * (comm_sum_doubles leaves x[0..n) as they were). */
 enum { COMM_SUM_MAX = 8 };
 void comm_sum_doubles(comm_group *g, double *x, int n); /* 1 <= n <= COMM_SUM_MAX */
-double comm_sum_double(comm_group *g, double x);
 double comm_max_double(comm_group *g, double x);
 int comm_max_int(comm_group *g, int x);
 
