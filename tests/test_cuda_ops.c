@@ -931,6 +931,12 @@ static void test_small_smem_device(void) {
     test_attention_bf16(1, 100, 2, 120, 1); /* the same at run-time hs, plain loads */
     test_layernorm(19, 1000); /* 8 slices, 62.5 KiB: opt-in */
     test_layernorm(5, 7000);  /* one slice, shared by all 8 warps, at 99 KiB (4 at 227) */
+    /* a bf16 row of 112 KiB: the one-pass cross-entropy at 227 KiB, the three kernels at
+     * 99 (GPT-2's 50304 columns, 98.3 KiB, still take the one pass there) */
+    cpu->set_precision(GPTC_FP32), gpu->set_precision(GPTC_BF16);
+    test_cross_entropy_whole(2, 57352, 57345);
+    test_cross_entropy_whole(2, 50304, 50257);
+    gpu->set_precision(GPTC_FP32);
     /* exactly the fp32 hs 100 op may have been left out, where the device allows less than
      * the 149.5 KiB of its backward (the figure in attention.cu's top comment) */
     int optin = 0;
@@ -1114,9 +1120,11 @@ int main(int argc, char **argv) {
     test_cross_entropy(37, 101, 0, 101);
     if (!quick) test_cross_entropy(19, 4096, 4096, 4096);
     test_cross_entropy_whole(37, 104, 97);     /* one pass: 13 groups, a partial last one */
-    test_cross_entropy_whole(3, 8 * 1024 + 64, 8 * 1024 + 60); /* two groups a thread */
-    test_cross_entropy_whole(2, 50304, 50257); /* GPT-2's padded vocab: 7 groups a thread */
-    test_cross_entropy_whole(3, 57352, 57345); /* past what one pass holds: the three */
+    test_cross_entropy_whole(3, 8 * 512 + 64, 8 * 512 + 60); /* two groups a thread */
+    /* GPT-2's padded vocab: a whole batch of 8 loads a thread, then a partial one */
+    test_cross_entropy_whole(2, 50304, 50257);
+    /* a row of 256 KiB, more shared memory than any GPU gives a block: the three */
+    test_cross_entropy_whole(3, 131080, 131073);
     test_cross_entropy_whole(5, 101, 97);      /* rows of no whole 16-byte groups: the three */
     test_adamw(quick ? 10007 : 100003, 0);
     test_adamw(1003, 1);

@@ -7,8 +7,9 @@ Rows (one JSON line each in $GPTC_BENCH_OUT/gpt2.jsonl, a table in gpt2.md):
   the same with profile.timing = kernel (CUPTI) and with GPTC_TIMER=events: the overhead;
   gptc with train.precision = bf16 at that micro-batch;
   PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at that micro-batch;
-  then gptc bf16 at twice it (bf16's own largest, where it fits), with kernel timing
-  (whose log holds the per-op table of a bf16 step) and, last, with cuBLASLt's first 8
+  then gptc bf16 at twice and four times it (bf16's own largest is the last that fits),
+  with kernel timing (its log holds the per-op table of a bf16 step, and its trace gives
+  bf16_steady_ops_b*.md, the same for the steps after the first) and, last, with cuBLASLt's first 8
   candidates of every GEMM timed and the fastest kept (GPTC_GEMM_CANDIDATES=8).
 MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
 the card's dense peak for the precision (H100/H200: fp32 67, bf16 989 TFLOP/s).
@@ -90,6 +91,18 @@ def torch_row(precision, compile_, micro, timeout=150):
     return row
 
 
+def steady_ops(trace, out):
+    """steady_ops.py's table of trace into out; the trace (tens of MB) is then removed"""
+    if not os.path.exists(trace):
+        return
+    r = subprocess.run([sys.executable, os.path.join(HERE, "steady_ops.py"), trace],
+                       capture_output=True, text=True)
+    with open(out, "w") as f:
+        f.write(r.stdout + r.stderr)
+    print(r.stdout + r.stderr, flush=True)
+    os.remove(trace)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     sources = sorted(os.path.join(d, f) for d in ("engine", "layers", "parallel")
@@ -131,26 +144,34 @@ def main():
         row = torch_row(precision, compile_, micro)
         record(row)
         rows.append(row)
-    # bf16 activations take half the bytes: bf16's own largest micro-batch may be twice
-    # fp32's (each precision at its largest is the figure asked for; after the peers, which
-    # the comparison needs more); out of memory there is recorded as that row's error
+    # bf16 activations take half the bytes: bf16's own largest micro-batch may be twice or
+    # four times fp32's (GPT-2 124M at micro-batch 128 needs about 54 GB, which an H100's 80
+    # hold). Each precision at its largest is the figure asked for; after the peers, which
+    # the comparison needs more. Out of memory is recorded as that row's error, and ends
+    # the climb.
     bf = next((r for r in rows if r.get("row") == "bf16" and "ms_per_step" in r), None)
-    if bf and left() >= 40:
-        row = gptc("bf16", 2 * micro, 6, [], precision="bf16")
-        row["row"] = f"bf16_b{2 * micro}"
+    for factor in (2, 4) if bf else ():
+        if left() < 40:
+            break
+        row = gptc("bf16", factor * micro, 6, [], precision="bf16")
+        row["row"] = f"bf16_b{factor * micro}"
         record(row)
         rows.append(row)
+        if "error" in row:
+            break
     # last, with what budget is left: bf16 with per-kernel timing, whose log holds the
-    # per-op table that says where a bf16 step's time goes
+    # per-op table, and whose trace gives steady_ops.py's table of the steps after the
+    # first (the report's means include the first: lazy module loading, ~4x a later step)
     if left() >= 30:
-        # 16 steps: the per-op table is a mean over every step, the first (lazy module
-        # loading: ~4x a later step on an H200) included
-        row = gptc("bf16_timing_cupti", micro, 16, ["--profile.timing=kernel"], precision="bf16")
+        trace = os.path.join(OUT, "bf16_trace.json")
+        row = gptc("bf16_timing_cupti", micro, 16,
+                   ["--profile.timing=kernel", f"--profile.trace={trace}"], precision="bf16")
         bf = next((r for r in rows if r.get("row") == "bf16" and "ms_per_step" in r), None)
         if bf and "ms_per_step" in row:
             row["overhead_vs_off"] = row["ms_per_step"] / bf["ms_per_step"] - 1
         record(row)
         rows.append(row)
+        steady_ops(trace, os.path.join(OUT, f"bf16_steady_ops_b{micro}.md"))
     # then bf16 with each GEMM's first 8 cuBLASLt candidates timed at its first call and
     # the fastest kept (GPTC_GEMM_CANDIDATES): whether the heuristic's first choice leaves
     # time behind; its log says, per product, which candidate won and by how much
