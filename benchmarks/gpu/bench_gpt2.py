@@ -31,6 +31,10 @@ BUILD = os.environ.get("GPTC_BUILD", os.path.join(ROOT, "build"))
 EXTRA = os.environ.get("GPTC_BENCH_EXTRA", "").split()
 OUT = os.environ.get("GPTC_BENCH_OUT", os.path.join(ROOT, "gpu-results", "bench_gpt2"))
 BUDGET_S = float(os.environ.get("GPTC_BENCH_BUDGET_S", "170"))
+# GPTC_BENCH_ROWS=bf16: the bf16 rows alone (gptc at the first of GPTC_BENCH_BATCHES and
+# the climb, the per-op table, PyTorch bf16 eager and compiled at that micro-batch), a
+# recheck of a bf16 change in half the time; no fp32, timing-overhead or candidate rows
+BF16_ONLY = os.environ.get("GPTC_BENCH_ROWS", "all") == "bf16"
 START = time.time()
 N_LAYER, D_MODEL, T, VOCAB = 12, 768, 1024, 50257
 PARAMS = 124475904  # every parameter, the padded wte (50304 rows) included
@@ -112,7 +116,10 @@ def main():
                    capture_output=True)
     rows = []
     micro = None
-    for b in [int(x) for x in os.environ.get("GPTC_BENCH_BATCHES", "32,16,8,4").split(",")]:
+    batches = [int(x) for x in os.environ.get("GPTC_BENCH_BATCHES", "32,16,8,4").split(",")]
+    if BF16_ONLY:
+        micro, batches = batches[0], []
+    for b in batches:
         if left() < 30:
             break
         row = gptc("fp32", b, 6, [])
@@ -126,7 +133,7 @@ def main():
         return 1
     for tag, extra, env in (("fp32_timing_cupti", ["--profile.timing=kernel"], None),
                             ("fp32_timing_events", ["--profile.timing=kernel"], {"GPTC_TIMER": "events"})):
-        if left() < 30:
+        if left() < 30 or BF16_ONLY:
             break
         row = gptc(tag, micro, 6, extra, env)
         if "ms_per_step" in row:
@@ -139,6 +146,8 @@ def main():
         record(row)
         rows.append(row)
     for precision, compile_ in (("fp32", False), ("bf16", False), ("bf16", True)):
+        if BF16_ONLY and precision == "fp32":
+            continue
         if left() < 40:
             break
         row = torch_row(precision, compile_, micro)
@@ -175,7 +184,7 @@ def main():
     # then bf16 with each GEMM's first 8 cuBLASLt candidates timed at its first call and
     # the fastest kept (GPTC_GEMM_CANDIDATES): whether the heuristic's first choice leaves
     # time behind; its log says, per product, which candidate won and by how much
-    if left() >= 30:
+    if left() >= 30 and not BF16_ONLY:
         row = gptc("bf16_gemm_candidates8", micro, 6, [], {"GPTC_GEMM_CANDIDATES": "8"},
                    precision="bf16")
         bf = next((r for r in rows if r.get("row") == "bf16" and "ms_per_step" in r), None)
@@ -183,7 +192,8 @@ def main():
             row["speedup_vs_bf16"] = bf["ms_per_step"] / row["ms_per_step"]
         record(row)
         rows.append(row)
-    base = rows[0].get("tokens_per_s")
+    base = next((r["tokens_per_s"] for r in rows if r.get("row") == "fp32" and "tokens_per_s" in r),
+                None)
     with open(os.path.join(OUT, "gpt2.md"), "w") as f:
         gpu = next((r["gpu"] for r in rows if "gpu" in r), "see nvidia-smi in the summary")
         f.write(f"GPT-2 124M, T={T}, micro-batch {micro}, one GPU ({gpu})\n\n")
@@ -192,13 +202,13 @@ def main():
             if "error" in r:
                 f.write(f"| {r['row']} | | | | | {r['error']} |\n")
                 continue
-            ratio = r["tokens_per_s"] / base if base else float("nan")
+            ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else ""
             note = f"timing overhead {r['overhead_vs_off']:+.1%}" if "overhead_vs_off" in r else ""
             if "speedup_vs_bf16" in r:
                 note = f"{r['speedup_vs_bf16']:.3f}x the bf16 row"
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else ""
             f.write(f"| {r['row']} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:.0f} | {mfu} | "
-                    f"{ratio:.2f}x | {note} |\n")
+                    f"{ratio} | {note} |\n")
     print(open(os.path.join(OUT, "gpt2.md")).read())
     return 0
 

@@ -9,6 +9,7 @@
  * columns past the last whole group go one by one. The logits are of the activation type
  * (act_ld / act_st); mx, stats and losses fp32. */
 #include "engine/cuda/cuda_common.cuh"
+#include "engine/cuda/mma.cuh"
 
 #define CE_THREADS 512
 
@@ -88,14 +89,29 @@ __global__ void vocab_expsum_kernel(float *stats /* [2,N] */,
     }
 }
 
-/* the gradient of one column from its logit x: p * dloss (p = exp(x - shift) / sum, as
- * exp(x - shift) * (dloss / sum) on the CPU), minus dloss on the target, 0 on padded
- * columns */
+/* the gradient of column i from e = exp(logit - shift): p * dloss (p = e / sum, as
+ * e * (dloss / sum) on the CPU), minus dloss on the target, 0 on padded columns */
+static __device__ __forceinline__ float ce_grad_of(float e, int i, int nv, int y, float scale,
+                                                   float dloss) {
+    if (i >= nv) return 0.0f;
+    float g = e * scale;
+    return i == y ? g - dloss : g;
+}
+
 static __device__ __forceinline__ float ce_grad(float x, int i, int nv, int y, float shift,
                                                 float scale, float dloss) {
-    if (i >= nv) return 0.0f;
-    float g = expf(x - shift) * scale;
-    return i == y ? g - dloss : g;
+    return ce_grad_of(expf(x - shift), i, nv, y, scale, dloss);
+}
+
+#define CE_LOG2E 1.4426950408889634f
+
+/* exp(x - m) in the log2 domain, as the attention kernels take it, given ml2 = m * log2(e):
+ * one fused multiply-add and the hardware exp2, where expf spends about ten instructions
+ * (the one-pass kernel takes two exponentials per logit and was bound by issuing them).
+ * Within about 2e-6 of expf for the 20 units below the max where terms still count, so
+ * a bf16 gradient may lie one rounding from the CPU's. */
+static __device__ __forceinline__ float ce_exp(float x, float ml2) {
+    return exp2f(fmaf(x, CE_LOG2E, -ml2));
 }
 
 /* One block per row over all Vl columns (valid and padded): every logit is read and its
@@ -149,9 +165,9 @@ __global__ void vocab_ce_finish_kernel(float *losses /* [N] */, gptc_act *logits
  * rows of 16-byte groups: a block per row copies the row into shared memory as it reads
  * it, then takes the max, the sum and the gradient from there, so the logits are read
  * from memory once and the gradient written once instead of three reads and a write.
- * The same max, the same loss and gradient formulas (ce_grad), and a double sum of the
- * same terms, each group of 8 summed in float first (the CPU sums 256-element float
- * blocks in double: this is at least as accurate).
+ * The same max, the same loss and gradient formulas (ce_grad_of), the exponentials taken
+ * by ce_exp, and a double sum, each group of 8 terms summed in float first (the CPU sums
+ * 256-element float blocks in double: this is at least as accurate).
  * Why shared memory: a row of GPT-2's 50304 bf16 is 98 KiB, so two blocks fit an sm_90
  * (227 KiB), and one block's loads run while the other reduces and takes exponentials.
  * The earlier design kept the row in the registers of 1024 threads, one block an SM: the
@@ -182,17 +198,20 @@ cross_entropy_bf16_kernel(float *losses /* [N] */, gptc_act *logits /* [N,Vl] */
             ce_row[gi] = v[k];
             float x[8];
             bf16x8_unpack(x, v[k]);
+            int whole = 8 * gi + 8 <= nv; /* every column valid: no test per column */
             for (int j = 0; j < 8; j++)
-                if (8 * gi + j < nv) m = max_sel(m, x[j]);
+                if (whole || 8 * gi + j < nv) m = max_sel(m, x[j]);
         }
     }
     m = block_max(m, shf); /* its barriers also publish ce_row to the block */
+    float ml2 = m * CE_LOG2E;
     double acc = 0.0;
     for (int gi = threadIdx.x; gi < ng; gi += CEF_THREADS) {
         float x[8], s = 0.0f;
         bf16x8_unpack(x, ce_row[gi]);
+        int whole = 8 * gi + 8 <= nv;
         for (int j = 0; j < 8; j++)
-            if (8 * gi + j < nv) s += expf(x[j] - m);
+            if (whole || 8 * gi + j < nv) s += ce_exp(x[j], ml2);
         acc += s;
     }
     acc = block_sum_double(acc, shd);
@@ -209,8 +228,15 @@ cross_entropy_bf16_kernel(float *losses /* [N] */, gptc_act *logits /* [N,Vl] */
     for (int gi = threadIdx.x; gi < ng; gi += CEF_THREADS) {
         float x[8];
         bf16x8_unpack(x, ce_row[gi]);
-        for (int j = 0; j < 8; j++) x[j] = ce_grad(x[j], 8 * gi + j, nv, y, m, scale, dloss);
-        row[gi] = bf16x8_pack(x);
+        if (8 * gi + 8 <= nv && gi != y >> 3) { /* valid columns, not the target's group */
+            for (int j = 0; j < 8; j++) x[j] = ce_exp(x[j], ml2) * scale;
+        } else {
+            for (int j = 0; j < 8; j++)
+                x[j] = ce_grad_of(ce_exp(x[j], ml2), 8 * gi + j, nv, y, scale, dloss);
+        }
+        bf16x8 g; /* rounded as bf16x8_pack, a pair an instruction (cvt) */
+        for (int k = 0; k < 4; k++) g.w[k] = pack_bf16x2(x[2 * k], x[2 * k + 1]);
+        row[gi] = g;
     }
 }
 

@@ -211,11 +211,8 @@ static void cu_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act
 static void cu_matmul_backward(gptc_act *dinp, float *dw, float *dbias, const gptc_act *dout,
                                const gptc_act *inp, const gptc_act *w, int N, int IC, int OC,
                                int w_rows_out, gptc_stream *s) {
-    cuda_matmul_backward(dinp, dw, dout, inp, w, N, IC, OC, w_rows_out, cu(s));
-    if (dbias) {
-        cuda_bias_backward(dbias, dout, N, OC, g_precision, cu(s));
-        check_launch("matmul_backward (bias)");
-    }
+    cuda_matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, cu(s));
+    check_launch("matmul_backward");
 }
 static void cu_matmul_gelu_forward(gptc_act *out, gptc_act *pre, const gptc_act *inp,
                                    const gptc_act *w, const gptc_act *bias, int N, int IC,
