@@ -36,9 +36,8 @@
 enum { PLAN_SLOTS = 128, WORKSPACE_BYTES = 32 << 20, MAX_CANDIDATES = 16, TUNE_RUNS = 5,
        TUNE_ROUNDS = 2 };
 
-/* what the GEMM's epilogue does besides the optional bias; EPI_BGRADA writes the sums of
- * op(A) over k (m of them) to the bias pointer instead of adding a bias */
-enum { EPI_NONE, EPI_GELU_AUX, EPI_DGELU, EPI_BGRADA };
+/* what the GEMM's epilogue does besides the optional bias */
+enum { EPI_NONE, EPI_GELU_AUX, EPI_DGELU };
 
 typedef struct {
     int used;
@@ -61,8 +60,6 @@ static struct {
     gptc_precision precision;
     cudaDataType_t act; /* the activation type: CUDA_R_32F, or CUDA_R_16BF under bf16 */
     void *workspace; /* [WORKSPACE_BYTES] */
-    float *bgrad;    /* [bgrad_cap] the bias gradient BGRADA stores, before it is added */
-    int bgrad_cap;
     plan plans[PLAN_SLOTS];
     int candidates;         /* GPTC_GEMM_CANDIDATES: how many to time per plan (1: none) */
     int n_tuned, n_not_first; /* plans tuned, and of those, how many the first did not win */
@@ -151,13 +148,12 @@ static plan *make_plan(const plan *key) {
     cublasLtEpilogue_t epi = key->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     if (key->epi == EPI_GELU_AUX) epi = key->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     if (key->epi == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
-    if (key->epi == EPI_BGRADA) epi = CUBLASLT_EPILOGUE_BGRADA;
     set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
     if (key->bias) { /* the default (D's type) is ours too, but a wrong guess reads garbage */
         int32_t bt = (int32_t)key->c_type;
         set_op(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
     }
-    if (key->epi == EPI_GELU_AUX || key->epi == EPI_DGELU) { /* aux: D's type, the default */
+    if (key->epi != EPI_NONE) { /* the aux matrix takes D's type, the default */
         int64_t ld = key->ldaux;
         set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
     }
@@ -199,10 +195,9 @@ static plan *make_plan(const plan *key) {
     if (n_found == 0 && key->epi != EPI_NONE) {
         /* said once per shape: an unfused GELU costs a pass over the activations and their
          * gradient each way, a slowdown to look for in the timing report */
-        log_info("cuBLASLt has no %s epilogue for the %d x %d x %d product: GEMM and %s "
-                 "run as separate kernels\n",
-                 key->epi == EPI_GELU_AUX ? "GELU" : key->epi == EPI_DGELU ? "DGELU" : "BGRADA",
-                 key->m, key->n, key->k, key->epi == EPI_BGRADA ? "bias gradient" : "GELU");
+        log_info("cuBLASLt has no %s epilogue for the %d x %d x %d product: GEMM and GELU "
+                 "run as separate kernels\n", key->epi == EPI_GELU_AUX ? "GELU" : "DGELU",
+                 key->m, key->n, key->k);
         p->unfused = 1; /* the caller runs the GEMM plain and the activation on its own */
         p->used = 1;
         return p;
@@ -305,10 +300,7 @@ static void tune_plan(plan *p, const void *A, const void *B, void *C, float beta
     if (best_of[0] >= 0 && best_of[0] != INFINITY) snprintf(first, sizeof first, "%.4f ms", best_of[0]);
     log_info("cuBLASLt: the %d x %d x %d product%s: candidate %d of %d is the fastest, %.4f ms "
              "(the heuristic's first: %s)\n", p->m, p->n, p->k,
-             p->epi == EPI_GELU_AUX ? " + GELU"
-             : p->epi == EPI_DGELU  ? " * GELU'"
-             : p->epi == EPI_BGRADA ? " + bias gradient"
-                                    : "",
+             p->epi == EPI_GELU_AUX ? " + GELU" : p->epi == EPI_DGELU ? " * GELU'" : "",
              pick + 1, p->n_candidates, best_of[pick], first);
 }
 
@@ -342,9 +334,8 @@ static int rows_aligned16(int m, const void *A, int lda, const void *B, int ldb,
  * (+ bias[m] per column), A and B of the activation type, the bias of C's, through the
  * epilogue epi with its aux matrix (m x n, leading dimension ldaux, of C's type): for
  * EPI_GELU_AUX, aux = the product (+ bias) and C = gelu(aux); for EPI_DGELU,
- * C = product * gelu'(aux); for EPI_BGRADA, bias[m] (written, of C's type) = the sums of
- * op(A) over k. Returns 0 when cuBLASLt cannot fuse that epilogue here (then nothing
- * ran), else 1. */
+ * C = product * gelu'(aux). Returns 0 when cuBLASLt cannot fuse that epilogue here (then
+ * nothing ran), else 1. */
 static int gemm_epi(int ta, int tb, int m, int n, int k, const gptc_act *A, int lda,
                     const gptc_act *B, int ldb, void *C, int ldc, cudaDataType_t c_type,
                     int accumulate, const gptc_act *bias, int epi, const gptc_act *aux, int ldaux,
@@ -352,13 +343,10 @@ static int gemm_epi(int ta, int tb, int m, int n, int k, const gptc_act *A, int 
     if (m == 0 || n == 0) return 1;
     /* cuBLASLt wants the aux leading dimension divisible by 8 elements (fp32 or bf16
      * alike) and, for its vector loads, an aux matrix on 16 bytes */
-    int gelu = epi == EPI_GELU_AUX || epi == EPI_DGELU;
-    if (gelu && (ldaux % 8 != 0 || alignment(aux) < 16)) return 0;
+    if (epi != EPI_NONE && (ldaux % 8 != 0 || alignment(aux) < 16)) return 0;
     /* nor, under bf16, with rows of partial 16-byte groups, whose kernels round the product
-     * before the epilogue (gemm); the bias gradient only on such rows, in either precision,
-     * the case gptc's shapes have and the GPU tests check */
-    if (((gelu && g.act == CUDA_R_16BF) || epi == EPI_BGRADA) &&
-        !rows_aligned16(m, A, lda, B, ldb, C, ldc))
+     * before the epilogue (gemm) */
+    if (epi != EPI_NONE && g.act == CUDA_R_16BF && !rows_aligned16(m, A, lda, B, ldb, C, ldc))
         return 0;
     plan key = {0};
     key.ta = ta, key.tb = tb, key.m = m, key.n = n, key.k = k;
@@ -371,7 +359,7 @@ static int gemm_epi(int ta, int tb, int m, int n, int k, const gptc_act *A, int 
     plan *p = find_plan(&key);
     if (p->unfused) return 0;
     if (bias) set_op(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-    if (gelu) set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+    if (epi != EPI_NONE) set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     if (!p->tuned) tune_plan(p, A, B, C, beta, s);
     lt_check(cublasLtMatmul(g.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c,
@@ -418,51 +406,21 @@ void cuda_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,
         gemm(0, 0, OC, N, IC, w, OC, inp, IC, out, OC, bias, s);
 }
 
-/* fp32 C += op(A) @ op(B) and dbias[m] += the sums of op(A) over k, in one product
- * through cuBLASLt's BGRADA epilogue (which stores its sums: they land in g.bgrad and are
- * added from there). Saves the bias kernel's pass over A: for GPT-2 124M at micro-batch
- * 32, 0.45 GB of bf16 gradients a layer. Returns 0, nothing run, where cuBLASLt cannot
- * fuse it or no scratch could be had. */
-static int gemm_grad_bias(int ta, int tb, int m, int n, int k, const gptc_act *A, int lda,
-                          const gptc_act *B, int ldb, float *C, int ldc, float *dbias,
+void cuda_matmul_backward(gptc_act *dinp, float *dw, const gptc_act *dout, const gptc_act *inp,
+                          const gptc_act *w, int N, int IC, int OC, int w_rows_out,
                           cudaStream_t s) {
-    if (m > g.bgrad_cap) { /* in the stream's order: no wait for the device (cudaFree) */
-        float *grown = NULL; /* [m] */
-        if (cudaMallocAsync((void **)&grown, (size_t)m * sizeof(float), s) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return 0;
-        }
-        if (g.bgrad) cuda_check(cudaFreeAsync(g.bgrad, s), "cudaFreeAsync");
-        g.bgrad = grown, g.bgrad_cap = m;
-    }
-    if (!gemm_epi(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, CUDA_R_32F, 1,
-                  (const gptc_act *)g.bgrad, EPI_BGRADA, NULL, 0, s))
-        return 0;
-    cuda_add(dbias, dbias, g.bgrad, (size_t)m, GPTC_FP32, s);
-    return 1;
-}
-
-void cuda_matmul_backward(gptc_act *dinp, float *dw, float *dbias, const gptc_act *dout,
-                          const gptc_act *inp, const gptc_act *w, int N, int IC, int OC,
-                          int w_rows_out, cudaStream_t s) {
     if (dinp) { /* dinp^T (IC x N) = W (IC x OC) @ dout^T (OC x N) */
         if (w_rows_out)
             gemm(0, 0, IC, N, OC, w, IC, dout, OC, dinp, IC, NULL, s);
         else
             gemm(1, 0, IC, N, OC, w, OC, dout, OC, dinp, IC, NULL, s);
     }
-    /* dbias [OC] = the column sums of dout: with w [IC,OC], the sums over k of the dw
-     * product's A, which its epilogue can take */
-    if (dw && dbias && !w_rows_out &&
-        gemm_grad_bias(0, 1, OC, IC, N, dout, OC, inp, IC, dw, OC, dbias, s))
-        return;
     if (dw) {
         if (w_rows_out) /* dw [OC,IC] = column-major IC x OC: inp^T (IC x N) @ dout (N x OC) */
             gemm_grad(0, 1, IC, OC, N, inp, IC, dout, OC, dw, IC, s);
         else            /* dw [IC,OC] = column-major OC x IC: dout^T (OC x N) @ inp (N x IC) */
             gemm_grad(0, 1, OC, IC, N, dout, OC, inp, IC, dw, OC, s);
     }
-    if (dbias) cuda_bias_backward(dbias, dout, N, OC, g.precision, s);
 }
 
 void cuda_matmul_gelu_forward(gptc_act *out, gptc_act *pre, const gptc_act *inp,

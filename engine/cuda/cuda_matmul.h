@@ -28,13 +28,11 @@ void cuda_matmul_tuning(int *tuned, int *not_first);
 void cuda_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,
                          const gptc_act *bias, int N, int IC, int OC, int w_rows_out,
                          cudaStream_t s);
-/* act dinp[N,IC] = dout @ W^T (skipped when NULL); fp32 dw += inp^T @ dout and fp32
- * dbias[OC] += the column sums of dout (each skipped when NULL; the bias gradient in dw's
- * product, by cuBLASLt's BGRADA epilogue, where it can: w [IC,OC] and rows of whole 16-byte
- * groups, else by cuda_bias_backward); dout, inp, w act */
-void cuda_matmul_backward(gptc_act *dinp, float *dw, float *dbias, const gptc_act *dout,
-                          const gptc_act *inp, const gptc_act *w, int N, int IC, int OC,
-                          int w_rows_out, cudaStream_t s);
+/* act dinp[N,IC] = dout @ W^T (skipped when NULL); fp32 dw += inp^T @ dout (skipped when
+ * NULL); dout, inp, w act */
+void cuda_matmul_backward(gptc_act *dinp, float *dw, const gptc_act *dout, const gptc_act *inp,
+                          const gptc_act *w, int N, int IC, int OC, int w_rows_out,
+                          cudaStream_t s);
 
 /* pre[N,OC] = inp @ W + bias, out = gelu(pre), all act: one GEMM with cuBLASLt's GELU
  * epilogue where it has one for the shape (else the GEMM, then the GELU kernel, which

@@ -7,9 +7,7 @@
  * and with the GELU epilogues, as this fake assumes the real library defines them (the
  * tanh approximation, as gptc's GELU; a GPU run of test_cuda_ops shows whether it does):
  *     GELU_AUX(_BIAS): aux = that sum, D = gelu(aux);  DGELU: D = that sum * gelu'(aux),
- * aux being an m x n matrix with leading dimension EPILOGUE_AUX_LD (a multiple of 8);
- * and BGRADA, as cuBLASLt documents it: D as DEFAULT, and the bias vector (m, written,
- * not added to) = the sums of op(A) over k, each over l in order in double, rounded once.
+ * aux being an m x n matrix with leading dimension EPILOGUE_AUX_LD (a multiple of 8).
  * where op(X) is X, or its transpose when the descriptor's TRANSA / TRANSB is
  * CUBLAS_OP_T; a layout (rows, cols, ld) describes the matrix as stored, before op:
  * element (i, j) lies at X[i + j * ld]. op(A) is m x k, op(B) k x n, C and D m x n.
@@ -183,10 +181,9 @@ cublasStatus_t emu_cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
         uint32_t e;
         if ((st = take(&e, sizeof e, buf, size, "EPILOGUE")) != CUBLAS_STATUS_SUCCESS) return st;
         if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS && e != CUBLASLT_EPILOGUE_GELU_AUX &&
-            e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && e != CUBLASLT_EPILOGUE_DGELU &&
-            e != CUBLASLT_EPILOGUE_BGRADA)
+            e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && e != CUBLASLT_EPILOGUE_DGELU)
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, call,
-                          "only the DEFAULT, BIAS, GELU_AUX(_BIAS), DGELU and BGRADA epilogues are emulated");
+                          "only the DEFAULT, BIAS, GELU_AUX(_BIAS) and DGELU epilogues are emulated");
         d->epilogue = e;
         return CUBLAS_STATUS_SUCCESS;
     }
@@ -448,7 +445,6 @@ typedef struct {
     void *aux;     /* m x n, leading dimension aux_ld */
     int64_t aux_ld;
     int slow; /* GPTC_EMU_LT_SLOW_FIRST and the first candidate: 3 ms more */
-    void *bgrad; /* [m] of type tbias: BGRADA's sums of op(A) over k, or NULL */
 } gemm_job;
 
 enum { EPI_GELU = 1, EPI_DGELU = 2 };
@@ -492,11 +488,6 @@ static void run_gemm(void *arg) {
             if (p->ta) a[i * p->k + l] = load(g->A, l + i * g->lda, g->ta_);
             else a[l * p->m + i] = load(g->A, i + l * g->lda, g->ta_);
         }
-    for (uint64_t i = 0; i < p->m && g->bgrad; i++) {
-        double s = 0;
-        for (uint64_t l = 0; l < p->k; l++) s += p->ta ? a[i * p->k + l] : a[l * p->m + i];
-        store(g->bgrad, i, g->tbias, (float)s);
-    }
     for (uint64_t j = 0; j < p->n; j++) {
         for (uint64_t l = 0; l < p->k; l++)
             bcol[l] = load(g->B, p->tb ? j + l * g->ldb : l + j * g->ldb, g->ta_);
@@ -577,15 +568,11 @@ cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, co
     if (!alpha || !beta) return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "alpha or beta is NULL");
     gemm_job g = {p, *(const float *)alpha, *(const float *)beta, A, B, C, NULL, D,
                   Ad->ld, Bd->ld, Cd->ld, Dd->ld, (int32_t)Ad->type, (int32_t)Cd->type,
-                  (int32_t)Dd->type, bias_type(d, Dd), aux_type(d, Dd), 0, 0, NULL, 0, 0, NULL};
+                  (int32_t)Dd->type, bias_type(d, Dd), aux_type(d, Dd), 0, 0, NULL, 0, 0};
     int with_bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     if (with_bias && !d->bias)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the BIAS epilogue without a bias pointer");
     if (with_bias) g.bias = d->bias;
-    int bgrad = d->epilogue == CUBLASLT_EPILOGUE_BGRADA;
-    if (bgrad && !d->bias)
-        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "the BGRADA epilogue without a bias pointer");
-    if (bgrad) g.bgrad = (void *)d->bias;
     g.gelu = d->epilogue == CUBLASLT_EPILOGUE_DGELU ? EPI_DGELU
            : d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ? EPI_GELU
            : 0;
@@ -602,23 +589,19 @@ cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, co
     size_t bytes_b = extent(Bd->rows, Bd->cols, Bd->ld, Bd->type);
     size_t bytes_c = g.beta != 0.0f ? extent(Cd->rows, Cd->cols, Cd->ld, Cd->type) : 0;
     size_t bytes_d = extent(Dd->rows, Dd->cols, Dd->ld, Dd->type);
-    size_t bytes_bias = with_bias || bgrad ? p.m * type_size(g.tbias) : 0;
+    size_t bytes_bias = with_bias ? p.m * type_size(g.tbias) : 0;
     size_t bytes_aux = g.gelu ? extent(p.m, p.n, g.aux_ld, g.taux) : 0;
     if (emu_check_device_range(A, p.k ? bytes_a : 0, "A", why, sizeof why) != 0 ||
         emu_check_device_range(B, p.k ? bytes_b : 0, "B", why, sizeof why) != 0 ||
         emu_check_device_range(C, bytes_c, "C", why, sizeof why) != 0 ||
         emu_check_device_range(D, bytes_d, "D", why, sizeof why) != 0 ||
-        emu_check_device_range(bgrad ? g.bgrad : g.bias, bytes_bias, "the bias", why, sizeof why) != 0 ||
+        emu_check_device_range(g.bias, bytes_bias, "the bias", why, sizeof why) != 0 ||
         emu_check_device_range(g.aux, bytes_aux, "the aux matrix", why, sizeof why) != 0 ||
         emu_check_device_range(workspace, workspace_bytes, "the workspace", why, sizeof why) != 0)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, why);
     if (overlaps(D, bytes_d, A, p.k ? bytes_a : 0) || overlaps(D, bytes_d, B, p.k ? bytes_b : 0) ||
-        overlaps(D, bytes_d, bgrad ? g.bgrad : g.bias, bytes_bias) || overlaps(D, bytes_d, g.aux, bytes_aux))
+        overlaps(D, bytes_d, g.bias, bytes_bias) || overlaps(D, bytes_d, g.aux, bytes_aux))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "D overlaps A, B, the bias or the aux matrix");
-    if (bgrad && (overlaps(g.bgrad, bytes_bias, A, p.k ? bytes_a : 0) ||
-                  overlaps(g.bgrad, bytes_bias, B, p.k ? bytes_b : 0) ||
-                  (bytes_c && overlaps(g.bgrad, bytes_bias, C, bytes_c))))
-        return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "BGRADA's bias output overlaps A, B or C");
     if (bytes_c && C != D && overlaps(D, bytes_d, C, bytes_c))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, call, "D partly overlaps C");
     if (bytes_c && C == D && Cd->ld != Dd->ld)
