@@ -286,12 +286,9 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs) 
                 mma_bf16_16816(s[2 * jj + 1], qf[ks], b1);
             }
         }
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) s[j][i] *= sl2;
         /* only the diagonal tile has keys past a query (or past T): the others skip the
-         * mask */
+         * mask. The scores stay unscaled: sl2 > 0 keeps their maximum, and the exponent
+         * below takes them times sl2 in one fused multiply-add. */
         if (kt == qt) {
 #pragma unroll
             for (int j = 0; j < 8; j++)
@@ -306,14 +303,14 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs) 
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-            float mn = fmaxf(m[r], quad_max(mx));
+            float mn = fmaxf(m[r], quad_max(mx) * sl2);
             float ref = mn == -INFINITY ? 0.0f : mn; /* no key yet: all terms stay 0 */
-            float alpha = exp2f(m[r] - ref), ls = 0.0f;
+            float alpha = exp2_ftz(m[r] - ref), ls = 0.0f;
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    float pr = exp2f(s[j][2 * r + i] - ref);
+                    float pr = exp2_ftz(fmaf(s[j][2 * r + i], sl2, -ref));
                     s[j][2 * r + i] = pr;
                     ls += pr;
                 }
@@ -370,7 +367,7 @@ attention_bf16_fwd_any_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T
  * pass a constant, so that the other tiles' code has no test at all. */
 static __device__ __forceinline__ void prob_and_ds(float *s, float *dp, int u, int tq, int T,
                                                    float sl2, float lse2, float D, int masked) {
-    float p = exp2f(*s * sl2 - lse2);
+    float p = exp2_ftz(fmaf(*s, sl2, -lse2));
     if (masked && (u > tq || tq >= T)) p = 0.0f;
     *s = p;
     *dp = p * (*dp - D);

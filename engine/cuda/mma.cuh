@@ -54,6 +54,16 @@ static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return r;
 }
 
+/* 2^x by the special function unit alone (ex2.approx.ftz, within 2 ulp as exp2f is),
+ * where exp2f adds three instructions that keep subnormal results: those flush to 0 here,
+ * which in a softmax drops terms below 2^-126 of the largest. The bf16 attention and the
+ * one-pass cross-entropy take one per score and were bound by issuing them. */
+static __device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* the 32-bit shared-state-space address of a generic pointer to shared memory */
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);

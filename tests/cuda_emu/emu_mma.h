@@ -15,6 +15,8 @@
 #include "cuda_runtime.h"
 #include "engine/bf16.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 
 typedef struct {
@@ -49,6 +51,14 @@ static inline void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_
 }
 
 static inline uint32_t pack_bf16x2(float lo, float hi) { return bf16x2_bits(lo, hi); }
+
+/* ex2.approx.ftz: a subnormal argument counts as 0, a subnormal result is 0 (the
+ * approximation itself is left out: the host's exp2f is within it) */
+static inline float exp2_ftz(float x) {
+    if (fabsf(x) < FLT_MIN) x = 0.0f;
+    float y = exp2f(x);
+    return y < FLT_MIN ? 0.0f : y;
+}
 
 /* ldmatrix .x4 (mma.cuh): the lanes' row addresses meet as a gather; lane 4g + t reads
  * word t of row g of each matrix (trans: the halves at column g of rows 2t, 2t + 1).
