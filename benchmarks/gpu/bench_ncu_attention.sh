@@ -7,6 +7,7 @@
 # use. Tuning attention.cu and attention_bf16.cu starts from this report.
 #
 # Output in $GPTC_BENCH_OUT: ncu_attention.txt (ncu's text report), which is also printed,
+# ncu_attention_stalls.txt (the bf16 kernels' warp stall reasons and instruction mix),
 # and attention_sass.txt: per attention kernel of the build, how many shared-memory loads
 # of each form its sm_90 SASS holds (cuobjdump). The fp32 kernels' cost model (top of
 # engine/cuda/attention.cu) assumes ptxas pairs the 16-byte loads that lanes n and n ^ 1
@@ -47,4 +48,12 @@ timeout -k 5 150 "$NCU" --kernel-name regex:attention \
   "$BUILD/attention_bench" 8 1024 12 64 both 0 1 > "$OUT/ncu_attention.txt" 2>&1
 rc=$?
 cat "$OUT/ncu_attention.txt"
+# Why the bf16 kernels' warps wait: the text report above gives issue-slot use (about half
+# on an H100 for the forward, 2026-11-27) but not the stall reasons, which need their own
+# metrics; apart, so that a metric this ncu lacks loses only this part. One launch each.
+timeout -k 5 100 "$NCU" --kernel-name regex:attention_bf16 --launch-count 3 \
+  --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_xu.sum,smsp__inst_executed_op_ldsm.sum,smsp__inst_executed.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active' \
+  "$BUILD/attention_bench" 8 1024 12 64 both 0 1 > "$OUT/ncu_attention_stalls.txt" 2>&1
+echo "ncu stall reasons: exit $?"
+cat "$OUT/ncu_attention_stalls.txt"
 exit $rc
