@@ -950,6 +950,22 @@ static void test_small_smem_device(void) {
     }
 }
 
+/* The bf16 attention forward with 128 queries a block, two m-tiles a warp (hs 64 under
+ * GPTC_ATTENTION_FWD_ROWS=128, which test_cuda_ops_emu_rows128 and
+ * test_cuda_ops_rows128 set): a second m-tile wholly past T (T 37, 64, 130), partly past
+ * it (65, 100, 200), tiles exact (128, 256), several q-tiles, batches and heads, plain
+ * loads. */
+static void test_attention_rows128(void) {
+    test_attention_bf16(2, 37, 2, 64, 0);
+    test_attention_bf16(1, 64, 1, 64, 0);
+    test_attention_bf16(1, 100, 2, 64, 0);
+    test_attention_bf16(1, 128, 1, 64, 0);
+    test_attention_bf16(1, 130, 2, 64, 0);
+    test_attention_bf16(2, 200, 2, 64, 1);
+    test_attention_bf16(1, 256, 1, 64, 0);
+    test_attention_bf16(1, 65, 2, 64, 0);
+}
+
 /* The MLP's products where cuBLASLt has no algorithm with the GELU epilogues (it answers
  * NOT_SUPPORTED; test_cuda_ops_emu_no_gelu runs this with the fake cuBLASLt answering so
  * for every GELU epilogue): the op table must run the GEMM and the GELU kernels instead,
@@ -1011,12 +1027,13 @@ static void test_gemm_candidates(void) {
 /* argv[1] = "quick": the smaller shapes only, for runs under compute-sanitizer, which
  * slows kernels down a hundredfold; "small_smem": test_small_smem_device alone;
  * "no_gelu_epilogue": test_no_gelu_epilogue alone; "gemm_candidates":
- * test_gemm_candidates alone. */
+ * test_gemm_candidates alone; "attention_rows128": test_attention_rows128 alone. */
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     int small_smem = argc > 1 && strcmp(argv[1], "small_smem") == 0;
     int no_gelu = argc > 1 && strcmp(argv[1], "no_gelu_epilogue") == 0;
     int candidates = argc > 1 && strcmp(argv[1], "gemm_candidates") == 0;
+    int rows128 = argc > 1 && strcmp(argv[1], "attention_rows128") == 0;
     char err[256];
     if (cuda_device_count() == 0) {
         printf("skipped: no GPU visible (test_cuda_ops needs one)\n");
@@ -1028,9 +1045,10 @@ int main(int argc, char **argv) {
         printf("FAIL: backend did not start: %s\n", gpu ? "cpu" : err);
         return 1;
     }
-    if (small_smem || no_gelu || candidates) {
+    if (small_smem || no_gelu || candidates || rows128) {
         if (small_smem) test_small_smem_device();
         else if (no_gelu) test_no_gelu_epilogue();
+        else if (rows128) test_attention_rows128();
         else test_gemm_candidates();
         if (g_failures) printf("%d comparison(s) failed\n", g_failures);
         else printf("the ops run on this device match the CPU ops\n");

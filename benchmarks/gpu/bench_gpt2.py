@@ -7,10 +7,12 @@ Rows (one JSON line each in $GPTC_BENCH_OUT/gpt2.jsonl, a table in gpt2.md):
   the same with profile.timing = kernel (CUPTI) and with GPTC_TIMER=events: the overhead;
   gptc with train.precision = bf16 at that micro-batch;
   PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at that micro-batch;
-  then gptc bf16 at twice and four times it (bf16's own largest is the last that fits),
-  with kernel timing (its log holds the per-op table of a bf16 step, and its trace gives
-  bf16_steady_ops_b*.md, the same for the steps after the first) and, last, with cuBLASLt's first 8
-  candidates of every GEMM timed and the fastest kept (GPTC_GEMM_CANDIDATES=8).
+  then gptc bf16 at twice and four times it (bf16's own largest is the last that fits);
+  at the first micro-batch with GPTC_ATTENTION_FWD_ROWS=128 (the attention forward with
+  128 queries a block); with kernel timing (its log holds the per-op table of a bf16
+  step, and its trace gives bf16_steady_ops_b*.md, the same for the steps after the
+  first); and, last, with cuBLASLt's first 8 candidates of every GEMM timed and the
+  fastest kept (GPTC_GEMM_CANDIDATES=8).
 MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
 the card's dense peak for the precision (H100/H200: fp32 67, bf16 989 TFLOP/s).
 gptc's ms/step is its own mean over the steps after the first.
@@ -168,6 +170,16 @@ def main():
         rows.append(row)
         if "error" in row:
             break
+    # bf16 with the attention forward's 128-query blocks (GPTC_ATTENTION_FWD_ROWS=128, not
+    # the default until measured): the whole step's gain or loss beside the bf16 row
+    bf = next((r for r in rows if r.get("row") == "bf16" and "ms_per_step" in r), None)
+    if bf and left() >= 30:
+        row = gptc("bf16_rows128", micro, 6, [], {"GPTC_ATTENTION_FWD_ROWS": "128"},
+                   precision="bf16")
+        if "ms_per_step" in row:
+            row["speedup_vs_bf16"] = bf["ms_per_step"] / row["ms_per_step"]
+        record(row)
+        rows.append(row)
     # last, with what budget is left: bf16 with per-kernel timing, whose log holds the
     # per-op table, and whose trace gives steady_ops.py's table of the steps after the
     # first (the report's means include the first: lazy module loading, ~4x a later step)

@@ -11,6 +11,9 @@ forward+backward:
   gptc-plain: the same, bf16, with GPTC_ATTENTION_GROUP past B * NH: the blocks in the
     plain order, without the grouping of (b, h) pairs for the L2 (attention_grid in
     engine/cuda/cuda_common.cuh), so the table shows what the grouping gains.
+  gptc-rows128: the same, bf16 at hs 64, with GPTC_ATTENTION_FWD_ROWS=128: the forward
+    with 128 queries a block, two m-tiles a warp (attention_bf16.cu); the backward is
+    the same kernels as gptc's.
   torch: F.scaled_dot_product_attention(is_causal=True) on q, k, v [B,NH,T,hs]: bf16 on
     the flash backend (forced), fp32 on the backend torch picks (named in the row; TF32
     off). The forward runs on inputs that require grad (it then saves the lse, as gptc's
@@ -240,18 +243,23 @@ def write_table(rows):
                 f"FLOPs (T(T+1)/2 pairs; backward 2.5x forward); ratio = gptc ms / torch ms "
                 f"(above 1: gptc slower).\n\n")
         f.write("gptc plain ms: the same kernels in the plain block order (no L2 grouping of "
-                "the (b, h) pairs: GPTC_ATTENTION_GROUP past B * NH).\n\n")
-        f.write("| shape B,T,NH,hs | precision | direction | gptc ms | gptc plain ms | torch ms | "
-                "ratio | gptc TFLOP/s | torch TFLOP/s | torch backend | note |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|\n")
+                "the (b, h) pairs: GPTC_ATTENTION_GROUP past B * NH). gptc rows128 ms: bf16 "
+                "at hs 64 with GPTC_ATTENTION_FWD_ROWS=128 (the forward with 128 queries a "
+                "block).\n\n")
+        f.write("| shape B,T,NH,hs | precision | direction | gptc ms | gptc plain ms | "
+                "gptc rows128 ms | torch ms | ratio | gptc TFLOP/s | torch TFLOP/s | "
+                "torch backend | note |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for k in keys:
             g, t = ok.get(("gptc",) + k), ok.get(("torch",) + k)
             gp = ok.get(("gptc-plain",) + k)
+            g128 = ok.get(("gptc-rows128",) + k)
             errs = [f"{r['impl']}: {r['error']}" for r in rows if "error" in r and
                     (r["B"], r["T"], r["NH"], r["hs"], r["precision"], r["direction"]) == k]
             ratio = g["ms"] / t["ms"] if g and t else None
             f.write(f"| {k[0]},{k[1]},{k[2]},{k[3]} | {k[4]} | {k[5]} | "
                     f"{fmt(g and g['ms'], '.3f')} | {fmt(gp and gp['ms'], '.3f')} | "
+                    f"{fmt(g128 and g128['ms'], '.3f')} | "
                     f"{fmt(t and t['ms'], '.3f')} | "
                     f"{fmt(ratio, '.2f')} | {fmt(g and g['tflops_causal'], '.1f')} | "
                     f"{fmt(t and t['tflops_causal'], '.1f')} | {t['backend'] if t else ''} | "
@@ -280,6 +288,10 @@ def main():
         run_rows("gptc-plain", "gptc_plain_bf16", shape,
                  [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
                  {"GPTC_ATTENTION_GROUP": str(1 << 30)})
+        if shape[3] == 64:
+            run_rows("gptc-rows128", "gptc_rows128_bf16", shape,
+                     [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
+                     {"GPTC_ATTENTION_FWD_ROWS": "128"})
         worker = [sys.executable, os.path.abspath(__file__), "--torch-worker"]
         run_rows("torch", "torch", shape, worker + dims + [str(WARMUP), str(ITERS)], PRECISIONS,
                  rows)

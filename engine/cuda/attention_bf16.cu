@@ -61,8 +61,8 @@ static __host__ __device__ __forceinline__ int ab_pitch(int hs) { return ab_cols
 /* ------------------------------------------------------------------ tiles */
 
 /* tile[r][0..hs) = src[r * ld + 0..hs) for r < nrows, 0 for nrows <= r < 64 and for the
- * columns from hs to ab_cols(hs) (src: a [64][hs] view of bf16, row pitch ld elements;
- * nrows >= 1; hs a multiple of 8). vec: cp.async in 16-byte chunks (src and every row
+ * columns from hs to ab_cols(hs) (src: a [64][hs] view of bf16, row pitch ld elements,
+ * whose row 0 is valid memory even when nrows is 0; hs a multiple of 8). vec: cp.async in 16-byte chunks (src and every row
  * 16-byte aligned), which the caller commits and waits for; else plain 2-byte loads. A
  * row's chunks go to consecutive threads, so the reads coalesce. */
 static __device__ __forceinline__ void load_tile(uint16_t *tile /* [64][ab_pitch(hs)] */,
@@ -166,6 +166,38 @@ static __device__ __forceinline__ void tile_sv(float acc[AB_MAX_HS / 8][4], cons
     }
 }
 
+/* tile_sv for the forward's mt m-tiles (1 or 2) at once, m-tile i only where on[i]: each
+ * V fragment loaded once serves every m-tile's product */
+static __device__ __forceinline__ void tile_sv2(float acc[2][AB_MAX_HS / 8][4],
+                                                const float s[2][8][4], const int on[2], int mt,
+                                                const uint16_t *V /* [64][ab_pitch(hs)] */,
+                                                int hs) {
+    int p = ab_pitch(hs);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            a[i][0] = pack_bf16x2(s[i][2 * kk][0], s[i][2 * kk][1]);
+            a[i][1] = pack_bf16x2(s[i][2 * kk][2], s[i][2 * kk][3]);
+            a[i][2] = pack_bf16x2(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+            a[i][3] = pack_bf16x2(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int jj = 0; jj < AB_MAX_HS / 16; jj++) {
+            if (16 * jj >= hs) break;
+            uint32_t b0[2], b1[2];
+            frag_b_kn(b0, b1, V, p, 16 * jj, 16 * kk);
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                if (i >= mt || !on[i]) continue;
+                mma_bf16_16816(acc[i][2 * jj], a[i], b0);
+                mma_bf16_16816(acc[i][2 * jj + 1], a[i], b1);
+            }
+        }
+    }
+}
+
 /* Reductions over the 4 lanes of a quad (lanes 4g .. 4g+3 hold one row of a fragment) */
 static __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 1));
@@ -232,49 +264,79 @@ static __device__ __forceinline__ void tile_landed(int next_issued) {
 
 /* ------------------------------------------------------------------ forward */
 
-/* Block (bh, y): batch b = bh / NH, head h = bh % NH, query tile NT-1-y (the longest
- * rows first); warp w owns queries q0 + 16 w .. + 15, whose Q fragments it keeps in
- * registers. Per key tile up to the diagonal: S = Q K^T in the log2 domain (sl2 =
- * log2(e) / sqrt(hs)), causal mask, online softmax per row (this lane's rows g and g + 8;
- * the row's 64 scores are spread over the quad), O = alpha O + P V. Then out = O / l and
- * lse = m + log2 l (base 2, as attention.cu's). */
-static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs) */,
+/* Block (bh, y): batch b = bh / NH, head h = bh % NH, query tile NT-1-y of 64 mt rows
+ * (the longest rows first); warp w owns the 16 queries q0 + 64 i + 16 w .. + 15 of each
+ * of its mt m-tiles i, whose Q fragments it keeps in registers. Per key tile (64 keys) up
+ * to the diagonal: S = Q K^T in the log2 domain (sl2 = log2(e) / sqrt(hs)), causal mask,
+ * online softmax per row (this lane's rows g and g + 8 of each m-tile; the row's 64 scores
+ * are spread over the quad), O = alpha O + P V. Then out = O / l and lse = m + log2 l
+ * (base 2, as attention.cu's).
+ * mt = 2 (hs 64 only: the registers of two m-tiles at hs 128 would not fit) is the flash
+ * forward's larger query tile: each K and V fragment a warp loads from shared memory
+ * serves two products, a key tile serves 128 queries, and a warp has two independent
+ * chains of products to issue. m-tile i's diagonal is key tile mt qt + i; the key tile
+ * after it (the last, for i = 0 of 2) lies wholly past its queries and is skipped. */
+static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs, mt) */,
                                                 uint16_t *out /* [B,T,C] */,
                                                 float *lse /* [B,NH,T] */,
                                                 const uint16_t *qkv /* [B,T,3C] */, int T, int C,
-                                                int NH, float sl2, int vec, int pairs, int hs) {
+                                                int NH, float sl2, int vec, int pairs, int hs,
+                                                int mt) {
     int p = ab_pitch(hs), tile = AB_TILE * p;
-    uint16_t *Qs = sm;        /* [64][p] this block's queries */
-    uint16_t *KV = Qs + tile; /* [2 stages][K, V][64][p] the streamed key and value tiles */
+    uint16_t *Qs = sm;             /* [64 mt][p] this block's queries */
+    uint16_t *KV = Qs + mt * tile; /* [2 stages][K, V][64][p] the streamed key and value tiles */
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int bh, rank;
     if (!attention_block(pairs, &bh, &rank)) return;
-    int b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - rank, q0 = qt * AB_TILE;
+    int b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - rank, q0 = qt * mt * AB_TILE;
     size_t ld = 3 * (size_t)C;
     const uint16_t *base = qkv + (size_t)b * T * ld + (size_t)h * hs; /* q of row 0 */
-    int tq[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8}; /* this lane's queries */
+    /* key tiles: up to the last m-tile's diagonal, none starting at or past T */
+    int nk = mt * (qt + 1), kmax = (T + AB_TILE - 1) / AB_TILE;
+    if (nk > kmax) nk = kmax;
 
-    load_tile(Qs, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
+    for (int i = 0; i < mt; i++) { /* mt * 64 rows, those past T zero-filled */
+        int rows = T - q0 - i * AB_TILE; /* an m-tile wholly past T reads nothing, from row q0 */
+        load_tile(Qs + i * tile, base + (size_t)(rows > 0 ? q0 + i * AB_TILE : q0) * ld, ld,
+                  rows > 0 ? rows : 0, hs, vec);
+    }
     load_key_stage(KV, base, C, ld, 0, 0, T, hs, vec); /* one group with Q */
 
-    uint32_t qf[AB_MAX_HS / 16][4];
-    float o[AB_MAX_HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    zero_acc(o, hs);
-    for (int kt = 0; kt <= qt; kt++) {
-        int k0 = kt * AB_TILE, next = kt < qt;
+    uint32_t qf[2][AB_MAX_HS / 16][4];
+    float o[2][AB_MAX_HS / 8][4], m[2][2], l[2][2];
+    int tq[2][2]; /* this lane's queries: rows g and g + 8 of m-tile i */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (i >= mt) break;
+        zero_acc(o[i], hs);
+        m[i][0] = m[i][1] = -INFINITY;
+        l[i][0] = l[i][1] = 0.0f;
+        tq[i][0] = q0 + i * AB_TILE + 16 * warp + g;
+        tq[i][1] = tq[i][0] + 8;
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        int k0 = kt * AB_TILE, next = kt + 1 < nk;
         const uint16_t *Ks = KV + 2 * (kt & 1) * tile, *Vs = Ks + tile;
         if (next) load_key_stage(KV, base, C, ld, kt + 1, (kt + 1) & 1, T, hs, vec);
         tile_landed(next);
         if (kt == 0) {
 #pragma unroll
-            for (int ks = 0; ks < AB_MAX_HS / 16; ks++)
-                if (16 * ks < hs) frag_a(qf[ks], Qs, p, 16 * warp, 16 * ks);
-        }
-
-        float s[8][4];
+            for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+                for (int ks = 0; ks < AB_MAX_HS / 16; ks++)
+                    if (i < mt && 16 * ks < hs)
+                        frag_a(qf[i][ks], Qs + i * tile, p, 16 * warp, 16 * ks);
+        }
+        /* m-tile i takes this key tile when it is not past its diagonal (the same for the
+         * whole warp, so the products below never diverge) */
+        int on[2] = {mt == 1 || kt <= mt * qt, mt > 1 && kt <= mt * qt + 1};
+
+        float s[2][8][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < AB_MAX_HS / 16; ks++) {
             if (16 * ks >= hs) break;
@@ -282,55 +344,70 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs) 
             for (int jj = 0; jj < 4; jj++) {
                 uint32_t b0[2], b1[2];
                 frag_b_nk(b0, b1, Ks, p, 16 * jj, 16 * ks);
-                mma_bf16_16816(s[2 * jj], qf[ks], b0);
-                mma_bf16_16816(s[2 * jj + 1], qf[ks], b1);
-            }
-        }
-        /* only the diagonal tile has keys past a query (or past T): the others skip the
-         * mask. The scores stay unscaled: sl2 > 0 keeps their maximum, and the exponent
-         * below takes them times sl2 in one fused multiply-add. */
-        if (kt == qt) {
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int u = k0 + 8 * j + 2 * t + (i & 1);
-                    if (u > tq[i >> 1] || u >= T) s[j][i] = -INFINITY;
-                }
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-            float mn = fmaxf(m[r], quad_max(mx) * sl2);
-            float ref = mn == -INFINITY ? 0.0f : mn; /* no key yet: all terms stay 0 */
-            float alpha = exp2_ftz(m[r] - ref), ls = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; j++)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    float pr = exp2_ftz(fmaf(s[j][2 * r + i], sl2, -ref));
-                    s[j][2 * r + i] = pr;
-                    ls += pr;
+                    if (i >= mt || !on[i]) continue;
+                    mma_bf16_16816(s[i][2 * jj], qf[i][ks], b0);
+                    mma_bf16_16816(s[i][2 * jj + 1], qf[i][ks], b1);
                 }
-            l[r] = l[r] * alpha + quad_sum(ls);
-            m[r] = mn;
-#pragma unroll
-            for (int jd = 0; jd < AB_MAX_HS / 8; jd++)
-                if (8 * jd < ab_cols(hs)) o[jd][2 * r] *= alpha, o[jd][2 * r + 1] *= alpha;
+            }
         }
-        tile_sv(o, s, Vs, hs);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            if (i >= mt || !on[i]) continue;
+            /* only the diagonal tile has keys past a query (or past T): the others skip
+             * the mask. The scores stay unscaled: sl2 > 0 keeps their maximum, and the
+             * exponent below takes them times sl2 in one fused multiply-add. */
+            if (kt == mt * qt + i) {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int u = k0 + 8 * j + 2 * t + (e & 1);
+                        if (u > tq[i][e >> 1] || u >= T) s[i][j][e] = -INFINITY;
+                    }
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    mx = fmaxf(mx, fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
+                float mn = fmaxf(m[i][r], quad_max(mx) * sl2);
+                float ref = mn == -INFINITY ? 0.0f : mn; /* no key yet: all terms stay 0 */
+                float alpha = exp2_ftz(m[i][r] - ref), ls = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float pr = exp2_ftz(fmaf(s[i][j][2 * r + e], sl2, -ref));
+                        s[i][j][2 * r + e] = pr;
+                        ls += pr;
+                    }
+                l[i][r] = l[i][r] * alpha + quad_sum(ls);
+                m[i][r] = mn;
+#pragma unroll
+                for (int jd = 0; jd < AB_MAX_HS / 8; jd++)
+                    if (8 * jd < ab_cols(hs))
+                        o[i][jd][2 * r] *= alpha, o[i][jd][2 * r + 1] *= alpha;
+            }
+        }
+        tile_sv2(o, s, on, mt, Vs, hs);
         __syncthreads(); /* this stage's readers are done: the next iteration refills it */
     }
 
-    uint16_t *orow[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        orow[r] = tq[r] < T ? out + ((size_t)b * T + tq[r]) * C + (size_t)h * hs : NULL;
-        if (tq[r] < T && t == 0) lse[(size_t)bh * T + tq[r]] = m[r] + log2f(l[r]);
+    for (int i = 0; i < 2; i++) {
+        if (i >= mt) break;
+        uint16_t *orow[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int q = tq[i][r];
+            orow[r] = q < T ? out + ((size_t)b * T + q) * C + (size_t)h * hs : NULL;
+            if (q < T && t == 0) lse[(size_t)bh * T + q] = m[i][r] + log2f(l[i][r]);
+        }
+        store_acc(orow[0], orow[1], o[i], 1.0f / l[i][0], 1.0f / l[i][1], hs);
     }
-    store_acc(orow[0], orow[1], o, 1.0f / l[0], 1.0f / l[1], hs);
 }
 
 __global__ void __launch_bounds__(AB_THREADS)
@@ -338,7 +415,16 @@ attention_bf16_fwd64_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T] 
                             const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
                             float sl2, int vec, int pairs) {
     extern __shared__ float4 ab_smem[];
-    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, 64);
+    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, 64, 1);
+}
+
+/* hs 64 with two m-tiles a warp, 128 queries a block (GPTC_ATTENTION_FWD_ROWS=128) */
+__global__ void __launch_bounds__(AB_THREADS, 2)
+attention_bf16_fwd64x2_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
+                              const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
+                              float sl2, int vec, int pairs) {
+    extern __shared__ float4 ab_smem[];
+    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, 64, 2);
 }
 
 __global__ void __launch_bounds__(AB_THREADS)
@@ -346,7 +432,7 @@ attention_bf16_fwd128_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T]
                              const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
                              float sl2, int vec, int pairs) {
     extern __shared__ float4 ab_smem[];
-    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, 128);
+    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, 128, 1);
 }
 
 /* any other head size (a multiple of 8 up to 128): hs = C / NH at run time, registers as
@@ -356,7 +442,7 @@ attention_bf16_fwd_any_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T
                               const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
                               float sl2, int vec, int pairs) {
     extern __shared__ float4 ab_smem[];
-    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, C / NH);
+    attn_fwd((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, C / NH, 1);
 }
 
 /* ------------------------------------------------------------------ backward */
@@ -627,7 +713,19 @@ typedef void (*ab_bwd_fn)(ab_bwd_args);
 /* bytes of a [64][hs] tile */
 static size_t ab_tile_bytes(int hs) { return (size_t)AB_TILE * ab_pitch(hs) * sizeof(uint16_t); }
 
-static size_t ab_fwd_smem(int hs) { return 5 * ab_tile_bytes(hs); }
+/* mt query tiles and two stages of a key and a value tile */
+static size_t ab_fwd_smem(int hs, int mt) { return (size_t)(mt + 4) * ab_tile_bytes(hs); }
+
+/* m-tiles a warp of the forward takes: 2 at hs 64 with GPTC_ATTENTION_FWD_ROWS=128 (a
+ * block of 128 queries), else 1 (64 queries), so that a benchmark compares both in one run */
+static int ab_fwd_mt(int hs) {
+    static int rows = -1;
+    if (rows < 0) {
+        const char *v = getenv("GPTC_ATTENTION_FWD_ROWS");
+        rows = v && atoi(v) == 128 ? 128 : 64;
+    }
+    return hs == 64 && rows == 128 ? 2 : 1;
+}
 
 /* nst: stages of the streamed tiles */
 static size_t ab_dkdv_smem(int hs, int nst) {
@@ -670,7 +768,7 @@ extern "C" {
 
 size_t cuda_attention_bf16_smem(int hs) {
     int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
-    size_t need = ab_fwd_smem(hs);
+    size_t need = ab_fwd_smem(hs, ab_fwd_mt(hs));
     if (ab_dkdv_smem(hs, nst) > need) need = ab_dkdv_smem(hs, nst);
     if (ab_dq_smem(hs, nst) > need) need = ab_dq_smem(hs, nst);
     return need;
@@ -682,13 +780,15 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = ab_vec(qkv, NULL);
     float sl2 = attention_sl2(hs);
-    size_t smem = ab_fwd_smem(hs);
-    ab_fwd_fn fwd = hs == 64    ? attention_bf16_fwd64_kernel
+    int mt = ab_fwd_mt(hs);
+    size_t smem = ab_fwd_smem(hs, mt);
+    ab_fwd_fn fwd = mt == 2     ? attention_bf16_fwd64x2_kernel
+                    : hs == 64  ? attention_bf16_fwd64_kernel
                     : hs == 128 ? attention_bf16_fwd128_kernel
                                 : attention_bf16_fwd_any_kernel;
     char what[80];
     if (!cuda_smem_ready((const void *)fwd, smem, ab_what(what, "forward", hs), s)) return;
-    dim3 grid = attention_grid(B, NH, T, hs, AB_TILE, sizeof(uint16_t));
+    dim3 grid = attention_grid(B, NH, T, hs, mt * AB_TILE, sizeof(uint16_t));
     fwd<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec, B * NH);
 }
 
