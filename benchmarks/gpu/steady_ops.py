@@ -26,7 +26,8 @@ def steady_table(trace, rank=0, skip=1):
             spans.setdefault(s, [None, None])[0 if e["ph"] == "b" else 1] = e["ts"]
     steps = sorted(spans)[skip:]
     if not steps:
-        raise ValueError(f"rank {rank} has {len(spans)} step(s) in the trace, none past the first {skip}")
+        raise ValueError(f"rank {rank} has {len(spans)} step(s) in the trace, "
+                         f"none past the first {skip}")
     keep = set(steps)
     total = collections.defaultdict(float)  # name -> us over the kept steps
     calls = collections.Counter()

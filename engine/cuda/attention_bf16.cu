@@ -62,9 +62,10 @@ static __host__ __device__ __forceinline__ int ab_pitch(int hs) { return ab_cols
 
 /* tile[r][0..hs) = src[r * ld + 0..hs) for r < nrows, 0 for nrows <= r < 64 and for the
  * columns from hs to ab_cols(hs) (src: a [64][hs] view of bf16, row pitch ld elements,
- * whose row 0 is valid memory even when nrows is 0; hs a multiple of 8). vec: cp.async in 16-byte chunks (src and every row
- * 16-byte aligned), which the caller commits and waits for; else plain 2-byte loads. A
- * row's chunks go to consecutive threads, so the reads coalesce. */
+ * whose row 0 is valid memory even when nrows is 0; hs a multiple of 8). vec: cp.async
+ * in 16-byte chunks (src and every row 16-byte aligned), which the caller commits and
+ * waits for; else plain 2-byte loads. A row's chunks go to consecutive threads, so the
+ * reads coalesce. */
 static __device__ __forceinline__ void load_tile(uint16_t *tile /* [64][ab_pitch(hs)] */,
                                                  const uint16_t *src, size_t ld, int nrows,
                                                  int hs, int vec) {
