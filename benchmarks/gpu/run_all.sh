@@ -57,11 +57,22 @@ pack() {
   return 0
 }
 
+# What ran: the git tree of the working copy (its files that git does not ignore), which
+# `git log --format='%h %T'` on the machine that sent it names a commit of. The device tool
+# copies the working tree, but the copy's .git can hold an older HEAD (2026-11-27: the
+# session's first commit, under two later trees).
+tree_of() {
+  local idx; idx=$(mktemp -u)
+  (cd "$REPO" && GIT_INDEX_FILE=$idx git add -A . >/dev/null 2>&1 &&
+    GIT_INDEX_FILE=$idx git write-tree 2>/dev/null) || echo "unknown"
+  rm -f "$idx"
+}
+
 # The summary is rewritten at the end, but stage lines are appended as they finish, so a
 # run killed from outside still leaves what it got.
 {
   echo "gptc GPU run: $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${BUDGET} s"
-  echo "repo: $REPO ($(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo 'no git'))"
+  echo "repo: $REPO (HEAD $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo 'no git'), working tree $(tree_of))"
   echo
 } > "$SUM"
 
