@@ -19,10 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/checkpoint.h"
+#include "engine/output_files.h"
 
 /* 1M tokens per chunk: large enough that per-chunk overhead vanishes, small enough that
  * a window read never drags in much more than it needs. */
@@ -226,24 +226,26 @@ static long write_tokens(const options *o, const char *tmp) {
     return rc == 0 ? w.written : -1;
 }
 
-/* 0 when neither --out nor its temporary file tmp is one of the inputs (by inode:
- * "./a.txt" and a hard link count), else 1 with a line: the output replaces its file only
- * at the end, but then the input is gone (and tmp is truncated at the start). */
+/* 0 when neither --out nor its temporary file tmp is one of the inputs (as the trainer
+ * checks its outputs: output_paths_distinct, by inode, so "./a.txt" and a hard link
+ * count), else 1 with a line: the output replaces its file only at the end, but then the
+ * input is gone (and tmp is truncated at the start). */
 static int out_is_input(const options *o, const char *tmp) {
-    const char *outs[2] = {o->out, tmp};
-    for (int k = 0; k < 2; k++) {
-        struct stat so, si;
-        if (stat(outs[k], &so) != 0) continue;
-        for (int i = 0; i < o->n_inputs; i++)
-            if (strcmp(o->inputs[i], "-") != 0 && stat(o->inputs[i], &si) == 0 &&
-                si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
-                fprintf(stderr, "gptc-data: %s %s is also the input %s: writing it would "
-                        "destroy it (give --out another path)\n",
-                        k ? "the temporary file" : "--out", outs[k], o->inputs[i]);
-                return 1;
-            }
+    named_path *paths = calloc((size_t)o->n_inputs + 2, sizeof *paths); /* [n_inputs + 2] */
+    if (!paths) {
+        fprintf(stderr, "gptc-data: out of memory\n");
+        return 1;
     }
-    return 0;
+    int n = 0;
+    paths[n++] = (named_path){"--out", o->out, 1};
+    paths[n++] = (named_path){"the temporary file", tmp, 1};
+    for (int i = 0; i < o->n_inputs; i++)
+        if (strcmp(o->inputs[i], "-") != 0) paths[n++] = (named_path){"the input", o->inputs[i], 0};
+    char err[2048];
+    int clash = output_paths_distinct(paths, n, err, sizeof err) != 0;
+    if (clash) fprintf(stderr, "gptc-data: %s\n", err);
+    free(paths);
+    return clash;
 }
 
 /* The temporary output, removed when SIGINT or SIGTERM ends the run: a conversion stopped
