@@ -153,7 +153,8 @@ int plan_check_outputs(const gptc_config *c, char *err, size_t n) {
         {"profile.trace", c->trace, 1},    {"profile.report", c->report, 1},
         {"the config file", c->source, 0}, {"data.path", c->data_path, 0},
         {"train.init", c->init, 0}};
-    if (output_paths_distinct(files, 7, err, n) != 0) return -1;
+    if (output_paths_distinct(files, (int)(sizeof files / sizeof files[0]), err, n) != 0)
+        return -1;
     for (int i = 0; i < 4; i++) /* the checkpoint is written beside and renamed over */
         if (output_path_check(files[i].key, files[i].path, i == 0, err, n) != 0) return -1;
     return 0;

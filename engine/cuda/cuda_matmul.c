@@ -16,8 +16,8 @@
  * GPTC_GEMM_CANDIDATES = n (2 to 16) the first call of each plan times its first n
  * candidates on that call's operands and keeps the fastest (tune_plan), saying which in
  * the log; under kernel timing that call's op is read as untimed (its time holds every
- * candidate's runs), so the report leaves it out. Off by default: the choice then rests on timings, so two runs may pick
- * different algorithms, which sum in different orders.
+ * candidate's runs), so the report leaves it out. Off by default: the choice then rests
+ * on timings, so two runs may pick different algorithms, which sum in different orders.
  * All products run on one workspace; that is safe because only the compute stream
  * issues them. */
 #include "engine/cuda/cuda_matmul.h"
