@@ -135,6 +135,12 @@ typedef struct gptc_backend {
     void (*layernorm_forward)(gptc_act *out, float *mean, float *rstd, const gptc_act *inp,
                               const gptc_act *w, const gptc_act *b, int N, int C,
                               gptc_stream *s);
+    /* The residual add and the LayerNorm that reads its sum, as one op: act res[N,C] = a + b
+     * (rounded to act), then layernorm_forward(out, mean, rstd, res, w, bias). The same
+     * results as add followed by layernorm_forward; a backend may do it in one pass. */
+    void (*add_layernorm_forward)(gptc_act *res, gptc_act *out, float *mean, float *rstd,
+                                  const gptc_act *a, const gptc_act *b, const gptc_act *w,
+                                  const gptc_act *bias, int N, int C, gptc_stream *s);
     /* act dinp[N,C] +=, dw[C] +=, db[C] += (fp32), from act dout, inp, w */
     void (*layernorm_backward)(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
                                const gptc_act *inp, const gptc_act *w, const float *mean,

@@ -126,6 +126,16 @@ static void t_layernorm_forward(gptc_act *out, float *mean, float *rstd, const g
     scan_act("layernorm_fwd", out, (size_t)N * C);
 }
 
+static void t_add_layernorm_forward(gptc_act *res, gptc_act *out, float *mean, float *rstd,
+                                    const gptc_act *a, const gptc_act *b, const gptc_act *w,
+                                    const gptc_act *bias, int N, int C, gptc_stream *s) {
+    op_start t0 = begin("add_layernorm_fwd", s);
+    g_inner->add_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, s);
+    done("add_layernorm_fwd", t0, s);
+    scan_act("add_layernorm_fwd", res, (size_t)N * C);
+    scan_act("add_layernorm_fwd", out, (size_t)N * C);
+}
+
 static void t_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
                                  const gptc_act *inp, const gptc_act *w, const float *mean,
                                  const float *rstd, int N, int C, gptc_stream *s) {
@@ -267,6 +277,7 @@ const gptc_backend *timed_backend(const gptc_backend *inner) {
     g_timed.embedding_forward = t_embedding_forward;
     g_timed.embedding_backward = t_embedding_backward;
     g_timed.layernorm_forward = t_layernorm_forward;
+    g_timed.add_layernorm_forward = t_add_layernorm_forward;
     g_timed.layernorm_backward = t_layernorm_backward;
     g_timed.matmul_forward = t_matmul_forward;
     g_timed.matmul_backward = t_matmul_backward;

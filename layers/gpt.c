@@ -423,32 +423,47 @@ static gptc_act *at(const gpt_model *m, const gptc_act *p, size_t i) {
     return gptc_act_at(p, i, m->prec);
 }
 
-/* x [Nl,C]: this rank's rows of the residual stream entering layer l. */
-static void block_forward(gpt_model *m, layer_acts *la, int l, const gptc_act *x, const dims *d) {
+/* The LayerNorm that reads a layer's output, which block_forward fuses with the layer's
+ * last residual add: the next layer's ln_1, or ln_f after the last layer. */
+typedef struct {
+    gptc_act *out;         /* [N,C]; this rank's rows start at row0 */
+    float *mean, *rstd;    /* [Nl] */
+    const gptc_act *w, *b; /* [C] */
+} ln_next;
+
+/* x [Nl,C]: this rank's rows of the residual stream entering layer l. ln1_done: the
+ * previous layer's last add already wrote ln_1 (next != NULL there). next: the LayerNorm
+ * of this layer's output to fuse into its last add, or NULL. */
+static void block_forward(gpt_model *m, layer_acts *la, int l, const gptc_act *x, int ln1_done,
+                          const ln_next *next, const dims *d) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     block_views *w = &m->p.h[l];
     gptc_act *tmp = m->scratch.dbtc; /* [N,C] partial sums of the row-parallel projections */
     int N = d->N, Nl = d->Nl, C = d->C;
     size_t mine = (size_t)d->row0 * C, nl = (size_t)Nl * C;
-    be->layernorm_forward(at(m, la->ln1, mine), la->ln1_mean, la->ln1_rstd, x, w->ln1w, w->ln1b, Nl, C, s);
+    if (!ln1_done)
+        be->layernorm_forward(at(m, la->ln1, mine), la->ln1_mean, la->ln1_rstd, x, w->ln1w,
+                              w->ln1b, Nl, C, s);
     timing_matmul_role("qkv");
     tp_column_parallel_forward(&m->tp, la->qkv, la->ln1, w->qkvw, w->qkvb, N, C, 3 * d->Cl, 0, NULL,
                                s);
     be->attention_forward(la->atty, la->att, la->qkv, d->B, d->T, d->Cl, d->NHl, s);
     timing_matmul_role("attn_proj");
-    be->add(la->res2, x,
-            tp_row_parallel_forward(&m->tp, tmp, la->atty, w->attprojw, w->attprojb, N, d->Cl, C, s),
-            nl, s);
-    be->layernorm_forward(at(m, la->ln2, mine), la->ln2_mean, la->ln2_rstd, la->res2, w->ln2w, w->ln2b,
-                          Nl, C, s);
+    const gptc_act *y = /* [Nl,C] */
+        tp_row_parallel_forward(&m->tp, tmp, la->atty, w->attprojw, w->attprojb, N, d->Cl, C, s);
+    be->add_layernorm_forward(la->res2, at(m, la->ln2, mine), la->ln2_mean, la->ln2_rstd, x, y,
+                              w->ln2w, w->ln2b, Nl, C, s);
     timing_matmul_role("fc"); /* with the GELU: fch_gelu = gelu(fch) */
     tp_column_parallel_forward(&m->tp, la->fch, la->ln2, w->fcw, w->fcb, N, C, d->Fl, 0,
                                la->fch_gelu, s);
     timing_matmul_role("fc_proj");
-    be->add(la->res3, la->res2,
-            tp_row_parallel_forward(&m->tp, tmp, la->fch_gelu, w->fcprojw, w->fcprojb, N, d->Fl, C, s),
-            nl, s);
+    y = tp_row_parallel_forward(&m->tp, tmp, la->fch_gelu, w->fcprojw, w->fcprojb, N, d->Fl, C, s);
+    if (next)
+        be->add_layernorm_forward(la->res3, at(m, next->out, mine), next->mean, next->rstd,
+                                  la->res2, y, next->w, next->b, Nl, C, s);
+    else
+        be->add(la->res3, la->res2, y, nl, s);
 }
 
 /* dfull [N,C] holds this rank's rows of the gradient of the layer's output at their
@@ -519,13 +534,14 @@ gptc_act *gpt_chunk_output(gpt_model *m, int c, int micro) {
 /* The last stage: ln_f, the tied LM head and the vocab-parallel cross-entropy, which
  * never puts the full logits on any rank. */
 static void head_forward(gpt_model *m, slot_acts *sa, const gptc_act *x /* [Nl,C] */,
-                         const dims *d, int micro, float dloss) {
+                         int lnf_done, const dims *d, int micro, float dloss) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     param_views *p = &m->p;
     int N = d->N, C = d->C;
-    be->layernorm_forward(at(m, sa->lnf, (size_t)d->row0 * C), sa->lnf_mean, sa->lnf_rstd, x, p->lnfw,
-                          p->lnfb, d->Nl, C, s);
+    if (!lnf_done) /* else the last layer's add wrote it */
+        be->layernorm_forward(at(m, sa->lnf, (size_t)d->row0 * C), sa->lnf_mean, sa->lnf_rstd, x,
+                              p->lnfw, p->lnfb, d->Nl, C, s);
     timing_matmul_role("lm_head");
     tp_column_parallel_forward(&m->tp, sa->logits, sa->lnf, p->wte, NULL, N, C, d->Vl, 1, NULL, s);
     if (m->tp.size == 1) { /* nothing to sum over ranks between the steps */
@@ -604,7 +620,22 @@ void gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
         snprintf(a, sizeof(a), "h.%d.mlp.c_proj.weight", l); /* the layer's first tensor */
         snprintf(b, sizeof(b), "h.%d.ln_1.bias", l);         /* and its last */
         params_needed(m, a, b);
-        block_forward(m, &sa->layer[i], l, x, &d);
+        /* the LayerNorm after this layer, when it runs on this chunk: fused into its add */
+        ln_next next, *nx = NULL;
+        if (i + 1 < ch->n_layers) {
+            layer_acts *nl = &sa->layer[i + 1];
+            snprintf(a, sizeof(a), "h.%d.ln_1.weight", l + 1);
+            snprintf(b, sizeof(b), "h.%d.ln_1.bias", l + 1);
+            params_needed(m, a, b);
+            next = (ln_next){nl->ln1, nl->ln1_mean, nl->ln1_rstd, m->p.h[l + 1].ln1w,
+                             m->p.h[l + 1].ln1b};
+            nx = &next;
+        } else if (ch->has_head) {
+            params_needed(m, "ln_f.weight", "ln_f.bias");
+            next = (ln_next){sa->lnf, sa->lnf_mean, sa->lnf_rstd, m->p.lnfw, m->p.lnfb};
+            nx = &next;
+        }
+        block_forward(m, &sa->layer[i], l, x, i > 0, nx, &d);
         x = sa->layer[i].res3;
     }
     timing_set_context(-1, micro, PH_FWD);
@@ -612,7 +643,7 @@ void gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
     params_needed(m, "ln_f.weight", "ln_f.bias");
     params_needed(m, "wte", "wte");
     be->copy_from_host(sa->targets, targets, N * sizeof(int32_t), s);
-    head_forward(m, sa, x, &d, micro, dloss);
+    head_forward(m, sa, x, ch->n_layers > 0, &d, micro, dloss);
 }
 
 /* Tells the owner that every gradient up to and including tensor `name` is final. */

@@ -273,6 +273,42 @@ static void test_embedding(int C) {
     gpu->release(d_dout), gpu->release(d_dwte), gpu->release(d_dwpe);
 }
 
+/* The residual add fused into the LayerNorm after it (inp, w, b and their copies d_*
+ * from test_layernorm): res = inp + inp2 and the LayerNorm of res, against the CPU's add,
+ * rounded to the act type, then layernorm; once into fresh buffers (one kernel), once with res over inp2 (the
+ * backend falls back to the add and the LayerNorm apart). */
+static void test_add_layernorm(const float *inp, const float *w, const float *b,
+                               const gptc_act *d_inp, const gptc_act *d_w, const gptc_act *d_b,
+                               int N, int C) {
+    size_t nx = (size_t)N * C;
+    float *inp2 = host_randn_act(nx, 1, 17), *res = malloc(nx * sizeof(float)); /* [N,C] */
+    float *out = malloc(nx * sizeof(float)), *mean = malloc(N * sizeof(float)); /* [N,C], [N] */
+    float *rstd = malloc(N * sizeof(float));                                     /* [N] */
+    /* the reference runs in fp32: the sum is rounded here as the act type stores it */
+    cpu->add(res, inp, inp2, nx, NULL);
+    act_values(res, nx);
+    cpu->layernorm_forward(out, mean, rstd, res, w, b, N, C, NULL);
+    gptc_act *d_inp2 = act_to_gpu(inp2, nx), *d_res = act_poisoned(nx), *d_out = act_poisoned(nx);
+    float *d_mean = poisoned(N), *d_rstd = poisoned(N);
+    char name[80];
+    for (int in_place = 0; in_place < 2; in_place++) {
+        gptc_act *r = in_place ? d_inp2 : d_res;
+        gpu->add_layernorm_forward(r, d_out, d_mean, d_rstd, d_inp, d_inp2, d_w, d_b, N, C, NULL);
+        const char *how = in_place ? " res over inp2" : "";
+        snprintf(name, sizeof name, "add_layernorm res C=%d%s", C, how);
+        compare_act(name, r, res, nx, 0); /* one rounding of one fp32 sum: exact */
+        snprintf(name, sizeof name, "add_layernorm out C=%d%s", C, how);
+        compare_act(name, d_out, out, nx, 1e-5);
+        compare("add_layernorm mean", d_mean, mean, N, 1e-5);
+        compare("add_layernorm rstd", d_rstd, rstd, N, 1e-5);
+        act_poison(d_out, nx);
+        poison(d_mean, N), poison(d_rstd, N);
+    }
+    free(inp2), free(res), free(out), free(mean), free(rstd);
+    gpu->release(d_inp2), gpu->release(d_res), gpu->release(d_out), gpu->release(d_mean);
+    gpu->release(d_rstd);
+}
+
 static void test_layernorm(int N, int C) {
     float *inp = host_randn_act((size_t)N * C, 2, 10), *w = host_randn_act(C, 1, 11);
     float *b = host_randn_act(C, 1, 12);
@@ -288,6 +324,7 @@ static void test_layernorm(int N, int C) {
     compare_act(name, d_out, out, (size_t)N * C, 1e-5);
     compare("layernorm_forward mean", d_mean, mean, N, 1e-5);
     compare("layernorm_forward rstd", d_rstd, rstd, N, 1e-5);
+    test_add_layernorm(inp, w, b, d_inp, d_w, d_b, N, C);
 
     /* dinp "+=": both sides start from the same act values */
     float *dout = host_randn_act((size_t)N * C, 1, 13);

@@ -96,7 +96,8 @@ def main():
                 fail(f"metrics of step {m['step']}: {k} = {m.get(k)!r}, expected > 0")
     rep = json.load(open(f"{D}/report.json"))
     names = {k["name"]: k for k in rep["kernels"]}
-    for op in ("attention_fwd", "attention_bwd", "qkv_fwd", "layernorm_fwd", "adamw", "allreduce"):
+    for op in ("attention_fwd", "attention_bwd", "qkv_fwd", "layernorm_fwd", "add_layernorm_fwd", "adamw",
+               "allreduce"):
         if op not in names or not names[op]["count"] > 0 or not names[op]["mean_us"] > 0:
             fail(f"report: {op} missing or without time: {names.get(op)}")
     for st in rep["steps"]:

@@ -211,7 +211,10 @@ def main():
               "attn_proj_bwd": L * n_micro, "fc_bwd": L * n_micro, "fc_proj_bwd": L * n_micro,
               "fc_proj_dgelu_bwd": L * n_micro, "lm_head_bwd": n_micro,
               "attention_fwd": L * n_micro, "attention_bwd": L * n_micro,
-              "layernorm_fwd": (2 * L + 1) * n_micro, "layernorm_bwd": (2 * L + 1) * n_micro,
+              # each residual add is fused with the LayerNorm after it (ln_2, the next
+              # layer's ln_1, ln_f): only the first layer's ln_1 runs alone
+              "layernorm_fwd": n_micro, "add_layernorm_fwd": 2 * L * n_micro,
+              "residual_add": 0, "layernorm_bwd": (2 * L + 1) * n_micro,
               "fc_fwd": 0, "gelu_fwd": 0, "gelu_bwd": 0, "embedding_fwd": n_micro, "embedding_bwd": n_micro,
               "loss": n_micro, "loss_max": 0, "loss_finish": 0}  # tp = 1: the fused loss
     for step in range(1, STEPS + 1):

@@ -70,6 +70,7 @@ static const gptc_backend CPU = {
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .layernorm_forward = cpu_layernorm_forward,
+    .add_layernorm_forward = cpu_add_layernorm_forward,
     .layernorm_backward = cpu_layernorm_backward,
     .set_precision = cpu_set_precision,
     .get_precision = cpu_get_precision,

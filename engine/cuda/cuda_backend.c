@@ -17,6 +17,7 @@
 #include "engine/log.h"
 
 #include <cuda_runtime_api.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,6 +197,26 @@ static void cu_layernorm_forward(gptc_act *out, float *mean, float *rstd, const 
                                  gptc_stream *s) {
     cuda_layernorm_forward(out, mean, rstd, inp, w, b, N, C, g_precision, cu(s));
     check_launch("layernorm_forward");
+}
+/* whether [p, p + bytes) and [q, q + bytes) share a byte */
+static int ranges_overlap(const void *p, const void *q, size_t bytes) {
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+    return a < b + bytes && b < a + bytes;
+}
+
+/* one kernel unless res overlaps an input, which its later passes re-read */
+static void cu_add_layernorm_forward(gptc_act *res, gptc_act *out, float *mean, float *rstd,
+                                     const gptc_act *a, const gptc_act *b, const gptc_act *w,
+                                     const gptc_act *bias, int N, int C, gptc_stream *s) {
+    size_t bytes = (size_t)N * C * gptc_act_bytes(g_precision);
+    if (ranges_overlap(res, a, bytes) || ranges_overlap(res, b, bytes)) {
+        cuda_add(res, a, b, (size_t)N * C, g_precision, cu(s));
+        cuda_layernorm_forward(out, mean, rstd, res, w, bias, N, C, g_precision, cu(s));
+    } else {
+        cuda_add_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, g_precision,
+                                   cu(s));
+    }
+    check_launch("add_layernorm_forward");
 }
 static void cu_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
                                   const gptc_act *inp, const gptc_act *w, const float *mean,
@@ -392,6 +413,7 @@ static const gptc_backend CUDA = {
     .embedding_forward = cu_embedding_forward,
     .embedding_backward = cu_embedding_backward,
     .layernorm_forward = cu_layernorm_forward,
+    .add_layernorm_forward = cu_add_layernorm_forward,
     .layernorm_backward = cu_layernorm_backward,
     .set_precision = cu_set_precision,
     .get_precision = cu_get_precision,

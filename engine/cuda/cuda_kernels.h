@@ -27,6 +27,12 @@ void cuda_embedding_backward(float *dwte, float *dwpe, const gptc_act *dout,
 void cuda_layernorm_forward(gptc_act *out, float *mean, float *rstd, const gptc_act *inp,
                             const gptc_act *w, const gptc_act *b, int N, int C,
                             gptc_precision p, cudaStream_t s);
+/* act res[N,C] = a + a2 (rounded), then the LayerNorm of res into out, mean, rstd, in one
+ * kernel; res must not overlap a or a2. a2 NULL: the LayerNorm of a alone (res unused). */
+void cuda_add_layernorm_forward(gptc_act *res, gptc_act *out, float *mean, float *rstd,
+                                const gptc_act *a, const gptc_act *a2, const gptc_act *w,
+                                const gptc_act *b, int N, int C, gptc_precision p,
+                                cudaStream_t s);
 void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
                              const gptc_act *inp, const gptc_act *w, const float *mean,
                              const float *rstd, int N, int C, gptc_precision p,

@@ -5,34 +5,61 @@
 #define LN_THREADS 256
 #define LN_WARPS (LN_THREADS / 32)
 
+/* Element i of the row being normalised: inp's, or with the residual add fused (inp2 not
+ * NULL) inp + inp2 rounded once to the act type, the value the add would have stored. */
+static __device__ __forceinline__ float ln_in(const gptc_act *inp, const gptc_act *inp2,
+                                              size_t i, int bf16) {
+    float v = act_ld(inp, i, bf16);
+    if (!inp2) return v;
+    v += act_ld(inp2, i, bf16);
+    return bf16 ? bf16_to_float(bf16_bits(v)) : v;
+}
+
+/* ln_in for elements i .. i+7 of bf16 buffers (act_ld8's alignment) */
+static __device__ __forceinline__ void ln_in8(float v[8], const gptc_act *inp,
+                                              const gptc_act *inp2, size_t i) {
+    act_ld8(v, inp, i);
+    if (!inp2) return;
+    float y[8]; /* elements i .. i+7 of inp2 */
+    act_ld8(y, inp2, i);
+    for (int j = 0; j < 8; j++) v[j] = bf16_to_float(bf16_bits(v[j] + y[j]));
+}
+
 /* One warp per row: a row is a few thousand floats at most, so the lanes stride it
  * (coalesced) and shuffles reduce it with no shared memory or barrier. The row is read
  * three times (mean, centred variance, output, as the CPU does); the re-reads hit L1.
  * vec8 (bf16, C % 8 == 0, all act buffers 16-byte aligned): a lane takes 8 contiguous
  * columns per access instead of 1 (2-byte loads would waste most of each transaction);
- * it sums its 8 before the next group, which reorders the row sums only. */
+ * it sums its 8 before the next group, which reorders the row sums only.
+ * With inp2 (the residual add fused in front): the row is inp + inp2 (ln_in), stored to
+ * res on the first pass; the later passes add again from inp and inp2, which L1 holds,
+ * rather than read back res (so res must not overlap them). That saves the add's own
+ * launch and one pass over the residual stream in memory. */
 __global__ void layernorm_forward_kernel(gptc_act *out /* [N,C] */, float *mean /* [N] */,
                                          float *rstd /* [N] */,
+                                         gptc_act *res /* [N,C], NULL without inp2 */,
                                          const gptc_act *inp /* [N,C] */,
+                                         const gptc_act *inp2 /* [N,C] or NULL */,
                                          const gptc_act *w /* [C] */,
                                          const gptc_act *b /* [C] */, int N, int C, int vec8,
                                          int bf16) {
     int lane = threadIdx.x & 31;
     int nwarps = gridDim.x * LN_WARPS;
     for (int n = blockIdx.x * LN_WARPS + (threadIdx.x >> 5); n < N; n += nwarps) {
-        size_t x = (size_t)n * C; /* row n of inp and of out */
+        size_t x = (size_t)n * C; /* row n of inp, inp2, res and out */
         if (vec8) {
             float sum = 0.0f;
             for (int c = 8 * lane; c < C; c += 8 * 32) {
                 float v[8]; /* columns c .. c+7 of the row */
-                act_ld8(v, inp, x + c);
+                ln_in8(v, inp, inp2, x + c);
+                if (inp2) act_st8(res, x + c, v); /* already rounded: stored exactly */
                 for (int j = 0; j < 8; j++) sum += v[j];
             }
             float m = warp_sum(sum) / C;
             float var = 0.0f;
             for (int c = 8 * lane; c < C; c += 8 * 32) {
                 float v[8]; /* columns c .. c+7 of the row */
-                act_ld8(v, inp, x + c);
+                ln_in8(v, inp, inp2, x + c);
                 for (int j = 0; j < 8; j++) {
                     float d = v[j] - m;
                     var += d * d;
@@ -41,7 +68,7 @@ __global__ void layernorm_forward_kernel(gptc_act *out /* [N,C] */, float *mean 
             float r = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
             for (int c = 8 * lane; c < C; c += 8 * 32) {
                 float v[8], wc[8], bc[8]; /* columns c .. c+7 of the row, of w, of b */
-                act_ld8(v, inp, x + c);
+                ln_in8(v, inp, inp2, x + c);
                 act_ld8(wc, w, c);
                 act_ld8(bc, b, c);
                 for (int j = 0; j < 8; j++) v[j] = (v[j] - m) * r * wc[j] + bc[j];
@@ -54,17 +81,22 @@ __global__ void layernorm_forward_kernel(gptc_act *out /* [N,C] */, float *mean 
             continue;
         }
         float sum = 0.0f;
-        for (int c = lane; c < C; c += 32) sum += act_ld(inp, x + c, bf16);
+        for (int c = lane; c < C; c += 32) {
+            float v = ln_in(inp, inp2, x + c, bf16);
+            if (inp2) act_st(res, x + c, v, bf16);
+            sum += v;
+        }
         float m = warp_sum(sum) / C;
         float var = 0.0f;
         for (int c = lane; c < C; c += 32) {
-            float d = act_ld(inp, x + c, bf16) - m;
+            float d = ln_in(inp, inp2, x + c, bf16) - m;
             var += d * d;
         }
         float r = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
         for (int c = lane; c < C; c += 32)
             act_st(out, x + c,
-                   (act_ld(inp, x + c, bf16) - m) * r * act_ld(w, c, bf16) + act_ld(b, c, bf16),
+                   (ln_in(inp, inp2, x + c, bf16) - m) * r * act_ld(w, c, bf16) +
+                       act_ld(b, c, bf16),
                    bf16);
         if (lane == 0) {
             mean[n] = m;
@@ -226,12 +258,19 @@ extern "C" {
 void cuda_layernorm_forward(gptc_act *out, float *mean, float *rstd, const gptc_act *inp,
                             const gptc_act *w, const gptc_act *b, int N, int C,
                             gptc_precision p, cudaStream_t s) {
+    cuda_add_layernorm_forward(NULL, out, mean, rstd, inp, NULL, w, b, N, C, p, s);
+}
+
+void cuda_add_layernorm_forward(gptc_act *res, gptc_act *out, float *mean, float *rstd,
+                                const gptc_act *a, const gptc_act *a2, const gptc_act *w,
+                                const gptc_act *b, int N, int C, gptc_precision p,
+                                cudaStream_t s) {
     if (N <= 0 || C <= 0) return;
     int bf16 = p == GPTC_BF16;
-    int vec8 = bf16 && C % 8 == 0 && aligned16(out) && aligned16(inp) && aligned16(w) &&
-               aligned16(b);
+    int vec8 = bf16 && C % 8 == 0 && aligned16(out) && aligned16(a) && aligned16(w) &&
+               aligned16(b) && (!a2 || (aligned16(a2) && aligned16(res)));
     layernorm_forward_kernel<<<grid_for((size_t)N, LN_WARPS), LN_THREADS, 0, s>>>(
-        out, mean, rstd, inp, w, b, N, C, vec8, bf16);
+        out, mean, rstd, a2 ? res : NULL, a, a2, w, b, N, C, vec8, bf16);
 }
 
 void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
