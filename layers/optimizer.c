@@ -44,18 +44,34 @@ double optim_step(gpt_model *m, const optim_config *c, double grad_norm, long t,
         size_t a, z, state;
         optim_piece(m, b, shard_rank, &a, &z, &state);
         const grad_bucket *bk = &m->buckets[b];
-        for (int i = bk->first_tensor; i < bk->first_tensor + bk->n_tensors; i++) {
-            const param_tensor *p = &m->tensors[i];
-            size_t lo, hi;
-            if (!overlap(p, a, z, &lo, &hi)) continue;
-            float decay = p->decay ? (float)c->weight_decay : 0.0f;
-            size_t s = state + (lo - a); /* this piece's place in the optimizer state */
-            m->be->adamw(m->params + lo,
-                         m->params_act == m->params ? NULL
-                                                    : gptc_act_at(m->params_act, lo, m->prec),
-                         m->grads + lo, (float)coef, m->opt_m + s, m->opt_v + s, hi - lo,
-                         (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps, decay, bc1,
-                         bc2, m->stream);
+        /* adjacent tensors with the same decay are one call: the update is elementwise, so
+         * only the number of launches changes (GPT-2 124M: 148 tensors, fewer runs) */
+        size_t run_lo = 0, run_hi = 0; /* the run not yet updated */
+        float run_decay = 0.0f;
+        for (int i = bk->first_tensor; i <= bk->first_tensor + bk->n_tensors; i++) {
+            size_t lo = 0, hi = 0;
+            float decay = 0.0f;
+            int last = i == bk->first_tensor + bk->n_tensors;
+            if (!last) {
+                const param_tensor *p = &m->tensors[i];
+                if (!overlap(p, a, z, &lo, &hi)) continue;
+                decay = p->decay ? (float)c->weight_decay : 0.0f;
+                if (run_hi > run_lo && lo == run_hi && decay == run_decay) {
+                    run_hi = hi;
+                    continue;
+                }
+            }
+            if (run_hi > run_lo) {
+                size_t s = state + (run_lo - a); /* this run's place in the optimizer state */
+                m->be->adamw(m->params + run_lo,
+                             m->params_act == m->params
+                                 ? NULL
+                                 : gptc_act_at(m->params_act, run_lo, m->prec),
+                             m->grads + run_lo, (float)coef, m->opt_m + s, m->opt_v + s,
+                             run_hi - run_lo, (float)lr, (float)c->beta1, (float)c->beta2,
+                             (float)c->eps, run_decay, bc1, bc2, m->stream);
+            }
+            run_lo = lo, run_hi = hi, run_decay = decay;
         }
     }
     return coef;
