@@ -7,6 +7,7 @@
  * tokens_hdf5_lock(). */
 #define _POSIX_C_SOURCE 200809L
 #include "data/tokens.h"
+#include "data/h5_sources.h"
 #include "engine/h5_filters.h"
 
 #include <errno.h>
@@ -196,6 +197,7 @@ static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen
         return -1;
     }
     if (read_length(f, err, errlen) || check_element_type(f, err, errlen) ||
+        h5_check_sources(f->file, f->dset, f->path, "data.path", err, errlen) ||
         read_vocab(f, model_vocab, err, errlen))
         return -1;
     return 0;

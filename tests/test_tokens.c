@@ -600,6 +600,125 @@ static void test_cli(const char *bin) {
     check(access(stopped, F_OK) != 0, "cli: a run stopped by SIGINT wrote %s", stopped);
 }
 
+/* A virtual /tokens of n tokens in vds_name, mapped from the given parts: part k puts
+ * source file files[k] (a name relative to the virtual file, or "." for itself), dataset
+ * dsets[k], elements [0, src_len[k]) of a source of that extent, at tokens [at[k],
+ * at[k] + src_len[k]). */
+static const char *write_vds(const char *vds_name, hsize_t n, int parts,
+                             const char *const *files, const char *const *dsets,
+                             const hsize_t *src_len, const hsize_t *at) {
+    const char *path = tmp_path(vds_name);
+    tokens_hdf5_lock();
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t vspace = H5Screate_simple(1, &n, NULL);
+    for (int k = 0; k < parts; k++) {
+        hid_t src = H5Screate_simple(1, &src_len[k], NULL);
+        H5Sselect_hyperslab(vspace, H5S_SELECT_SET, &at[k], NULL, &src_len[k], NULL);
+        H5Pset_virtual(dcpl, vspace, files[k], dsets[k], src);
+        H5Sclose(src);
+    }
+    H5Sselect_all(vspace);
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t dset = H5Dcreate2(file, "tokens", H5T_STD_U16LE, vspace, H5P_DEFAULT, dcpl,
+                            H5P_DEFAULT);
+    if (file < 0 || dset < 0) {
+        fprintf(stderr, "test_tokens: cannot write %s\n", path);
+        exit(2);
+    }
+    write_attr(file, 1 << 16);
+    H5Dclose(dset);
+    H5Fclose(file);
+    H5Sclose(vspace);
+    H5Pclose(dcpl);
+    tokens_hdf5_unlock();
+    return path;
+}
+
+/* A /tokens stored in the external file ext_name (n uint16 tokens i + 1 from offset 16, of
+ * which only the first have tokens are written to it); returns the HDF5 file's path. */
+static const char *write_external(const char *name, const char *ext_name, hsize_t n,
+                                  hsize_t have) {
+    const char *ext = tmp_path(ext_name);
+    FILE *fp = fopen(ext, "wb");
+    uint16_t pad[8] = {0};
+    fwrite(pad, sizeof pad, 1, fp);
+    for (hsize_t i = 0; i < have; i++) {
+        uint16_t v = (uint16_t)(i + 1);
+        fwrite(&v, sizeof v, 1, fp);
+    }
+    fclose(fp);
+    const char *path = tmp_path(name);
+    tokens_hdf5_lock();
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_external(dcpl, ext, 16, n * 2);
+    hid_t space = H5Screate_simple(1, &n, NULL);
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t dset = H5Dcreate2(file, "tokens", H5T_STD_U16LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (file < 0 || dset < 0) {
+        fprintf(stderr, "test_tokens: cannot write %s\n", path);
+        exit(2);
+    }
+    write_attr(file, 1 << 16);
+    H5Dclose(dset);
+    H5Fclose(file);
+    H5Sclose(space);
+    H5Pclose(dcpl);
+    tokens_hdf5_unlock();
+    return path;
+}
+
+/* Virtual and external /tokens: read through when every source is there; refused, naming
+ * what is missing, when HDF5 would read part of it as zeros. */
+static void test_sources(void) {
+    /* two shards side by side: tokens 1000 + i */
+    write_ramp("shard0.h5", H5T_STD_U16LE, 60, 1000, 1 << 16);
+    write_ramp("shard1.h5", H5T_STD_U16LE, 40, 1060, 1 << 16);
+    const char *files[] = {"shard0.h5", "shard1.h5"}, *dsets[] = {"tokens", "tokens"};
+    hsize_t len[] = {60, 40}, at[] = {0, 60};
+    const char *vds = write_vds("vds.h5", 100, 2, files, dsets, len, at);
+    char err[512] = "";
+    token_file *f = tokens_open(vds, 0, err, sizeof err);
+    check(f != NULL, "vds over two shards: %s", err);
+    if (f) {
+        int32_t got[100]; /* every token, across the shards' boundary at 60 */
+        int same = tokens_count(f) == 100 && tokens_read(f, 0, 100, got, err, sizeof err) == 0;
+        for (int i = 0; same && i < 100; i++) same = got[i] == 1000 + i;
+        check(same, "vds over two shards: the tokens read are not the shards' %s", err);
+        tokens_close(f);
+    }
+    batch_loader *l;
+
+    const char *gone[] = {"shard0.h5", "nowhere.h5"};
+    expect_create_error("vds, missing source file",
+                        write_vds("vds_gone.h5", 100, 2, gone, dsets, len, at), 9, 0,
+                        (const char *const[]){"data.path", "vds_gone.h5", "nowhere.h5",
+                                              "cannot be found", "read as 0", NULL});
+    const char *wrong[] = {"tokens", "other"};
+    expect_create_error("vds, missing source dataset",
+                        write_vds("vds_dset.h5", 100, 2, files, wrong, len, at), 9, 0,
+                        (const char *const[]){"vds_dset.h5", "shard1.h5", "no dataset other",
+                                              NULL});
+    hsize_t too_long[] = {60, 50}; /* shard1 holds 40 */
+    expect_create_error("vds, short source",
+                        write_vds("vds_short.h5", 110, 2, files, dsets, too_long, at), 9, 0,
+                        (const char *const[]){"vds_short.h5", "shard1.h5", "smaller than",
+                                              NULL});
+    hsize_t gap_at[] = {0, 70}; /* tokens 60 .. 69 unmapped */
+    expect_create_error("vds, unmapped tokens",
+                        write_vds("vds_gap.h5", 110, 2, files, dsets, len, gap_at), 9, 0,
+                        (const char *const[]){"vds_gap.h5", "maps no source to token 60",
+                                              "of 110", NULL});
+
+    const char *ext = write_external("ext.h5", "ext.bin", 50, 50);
+    l = loader_create(ext, 9, 2, 0, 2, 0, 0, 0, err, sizeof err);
+    check(l != NULL, "external file: %s", err);
+    loader_destroy(l);
+    expect_create_error("external file too short", write_external("ext_short.h5", "ext_short.bin",
+                                                                  50, 30), 9, 0,
+                        (const char *const[]){"ext_short.h5", "ext_short.bin", "holds 76 bytes",
+                                              "needs 100", NULL});
+}
+
 int main(int argc, char **argv) {
     const char *base = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/test_tokens.XXXXXX", base && *base ? base : "/tmp");
@@ -619,6 +738,7 @@ int main(int argc, char **argv) {
         test_widths();
         test_open_errors();
         test_bad_token();
+        test_sources();
     }
     cleanup();
     if (failures) {
