@@ -178,9 +178,11 @@ typedef struct gptc_backend {
     size_t (*attention_state_floats)(int B, int T, int NH);
     void (*attention_forward)(gptc_act *out, float *att, const gptc_act *qkv, int B, int T,
                               int C, int NH, gptc_stream *s);
-    /* act dqkv[B,T,3C] = ; act dout, out (the forward's output), qkv;
-     * datt[attention_state_floats] (fp32) is scratch */
-    void (*attention_backward)(gptc_act *dqkv, float *datt, const gptc_act *dout,
+    /* act dqkv[B,T,3C] = ; dbias[3C] += column sums of dqkv (skipped when NULL: the bias
+     * gradient of the projection that made qkv, which a GPU adds while the values are in
+     * its registers instead of reading dqkv again); act dout, out (the forward's output),
+     * qkv; datt[attention_state_floats] (fp32) is scratch */
+    void (*attention_backward)(gptc_act *dqkv, float *dbias, float *datt, const gptc_act *dout,
                                const gptc_act *out, const gptc_act *qkv, const float *att,
                                int B, int T, int C, int NH, gptc_stream *s);
 

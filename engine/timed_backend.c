@@ -188,11 +188,11 @@ static void t_attention_forward(gptc_act *out, float *att, const gptc_act *qkv, 
     scan_act("attention_fwd", out, (size_t)B * T * C);
 }
 
-static void t_attention_backward(gptc_act *dqkv, float *datt, const gptc_act *dout,
+static void t_attention_backward(gptc_act *dqkv, float *dbias, float *datt, const gptc_act *dout,
                                  const gptc_act *out, const gptc_act *qkv, const float *att,
                                  int B, int T, int C, int NH, gptc_stream *s) {
     op_start t0 = begin("attention_bwd", s);
-    g_inner->attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, s);
+    g_inner->attention_backward(dqkv, dbias, datt, dout, out, qkv, att, B, T, C, NH, s);
     done("attention_bwd", t0, s);
     scan_act("attention_bwd", dqkv, (size_t)B * T * 3 * C);
 }

@@ -489,10 +489,12 @@ static void block_backward(gpt_model *m, layer_acts *la, int l, gptc_act *dfull,
     timing_matmul_role("attn_proj");
     tp_row_parallel_backward(&m->tp, a->dbtc, dw->attprojw, dw->attprojb, dfull, la->atty,
                              w->attprojw, N, d->Cl, C, NULL, s);
-    be->attention_backward(a->dqkv, a->datt, a->dbtc, la->atty, la->qkv, la->att, d->B, d->T,
-                           d->Cl, d->NHl, s);
+    /* the qkv bias gradient comes with dqkv (a GPU adds it while dqkv is in registers), so
+     * the projection's backward skips it */
+    be->attention_backward(a->dqkv, dw->qkvb, a->datt, a->dbtc, la->atty, la->qkv, la->att,
+                           d->B, d->T, d->Cl, d->NHl, s);
     timing_matmul_role("qkv");
-    const gptc_act *dln1 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->qkvw, dw->qkvb, a->dqkv,
+    const gptc_act *dln1 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->qkvw, NULL, a->dqkv,
                                                     la->ln1, w->qkvw, N, C, 3 * d->Cl, 0, s);
     be->layernorm_backward(dres, dw->ln1w, dw->ln1b, dln1, x, w->ln1w, la->ln1_mean, la->ln1_rstd,
                            Nl, C, s);

@@ -284,7 +284,7 @@ static void test_attention(int B, int T, int C, int NH) {
     float *ry = f_randn(ny, 1, 67), *rdqkv = f_randn(nqkv, 1, 68);
     be->set_precision(GPTC_BF16);
     be->attention_forward(y, att, qkv, B, T, C, NH, NULL);
-    be->attention_backward(dqkv, datt, dy, y, qkv, att, B, T, C, NH, NULL);
+    be->attention_backward(dqkv, NULL, datt, dy, y, qkv, att, B, T, C, NH, NULL);
     be->set_precision(GPTC_FP32);
     /* the reference: the bf16 attention on fp32 buffers, the backward reading the stored y */
     cpu_attention_forward_bf16(ry, ratt, wide(qkv, nqkv), B, T, C, NH);
@@ -412,7 +412,7 @@ static void run(int B, int T, int C, int NH) {
     float *att = malloc(natt * sizeof(float)), *datt = malloc(natt * sizeof(float)); /* [B,NH,T,T] */
     float *d16 = malloc(nqkv * sizeof(float)), *d32 = malloc(nqkv * sizeof(float));  /* [B,T,3C] */
     cpu_attention_forward(y32, att, qkv, B, T, C, NH, NULL);
-    cpu_attention_backward(d32, datt, dy, y32, qkv, att, B, T, C, NH, NULL);
+    cpu_attention_backward(d32, NULL, datt, dy, y32, qkv, att, B, T, C, NH, NULL);
     cpu_attention_forward_bf16(y16, att, qkv, B, T, C, NH);
     cpu_attention_backward_bf16(d16, datt, dy, y16, qkv, att, B, T, C, NH);
 

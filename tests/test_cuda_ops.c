@@ -533,7 +533,7 @@ static void ref_attention_backward(float *dqkv, float *datt, const float *dout, 
                                    const float *qkv, const float *att, int B, int T, int C,
                                    int NH) {
     if (act_bf16()) cpu_attention_backward_bf16(dqkv, datt, dout, out, qkv, att, B, T, C, NH);
-    else cpu->attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, NULL);
+    else cpu->attention_backward(dqkv, NULL, datt, dout, out, qkv, att, B, T, C, NH, NULL);
 }
 
 static int g_attention_skips; /* attention_runs_here's "not on this device" */
@@ -559,7 +559,8 @@ static int attention_runs_here(int B, int T, int C, int NH, gptc_precision p) {
     ef = cuda_check_launch();
     snprintf(fwd, sizeof fwd, "%s", cuda_launch_why());
     if (p == GPTC_BF16)
-        cuda_attention_backward_bf16(b_dqkv, d_scratch, b_out, b_out, b_qkv, d_lse, B, T, C, NH, s);
+        cuda_attention_backward_bf16(b_dqkv, NULL, d_scratch, b_out, b_out, b_qkv, d_lse, B, T, C,
+                                     NH, s);
     else cuda_attention_backward(d_dqkv, d_scratch, d_out, d_out, d_qkv, d_lse, B, T, C, NH, s);
     eb = cuda_check_launch();
     snprintf(bwd, sizeof bwd, "%s", cuda_launch_why());
@@ -574,6 +575,20 @@ static int attention_runs_here(int B, int T, int C, int NH, gptc_precision p) {
     gpu->release(d_qkv), gpu->release(d_out), gpu->release(d_dqkv), gpu->release(d_lse);
     gpu->release(d_scratch);
     return 0;
+}
+
+/* d_dbias [C3], which started as init, against init + the column sums of stored [N,C3] (the
+ * dqkv the GPU stored, as floats): the attention backward's fused bias gradient */
+static void check_qkv_bias(const char *what, const float *d_dbias, const float *init,
+                           const float *stored, size_t N, size_t C3) {
+    float *ref = malloc(C3 * sizeof(float)); /* [C3] */
+    for (size_t c = 0; c < C3; c++) {
+        double sum = init[c];
+        for (size_t n = 0; n < N; n++) sum += stored[n * C3 + c];
+        ref[c] = (float)sum;
+    }
+    compare(what, d_dbias, ref, C3, 1e-5);
+    free(ref);
 }
 
 static void test_attention(int B, int T, int C, int NH) {
@@ -598,10 +613,17 @@ static void test_attention(int B, int T, int C, int NH) {
     if (bf16) act_download(out, d_out, ny);
     float *dout = host_randn_act(ny, 1, 31), *dqkv = malloc(nqkv * sizeof(float));
     gptc_act *d_dout = act_to_gpu(dout, ny), *d_dqkv = act_poisoned(nqkv);
+    float *dbias = host_randn((size_t)3 * C, 1, 32), *d_dbias = to_gpu(dbias, (size_t)3 * C);
     ref_attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH);
-    gpu->attention_backward(d_dqkv, d_datt, d_dout, d_out, d_qkv, d_att, B, T, C, NH, NULL);
+    gpu->attention_backward(d_dqkv, d_dbias, d_datt, d_dout, d_out, d_qkv, d_att, B, T, C, NH,
+                            NULL);
     compare_act(bf16 ? "attention_backward dqkv bf16" : "attention_backward dqkv", d_dqkv, dqkv,
                 nqkv, bf16 ? ATT_BF16_TOL : 1e-5);
+    float *stored = act_to_host(d_dqkv, nqkv); /* [B,T,3C] */
+    check_qkv_bias(bf16 ? "attention_backward dbias bf16" : "attention_backward dbias", d_dbias,
+                   dbias, stored, (size_t)B * T, (size_t)3 * C);
+    free(stored), free(dbias);
+    gpu->release(d_dbias);
     free(qkv), free(out), free(att), free(datt), free(dout), free(dqkv);
     gpu->release(d_qkv), gpu->release(d_out), gpu->release(d_att), gpu->release(d_datt);
     gpu->release(d_dout), gpu->release(d_dqkv);
@@ -617,7 +639,7 @@ static void test_attention_unaligned(int B, int T, int C, int NH) {
     float *att = malloc(cpu->attention_state_floats(B, T, NH) * sizeof(float));
     float *datt = malloc(cpu->attention_state_floats(B, T, NH) * sizeof(float));
     cpu->attention_forward(out, att, qkv, B, T, C, NH, NULL);
-    cpu->attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH, NULL);
+    cpu->attention_backward(dqkv, NULL, datt, dout, out, qkv, att, B, T, C, NH, NULL);
     /* [1 + n] each, the view from element 1 */
     float *d_qkv0 = poisoned(nqkv + 1), *d_out0 = poisoned(ny + 1);
     float *d_dout0 = poisoned(ny + 1), *d_dqkv0 = poisoned(nqkv + 1);
@@ -734,7 +756,9 @@ static void test_attention_bf16(int B, int T, int NH, int hs, int offset) {
     cudaStream_t s = cuda_stream_of(NULL);
     cuda_attention_forward_bf16(d_out, d_lse, d_qkv, B, T, C, NH, s);
     int e = cuda_check_launch();
-    cuda_attention_backward_bf16(d_dqkv, d_scratch, d_dout, d_out, d_qkv, d_lse, B, T, C, NH, s);
+    float *dbias = host_randn((size_t)3 * C, 1, 36), *d_dbias = to_gpu(dbias, (size_t)3 * C);
+    cuda_attention_backward_bf16(d_dqkv, d_dbias, d_scratch, d_dout, d_out, d_qkv, d_lse, B, T,
+                                 C, NH, s);
     e = e ? e : cuda_check_launch();
     if (e) {
         printf("FAIL attention bf16 hs=%d launch error %d\n", hs, e);
@@ -757,6 +781,9 @@ static void test_attention_bf16(int B, int T, int NH, int hs, int offset) {
         qkv_part(ref, dqkv, (size_t)B * T, C, k);
         compare_bf16(part_name[k], part, ref, ny, 4 * BF16_U);
     }
+    check_qkv_bias("attention_bwd_bf16 dbias", d_dbias, dbias, got, (size_t)B * T, (size_t)3 * C);
+    free(dbias);
+    gpu->release(d_dbias);
 
     /* the fp32 kernels on the same (bf16-valued) inputs: the rounding must show (where
      * they run on this device) */
@@ -766,8 +793,8 @@ static void test_attention_bf16(int B, int T, int NH, int hs, int offset) {
         float *d_fout = poisoned(ny), *d_flse = poisoned(nlse), *d_fdqkv = poisoned(nqkv);
         float *f = malloc(nqkv * sizeof(float)); /* [B,T,3C] */
         gpu->attention_forward(d_fout, d_flse, d_fqkv, B, T, C, NH, NULL);
-        gpu->attention_backward(d_fdqkv, d_scratch, d_fdout, d_fout, d_fqkv, d_flse, B, T, C, NH,
-                                NULL);
+        gpu->attention_backward(d_fdqkv, NULL, d_scratch, d_fdout, d_fout, d_fqkv, d_flse, B, T, C,
+                                NH, NULL);
         gpu->copy_to_host(f, d_fdqkv, nqkv * sizeof(float), NULL);
         int same = memcmp(got, f, nqkv * sizeof(float)) == 0;
         bf16_from_gpu(got, d_out, ny);
@@ -1003,6 +1030,16 @@ static void test_attention_rows128(void) {
     test_attention_bf16(1, 65, 2, 64, 0);
 }
 
+/* The bf16 attention backward adding the qkv bias gradient itself (GPTC_ATTENTION_BIAS=1,
+ * which test_cuda_ops_emu_attn_bias and test_cuda_ops_attn_bias set): the hs 64 dk/dv
+ * kernel with the staged epilogue on rows128's shapes, the hs 128 kernel, and the run-time
+ * hs one with plain loads; check_qkv_bias compares each sum with the dqkv stored. */
+static void test_attention_bias(void) {
+    test_attention_rows128();
+    test_attention_bf16(1, 200, 1, 128, 0);
+    test_attention_bf16(1, 100, 2, 120, 1);
+}
+
 /* The MLP's products where cuBLASLt has no algorithm with the GELU epilogues (it answers
  * NOT_SUPPORTED; test_cuda_ops_emu_no_gelu runs this with the fake cuBLASLt answering so
  * for every GELU epilogue): the op table must run the GEMM and the GELU kernels instead,
@@ -1064,13 +1101,15 @@ static void test_gemm_candidates(void) {
 /* argv[1] = "quick": the smaller shapes only, for runs under compute-sanitizer, which
  * slows kernels down a hundredfold; "small_smem": test_small_smem_device alone;
  * "no_gelu_epilogue": test_no_gelu_epilogue alone; "gemm_candidates":
- * test_gemm_candidates alone; "attention_rows128": test_attention_rows128 alone. */
+ * test_gemm_candidates alone; "attention_rows128": test_attention_rows128 alone;
+ * "attention_bias": test_attention_bias alone. */
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     int small_smem = argc > 1 && strcmp(argv[1], "small_smem") == 0;
     int no_gelu = argc > 1 && strcmp(argv[1], "no_gelu_epilogue") == 0;
     int candidates = argc > 1 && strcmp(argv[1], "gemm_candidates") == 0;
     int rows128 = argc > 1 && strcmp(argv[1], "attention_rows128") == 0;
+    int attn_bias = argc > 1 && strcmp(argv[1], "attention_bias") == 0;
     char err[256];
     if (cuda_device_count() == 0) {
         printf("skipped: no GPU visible (test_cuda_ops needs one)\n");
@@ -1082,10 +1121,11 @@ int main(int argc, char **argv) {
         printf("FAIL: backend did not start: %s\n", gpu ? "cpu" : err);
         return 1;
     }
-    if (small_smem || no_gelu || candidates || rows128) {
+    if (small_smem || no_gelu || candidates || rows128 || attn_bias) {
         if (small_smem) test_small_smem_device();
         else if (no_gelu) test_no_gelu_epilogue();
         else if (rows128) test_attention_rows128();
+        else if (attn_bias) test_attention_bias();
         else test_gemm_candidates();
         if (g_failures) printf("%d comparison(s) failed\n", g_failures);
         else printf("the ops run on this device match the CPU ops\n");

@@ -129,7 +129,7 @@ static void test_attention(void) {
     float *dqkv = randn(B * T * 3 * C, 1.0f, 11); /* poisoned: backward must overwrite */
     float *datt = zeros(B * NH * T * T);
     att_loss(&c);
-    be->attention_backward(dqkv, datt, c.r, c.out, c.qkv, c.att, B, T, C, NH, NULL);
+    be->attention_backward(dqkv, NULL, datt, c.r, c.out, c.qkv, c.att, B, T, C, NH, NULL);
     check("attention d/qkv", c.qkv, dqkv, B * T * 3 * C, att_loss, &c, 1e-2f, 200);
 }
 

@@ -120,8 +120,8 @@ static void launch(int dir, const bufs *b, const shape *sh, cudaStream_t s) {
     }
     if (dir != FWD) {
         if (b->p == GPTC_BF16)
-            cuda_attention_backward_bf16(b->dqkv, b->scratch, b->dout, b->out, b->qkv, b->lse,
-                                         B, T, C, NH, s);
+            cuda_attention_backward_bf16(b->dqkv, NULL, b->scratch, b->dout, b->out, b->qkv,
+                                         b->lse, B, T, C, NH, s);
         else
             cuda_attention_backward(b->dqkv, b->scratch, b->dout, b->out, b->qkv, b->lse, B, T,
                                     C, NH, s);

@@ -196,6 +196,16 @@ def main():
         record(row)
         rows.append(row)
         steady_ops(trace, os.path.join(OUT, f"bf16_steady_ops_b{micro}.md"))
+    # bf16 with the attention backward adding the qkv bias gradient itself
+    # (GPTC_ATTENTION_BIAS=1, not the default until measured): one pass over dqkv less, but
+    # its hs 64 dk/dv kernel spills more (attention_bf16.cu)
+    if bf and left() >= 30:
+        row = gptc("bf16_attn_bias", micro, BF16_STEPS, [], {"GPTC_ATTENTION_BIAS": "1"},
+                   precision="bf16")
+        if "ms_per_step" in row:
+            row["speedup_vs_bf16"] = bf["ms_per_step"] / row["ms_per_step"]
+        record(row)
+        rows.append(row)
     # then bf16 with each GEMM's first 8 cuBLASLt candidates timed at its first call and
     # the fastest kept (GPTC_GEMM_CANDIDATES): whether the heuristic's first choice leaves
     # time behind; its log says, per product, which candidate won and by how much

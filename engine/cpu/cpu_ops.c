@@ -154,6 +154,20 @@ static void f32_matmul_forward(float *out /* [N,OC] */, const float *inp /* [N,I
                 N, OC, IC, 1.0f, inp, IC, w, w_rows_out ? IC : OC, beta, out, OC);
 }
 
+/* dbias[OC] += the column sums of dout[N,OC]; each thread sums its own band of columns over
+ * all rows, in row order */
+static void f32_column_sums(float *dbias, const float *dout, int N, int OC) {
+    #pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int c0 = (int)((long)OC * id / nt), c1 = (int)((long)OC * (id + 1) / nt);
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * OC;
+            for (int c = c0; c < c1; c++) dbias[c] += d[c];
+        }
+    }
+}
+
 static void f32_matmul_backward(float *dinp /* [N,IC] or NULL */,
                                 float *dw /* [IC,OC], or [OC,IC] when w_rows_out; or NULL */,
                                 float *dbias /* [OC] or NULL */, const float *dout /* [N,OC] */,
@@ -169,18 +183,7 @@ static void f32_matmul_backward(float *dinp /* [N,IC] or NULL */,
         else /* dw[IC,OC] += inp^T @ dout */
             cpu_sgemm(CblasTrans, CblasNoTrans, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dw, OC);
     }
-    if (dbias) {
-        /* each thread sums its own band of columns over all rows */
-        #pragma omp parallel
-        {
-            int nt = omp_get_num_threads(), id = omp_get_thread_num();
-            int c0 = (int)((long)OC * id / nt), c1 = (int)((long)OC * (id + 1) / nt);
-            for (int n = 0; n < N; n++) {
-                const float *d = dout + (size_t)n * OC;
-                for (int c = c0; c < c1; c++) dbias[c] += d[c];
-            }
-        }
-    }
+    if (dbias) f32_column_sums(dbias, dout, N, OC);
 }
 
 static void f32_gelu_forward(float *out, const float *inp, size_t n);
@@ -717,11 +720,14 @@ void cpu_attention_forward(gptc_act *out, float *att, const gptc_act *qkv, int B
     pack(out, o, no);
 }
 
-void cpu_attention_backward(gptc_act *dqkv, float *datt, const gptc_act *dout,
+/* dbias: the sums of dqkv as stored (rounded under bf16), as matmul_backward's bias
+ * gradient reads it */
+void cpu_attention_backward(gptc_act *dqkv, float *dbias, float *datt, const gptc_act *dout,
                             const gptc_act *out, const gptc_act *qkv, const float *att, int B,
                             int T, int C, int NH, gptc_stream *s) {
     if (!bf16()) {
         f32_attention_backward(dqkv, datt, dout, out, qkv, att, B, T, C, NH);
+        if (dbias) f32_column_sums(dbias, dqkv, B * T, 3 * C);
         return;
     }
     size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
@@ -731,6 +737,10 @@ void cpu_attention_backward(gptc_act *dqkv, float *datt, const gptc_act *dout,
     float *dq = take(&next, nqkv);
     cpu_attention_backward_bf16(dq, datt, d, o, q, att, B, T, C, NH);
     pack(dqkv, dq, nqkv);
+    if (dbias) {
+        for (size_t i = 0; i < nqkv; i++) dq[i] = bf16_round(dq[i]); /* what pack stored */
+        f32_column_sums(dbias, dq, B * T, 3 * C);
+    }
 }
 
 void cpu_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_stream *s) {

@@ -40,7 +40,7 @@ void cpu_attention_forward(gptc_act *out, float *att, const gptc_act *qkv, int B
                            int C, int NH, gptc_stream *s);
 /* att and datt hold [B,NH,T,T] probabilities; the backward does not read out under fp32 */
 size_t cpu_attention_state_floats(int B, int T, int NH);
-void cpu_attention_backward(gptc_act *dqkv, float *datt, const gptc_act *dout,
+void cpu_attention_backward(gptc_act *dqkv, float *dbias, float *datt, const gptc_act *dout,
                             const gptc_act *out, const gptc_act *qkv, const float *att, int B,
                             int T, int C, int NH, gptc_stream *s);
 /* The bf16 attention on fp32 buffers (tensor-core flash semantics, cpu_ops.c): what

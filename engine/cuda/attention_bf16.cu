@@ -240,6 +240,46 @@ static __device__ __forceinline__ void store_acc(uint16_t *row0, uint16_t *row8,
     }
 }
 
+/* The block's result rows through shared memory: each lane puts its two rows' fragment of
+ * mul * acc, rounded to bf16 as store_acc rounds it, into st [64][ab_pitch(hs)] (the
+ * warp's 16 rows from row 16 w), in 4-byte pairs. */
+static __device__ __forceinline__ void stage_acc(uint16_t *st, const float acc[AB_MAX_HS / 8][4],
+                                                 float mul, int hs) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, p = ab_pitch(hs);
+    uint16_t *r0 = st + (16 * warp + (lane >> 2)) * p + 2 * (lane & 3), *r8 = r0 + 8 * p;
+#pragma unroll
+    for (int j = 0; j < AB_MAX_HS / 8; j++) {
+        if (8 * j >= hs) break;
+        *(uint32_t *)(r0 + 8 * j) = bf16x2_bits(mul * acc[j][0], mul * acc[j][1]);
+        *(uint32_t *)(r8 + 8 * j) = bf16x2_bits(mul * acc[j][2], mul * acc[j][3]);
+    }
+}
+
+/* After a barrier that follows stage_acc: rows r < nrows of st to dst + r * ld (16 bytes a
+ * thread and consecutive threads along a row when vec, the rows then on 16 bytes; else 2
+ * bytes), and, when dbias is not NULL, dbias[c] += the sum of column c over those rows
+ * (c < hs): the bias gradient of these columns, the values added being the ones stored.
+ * One atomicAdd a column for the block: the order of the blocks' additions varies, as in
+ * cuda_bias_backward. */
+static __device__ __forceinline__ void write_staged(uint16_t *dst, size_t ld, const uint16_t *st,
+                                                    int nrows, int hs, float *dbias, int vec) {
+    int p = ab_pitch(hs), nc = hs / 8;
+    for (int u = threadIdx.x; u < nrows * nc; u += AB_THREADS) {
+        int r = u / nc, c = 8 * (u % nc);
+        if (vec) {
+            *(bf16x8 *)(dst + (size_t)r * ld + c) = *(const bf16x8 *)(st + r * p + c);
+        } else {
+            for (int i = 0; i < 8; i++) dst[(size_t)r * ld + c + i] = st[r * p + c + i];
+        }
+    }
+    if (!dbias) return;
+    for (int c = threadIdx.x; c < hs; c += AB_THREADS) {
+        float sum = 0.0f;
+        for (int r = 0; r < nrows; r++) sum += bf16_to_float(st[r * p + c]);
+        atomicAdd(dbias + c, sum);
+    }
+}
+
 /* Issues the copies of key tile kt (K, then V, rows 64 kt ..) into stage st of KV and
  * commits them, with any copies issued before, as one group. base: q of row 0 of this
  * (batch, head) in qkv [B,T,3C], row pitch ld. */
@@ -514,6 +554,7 @@ static __device__ __forceinline__ void load_query_stage(uint16_t *QdO /* [Q, dO]
 /* what every backward kernel reads and writes, passed by value (kernel parameters) */
 typedef struct {
     uint16_t *dqkv;        /* [B,T,3C] */
+    float *dbias;          /* [3C] += column sums of dqkv, or NULL */
     const uint16_t *dout;  /* [B,T,C] */
     const uint16_t *qkv;   /* [B,T,3C] */
     const float *lse;      /* [B,NH,T] base-2 log-sum-exp of the forward's scores */
@@ -531,9 +572,12 @@ typedef struct {
  * both kinds of product, through the two ldmatrix forms). Writes dk = dK / sqrt(hs) and
  * dv for its keys < T. nst: stages of the streamed tiles, 2 (the next tile loads under
  * this one's products) or 1 (it loads after them: for devices whose blocks cannot have
- * the shared memory of two). */
+ * the shared memory of two). staged: dk and dv leave through shared memory (write_staged:
+ * 16-byte stores, and the bias gradient's sums when a.dbias is set); else each lane
+ * stores its fragments, 2 bytes at a time, and a.dbias must be NULL. */
 static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_smem(hs, nst) */,
-                                                     ab_bwd_args a, int hs, int nst) {
+                                                     ab_bwd_args a, int hs, int nst,
+                                                     int staged) {
     uint16_t *dqkv = a.dqkv;
     const uint16_t *dout = a.dout, *qkv = a.qkv;
     const float *lse = a.lse, *D = a.D;
@@ -587,14 +631,27 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_sme
                              vec);
     }
 
-    uint16_t *krow[2], *vrow[2];
+    if (!staged) { /* each lane stores its own fragments (a.dbias is NULL) */
+        uint16_t *krow[2], *vrow[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        krow[r] = u[r] < T ? dqkv + ((size_t)b * T + u[r]) * ld + C + (size_t)h * hs : NULL;
-        vrow[r] = u[r] < T ? krow[r] + C : NULL;
+        for (int r = 0; r < 2; r++) {
+            krow[r] = u[r] < T ? dqkv + ((size_t)b * T + u[r]) * ld + C + (size_t)h * hs : NULL;
+            vrow[r] = u[r] < T ? krow[r] + C : NULL;
+        }
+        store_acc(krow[0], krow[1], dk, scale, scale, hs);
+        store_acc(vrow[0], vrow[1], dv, 1.0f, 1.0f, hs);
+        return;
     }
-    store_acc(krow[0], krow[1], dk, scale, scale, hs);
-    store_acc(vrow[0], vrow[1], dv, 1.0f, 1.0f, hs);
+    /* dk and dv leave through the query tiles' stages, free since the loop's last barrier */
+    uint16_t *dks = QdO, *dvs = QdO + tile;
+    stage_acc(dks, dk, scale, hs);
+    stage_acc(dvs, dv, 1.0f, hs);
+    __syncthreads();
+    int nrows = T - k0 < AB_TILE ? T - k0 : AB_TILE, out_vec = ((uintptr_t)dqkv & 15u) == 0;
+    uint16_t *krow = dqkv + ((size_t)b * T + k0) * ld + C + (size_t)h * hs; /* dk of key k0 */
+    float *db = a.dbias ? a.dbias + C + (size_t)h * hs : NULL; /* dbias of the k columns */
+    write_staged(krow, ld, dks, nrows, hs, db, out_vec);
+    write_staged(krow + C, ld, dvs, nrows, hs, db ? db + C : NULL, out_vec);
 }
 
 /* Block (bh, y): query tile NT-1-y (the longest loops first); warp w owns queries
@@ -623,7 +680,7 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm /* ab_dq_smem(hs
     size_t ld = 3 * (size_t)C;
     const uint16_t *base = qkv + (size_t)b * T * ld + (size_t)h * hs;
     const uint16_t *dbase = dout + (size_t)b * T * C + (size_t)h * hs;
-    int r0 = 16 * warp + g, tq[2] = {q0 + r0, q0 + r0 + 8}; /* this lane's queries */
+    int r0 = 16 * warp + g; /* this lane's queries: q0 + r0 and q0 + r0 + 8 */
 
     load_tile(Qs, base + (size_t)q0 * ld, ld, T - q0, hs, vec);
     load_tile(dOs, dbase + (size_t)q0 * C, (size_t)C, T - q0, hs, vec);
@@ -651,24 +708,31 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm /* ab_dq_smem(hs
         if (next && nst == 1) load_key_stage(KV, base, C, ld, kt + 1, 0, T, hs, vec);
     }
 
-    uint16_t *qrow[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-        qrow[r] = tq[r] < T ? dqkv + ((size_t)b * T + tq[r]) * ld + (size_t)h * hs : NULL;
-    store_acc(qrow[0], qrow[1], dq, scale, scale, hs);
+    /* dq leaves through the key tiles' stages, free since the loop's last barrier */
+    stage_acc(KV, dq, scale, hs);
+    __syncthreads();
+    int nrows = T - q0 < AB_TILE ? T - q0 : AB_TILE, out_vec = ((uintptr_t)dqkv & 15u) == 0;
+    write_staged(dqkv + ((size_t)b * T + q0) * ld + (size_t)h * hs, ld, KV, nrows, hs,
+                 a.dbias ? a.dbias + (size_t)h * hs : NULL, out_vec);
 }
 
 /* at most 168 registers, for 3 blocks (12 warps) an SM: unbounded, ptxas takes 190 and leaves
- * room for 2; bounded, it spills 16 bytes (sm_90, nvcc 13.0). Which is faster is not yet
- * measured. */
+ * room for 2; bounded, it spills 28 bytes (sm_90, nvcc 13.0). Which is faster is not yet
+ * measured. The staged epilogue spills more (44 bytes stored, 96 loaded), so GPT-2's head
+ * size keeps the plain one unless the bias gradient is fused (ab_bias_fused). */
 __global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 0);
+}
+
+__global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_bias_kernel(ab_bwd_args a) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 1);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv128_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, 128, 2);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 128, 2, 1);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq64_kernel(ab_bwd_args a) {
@@ -684,7 +748,7 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(ab_bwd
 /* any other head size, as the forward's */
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_any_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 2);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 2, 1);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_any_kernel(ab_bwd_args a) {
@@ -697,7 +761,7 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_any_kernel(ab_bw
  * sm_89) */
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_lean_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 1);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 1, 1);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_lean_kernel(ab_bwd_args a) {
@@ -726,6 +790,19 @@ static int ab_fwd_mt(int hs) {
         rows = v && atoi(v) == 128 ? 128 : 64;
     }
     return hs == 64 && rows == 128 ? 2 : 1;
+}
+
+/* 1 when the backward kernels add the qkv bias gradient while they hold dqkv
+ * (GPTC_ATTENTION_BIAS=1), else 0: one pass of cuda_bias_backward over dqkv after them.
+ * Off by default until a GPU run says whether the hs 64 dk/dv kernel's fused epilogue,
+ * which spills more, costs less than the pass it saves; a benchmark compares both. */
+static int ab_bias_fused(void) {
+    static int fused = -1;
+    if (fused < 0) {
+        const char *v = getenv("GPTC_ATTENTION_BIAS");
+        fused = v && atoi(v) == 1;
+    }
+    return fused;
 }
 
 /* nst: stages of the streamed tiles */
@@ -793,9 +870,10 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
     fwd<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec, B * NH);
 }
 
-void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
-                                  const uint16_t *out, const uint16_t *qkv, const float *lse,
-                                  int B, int T, int C, int NH, cudaStream_t s) {
+void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
+                                  const uint16_t *dout, const uint16_t *out, const uint16_t *qkv,
+                                  const float *lse, int B, int T, int C, int NH,
+                                  cudaStream_t s) {
     if (!ab_shape_ok(C, NH, s)) return;
     if (B <= 0 || T <= 0) return;
     int hs = C / NH, vec = ab_vec(qkv, dout);
@@ -803,7 +881,9 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_BF16, s);
     int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
     size_t smem_kv = ab_dkdv_smem(hs, nst), smem_q = ab_dq_smem(hs, nst);
-    ab_bwd_fn dkdv = hs == 64    ? attention_bf16_dkdv64_kernel
+    int fused = dbias && ab_bias_fused();
+    ab_bwd_fn dkdv = hs == 64    ? (fused ? attention_bf16_dkdv64_bias_kernel
+                                          : attention_bf16_dkdv64_kernel)
                      : hs == 128 ? attention_bf16_dkdv128_kernel
                                  : attention_bf16_dkdv_any_kernel;
     ab_bwd_fn dq = hs == 64    ? attention_bf16_dq64_kernel
@@ -817,9 +897,11 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t
         !cuda_smem_ready((const void *)dq, smem_q, what, s))
         return;
     dim3 grid = attention_grid(B, NH, T, hs, AB_TILE, sizeof(uint16_t));
-    ab_bwd_args a = {dqkv, dout, qkv, lse, scratch, T, C, NH, vec, sl2, scale, B * NH};
+    ab_bwd_args a = {dqkv, fused ? dbias : NULL, dout, qkv, lse, scratch, T, C, NH, vec, sl2,
+                     scale, B * NH};
     dkdv<<<grid, AB_THREADS, smem_kv, s>>>(a);
     dq<<<grid, AB_THREADS, smem_q, s>>>(a);
+    if (dbias && !fused) cuda_bias_backward(dbias, dqkv, B * T, 3 * C, GPTC_BF16, s);
 }
 
 } /* extern "C" */

@@ -264,16 +264,20 @@ static void cu_attention_forward(gptc_act *out, float *att, const gptc_act *qkv,
         cuda_attention_forward((float *)out, att, (const float *)qkv, B, T, C, NH, cu(s));
     check_launch("attention_forward");
 }
-static void cu_attention_backward(gptc_act *dqkv, float *datt, const gptc_act *dout,
-                                  const gptc_act *out, const gptc_act *qkv, const float *att,
-                                  int B, int T, int C, int NH, gptc_stream *s) {
-    if (g_precision == GPTC_BF16)
-        cuda_attention_backward_bf16((uint16_t *)dqkv, datt, (const uint16_t *)dout,
+static void cu_attention_backward(gptc_act *dqkv, float *dbias, float *datt,
+                                  const gptc_act *dout, const gptc_act *out, const gptc_act *qkv,
+                                  const float *att, int B, int T, int C, int NH,
+                                  gptc_stream *s) {
+    if (g_precision == GPTC_BF16) {
+        cuda_attention_backward_bf16((uint16_t *)dqkv, dbias, datt, (const uint16_t *)dout,
                                      (const uint16_t *)out, (const uint16_t *)qkv, att, B, T,
                                      C, NH, cu(s));
-    else
+    } else {
         cuda_attention_backward((float *)dqkv, datt, (const float *)dout, (const float *)out,
                                 (const float *)qkv, att, B, T, C, NH, cu(s));
+        /* the fp32 kernels leave it to a pass of its own */
+        if (dbias) cuda_bias_backward(dbias, dqkv, B * T, 3 * C, GPTC_FP32, cu(s));
+    }
     check_launch("attention_backward");
 }
 static void cu_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_stream *s) {

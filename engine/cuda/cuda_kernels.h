@@ -70,9 +70,12 @@ void cuda_attention_dot(float *D, const gptc_act *dout, const gptc_act *out, int
  * up to 128 (otherwise a launch error, as above). */
 void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv, int B, int T,
                                  int C, int NH, cudaStream_t s);
-void cuda_attention_backward_bf16(uint16_t *dqkv, float *scratch, const uint16_t *dout,
-                                  const uint16_t *out, const uint16_t *qkv, const float *lse,
-                                  int B, int T, int C, int NH, cudaStream_t s);
+/* dbias [3C] (or NULL) += the column sums of dqkv as stored, added by the kernels that
+ * hold its values (the bias gradient of the projection that made qkv) */
+void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
+                                  const uint16_t *dout, const uint16_t *out, const uint16_t *qkv,
+                                  const float *lse, int B, int T, int C, int NH,
+                                  cudaStream_t s);
 /* as cuda_attention_smem, for these kernels (hs a multiple of 8 up to 128) */
 size_t cuda_attention_bf16_smem(int hs);
 

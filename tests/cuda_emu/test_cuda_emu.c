@@ -84,7 +84,7 @@ static void test_attention_unsupported(void) {
     /* the bf16 kernels read 16-byte rows: head sizes that are multiples of 8, to 128 */
     cuda_attention_forward_bf16(h, x, h, 1, 1, 36, 3, NULL);
     check_refused("attention bf16 hs=12 fwd", "multiples of 8 up to 128");
-    cuda_attention_backward_bf16(h, x, h, h, h, x, 1, 1, 36, 3, NULL);
+    cuda_attention_backward_bf16(h, NULL, x, h, h, h, x, 1, 1, 36, 3, NULL);
     check_refused("attention bf16 hs=12 bwd", "multiples of 8 up to 128");
     cuda_attention_forward_bf16(h, x, h, 1, 1, 272, 2, NULL);
     check_refused("attention bf16 hs=136 fwd", "multiples of 8 up to 128");
