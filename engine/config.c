@@ -84,6 +84,7 @@ static const key_def KEYS[] = {
     {"profile", "nvtx", K_BOOL, F(nvtx), 0, 1, NULL},
     {"profile", "power", K_BOOL, F(power), 0, 1, NULL},
     {"profile", "contention_probe", K_INT, F(contention_probe), 0, 1 << 30, NULL},
+    {"profile", "warmup", K_INT, F(prof_warmup), 0, 1 << 30, NULL},
 };
 #undef F
 

@@ -62,6 +62,7 @@ typedef struct {
     int nvtx;
     int power;
     int contention_probe;
+    int prof_warmup;  /* profile.warmup: the run's first steps, left out of the report's means */
     char source[CFG_STR_MAX]; /* the config file read (empty: none); a fact, not a key */
 } gptc_config;
 

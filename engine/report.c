@@ -189,10 +189,11 @@ static void mean_steps(const char *rows, int probe, step_means *m) {
     memset(m, 0, sizeof(*m));
     for (const char *p = rows; p && (p = strstr(p, "\"iter_ms\": ")); p++) {
         double a, b, c, d;
-        char flag[8] = "";
+        char flag[8] = "", warm[8] = "";
         if (sscanf(p, "\"iter_ms\": %lf, \"compute_ms\": %lf, \"comm_ms\": %lf, "
-                      "\"exposed_comm_ms\": %lf, \"probe\": %7[a-z]",
-                   &a, &b, &c, &d, flag) != 5 || (strcmp(flag, "true") == 0) != probe)
+                      "\"exposed_comm_ms\": %lf, \"probe\": %7[a-z], \"warmup\": %7[a-z]",
+                   &a, &b, &c, &d, flag, warm) < 5 || (strcmp(flag, "true") == 0) != probe ||
+            strcmp(warm, "true") == 0) /* warm-up steps: in the list, not in the means */
             continue;
         m->n++;
         m->iter += a;
@@ -237,6 +238,9 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
                         const step_means *pol, const step_means *probe, int ranks,
                         long dropped, long omitted, const long untimed[2]) {
     printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in flight)\n");
+    if (timing_warmup() > 0)
+        printf("# the run's first %d step(s) left out as warm-up (profile.warmup): they are "
+               "in the trace only\n", timing_warmup());
     printf("%-20s %-7s %8s %11s %10s %11s %11s %8s %10s %8s\n", "kernel", "kind", "count",
            "total ms", "mean us", "isolated", "overlapped", "slowdown", "probe us", "vs probe");
     for (int i = 0; i < n; i++) {
@@ -317,6 +321,7 @@ static void steps_text(text *t, int rank) {
                "\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f, \"probe\": %s",
             s[i].step, rank, s[i].iter_ms, s[i].compute_ms, s[i].comm_ms, s[i].exposed_comm_ms,
             s[i].probe ? "true" : "false");
+        if (s[i].warmup) put(t, ", \"warmup\": true");
         for (int par = TP_DP; par < TIMING_PARS; par++)
             put(t, ", \"%s_comm_ms\": %.4f, \"%s_exposed_comm_ms\": %.4f", timing_par_name(par),
                 s[i].par_comm_ms[par], timing_par_name(par), s[i].par_exposed_ms[par]);
@@ -434,8 +439,8 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             text head = {0}, tail = {0};
             put(&head, "{\n  \"ranks\": %d,\n  \"dropped_records\": %ld,\n  \"trace_omitted_records\": %ld,\n"
                        "  \"untimed_records\": {\"compute\": %ld, \"comm\": %ld},\n"
-                       "  \"steps\": [\n%s  ],\n  \"kernels\": [\n",
-                size, dropped, omitted, untimed[0], untimed[1], steps);
+                       "  \"warmup_steps\": %d,\n  \"steps\": [\n%s  ],\n  \"kernels\": [\n",
+                size, dropped, omitted, untimed[0], untimed[1], timing_warmup(), steps);
             put(&tail, "  ],\n  \"probe_kernels\": [\n%s  ],\n  \"overlap\": {\"policy_steps\": %ld, "
                        "\"probe_steps\": %ld, \"iter_ms\": %.4f, \"compute_ms\": %.4f, \"comm_ms\": %.4f, "
                        "\"exposed_comm_ms\": %.4f, \"hidden_comm_ms\": %.4f, ",

@@ -20,6 +20,8 @@ int plan_check_supported(const gptc_config *c, const grid *g, char *err, size_t 
         snprintf(err, n, "profile.power = true needs train.device = cuda");
     else if (c->contention_probe > 0 && strcmp(c->timing, "kernel") != 0)
         snprintf(err, n, "profile.contention_probe needs profile.timing = kernel");
+    else if (c->prof_warmup > 0 && strcmp(c->timing, "kernel") != 0)
+        snprintf(err, n, "profile.warmup needs profile.timing = kernel");
     else
         return 0;
     return -1;

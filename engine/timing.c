@@ -28,6 +28,7 @@ static struct {
     timing_ctx ctx;
     long step;
     int probe;
+    int warmup; /* steps of the run left out of the kernel statistics */
     double step_start_ms;
     timing_record *rec;        /* [capacity] this step's records */
     int32_t *ops;              /* [capacity] device timer handle of rec, or -1 (host times) */
@@ -164,6 +165,9 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
     atomic_store(&T.n, kept);
 }
 
+void timing_set_warmup(int n) { T.warmup = n > 0 ? n : 0; }
+int timing_warmup(void) { return T.warmup; }
+
 void timing_begin_step(long step, int probe) {
     T.step = step;
     T.probe = probe;
@@ -287,8 +291,9 @@ void timing_end_step(double iter_ms) {
     size_t nc = union_of(T.rec, n, TK_COMPUTE, -1, T.merged_comp);
     size_t nm = union_of(T.rec, n, TK_COMM, -1, T.merged_comm);
     double comm = total(T.merged_comm, nm);
-    timing_step_summary s = {.step = T.step, .probe = T.probe, .iter_ms = iter_ms,
-                             .compute_ms = total(T.merged_comp, nc) / 1e3, .comm_ms = comm / 1e3,
+    int warm = T.n_steps < T.warmup; /* steps closed before this one, in this run */
+    timing_step_summary s = {.step = T.step, .probe = T.probe, .warmup = warm,
+                             .iter_ms = iter_ms, .compute_ms = total(T.merged_comp, nc) / 1e3, .comm_ms = comm / 1e3,
                              .start_us = (T.step_start_ms - T.origin_ms) * 1e3,
                              .end_us = (timing_now_ms() - T.origin_ms) * 1e3};
     s.exposed_comm_ms = exposed(T.merged_comp, nc, T.merged_comm, nm) / 1e3;
@@ -306,7 +311,7 @@ void timing_end_step(double iter_ms) {
     T.steps[T.n_steps++] = s;
     /* a compute kernel is overlapped when communication was in flight during it; a
      * communication kernel when compute was */
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && !warm; i++) {
         const timing_record *r = &T.rec[i];
         timing_kernel_stats *k = kernel_slot(r->name, r->kind, r->par);
         double us = r->end_us - r->start_us;

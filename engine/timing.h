@@ -68,6 +68,12 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
 void timing_begin_step(long step, int probe);
 /* Closes the step: iter_ms is its wall time. Analyses its records (outside the step). */
 void timing_end_step(double iter_ms);
+/* The run's first n steps (counted from its first timing_begin_step, so a resumed run
+ * warms up too) are warm-up: a GPU's first step loads modules, plans each product and
+ * touches memory for the first time. Their records go to the trace but not into the
+ * kernel statistics, and their step summaries are marked. 0 (the default): none. */
+void timing_set_warmup(int n);
+int timing_warmup(void);
 
 /* Per-step summary of one rank (report "steps"). */
 typedef struct {
@@ -79,6 +85,8 @@ typedef struct {
      * and exposed_comm_ms */
     double par_comm_ms[TIMING_PARS], par_exposed_ms[TIMING_PARS];
     double start_us, end_us; /* the step's span on the run's clock */
+    int warmup;              /* one of the run's first profile.warmup steps: in the trace and
+                              * the steps list, not in the kernel statistics or the means */
     int has_power;           /* profile.power: this rank's GPU readings of the step */
     double energy_j, power_w, sm_clock_mhz;
 } timing_step_summary;

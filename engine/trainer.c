@@ -395,6 +395,7 @@ int train_run(const gptc_config *c, const grid *g) {
             snprintf(err, sizeof(err), "profile.timing = kernel: out of memory for %zu records", per_step);
             goto fail;
         }
+        timing_set_warmup(c->prof_warmup);
         be = timed_backend(be);
     }
 

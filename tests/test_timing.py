@@ -56,9 +56,10 @@ def check_by_parallelism(name, report, events):
     steps in "probe_kernels"), and add up to the kernel's count; compute kernels have none.
     Returns the names that more than one parallelism runs."""
     probe_steps = {(r["rank"], r["step"]) for r in report["steps"] if r["probe"]}
+    warm = {(r["rank"], r["step"]) for r in report["steps"] if r.get("warmup")}
     durs = {}
     for e in events:
-        if e.get("ph") == "X" and e["cat"] == "comm":
+        if e.get("ph") == "X" and e["cat"] == "comm" and (e["pid"], e["args"]["step"]) not in warm:
             key = (e["name"], e["args"]["parallelism"], (e["pid"], e["args"]["step"]) in probe_steps)
             durs.setdefault(key, []).append(e["dur"])
     shared = set()
@@ -327,6 +328,34 @@ def main():
         fail(f"probe: overlap.by_parallelism lacks a parallelism or dp's communication: {ov}")
     if ov["ideal_iter_ms"] > ov["serialized_iter_ms"] + 1e-9:
         fail(f"probe: ideal step {ov['ideal_iter_ms']} longer than the serialized one")
+    # profile.warmup = 1: the first step stays in the trace and the steps list (marked), and
+    # out of every kernel count, mean and the overlap summary
+    ev, rep, _ = timed("warmup", 2, ["--parallel.dp=2", "--overlap.dp=bucket",
+                                     "--profile.contention_probe=2", "--profile.warmup=1"])
+    warm_rows = sorted((r["rank"], r["step"]) for r in rep["steps"] if r.get("warmup"))
+    if rep.get("warmup_steps") != 1 or warm_rows != [(0, 1), (1, 1)]:
+        fail(f"warmup: warmup_steps {rep.get('warmup_steps')}, warm-up rows {warm_rows}: step 1 "
+             f"of both ranks expected")
+    ov = rep["overlap"]
+    if ov["policy_steps"] != 2 or ov["probe_steps"] != 2:
+        fail(f"warmup: the overlap summary counts {ov['policy_steps']} policy and "
+             f"{ov['probe_steps']} probe rows, 2 and 2 expected (step 1 left out)")
+    probe_at = {(r["rank"], r["step"]) for r in rep["steps"] if r["probe"]}
+    for key, probe in (("kernels", False), ("probe_kernels", True)):
+        for k in rep[key]:
+            if k["kind"] != "compute":
+                continue
+            n = sum(1 for e in ev if e.get("ph") == "X" and e["name"] == k["name"] and
+                    e["args"]["step"] > 1 and ((e["pid"], e["args"]["step"]) in probe_at) == probe)
+            if k["count"] != n:
+                fail(f"warmup: {key} {k['name']} counts {k['count']}, the trace's steps after "
+                     f"the first hold {n}")
+    if not any(e.get("ph") == "X" and e["args"]["step"] == 1 for e in ev):
+        fail("warmup: the warm-up step is missing from the trace")
+    if "left out as warm-up" not in STDOUT["warmup"]:
+        fail("warmup: the table does not say the first step was left out")
+    print("ok   profile.warmup = 1: step 1 traced and marked, out of the counts, means and "
+          "overlap summary")
     r = run_train(BASE + ["--parallel.dp=2", "--overlap.dp=bucket", f"--train.log_file={D}/np.jsonl"],
                   np_ranks=2)
     if r.returncode or [(m["loss"], m["grad_norm"]) for m in read_metrics(f"{D}/np.jsonl")] != \

@@ -38,7 +38,8 @@ def run(policy, tag="", env_extra=None):
             os.path.join(BUILD, "gptc-train"), os.path.join(ROOT, "configs", "gpt2-124m.ini"),
             "--model.n_layer=6", "--parallel.dp=2", "--train.global_batch=8", "--train.micro_batch=4",
             "--train.steps=9", f"--overlap.dp={policy}", "--overlap.dp_bucket_mb=25",
-            "--profile.timing=kernel", "--profile.contention_probe=4", f"--profile.report={rep}",
+            "--profile.timing=kernel", "--profile.contention_probe=4", "--profile.warmup=1",
+            f"--profile.report={rep}",
             f"--profile.trace={trace}", f"--data.path={OUT}/tokens.h5"] + EXTRA
     env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **(env_extra or {}))
