@@ -19,7 +19,7 @@ hdf5_inc=$(pkg-config --cflags hdf5 2>/dev/null || echo -I/usr/include/hdf5/seri
 hdf5_lib=$(pkg-config --libs hdf5 2>/dev/null || echo "-L/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5")
 flags=(-std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -I. $hdf5_inc)
 clang "${flags[@]}" tests/fuzz/fuzz_config.c engine/config.c -lm -o "$out/fuzz_config"
-clang "${flags[@]}" tests/fuzz/fuzz_h5.c data/tokens.c engine/checkpoint.c engine/h5_filters.c $hdf5_lib -lpthread -lm \
+clang "${flags[@]}" tests/fuzz/fuzz_h5.c data/tokens.c data/h5_sources.c engine/checkpoint.c engine/h5_filters.c $hdf5_lib -lpthread -lm \
   -o "$out/fuzz_h5"
 
 # seed corpora: the shipped config, a token file and a checkpoint written by gptc itself
