@@ -600,6 +600,21 @@ static void test_cli(const char *bin) {
     check(access(stopped, F_OK) != 0, "cli: a run stopped by SIGINT wrote %s", stopped);
 }
 
+/* A file at path whose uint16 /tokens of shape space is stored as dcpl says (a virtual
+ * dataset's mappings, external files), with vocab_size 65536 on the root; the caller
+ * holds the HDF5 lock. Exits on failure: the test cannot go on. */
+static void create_stored_elsewhere(const char *path, hid_t space, hid_t dcpl) {
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t dset = H5Dcreate2(file, "tokens", H5T_STD_U16LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (file < 0 || dset < 0) {
+        fprintf(stderr, "test_tokens: cannot write %s\n", path);
+        exit(2);
+    }
+    write_attr(file, 1 << 16);
+    H5Dclose(dset);
+    H5Fclose(file);
+}
+
 /* A virtual /tokens of n tokens in vds_name, mapped from the given parts: part k puts
  * source file files[k] (a name relative to the virtual file, or "." for itself), dataset
  * dsets[k], elements [0, src_len[k]) of a source of that extent, at tokens [at[k],
@@ -618,16 +633,7 @@ static const char *write_vds(const char *vds_name, hsize_t n, int parts,
         H5Sclose(src);
     }
     H5Sselect_all(vspace);
-    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    hid_t dset = H5Dcreate2(file, "tokens", H5T_STD_U16LE, vspace, H5P_DEFAULT, dcpl,
-                            H5P_DEFAULT);
-    if (file < 0 || dset < 0) {
-        fprintf(stderr, "test_tokens: cannot write %s\n", path);
-        exit(2);
-    }
-    write_attr(file, 1 << 16);
-    H5Dclose(dset);
-    H5Fclose(file);
+    create_stored_elsewhere(path, vspace, dcpl);
     H5Sclose(vspace);
     H5Pclose(dcpl);
     tokens_hdf5_unlock();
@@ -652,15 +658,7 @@ static const char *write_external(const char *name, const char *ext_name, hsize_
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     H5Pset_external(dcpl, ext, 16, n * 2);
     hid_t space = H5Screate_simple(1, &n, NULL);
-    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    hid_t dset = H5Dcreate2(file, "tokens", H5T_STD_U16LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    if (file < 0 || dset < 0) {
-        fprintf(stderr, "test_tokens: cannot write %s\n", path);
-        exit(2);
-    }
-    write_attr(file, 1 << 16);
-    H5Dclose(dset);
-    H5Fclose(file);
+    create_stored_elsewhere(path, space, dcpl);
     H5Sclose(space);
     H5Pclose(dcpl);
     tokens_hdf5_unlock();
