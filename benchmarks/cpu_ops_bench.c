@@ -54,7 +54,8 @@ int main(int argc, char **argv) {
     TIME("matmul fwd 4C->C", L, be->matmul_forward(y, x, w, b, N, 4 * C, C, 0, NULL));
     TIME("matmul bwd 4C->C", L, be->matmul_backward(dx, dw, db, y, x, w, N, 4 * C, C, 0, NULL));
     TIME("attention fwd", L, be->attention_forward(y, att, qkv, B, T, C, NH, NULL));
-    TIME("attention bwd", L, be->attention_backward(dqkv, NULL, datt, y, y, qkv, att, B, T, C, NH, NULL));
+    TIME("attention bwd", L,
+         be->attention_backward(dqkv, NULL, datt, y, y, qkv, att, B, T, C, NH, NULL));
     TIME("layernorm fwd", 2 * L + 1, be->layernorm_forward(y, mean, rstd, x, w, b, N, C, NULL));
     TIME("layernorm bwd", 2 * L + 1, be->layernorm_backward(dx, dw, db, y, x, w, mean, rstd, N, C, NULL));
     TIME("gelu fwd", L, be->gelu_forward(y, x, (size_t)N * 4 * C, NULL));

@@ -293,7 +293,8 @@ void timing_end_step(double iter_ms) {
     double comm = total(T.merged_comm, nm);
     int warm = T.n_steps < T.warmup; /* steps closed before this one, in this run */
     timing_step_summary s = {.step = T.step, .probe = T.probe, .warmup = warm,
-                             .iter_ms = iter_ms, .compute_ms = total(T.merged_comp, nc) / 1e3, .comm_ms = comm / 1e3,
+                             .iter_ms = iter_ms, .compute_ms = total(T.merged_comp, nc) / 1e3,
+                             .comm_ms = comm / 1e3,
                              .start_us = (T.step_start_ms - T.origin_ms) * 1e3,
                              .end_us = (timing_now_ms() - T.origin_ms) * 1e3};
     s.exposed_comm_ms = exposed(T.merged_comp, nc, T.merged_comm, nm) / 1e3;

@@ -146,8 +146,9 @@ def main():
                 fail(f"{name}: metrics of step {m['step']}: {k} = {m.get(k)!r}, expected > 0")
     rep = json.load(open(f"{D}/report.json"))
     names = {k["name"]: k for k in rep["kernels"]}
-    for op in ("embedding_fwd", "layernorm_fwd", "add_layernorm_fwd", "qkv_fwd", "attention_fwd", "attention_bwd",
-               "fc_bwd", "lm_head_fwd", "loss", "grad_norm", "adamw", "zero", "allreduce"):
+    for op in ("embedding_fwd", "layernorm_fwd", "add_layernorm_fwd", "qkv_fwd", "attention_fwd",
+               "attention_bwd", "fc_bwd", "lm_head_fwd", "loss", "grad_norm", "adamw", "zero",
+               "allreduce"):
         k = names.get(op)
         if not k or not k["count"] > 0 or not k["mean_us"] > 0:
             fail(f"{name}: report: {op} missing or without time: {k}")

@@ -275,8 +275,8 @@ static void test_embedding(int C) {
 
 /* The residual add fused into the LayerNorm after it (inp, w, b and their copies d_*
  * from test_layernorm): res = inp + inp2 and the LayerNorm of res, against the CPU's add,
- * rounded to the act type, then layernorm; once into fresh buffers (one kernel), once with res over inp2 (the
- * backend falls back to the add and the LayerNorm apart). */
+ * rounded to the act type, then layernorm; once into fresh buffers (one kernel), once
+ * with res over inp2 (the backend falls back to the add and the LayerNorm apart). */
 static void test_add_layernorm(const float *inp, const float *w, const float *b,
                                const gptc_act *d_inp, const gptc_act *d_w, const gptc_act *d_b,
                                int N, int C) {
