@@ -214,17 +214,14 @@ static int check_virtual(hid_t file, hid_t dcpl, const char *path, const char *w
     for (size_t i = 0; i < count && rc == 0; i++) {
         char *fname = mapping_name(dcpl, i, 1), *dname = mapping_name(dcpl, i, 0);
         hid_t vspace = H5Pget_virtual_vspace(dcpl, i), sspace = H5Pget_virtual_srcspace(dcpl, i);
-        int unlimited = vspace < 0 || H5Sis_regular_hyperslab(vspace) < 0 ||
-                        H5Sget_select_npoints(vspace) < 0;
-        if (!unlimited && vspace >= 0) {
-            hsize_t st[1], str[1], cnt[1], blk[1];
-            if (H5Sget_select_type(vspace) == H5S_SEL_HYPERSLABS &&
-                H5Sis_regular_hyperslab(vspace) > 0 &&
-                H5Sget_regular_hyperslab(vspace, st, str, cnt, blk) >= 0 &&
-                (cnt[0] == H5S_UNLIMITED || blk[0] == H5S_UNLIMITED))
-                unlimited = 1;
-        }
-        if (!fname || !dname || sspace < 0) {
+        /* only a regular hyperslab can be unlimited (a count or block of H5S_UNLIMITED) */
+        int unlimited = 0;
+        hsize_t st[1], str[1], cnt[1], blk[1];
+        if (vspace >= 0 && H5Sget_select_type(vspace) == H5S_SEL_HYPERSLABS &&
+            H5Sget_simple_extent_ndims(vspace) == 1 && H5Sis_regular_hyperslab(vspace) > 0 &&
+            H5Sget_regular_hyperslab(vspace, st, str, cnt, blk) >= 0)
+            unlimited = cnt[0] == H5S_UNLIMITED || blk[0] == H5S_UNLIMITED;
+        if (!fname || !dname || vspace < 0 || sspace < 0) {
             set_err(err, errlen, "%s %s: cannot read mapping %zu of the virtual dataset /tokens",
                     what, path, i);
             rc = -1;

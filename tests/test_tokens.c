@@ -665,6 +665,35 @@ static const char *write_external(const char *name, const char *ext_name, hsize_
     return path;
 }
 
+/* A virtual /tokens of 50 tokens mapped from dataset src of its own file (source file
+ * "."), where a dataset "part" holds tokens 7 + i; returns the file's path. */
+static const char *write_vds_self(const char *name, const char *src) {
+    const char *path = tmp_path(name);
+    hsize_t n = 50;
+    uint32_t vals[50];
+    for (int i = 0; i < 50; i++) vals[i] = 7 + (uint32_t)i;
+    tokens_hdf5_lock();
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE), space = H5Screate_simple(1, &n, NULL);
+    H5Pset_virtual(dcpl, space, ".", src, space);
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t part = H5Dcreate2(file, "part", H5T_STD_U16LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                            H5P_DEFAULT);
+    hid_t dset = H5Dcreate2(file, "tokens", H5T_STD_U16LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (file < 0 || part < 0 || dset < 0 ||
+        H5Dwrite(part, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, vals) < 0) {
+        fprintf(stderr, "test_tokens: cannot write %s\n", path);
+        exit(2);
+    }
+    write_attr(file, 1 << 16);
+    H5Dclose(dset);
+    H5Dclose(part);
+    H5Fclose(file);
+    H5Sclose(space);
+    H5Pclose(dcpl);
+    tokens_hdf5_unlock();
+    return path;
+}
+
 /* Virtual and external /tokens: read through when every source is there; refused, naming
  * what is missing, when HDF5 would read part of it as zeros. */
 static void test_sources(void) {
@@ -685,6 +714,21 @@ static void test_sources(void) {
         tokens_close(f);
     }
     batch_loader *l;
+
+    /* a source in the virtual dataset's own file */
+    l = loader_create(write_vds_self("vds_self.h5", "part"), 9, 2, 0, 2, 0, 0, 0, err,
+                      sizeof err);
+    check(l != NULL, "vds over a dataset of its own file: %s", err);
+    if (l) {
+        int32_t in[18], tg[18];
+        int ok = loader_get(l, 1, in, tg, err, sizeof err) == 0;
+        check(ok && in[0] == 7 + 9 * loader_window(l, 1, 0),
+              "vds over a dataset of its own file: its tokens are not read: %s", err);
+        loader_destroy(l);
+    }
+    expect_create_error("vds, missing dataset of its own file",
+                        write_vds_self("vds_self_gone.h5", "absent"), 9, 0,
+                        (const char *const[]){"vds_self_gone.h5", "no dataset absent", NULL});
 
     const char *gone[] = {"shard0.h5", "nowhere.h5"};
     expect_create_error("vds, missing source file",
