@@ -7,7 +7,8 @@
  *
  * A relative source file is looked for as HDF5 does with a default access property list
  * (H5Pset_virtual_prefix and H5Pset_efile_prefix unset): virtual sources under each
- * HDF5_VDS_PREFIX entry, then beside the virtual file, then from the working directory;
+ * HDF5_VDS_PREFIX entry, then beside the virtual file, then from the working directory
+ * (an absolute name that is not there by its last component);
  * external files under HDF5_EXTFILE_PREFIX, else from the working directory. "${ORIGIN}"
  * in a prefix is the directory of the file that holds the dataset. Mappings with
  * printf-style names or unlimited selections are not checked (their extent is found by
@@ -72,20 +73,21 @@ static int under_env(const char *env, const char *origin_dir, const char *name, 
     return 0;
 }
 
-/* Where HDF5 would find source file name of the file at path; 0 if nowhere */
+/* Where HDF5 would find source file name of the file at path; 0 if nowhere. An absolute
+ * name that is not there is looked for by its last component, as HDF5 does. */
 static int find_vds_source(const char *path, const char *name, char *out, size_t len) {
     char dir[4096];
     dir_of(path, dir, sizeof dir);
+    const char *rest = name; /* what the prefixes are put in front of */
     if (name[0] == '/') {
         snprintf(out, len, "%s", name);
         if (is_file(out)) return 1;
+        rest = strrchr(name, '/') + 1;
     }
-    if (under_env("HDF5_VDS_PREFIX", dir, name, out, len)) return 1;
-    if (name[0] != '/') {
-        snprintf(out, len, "%s%s", dir, name);
-        if (is_file(out)) return 1;
-    }
-    snprintf(out, len, "%s", name);
+    if (under_env("HDF5_VDS_PREFIX", dir, rest, out, len)) return 1;
+    snprintf(out, len, "%s%s", dir, rest);
+    if (is_file(out)) return 1;
+    snprintf(out, len, "%s", rest);
     return is_file(out);
 }
 
