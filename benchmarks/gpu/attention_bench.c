@@ -14,6 +14,9 @@
  *   dense: the same over all T^2 pairs (4 x B x NH x T^2 x hs forward), the count that
  *     non-causal figures in the torch / FlashAttention papers use; twice the causal one.
  * The backward includes its rowsum(dout * out) step (cuda_attention_dot), as in training.
+ * With GPTC_BENCH_QKV_BIAS=1 it also takes the qkv bias gradient, as training's backward
+ * does: a pass of cuda_bias_backward after the kernels, or (GPTC_ATTENTION_BIAS=1, bf16)
+ * the kernels' own sums.
  * Before any row is printed, out, lse and dqkv must be finite (they start as NaN, so an
  * element never written fails too). Exits 1 with one line on stderr when there is no GPU,
  * a launch fails or an output is not finite. */
@@ -47,6 +50,7 @@ typedef struct {
     gptc_act *dqkv; /* [B,T,3C] */
     float *lse;     /* [B,NH,T] */
     float *scratch; /* [B,NH,T]: the backward's rowsum(dout * out) */
+    float *dbias;   /* [3C] the qkv bias gradient (GPTC_BENCH_QKV_BIAS=1), or NULL */
 } bufs;
 
 static void *dev_alloc(size_t bytes) {
@@ -102,12 +106,18 @@ static bufs bufs_make(const shape *sh, gptc_precision p) {
     b.dqkv = dev_nan(nqkv * esz);
     b.lse = dev_nan(nlse * sizeof(float));
     b.scratch = dev_nan(nlse * sizeof(float));
+    const char *bias = getenv("GPTC_BENCH_QKV_BIAS");
+    if (bias && atoi(bias) == 1) {
+        b.dbias = dev_alloc(3 * (size_t)sh->C * sizeof(float));
+        cuda_check(cudaMemset(b.dbias, 0, 3 * (size_t)sh->C * sizeof(float)), "cudaMemset");
+    }
     return b;
 }
 
 static void bufs_free(bufs *b) {
-    void *all[6] = {b->qkv, b->out, b->dout, b->dqkv, b->lse, b->scratch};
-    for (int i = 0; i < 6; i++) cuda_check(cudaFree(all[i]), "cudaFree");
+    void *all[7] = {b->qkv, b->out, b->dout, b->dqkv, b->lse, b->scratch, b->dbias};
+    for (int i = 0; i < 7; i++)
+        if (all[i]) cuda_check(cudaFree(all[i]), "cudaFree");
 }
 
 static void launch(int dir, const bufs *b, const shape *sh, cudaStream_t s) {
@@ -120,11 +130,13 @@ static void launch(int dir, const bufs *b, const shape *sh, cudaStream_t s) {
     }
     if (dir != FWD) {
         if (b->p == GPTC_BF16)
-            cuda_attention_backward_bf16(b->dqkv, NULL, b->scratch, b->dout, b->out, b->qkv,
+            cuda_attention_backward_bf16(b->dqkv, b->dbias, b->scratch, b->dout, b->out, b->qkv,
                                          b->lse, B, T, C, NH, s);
         else
             cuda_attention_backward(b->dqkv, b->scratch, b->dout, b->out, b->qkv, b->lse, B, T,
                                     C, NH, s);
+        if (b->p != GPTC_BF16 && b->dbias) /* as the op table does in fp32 */
+            cuda_bias_backward(b->dbias, b->dqkv, B * T, 3 * C, GPTC_FP32, s);
     }
 }
 
@@ -197,10 +209,13 @@ static int run_precision(gptc_precision p, const shape *sh, int warmup, int iter
     size_t bad_out = count_nonfinite_act(b.out, ny, p);
     size_t bad_dqkv = count_nonfinite_act(b.dqkv, nqkv, p);
     size_t bad_lse = count_nonfinite_act(b.lse, nlse, GPTC_FP32);
+    size_t nb = b.dbias ? 3 * (size_t)sh->C : 0;
+    size_t bad_bias = nb ? count_nonfinite_act(b.dbias, nb, GPTC_FP32) : 0;
     bufs_free(&b);
-    if (bad_out || bad_dqkv || bad_lse) {
+    if (bad_out || bad_dqkv || bad_lse || bad_bias) {
         fprintf(stderr, "attention_bench: %s: non-finite outputs: out %zu of %zu, lse %zu of %zu, "
-                "dqkv %zu of %zu\n", pname, bad_out, ny, bad_lse, nlse, bad_dqkv, nqkv);
+                "dqkv %zu of %zu, dbias %zu of %zu\n", pname, bad_out, ny, bad_lse, nlse,
+                bad_dqkv, nqkv, bad_bias, nb);
         return 1;
     }
     double bh = (double)sh->B * sh->NH * sh->hs, T = sh->T;

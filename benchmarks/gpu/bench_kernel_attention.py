@@ -14,6 +14,10 @@ forward+backward:
   gptc-rows128: the same, bf16 at hs 64, with GPTC_ATTENTION_FWD_ROWS=128: the forward
     with 128 queries a block, two m-tiles a warp (attention_bf16.cu); the backward is
     the same kernels as gptc's.
+  gptc-biaspass, gptc-biasfused: the same, bf16 at hs 64, the backward also taking the
+    qkv bias gradient as training's does (GPTC_BENCH_QKV_BIAS=1): by a pass of
+    cuda_bias_backward after the kernels (the default), or by the kernels themselves
+    (GPTC_ATTENTION_BIAS=1); their backward times say which costs less.
   torch: F.scaled_dot_product_attention(is_causal=True) on q, k, v [B,NH,T,hs]: bf16 on
     the flash backend (forced), fp32 on the backend torch picks (named in the row; TF32
     off). The forward runs on inputs that require grad (it then saves the lse, as gptc's
@@ -23,7 +27,7 @@ GPTC_BENCH_ATTN_WARMUP (3), between CUDA events. TFLOP/s two ways: causal (the k
 T(T+1)/2 pairs; forward 2 products x 2 x B x NH x T(T+1)/2 x hs, backward 2.5x, as
 FlashAttention counts) and dense (all T^2 pairs, the non-causal count).
 
-Time: GPTC_BENCH_ATTN_BUDGET_S (default 60) for the whole script, a timeout on every run;
+Time: GPTC_BENCH_ATTN_BUDGET_S (default 90) for the whole script, a timeout on every run;
 a run that fails, times out or would start without budget is recorded as a failed row.
 Exit status: 1 when no gptc row ran (as bench_gpt2.py when no gptc micro-batch ran),
 else 0, whatever the torch rows did.
@@ -41,7 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.environ.get("GPTC_BUILD", os.path.join(ROOT, "build"))
 OUT = os.environ.get("GPTC_BENCH_OUT", os.path.join(ROOT, "gpu-results", "bench_kernel_attention"))
-BUDGET_S = float(os.environ.get("GPTC_BENCH_ATTN_BUDGET_S", "60"))
+BUDGET_S = float(os.environ.get("GPTC_BENCH_ATTN_BUDGET_S", "90"))
 SHAPES = os.environ.get("GPTC_BENCH_ATTN_SHAPES", "8x1024x12x64,32x1024x12x64,8x1024x6x128")
 WARMUP = int(os.environ.get("GPTC_BENCH_ATTN_WARMUP", "3"))
 ITERS = int(os.environ.get("GPTC_BENCH_ATTN_ITERS", "20"))
@@ -245,21 +249,25 @@ def write_table(rows):
         f.write("gptc plain ms: the same kernels in the plain block order (no L2 grouping of "
                 "the (b, h) pairs: GPTC_ATTENTION_GROUP past B * NH). gptc rows128 ms: bf16 "
                 "at hs 64 with GPTC_ATTENTION_FWD_ROWS=128 (the forward with 128 queries a "
-                "block).\n\n")
+                "block). bias pass / bias fused ms: bf16 at hs 64, the backward also taking "
+                "the qkv bias gradient, by a pass after the kernels or by the kernels "
+                "(GPTC_ATTENTION_BIAS=1).\n\n")
         f.write("| shape B,T,NH,hs | precision | direction | gptc ms | gptc plain ms | "
-                "gptc rows128 ms | torch ms | ratio | gptc TFLOP/s | torch TFLOP/s | "
-                "torch backend | note |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+                "gptc rows128 ms | bias pass ms | bias fused ms | torch ms | ratio | "
+                "gptc TFLOP/s | torch TFLOP/s | torch backend | note |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for k in keys:
             g, t = ok.get(("gptc",) + k), ok.get(("torch",) + k)
             gp = ok.get(("gptc-plain",) + k)
             g128 = ok.get(("gptc-rows128",) + k)
+            gbp, gbf = ok.get(("gptc-biaspass",) + k), ok.get(("gptc-biasfused",) + k)
             errs = [f"{r['impl']}: {r['error']}" for r in rows if "error" in r and
                     (r["B"], r["T"], r["NH"], r["hs"], r["precision"], r["direction"]) == k]
             ratio = g["ms"] / t["ms"] if g and t else None
             f.write(f"| {k[0]},{k[1]},{k[2]},{k[3]} | {k[4]} | {k[5]} | "
                     f"{fmt(g and g['ms'], '.3f')} | {fmt(gp and gp['ms'], '.3f')} | "
-                    f"{fmt(g128 and g128['ms'], '.3f')} | "
+                    f"{fmt(g128 and g128['ms'], '.3f')} | {fmt(gbp and gbp['ms'], '.3f')} | "
+                    f"{fmt(gbf and gbf['ms'], '.3f')} | "
                     f"{fmt(t and t['ms'], '.3f')} | "
                     f"{fmt(ratio, '.2f')} | {fmt(g and g['tflops_causal'], '.1f')} | "
                     f"{fmt(t and t['tflops_causal'], '.1f')} | {t['backend'] if t else ''} | "
@@ -292,6 +300,10 @@ def main():
             run_rows("gptc-rows128", "gptc_rows128_bf16", shape,
                      [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
                      {"GPTC_ATTENTION_FWD_ROWS": "128"})
+            for impl, fused in (("gptc-biaspass", "0"), ("gptc-biasfused", "1")):
+                run_rows(impl, impl.replace("-", "_") + "_bf16", shape,
+                         [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
+                         {"GPTC_BENCH_QKV_BIAS": "1", "GPTC_ATTENTION_BIAS": fused})
         worker = [sys.executable, os.path.abspath(__file__), "--torch-worker"]
         run_rows("torch", "torch", shape, worker + dims + [str(WARMUP), str(ITERS)], PRECISIONS,
                  rows)
