@@ -185,12 +185,13 @@ def main():
         record(row)
         rows.append(row)
     # last, with what budget is left: bf16 with per-kernel timing, whose log holds the
-    # per-op table, and whose trace gives steady_ops.py's table of the steps after the
-    # first (the report's means include the first: lazy module loading, ~4x a later step)
+    # per-op table (profile.warmup = 1: the first step, which holds lazy module loading
+    # and is ~4x a later one, left out), and whose trace gives steady_ops.py's table
     if left() >= 30:
         trace = os.path.join(OUT, "bf16_trace.json")
         row = gptc("bf16_timing_cupti", micro, BF16_STEPS,
-                   ["--profile.timing=kernel", f"--profile.trace={trace}"], precision="bf16")
+                   ["--profile.timing=kernel", "--profile.warmup=1", f"--profile.trace={trace}"],
+                   precision="bf16")
         if bf and "ms_per_step" in row:
             row["overhead_vs_off"] = row["ms_per_step"] / bf["ms_per_step"] - 1
         record(row)
