@@ -228,6 +228,13 @@ def main():
     if "comm" in kinds:
         fail("single: a one-rank run recorded communication")
     print(f"ok   one rank: every op recorded once per step ({sum(expect.values())} checked per step)")
+    # the summary gives the steps' wall clock beside iter_ms: the timing's work after each
+    # step (reading the records back, the analysis) lies outside iter_ms, and counts in
+    # its overhead
+    done = re.search(r"mean ([0-9.]+) ms/step, .*wall clock ([0-9.]+) ms/step", STDOUT["single"])
+    if not done or float(done.group(2)) < float(done.group(1)) - 0.05:
+        fail(f"single: the summary lacks the wall clock per step, or it is below iter_ms: "
+             f"{done and done.group(0)}")
 
     # timing changes nothing of the training
     r = run_train(BASE + [f"--train.log_file={D}/plain.jsonl"])
