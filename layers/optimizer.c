@@ -31,6 +31,16 @@ static int overlap(const param_tensor *t, size_t a, size_t b, size_t *lo, size_t
     return *lo < *hi;
 }
 
+/* AdamW over params [lo, hi), one call; state: where lo's optimizer state lies */
+static void adamw_run(gpt_model *m, const optim_config *c, size_t lo, size_t hi, size_t state,
+                      float decay, double coef, double lr, float bc1, float bc2) {
+    m->be->adamw(m->params + lo,
+                 m->params_act == m->params ? NULL : gptc_act_at(m->params_act, lo, m->prec),
+                 m->grads + lo, (float)coef, m->opt_m + state, m->opt_v + state, hi - lo,
+                 (float)lr, (float)c->beta1, (float)c->beta2, (float)c->eps, decay, bc1, bc2,
+                 m->stream);
+}
+
 double optim_step(gpt_model *m, const optim_config *c, double grad_norm, long t, double lr,
                   int shard_rank) {
     double coef = 1.0;
@@ -45,34 +55,26 @@ double optim_step(gpt_model *m, const optim_config *c, double grad_norm, long t,
         optim_piece(m, b, shard_rank, &a, &z, &state);
         const grad_bucket *bk = &m->buckets[b];
         /* adjacent tensors with the same decay are one call: the update is elementwise, so
-         * only the number of launches changes (GPT-2 124M: 148 tensors, fewer runs) */
+         * only the number of launches changes (GPT-2 124M: 148 tensors, 98 runs). The
+         * piece's optimizer state starts at state, element a. */
         size_t run_lo = 0, run_hi = 0; /* the run not yet updated */
         float run_decay = 0.0f;
-        for (int i = bk->first_tensor; i <= bk->first_tensor + bk->n_tensors; i++) {
-            size_t lo = 0, hi = 0;
-            float decay = 0.0f;
-            int last = i == bk->first_tensor + bk->n_tensors;
-            if (!last) {
-                const param_tensor *p = &m->tensors[i];
-                if (!overlap(p, a, z, &lo, &hi)) continue;
-                decay = p->decay ? (float)c->weight_decay : 0.0f;
-                if (run_hi > run_lo && lo == run_hi && decay == run_decay) {
-                    run_hi = hi;
-                    continue;
-                }
+        for (int i = bk->first_tensor; i < bk->first_tensor + bk->n_tensors; i++) {
+            const param_tensor *p = &m->tensors[i];
+            size_t lo, hi;
+            if (!overlap(p, a, z, &lo, &hi)) continue;
+            float decay = p->decay ? (float)c->weight_decay : 0.0f;
+            if (lo == run_hi && run_hi > run_lo && decay == run_decay) {
+                run_hi = hi;
+                continue;
             }
-            if (run_hi > run_lo) {
-                size_t s = state + (run_lo - a); /* this run's place in the optimizer state */
-                m->be->adamw(m->params + run_lo,
-                             m->params_act == m->params
-                                 ? NULL
-                                 : gptc_act_at(m->params_act, run_lo, m->prec),
-                             m->grads + run_lo, (float)coef, m->opt_m + s, m->opt_v + s,
-                             run_hi - run_lo, (float)lr, (float)c->beta1, (float)c->beta2,
-                             (float)c->eps, run_decay, bc1, bc2, m->stream);
-            }
+            if (run_hi > run_lo)
+                adamw_run(m, c, run_lo, run_hi, state + (run_lo - a), run_decay, coef, lr, bc1,
+                          bc2);
             run_lo = lo, run_hi = hi, run_decay = decay;
         }
+        if (run_hi > run_lo)
+            adamw_run(m, c, run_lo, run_hi, state + (run_lo - a), run_decay, coef, lr, bc1, bc2);
     }
     return coef;
 }
