@@ -118,6 +118,15 @@ def torch_row(precision, compile_, micro, timeout=150):
     return row
 
 
+def bf16_variant(tag, micro, env, bf):
+    """gptc bf16 at micro with env added, noted with its speed-up over the bf16 row bf (when
+    that ran)"""
+    row = gptc(tag, micro, BF16_STEPS, [], env, precision="bf16")
+    if bf and "ms_per_step" in row:
+        row["speedup_vs_bf16"] = bf["ms_per_step"] / row["ms_per_step"]
+    return row
+
+
 def steady_ops(trace, out):
     """steady_ops.py's table of trace into out; the trace (tens of MB) is then removed"""
     if not os.path.exists(trace):
@@ -198,10 +207,7 @@ def main():
     # bf16 with the attention forward's 128-query blocks (GPTC_ATTENTION_FWD_ROWS=128, not
     # the default until measured): the whole step's gain or loss beside the bf16 row
     if bf and left() >= 30:
-        row = gptc("bf16_rows128", micro, BF16_STEPS, [],
-                   {"GPTC_ATTENTION_FWD_ROWS": "128"}, precision="bf16")
-        if "ms_per_step" in row:
-            row["speedup_vs_bf16"] = bf["ms_per_step"] / row["ms_per_step"]
+        row = bf16_variant("bf16_rows128", micro, {"GPTC_ATTENTION_FWD_ROWS": "128"}, bf)
         record(row)
         rows.append(row)
     # last, with what budget is left: bf16 with per-kernel timing, whose log holds the
@@ -221,20 +227,14 @@ def main():
     # (GPTC_ATTENTION_BIAS=1, not the default until measured): one pass over dqkv less, but
     # its hs 64 dk/dv kernel spills more (attention_bf16.cu)
     if bf and left() >= 30:
-        row = gptc("bf16_attn_bias", micro, BF16_STEPS, [], {"GPTC_ATTENTION_BIAS": "1"},
-                   precision="bf16")
-        if "ms_per_step" in row:
-            row["speedup_vs_bf16"] = bf["ms_per_step"] / row["ms_per_step"]
+        row = bf16_variant("bf16_attn_bias", micro, {"GPTC_ATTENTION_BIAS": "1"}, bf)
         record(row)
         rows.append(row)
     # then bf16 with each GEMM's first 8 cuBLASLt candidates timed at its first call and
     # the fastest kept (GPTC_GEMM_CANDIDATES): whether the heuristic's first choice leaves
     # time behind; its log says, per product, which candidate won and by how much
     if left() >= 30 and not BF16_ONLY:
-        row = gptc("bf16_gemm_candidates8", micro, BF16_STEPS, [],
-                   {"GPTC_GEMM_CANDIDATES": "8"}, precision="bf16")
-        if bf and "ms_per_step" in row:
-            row["speedup_vs_bf16"] = bf["ms_per_step"] / row["ms_per_step"]
+        row = bf16_variant("bf16_gemm_candidates8", micro, {"GPTC_GEMM_CANDIDATES": "8"}, bf)
         record(row)
         rows.append(row)
     base = next((r["tokens_per_s"] for r in rows if r.get("row") == "fp32" and "tokens_per_s" in r),
