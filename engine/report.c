@@ -288,6 +288,112 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
                untimed[1]);
 }
 
+/* ------------------------------------------------------------------ device kernels */
+
+/* one op's kernel, merged over ranks */
+typedef struct {
+    char op[64], kernel[256];
+    long count;
+    double sum;    /* us */
+    double op_sum; /* us of every kernel of its op: the table's order */
+} merged_device;
+
+static void device_text(text *t) {
+    const timing_device_kernel *d = timing_device_kernels();
+    for (int i = 0; i < timing_n_device_kernels(); i++)
+        put(t, "%s %s %ld %.6f\n", d[i].op, d[i].kernel, d[i].count, d[i].sum_us);
+}
+
+static int by_op_then_kernel(const void *a, const void *b) {
+    const merged_device *x = a, *y = b;
+    if (x->op_sum != y->op_sum) return x->op_sum < y->op_sum ? 1 : -1;
+    int c = strcmp(x->op, y->op);
+    if (c) return c;
+    return x->sum < y->sum ? 1 : x->sum > y->sum ? -1 : 0;
+}
+
+/* Every rank's lines merged by op and kernel, the ops with the most device time first
+ * and each op's kernels by time; returns the length of *out. */
+static int merge_device(const char *lines, merged_device **out) {
+    merged_device *d = NULL;
+    int n = 0, cap = 0;
+    for (const char *p = lines; p && *p;) {
+        merged_device r = {0};
+        int used = 0;
+        if (sscanf(p, "%63s %255s %ld %lf\n%n", r.op, r.kernel, &r.count, &r.sum, &used) != 4 ||
+            used == 0)
+            break;
+        p += used;
+        int i = 0;
+        while (i < n && !(strcmp(d[i].op, r.op) == 0 && strcmp(d[i].kernel, r.kernel) == 0)) i++;
+        if (i == n) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                d = log_realloc(d, sizeof(*d) * (size_t)cap, "the report's device kernels");
+            }
+            d[n++] = r;
+        } else {
+            d[i].count += r.count;
+            d[i].sum += r.sum;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            if (strcmp(d[i].op, d[j].op) == 0) d[i].op_sum += d[j].sum;
+    if (n) qsort(d, (size_t)n, sizeof(*d), by_op_then_kernel);
+    *out = d;
+    return n;
+}
+
+/* How many times op ran (policy steps, every kind), from the merged kernel statistics;
+ * 0 for work outside the ops. */
+static long op_count(const merged_kernel *k, int n, const char *op) {
+    long c = 0;
+    for (int i = 0; i < n; i++)
+        if (!k[i].probe && strcmp(k[i].name, op) == 0) c += k[i].count;
+    return c;
+}
+
+static void device_json(text *t, const merged_device *d, int n, const merged_kernel *k, int nk,
+                        long rows) {
+    for (int i = 0; i < n; i++) {
+        long calls = op_count(k, nk, d[i].op);
+        char a[32];
+        put(t, "    {\"op\": \"%s\", \"kernel\": \"%s\", \"count\": %ld, \"mean_us\": %.4f, "
+               "\"total_us_per_step\": %.4f, \"per_op_call\": %s}%s\n",
+            d[i].op, d[i].kernel, d[i].count, d[i].count ? d[i].sum / d[i].count : 0.0,
+            rows ? d[i].sum / rows : 0.0,
+            num(a, "%.4f", calls ? (double)d[i].count / calls : NAN, "null"), i + 1 < n ? "," : "");
+    }
+}
+
+enum { DEVICE_ROWS = 48, DEVICE_NAME_COLS = 64 };
+
+static void print_device(const merged_device *d, int n, const merged_kernel *k, int nk,
+                         long rows) {
+    if (n == 0) return;
+    printf("\n# device kernels behind each op (CUPTI records, all ranks; '%s' = launched "
+           "outside every op)\n", TIMING_NO_OP);
+    printf("%-20s %-*s %8s %10s %9s\n", "op", DEVICE_NAME_COLS, "kernel", "per call", "mean us",
+           "ms/step");
+    for (int i = 0; i < n && i < DEVICE_ROWS; i++) {
+        long calls = op_count(k, nk, d[i].op);
+        char a[32], name[DEVICE_NAME_COLS + 1];
+        size_t len = strlen(d[i].kernel);
+        if (len > DEVICE_NAME_COLS) /* long cuBLAS names: the start, then the end */
+            snprintf(name, sizeof name, "%.*s..%s", DEVICE_NAME_COLS / 2 - 1, d[i].kernel,
+                     d[i].kernel + len - (DEVICE_NAME_COLS / 2 - 1));
+        else
+            snprintf(name, sizeof name, "%s", d[i].kernel);
+        int same_op = i > 0 && strcmp(d[i - 1].op, d[i].op) == 0;
+        printf("%-20s %-*s %8s %10.1f %9.3f\n", same_op ? "" : d[i].op, DEVICE_NAME_COLS, name,
+               num(a, "%.2f", calls ? (double)d[i].count / calls : NAN, "-"),
+               d[i].count ? d[i].sum / d[i].count : 0.0, rows ? d[i].sum / rows / 1e3 : 0.0);
+    }
+    if (n > DEVICE_ROWS)
+        printf("(%d more in the report's device_kernels)\n", n - DEVICE_ROWS);
+}
+
 /* ------------------------------------------------------------------ writing */
 
 static int write_file(const char *path, const char *what, const char *a, const char *b,
@@ -381,12 +487,15 @@ static void close_list(char *s, size_t n) {
 int report_write(comm_group *world, const char *report_path, const char *trace_path,
                  char *err, size_t errlen) {
     int rank = world ? world->rank : 0, size = world ? world->size : 1, rc = 0;
-    text st = {0}, kt = {0}, tt = {0};
+    text st = {0}, kt = {0}, tt = {0}, dt = {0};
     steps_text(&st, rank);
     kernels_text(&kt);
+    device_text(&dt);
     if (trace_path && trace_path[0]) trace_text(&tt, rank);
     size_t ns, nk, nt = 0;
+    size_t nd;
     char *steps = gather_text(world, &st, &ns), *kern = gather_text(world, &kt, &nk), *trace = NULL;
+    char *dev = gather_text(world, &dt, &nd);
     if (trace_path && trace_path[0]) trace = gather_text(world, &tt, &nt);
     /* dropped records, trace events omitted, untimed compute ops, untimed comm ops */
     double counts[4] = {(double)timing_dropped(),
@@ -402,6 +511,8 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
         step_means pol, probe;
         mean_steps(steps, 0, &pol);
         mean_steps(steps, 1, &probe);
+        merged_device *d = NULL;
+        int ndev = merge_device(dev, &d);
         if (report_path && report_path[0]) {
             text kj = {0}, pj = {0};
             for (int i = 0; i < n; i++) {
@@ -436,15 +547,17 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             close_list(steps, ns);
             if (kj.s) close_list(kj.s, kj.n);
             if (pj.s) close_list(pj.s, pj.n);
-            text head = {0}, tail = {0};
+            text head = {0}, tail = {0}, dj = {0};
+            device_json(&dj, d, ndev, k, n, pol.n);
             put(&head, "{\n  \"ranks\": %d,\n  \"dropped_records\": %ld,\n  \"trace_omitted_records\": %ld,\n"
                        "  \"untimed_records\": {\"compute\": %ld, \"comm\": %ld},\n"
                        "  \"warmup_steps\": %d,\n  \"steps\": [\n%s  ],\n  \"kernels\": [\n",
                 size, dropped, omitted, untimed[0], untimed[1], timing_warmup(), steps);
-            put(&tail, "  ],\n  \"probe_kernels\": [\n%s  ],\n  \"overlap\": {\"policy_steps\": %ld, "
+            put(&tail, "  ],\n  \"probe_kernels\": [\n%s  ],\n  \"device_kernels\": [\n%s  ],\n"
+                       "  \"overlap\": {\"policy_steps\": %ld, "
                        "\"probe_steps\": %ld, \"iter_ms\": %.4f, \"compute_ms\": %.4f, \"comm_ms\": %.4f, "
                        "\"exposed_comm_ms\": %.4f, \"hidden_comm_ms\": %.4f, ",
-                pj.s ? pj.s : "", pol.n, probe.n, pol.iter, pol.compute, pol.comm, pol.exposed,
+                pj.s ? pj.s : "", dj.s ? dj.s : "", pol.n, probe.n, pol.iter, pol.compute, pol.comm, pol.exposed,
                 pol.comm - pol.exposed);
             put(&tail, "\"by_parallelism\": {");
             for (int par = TP_DP; par < TIMING_PARS; par++)
@@ -461,6 +574,7 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             rc = write_file(report_path, "report", head.s, kj.s ? kj.s : "", tail.s, err, errlen);
             free(head.s);
             free(tail.s);
+            free(dj.s);
             free(kj.s);
             free(pj.s);
         }
@@ -470,12 +584,16 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                             "], \"displayTimeUnit\": \"ms\"}\n", err, errlen);
         }
         print_table(k, n, kp, np, &pol, &probe, size, dropped, omitted, untimed);
+        print_device(d, ndev, k, n, pol.n);
+        free(d);
         free(k);
         free(kp);
     }
     free(st.s);
     free(kt.s);
     free(tt.s);
+    free(dt.s);
+    free(dev);
     free(steps);
     free(kern);
     free(trace);

@@ -41,6 +41,10 @@ static struct {
     int n_steps, cap_steps;
     timing_kernel_stats *kernels; /* [cap_kernels], n_kernels used */
     int n_kernels, cap_kernels;
+    timing_device_kernel *dev; /* [cap_dev], n_dev used */
+    int n_dev, cap_dev;
+    const char **op_names;     /* [cap_op_names] this step's record name of each device handle */
+    size_t cap_op_names;
     timing_record *trace;      /* [cap_trace], n_trace used */
     size_t n_trace, cap_trace, trace_limit;
     long trace_omitted;        /* records past trace_limit, timed but not in the trace */
@@ -76,6 +80,8 @@ void timing_shutdown(void) {
     free(T.merged_par);
     free(T.steps);
     free(T.kernels);
+    free(T.dev);
+    free(T.op_names);
     free(T.trace);
     memset(&T, 0, sizeof(T));
 }
@@ -145,10 +151,56 @@ void timing_record_device(const char *name, timing_kind kind, timing_par par, in
     T.ops[i] = op;
 }
 
-void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)) {
+static void add_device_kernel(const char *op, const char *kernel, double us) {
+    timing_device_kernel *d = NULL;
+    for (int i = 0; i < T.n_dev && !d; i++)
+        if (T.dev[i].kernel == kernel && (T.dev[i].op == op || strcmp(T.dev[i].op, op) == 0))
+            d = &T.dev[i];
+    if (!d) {
+        if (T.n_dev == T.cap_dev) {
+            T.cap_dev = T.cap_dev ? 2 * T.cap_dev : 64;
+            T.dev = log_realloc(T.dev, sizeof(*T.dev) * (size_t)T.cap_dev,
+                                "the timing's device kernels");
+        }
+        d = &T.dev[T.n_dev++];
+        *d = (timing_device_kernel){op, kernel, 0, 0.0};
+    }
+    d->count++;
+    d->sum_us += us;
+}
+
+/* Each piece of the step's device work under the name of the op whose handle it carries
+ * (op_names, set for the ops that were read): pieces of an op that was not (untimed, or
+ * its time spoiled) are left out with it. */
+static void add_pieces(int (*piece)(size_t i, int *op, const char **kernel, double *us),
+                       size_t n_handles) {
+    int op;
+    const char *kernel;
+    double us;
+    for (size_t i = 0; piece(i, &op, &kernel, &us) == 0; i++) {
+        const char *name = op == -1 ? TIMING_NO_OP
+                           : op >= 0 && (size_t)op < n_handles ? T.op_names[op]
+                                                                : NULL;
+        if (name && kernel) add_device_kernel(name, kernel, us);
+    }
+}
+
+void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms),
+                           int (*piece)(size_t i, int *op, const char **kernel, double *us)) {
     if (!T.on) return;
-    size_t n = atomic_load(&T.n), kept = 0;
+    size_t n = atomic_load(&T.n), kept = 0, n_handles = 0;
     if (n > T.capacity) n = T.capacity;
+    /* the kernels of warm-up and probe steps stay out, as their ops' statistics do */
+    if (piece && T.n_steps < T.warmup) piece = NULL;
+    if (piece && T.probe) piece = NULL;
+    for (size_t i = 0; piece && i < n; i++)
+        if (T.ops[i] >= 0 && (size_t)T.ops[i] >= n_handles) n_handles = (size_t)T.ops[i] + 1;
+    if (n_handles > T.cap_op_names) {
+        T.op_names = log_realloc(T.op_names, sizeof(*T.op_names) * n_handles,
+                                 "the timing's op names");
+        T.cap_op_names = n_handles;
+    }
+    if (n_handles) memset(T.op_names, 0, sizeof(*T.op_names) * n_handles);
     for (size_t i = 0; i < n; i++) {
         double a, b;
         if (T.ops[i] >= 0) {
@@ -156,6 +208,7 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
                 T.untimed[T.rec[i].kind == TK_COMM]++;
                 continue;
             }
+            if (piece) T.op_names[T.ops[i]] = T.rec[i].name;
             T.rec[i].start_us = (a - T.origin_ms) * 1e3;
             T.rec[i].end_us = (b - T.origin_ms) * 1e3;
             T.ops[i] = -1;
@@ -163,6 +216,7 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
         T.rec[kept++] = T.rec[i];
     }
     atomic_store(&T.n, kept);
+    if (piece) add_pieces(piece, n_handles);
 }
 
 void timing_set_warmup(int n) { T.warmup = n > 0 ? n : 0; }
@@ -334,6 +388,8 @@ void timing_end_step(double iter_ms) {
 int timing_n_steps(void) { return T.n_steps; }
 const timing_step_summary *timing_steps(void) { return T.steps; }
 int timing_n_kernels(void) { return T.n_kernels; }
+int timing_n_device_kernels(void) { return T.n_dev; }
+const timing_device_kernel *timing_device_kernels(void) { return T.dev; }
 const timing_kernel_stats *timing_kernels(void) { return T.kernels; }
 size_t timing_n_trace(void) { return T.n_trace; }
 const timing_record *timing_trace(void) { return T.trace; }

@@ -60,9 +60,12 @@ void timing_record_op(const char *name, timing_kind kind, timing_par par, int st
 void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
                           timing_ctx ctx, int op);
 /* Turns the step's device handles into times (read: the backend's timer_read); ops that
- * ran nothing on the device are dropped. Call after the step's work has completed and
- * before timing_end_step. */
-void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms));
+ * ran nothing on the device are dropped. Where piece is not NULL (the backend's
+ * timer_piece), the step's device kernels are added to timing_device_kernels under the
+ * names of their ops. Call after the step's work has completed and before
+ * timing_end_step. */
+void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms),
+                           int (*piece)(size_t i, int *op, const char **kernel, double *us));
 /* probe: this step runs with every overlap policy forced to none (the contention probe),
  * and its kernels go to separate statistics: the serialized baseline. */
 void timing_begin_step(long step, int probe);
@@ -102,6 +105,19 @@ typedef struct {
     long count, n_isolated, n_overlapped;
     double sum_us, isolated_us, overlapped_us;
 } timing_kernel_stats;
+
+/* The device kernels behind the ops (report "device_kernels"): the kernels, copies and
+ * sets each op's launches ran, by op name and kernel name, over the steps that also make
+ * the kernel statistics (after warm-up, outside contention-probe steps). op is
+ * TIMING_NO_OP for work launched outside every op. Empty unless a timer saw them. */
+#define TIMING_NO_OP "(none)"
+typedef struct {
+    const char *op, *kernel; /* op: a record's name; kernel: lives as long as the run */
+    long count;
+    double sum_us;
+} timing_device_kernel;
+int timing_n_device_kernels(void);
+const timing_device_kernel *timing_device_kernels(void);
 
 /* Attaches GPU readings (profile.power) to the step timing_end_step closed last. */
 void timing_note_power(double energy_j, double power_w, double sm_clock_mhz);

@@ -577,7 +577,8 @@ int train_run(const gptc_config *c, const grid *g) {
         }
         double ms = timing_now_ms() - t0;
         nvtx_pop();
-        if (kernel_timing && m->be->timer_read) timing_resolve_device(m->be->timer_read);
+        if (kernel_timing && m->be->timer_read)
+            timing_resolve_device(m->be->timer_read, m->be->timer_piece);
         timing_end_step(ms);
         power_sample pw = {NAN, NAN, NAN};
         if (c->power) {

@@ -160,6 +160,8 @@ def main():
             fail(f"{name}: report step {st}: implausible times")
         if not st.get("power_w", 0) > 0:
             fail(f"{name}: report step {st}: no power reading")
+    if rep["device_kernels"] or "device kernels behind each op" in out:
+        fail(f"{name}: device kernels from a timer that cannot see them: {rep['device_kernels']}")
     trace = json.load(open(f"{D}/trace.json"))["traceEvents"]
     if not any(e.get("cat") == "comm" for e in trace):
         fail(f"{name}: trace: no communication events")
@@ -186,8 +188,12 @@ def main():
     for st in rep["steps"]:
         if not (0 < st["compute_ms"] <= st["iter_ms"] * 1.05):
             fail(f"{name}: report step {st}: implausible times")
+    n_dev = check_device_kernels(name, rep)
+    if "device kernels behind each op" not in out:
+        fail(f"{name}: no device kernel table on stdout:\n{out[-2000:]}")
     print(f"ok   {name:<24} 1 rank(s): losses, grad norms within {worst:.1e}, parameters "
-          f"{perr:.1e} ({secs:.1f} s); report: {len(cupti_names)} op names timed from CUPTI records")
+          f"{perr:.1e} ({secs:.1f} s); report: {len(cupti_names)} op names timed from CUPTI records, "
+          f"{n_dev} (op, device kernel) pairs")
 
     # the same with cuBLASLt's candidates timed at each product's first call: those calls'
     # ops hold every candidate's runs, so they must be read as untimed: at least one op,
@@ -201,7 +207,9 @@ def main():
     worst, perr = compare(name, ref, got)
     tuned = len(re.findall(r"candidate \d of 3 is the fastest", out))
     plain_untimed = rep["untimed_records"]["compute"]
-    untimed = json.load(open(f"{D}/report_cand.json"))["untimed_records"]["compute"]
+    rep_cand = json.load(open(f"{D}/report_cand.json"))
+    untimed = rep_cand["untimed_records"]["compute"]
+    check_device_kernels(name, rep_cand)
     if tuned == 0 or not plain_untimed < untimed <= plain_untimed + tuned:
         fail(f"{name}: {tuned} products timed their candidates, {untimed} compute records "
              f"untimed, {plain_untimed} without candidates: want 1 to {tuned} more")
@@ -211,6 +219,45 @@ def main():
     check_small_smem_refusal(emu)
     check_old_gpu_refusal(emu)
     print(f"PASS: {len(LAYOUTS) + 4 + len(bf16_runs)} runs of the CUDA host code on the fake runtime match the CPU run")
+
+
+# the kernels the fake cuBLASLt names its products by (tests/cuda_emu/fake_cublaslt.c), and
+# how many each op runs: one product a forward, two a backward (dinp and dw)
+EXPECT_DEVICE = {("fc_gelu_fwd", "emu_gemm_gelu_aux"): 1.0, ("fc_proj_dgelu_bwd", "emu_gemm_dgelu"): 1.0,
+                 ("qkv_fwd", "emu_gemm_bias"): 1.0, ("lm_head_fwd", "emu_gemm"): 1.0,
+                 ("fc_bwd", "emu_gemm"): 2.0, ("attn_proj_bwd", "emu_gemm"): 2.0}
+
+
+def check_device_kernels(name, rep):
+    """The report's device_kernels from CUPTI records: every compute op timed has its
+    kernels, whose time fits inside the op's; the products' kernels at their counts per call
+    (an op whose time was spoiled, as by cuBLASLt candidates, must take its kernels out with
+    it); demangled names; more than one kernel where an op launches several."""
+    dev = rep["device_kernels"]
+    if not dev:
+        fail(f"{name}: report: no device_kernels from the CUPTI records")
+    by_op = {}
+    for d in dev:
+        by_op.setdefault(d["op"], []).append(d)
+        if d["kernel"].startswith("_Z") or not d["count"] > 0:
+            fail(f"{name}: device kernel {d}: mangled name or no count")
+    for k in rep["kernels"]:
+        if k["kind"] != "compute" or not k["count"]:
+            continue
+        mine = by_op.get(k["name"])
+        if not mine:
+            fail(f"{name}: op {k['name']} has no device kernels")
+        busy = sum(d["total_us_per_step"] for d in mine)
+        if busy > k["total_us_per_step"] * 1.001 + 0.01:
+            fail(f"{name}: op {k['name']}: its kernels take {busy:.1f} us a step, more than "
+                 f"the op's {k['total_us_per_step']:.1f}")
+    for (op, kernel), per_call in EXPECT_DEVICE.items():
+        got = [d for d in by_op.get(op, []) if d["kernel"] == kernel]
+        if len(got) != 1 or got[0]["per_op_call"] != per_call:
+            fail(f"{name}: {op}'s {kernel}: want {per_call} a call, got {got} of {by_op.get(op)}")
+    if len({d["kernel"] for d in by_op.get("attention_bwd", [])}) < 2:
+        fail(f"{name}: attention_bwd's kernels: {by_op.get('attention_bwd')}")
+    return len(dev)
 
 
 def check_start_refusal(emu, name, what, d_model, extra_env, want):

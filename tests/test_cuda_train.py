@@ -19,13 +19,44 @@ D = tempfile.mkdtemp(prefix="gptc_cuda_train_")
 VOCAB = 251
 
 
+STDOUT = {}
+
+
 def train(name, ranks, device, extra, extra_env=None):
     metrics, r, _ = train_tiny(D, name, ranks, device, extra, 5, VOCAB, extra_env=extra_env,
                                refused=(), timeout=600)
+    STDOUT[name] = r.stdout
     for line in r.stdout.splitlines():
-        if line.startswith("backend:") or line.startswith("overlap policies"):
+        if line.startswith("backend:") or line.startswith("overlap policies") or \
+                line.startswith("kernel timing:"):
             print(f"     {name}: {line}")
     return metrics
+
+
+def check_device_kernels(rep, cupti):
+    """The report's device_kernels: with CUPTI, every compute op timed has kernels whose
+    time fits in the op's, named as kernel_name names them (not mangled), the attention's
+    among them; with CUDA events, none."""
+    dev = rep["device_kernels"]
+    if not cupti:
+        if dev:
+            fail(f"device_kernels from CUDA events: {dev[:3]}")
+        return 0
+    by_op = {}
+    for d in dev:
+        by_op.setdefault(d["op"], []).append(d)
+        if d["kernel"].startswith("_Z") or not d["count"] > 0 or not d["mean_us"] > 0:
+            fail(f"device kernel {d}: mangled, or no count or time")
+    for k in rep["kernels"]:
+        if k["kind"] != "compute" or not k["count"]:
+            continue
+        busy = sum(d["total_us_per_step"] for d in by_op.get(k["name"], []))
+        if not 0 < busy <= k["total_us_per_step"] * 1.001 + 0.01:
+            fail(f"op {k['name']}: its kernels take {busy:.1f} us a step, the op "
+                 f"{k['total_us_per_step']:.1f}: {by_op.get(k['name'])}")
+    if not any(d["kernel"].startswith("attention_") for d in by_op.get("attention_fwd", [])):
+        fail(f"attention_fwd's kernels: {by_op.get('attention_fwd')}")
+    return len(dev)
 
 
 def compare(name, key, ref, got):
@@ -108,7 +139,9 @@ def main():
     trace = json.load(open(f"{D}/trace.json"))["traceEvents"]
     if not any(e.get("cat") == "comm" for e in trace):
         fail("trace: no communication events")
-    print(f"ok   kernel timing: {len(names)} op names, {len(rep['steps'])} step entries with power")
+    n_dev = check_device_kernels(rep, "kernel timing: CUPTI" in STDOUT["cuda_timed"])
+    print(f"ok   kernel timing: {len(names)} op names, {len(rep['steps'])} step entries with power, "
+          f"{n_dev} (op, device kernel) pairs")
     print(f"PASS: {len(LAYOUTS) + 5} GPU runs match the CPU run")
 
 

@@ -361,6 +361,9 @@ def main():
         fail("warmup: the warm-up step is missing from the trace")
     if "left out as warm-up" not in STDOUT["warmup"]:
         fail("warmup: the table does not say the first step was left out")
+    # the CPU's ops run inline, no device kernels behind them: an empty list, no table
+    if rep.get("device_kernels") != [] or "device kernels behind each op" in STDOUT["warmup"]:
+        fail(f"warmup: device_kernels on the CPU: {rep.get('device_kernels')!r}, [] expected")
     print("ok   profile.warmup = 1: step 1 traced and marked, out of the counts, means and "
           "overlap summary")
     r = run_train(BASE + ["--parallel.dp=2", "--overlap.dp=bucket", f"--train.log_file={D}/np.jsonl"],

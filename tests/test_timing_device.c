@@ -4,11 +4,15 @@
  * saw run nothing is left out of the statistics and counted as untimed
  * (untimed_records), that host-timed records in the same step keep their
  * times, that device handles are not carried into the next step, and that records past
- * the trace's cap are counted, not lost silently. */
+ * the trace's cap are counted, not lost silently. Then the device kernels behind the ops
+ * (timing_device_kernels, from the timer's pieces): each under its op's name, work
+ * outside the ops under TIMING_NO_OP, an untimed op's pieces left out, warm-up and probe
+ * steps left out; and the names kernel_name gives CUPTI's symbols. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/kernel_name.h"
 #include "engine/timing.h"
 
 static int failures;
@@ -44,6 +48,61 @@ static const timing_kernel_stats *kernel(const char *name) {
 
 static int near(double a, double b) { return fabs(a - b) < 1e-6; }
 
+/* the device work of step 1 (op handles as recorded there): two kernels of the first
+ * gemm, NCCL's of the all-reduce, one of the op the timer could not read (op 2), one of
+ * the second gemm, a copy outside every op, and one of a handle no record has */
+static const struct {
+    int op;
+    const char *kernel;
+    double us;
+} PIECES[] = {{0, "k_gemm", 1.5},   {0, "k_epilogue", 0.5}, {1, "nccl_kernel", 2.0},
+              {2, "k_lost", 1.0},   {3, "k_gemm", 1.0},     {-1, "memcpy_HtoD", 0.25},
+              {7, "k_stray", 3.0}};
+static int g_pieces_on = 1; /* 0: the timer sees no kernels */
+
+static int fake_piece(size_t i, int *op, const char **kernel, double *us) {
+    if (!g_pieces_on || i >= sizeof PIECES / sizeof PIECES[0]) return -1;
+    *op = PIECES[i].op, *kernel = PIECES[i].kernel, *us = PIECES[i].us;
+    return 0;
+}
+
+static const timing_device_kernel *device_kernel(const char *op, const char *kernel) {
+    for (int i = 0; i < timing_n_device_kernels(); i++) {
+        const timing_device_kernel *d = &timing_device_kernels()[i];
+        if (strcmp(d->op, op) == 0 && strcmp(d->kernel, kernel) == 0) return d;
+    }
+    return NULL;
+}
+
+static void check_name(const char *symbol, size_t n, const char *want) {
+    char got[256], what[512];
+    kernel_name(symbol, got, n);
+    snprintf(what, sizeof what, "kernel_name(%s) = %s (got %s)", symbol ? symbol : "NULL", want, got);
+    check(strcmp(got, want) == 0, what);
+}
+
+static void check_kernel_names(void) {
+    check_name("_Z24layernorm_forward_kernelPfS_PKfS1_iii", 256, "layernorm_forward_kernel");
+    check_name("_ZN8cublasLt8epilogue4impl12globalKernelILi8ELi32EfEEvv", 256,
+               "cublasLt::epilogue::impl::globalKernel");
+    check_name("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cublas", 256,
+               "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cublas");
+    check_name("_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE",
+               256, "ncclDevKernel_AllReduce_Sum_f32_RING_LL");
+    check_name("_Z10gemmKernelILi128EEvPf", 256, "gemmKernel");
+    check_name("_ZL12local_kernelv", 256, "local_kernel");
+    check_name("_ZN12_GLOBAL__N_16kernelEv", 256, "(anonymous_namespace)::kernel");
+    check_name("_ZSt4swapIiEvRT_S1_", 256, "std::swap");
+    check_name("_ZNK3foo3barEv", 256, "foo::bar");
+    check_name("_Z99short", 256, "_Z99short");          /* a length past the end: as it is */
+    check_name("_Zweird", 256, "_Zweird");
+    check_name("void f(int \"x\")\\", 256, "void_f(int__x_)_"); /* quoting characters */
+    check_name(NULL, 256, "?");
+    check_name("", 256, "?");
+    check_name("abcdefghij", 8, "abcdefg");
+    check_name("_ZN8cublasLt8epilogueE", 12, "cublasLt::e");
+}
+
 int main(void) {
     if (timing_init(1, 64) != 0) return 1;
     timing_set_trace_limit(6); /* steps 1 and 2 keep five records; step 3 one more */
@@ -58,7 +117,7 @@ int main(void) {
     timing_record_device("empty", TK_COMPUTE, TP_NONE, 0, ctx, 2);
     timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, 3);
     timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, g_origin + 1.5, g_origin + 2.5);
-    timing_resolve_device(fake_read);
+    timing_resolve_device(fake_read, fake_piece);
     check(g_reads == 4, "every device record read once, host records not at all");
     timing_end_step(10.0);
 
@@ -77,12 +136,23 @@ int main(void) {
     check(timing_untimed(TK_COMPUTE) == 1 && timing_untimed(TK_COMM) == 0,
           "and counted as an untimed compute record");
     check(timing_n_trace() == 4, "the trace holds the four records that ran");
+    const timing_device_kernel *dg = device_kernel("gemm", "k_gemm");
+    check(dg && dg->count == 2 && near(dg->sum_us, 2.5), "both gemms' k_gemm under gemm");
+    dg = device_kernel("gemm", "k_epilogue");
+    check(dg && dg->count == 1 && near(dg->sum_us, 0.5), "a second kernel of an op kept apart");
+    dg = device_kernel("allreduce", "nccl_kernel");
+    check(dg && dg->count == 1 && near(dg->sum_us, 2.0), "a communication op's kernel");
+    dg = device_kernel(TIMING_NO_OP, "memcpy_HtoD");
+    check(dg && dg->count == 1 && near(dg->sum_us, 0.25), "work outside every op, under (none)");
+    check(!device_kernel("empty", "k_lost") && !device_kernel(TIMING_NO_OP, "k_lost"),
+          "the pieces of an op the timer could not read are left out with it");
+    check(timing_n_device_kernels() == 4, "and a handle no record has is left out too");
 
     /* next step: host records only; nothing of the last step's handles may be read */
     g_reads = 0;
     timing_begin_step(2, 0);
     timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, g_origin + 20, g_origin + 21);
-    timing_resolve_device(fake_read);
+    timing_resolve_device(fake_read, NULL);
     check(g_reads == 0, "handles of an earlier step are not read again");
     timing_end_step(5.0);
     check(kernel("host_op")->count == 2, "host record of the second step counted");
@@ -97,6 +167,35 @@ int main(void) {
     check(kernel("host_op")->count == 4, "records past the trace's cap are still timed");
     check(timing_dropped() == 0, "nothing dropped untimed");
     timing_shutdown();
+
+    /* warm-up and probe steps: in neither the op statistics nor the device kernels */
+    if (timing_init(1, 64) != 0) return 1;
+    timing_set_warmup(1);
+    timing_set_origin(timing_now_ms());
+    g_origin = timing_now_ms();
+    for (int step = 1; step <= 3; step++) {
+        timing_begin_step(step, step == 2); /* step 1 warms up; step 2 is a probe */
+        timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, 0);
+        timing_resolve_device(fake_read, fake_piece);
+        timing_end_step(10.0);
+        dg = device_kernel("gemm", "k_gemm");
+        if (step < 3) check(timing_n_device_kernels() == 0, step == 1 ? "warm-up step: no device kernels"
+                                                                       : "probe step: no device kernels");
+        else check(dg && dg->count == 1 && near(dg->sum_us, 1.5), "the next step's are counted");
+    }
+    g_pieces_on = 0;
+    timing_begin_step(4, 0);
+    timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, 0);
+    timing_resolve_device(fake_read, fake_piece);
+    timing_end_step(10.0);
+    long policy_gemms = 0; /* steps 3 and 4 (the probe step's have their own entry) */
+    for (int i = 0; i < timing_n_kernels(); i++)
+        if (!timing_kernels()[i].probe && strcmp(timing_kernels()[i].name, "gemm") == 0)
+            policy_gemms += timing_kernels()[i].count;
+    check(device_kernel("gemm", "k_gemm")->count == 1 && policy_gemms == 2,
+          "a timer that sees no kernels adds none, and its ops are timed");
+    timing_shutdown();
+    check_kernel_names();
     if (failures) {
         printf("%d check(s) failed\n", failures);
         return 1;

@@ -10,8 +10,8 @@ Rows (one JSON line each in $GPTC_BENCH_OUT/gpt2.jsonl, a table in gpt2.md):
   then gptc bf16 at twice and four times it (bf16's own largest is the last that fits);
   at the first micro-batch with GPTC_ATTENTION_FWD_ROWS=128 (the attention forward with
   128 queries a block); with kernel timing (its log holds the per-op table of a bf16
-  step, and its trace gives bf16_steady_ops_b*.md, the same for the steps after the
-  first); with GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias
+  step and the device kernels behind each op, bf16_report_b*.json both, and its trace
+  gives bf16_steady_ops_b*.md, the same for the steps after the first); with GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias
   gradient); and, last, with cuBLASLt's first 8 candidates of every GEMM timed and the
   fastest kept (GPTC_GEMM_CANDIDATES=8).
 MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
@@ -211,12 +211,15 @@ def main():
         record(row)
         rows.append(row)
     # last, with what budget is left: bf16 with per-kernel timing, whose log holds the
-    # per-op table (profile.warmup = 1: the first step, which holds lazy module loading
-    # and is ~4x a later one, left out), and whose trace gives steady_ops.py's table
+    # per-op table and the device kernels behind each op (profile.warmup = 1: the first
+    # step, which holds lazy module loading and is ~4x a later one, left out), whose
+    # report keeps both (bf16_report_b*.json), and whose trace gives steady_ops.py's table
     if left() >= 30:
         trace = os.path.join(OUT, "bf16_trace.json")
+        report = os.path.join(OUT, f"bf16_report_b{micro}.json")
         row = gptc("bf16_timing_cupti", micro, BF16_STEPS,
-                   ["--profile.timing=kernel", "--profile.warmup=1", f"--profile.trace={trace}"],
+                   ["--profile.timing=kernel", "--profile.warmup=1", f"--profile.trace={trace}",
+                    f"--profile.report={report}"],
                    precision="bf16")
         if bf and "ms_per_step" in row:
             row.update(overhead(row, bf))

@@ -389,6 +389,12 @@ static int cu_timer_read(int op, double *start_ms, double *end_ms) {
                         : event_timer_read(op, start_ms, end_ms);
 }
 
+/* a spoiled op's pieces come with its handle, which timer_read refused: the report
+ * leaves them out with the op */
+static int cu_timer_piece(size_t i, int *op, const char **kernel, double *us) {
+    return g_cupti == 1 ? cupti_timer_piece(i, op, kernel, us) : -1;
+}
+
 static const gptc_backend CUDA = {
     .name = "cuda",
     .on_device = 1,
@@ -414,6 +420,7 @@ static const gptc_backend CUDA = {
     .timer_begin = cu_timer_begin,
     .timer_end = cu_timer_end,
     .timer_read = cu_timer_read,
+    .timer_piece = cu_timer_piece,
     .embedding_forward = cu_embedding_forward,
     .embedding_backward = cu_embedding_backward,
     .layernorm_forward = cu_layernorm_forward,

@@ -13,8 +13,10 @@
  * The record structs are read through the oldest layouts still shipped (Kernel4, Memcpy,
  * Memset): the fields used here (kind, start, end, correlationId) sit at the same offsets
  * in every later version, so this reads the records of any CUPTI from CUDA 11 to 13. */
+#define _POSIX_C_SOURCE 200809L /* strdup */
 #include "engine/cuda/cuda_internal.h"
 
+#include "engine/kernel_name.h"
 #include "engine/timing.h"
 
 #include <cupti.h>
@@ -28,8 +30,17 @@ enum { BUFFER_BYTES = 4 << 20 };
 
 typedef struct {
     uint32_t corr;
+    int32_t op;       /* the op it belongs to (set by resolve), or -1 */
+    const char *name; /* interned (kernel_of): kernel, copy or set */
     uint64_t start, end;
 } activity;
+
+/* a kernel's name as CUPTI hands it (the same pointer in every record of that kernel)
+ * and as the report gives it */
+typedef struct {
+    const char *symbol;
+    char *name;
+} kernel_entry;
 
 typedef struct {
     uint32_t corr;
@@ -49,6 +60,8 @@ static struct {
     uint64_t *op_span; /* [2 * cap_ops] first start, last end of each op's records */
     int cap_ops;
     long dropped;
+    kernel_entry *kernels; /* [n_kernels] every kernel name seen in the run */
+    size_t n_kernels, cap_kernels;
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
@@ -68,13 +81,41 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
     return 0;
 }
 
-static void keep_activity(uint32_t corr, uint64_t start, uint64_t end) {
+/* The report's name of the kernel CUPTI calls `symbol`, kept for the run: looked up by
+ * CUPTI's pointer, then by name (two symbols may demangle alike). Under g.lock. */
+static const char *kernel_of(const char *symbol) {
+    for (size_t i = 0; i < g.n_kernels; i++)
+        if (g.kernels[i].symbol == symbol) return g.kernels[i].name;
+    char name[256];
+    kernel_name(symbol, name, sizeof name);
+    char *kept = NULL;
+    for (size_t i = 0; i < g.n_kernels && !kept; i++)
+        if (strcmp(g.kernels[i].name, name) == 0) kept = g.kernels[i].name;
+    if (!kept) kept = strdup(name);
+    if (!kept || grow((void **)&g.kernels, &g.cap_kernels, g.n_kernels + 1, sizeof(kernel_entry)))
+        return kept ? kept : "?";
+    g.kernels[g.n_kernels++] = (kernel_entry){symbol, kept};
+    return kept;
+}
+
+static const char *copy_name(uint8_t copy_kind) {
+    switch (copy_kind) { /* CUpti_ActivityMemcpyKind */
+    case 1: return "memcpy_HtoD";
+    case 2: return "memcpy_DtoH";
+    case 8: return "memcpy_DtoD";
+    case 9: return "memcpy_HtoH";
+    case 10: return "memcpy_PtoP";
+    default: return "memcpy";
+    }
+}
+
+static void keep_activity(uint32_t corr, const char *name, uint64_t start, uint64_t end) {
     if (start == 0 || end < start) return; /* flushed before it finished */
     if (grow((void **)&g.acts, &g.cap_acts, g.n_acts + 1, sizeof(activity)) != 0) {
         g.dropped++;
         return;
     }
-    g.acts[g.n_acts++] = (activity){corr, start, end};
+    g.acts[g.n_acts++] = (activity){corr, -1, name, start, end};
 }
 
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
@@ -86,17 +127,17 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
         case CUPTI_ACTIVITY_KIND_KERNEL:
         case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
             const CUpti_ActivityKernel4 *k = (const CUpti_ActivityKernel4 *)r;
-            keep_activity(k->correlationId, k->start, k->end);
+            keep_activity(k->correlationId, kernel_of(k->name), k->start, k->end);
             break;
         }
         case CUPTI_ACTIVITY_KIND_MEMCPY: {
             const CUpti_ActivityMemcpy *m = (const CUpti_ActivityMemcpy *)r;
-            keep_activity(m->correlationId, m->start, m->end);
+            keep_activity(m->correlationId, copy_name(m->copyKind), m->start, m->end);
             break;
         }
         case CUPTI_ACTIVITY_KIND_MEMSET: {
             const CUpti_ActivityMemset *m = (const CUpti_ActivityMemset *)r;
-            keep_activity(m->correlationId, m->start, m->end);
+            keep_activity(m->correlationId, "memset", m->start, m->end);
             break;
         }
         case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
@@ -189,7 +230,9 @@ static void resolve(void) {
     for (size_t i = 0; i < g.n_acts; i++) {
         link key = {g.acts[i].corr, 0};
         const link *l = bsearch(&key, g.links, g.n_links, sizeof(link), by_corr);
+        g.acts[i].op = -1;
         if (!l || (int)l->op >= g.n_ops) continue;
+        g.acts[i].op = (int32_t)l->op;
         uint64_t *span = &g.op_span[2 * l->op];
         if (g.acts[i].start < span[0]) span[0] = g.acts[i].start;
         if (g.acts[i].end > span[1]) span[1] = g.acts[i].end;
@@ -207,4 +250,19 @@ int cupti_timer_read(int op, double *start_ms, double *end_ms) {
     *start_ms = g.origin_ms + (double)(int64_t)(span[0] - g.origin_ts) * 1e-6;
     *end_ms = g.origin_ms + (double)(int64_t)(span[1] - g.origin_ts) * 1e-6;
     return 0;
+}
+
+int cupti_timer_piece(size_t i, int *op, const char **kernel, double *us) {
+    if (!g.resolved) resolve();
+    if (!g.resolved) return -1;
+    pthread_mutex_lock(&g.lock);
+    int rc = -1;
+    if (i < g.n_acts) {
+        *op = g.acts[i].op;
+        *kernel = g.acts[i].name;
+        *us = (double)(g.acts[i].end - g.acts[i].start) * 1e-3;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&g.lock);
+    return rc;
 }

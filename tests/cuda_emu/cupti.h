@@ -54,20 +54,25 @@ typedef struct {
     CUpti_ActivityKind kind;
 } CUpti_Activity;
 
-/* start at 16, end at 24, correlationId at 92, as in every CUpti_ActivityKernelN */
+/* start at 16, end at 24, correlationId at 92, name at 104, as in every
+ * CUpti_ActivityKernelN */
 typedef struct {
     CUpti_ActivityKind kind;
     uint8_t pad0[12];
     uint64_t start, end;
     uint8_t pad1[60];
     uint32_t correlationId;
-    uint8_t pad2[40];
+    uint8_t pad2[8];
+    const char *name;
+    uint8_t pad3[24];
 } CUpti_ActivityKernel4;
 
-/* start at 16, end at 24, correlationId at 44, as in every Memcpy and Memset record */
+/* copyKind at 4 (a memcpy's), start at 16, end at 24, correlationId at 44, as in every
+ * Memcpy and Memset record */
 typedef struct {
     CUpti_ActivityKind kind;
-    uint8_t pad0[12];
+    uint8_t copyKind;
+    uint8_t pad0[11];
     uint64_t start, end;
     uint8_t pad1[12];
     uint32_t correlationId;

@@ -44,11 +44,15 @@ int emu_smem_optin(void);
 
 /* The fake CUPTI's view of the work (fake_cupti.c): a call that puts work on a stream
  * takes a correlation id (0 while CUPTI is off) on the calling thread, and the work,
- * when it ran, reports its span on emu_cupti_now()'s clock (ns). */
+ * when it ran, reports its span on emu_cupti_now()'s clock (ns). A kernel names itself:
+ * `name` is a C-style name that the record gives as the symbol a C++ kernel of that name
+ * has (mangled: _Z<length><name>v), or, with `c_symbol` set, as it is (a C kernel, as
+ * cuBLAS's and NCCL's are); copies and sets pass NULL. */
 typedef enum { EMU_CUPTI_KERNEL, EMU_CUPTI_MEMCPY, EMU_CUPTI_MEMSET } emu_cupti_work_kind;
 uint32_t emu_cupti_api(void);
 uint64_t emu_cupti_now(void);
-void emu_cupti_work(emu_cupti_work_kind what, uint32_t corr, uint64_t start_ns, uint64_t end_ns);
+void emu_cupti_work(emu_cupti_work_kind what, uint32_t corr, const char *name, int c_symbol,
+                    uint64_t start_ns, uint64_t end_ns);
 
 /* Prints "cuda_emu: " msg (with the calling CUDA thread, if any) and aborts. */
 void emu_fail(const char *msg);

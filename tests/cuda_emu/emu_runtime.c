@@ -903,7 +903,7 @@ static void run_launch(void *arg) {
     int kind = host_flag_kind(l->name);
     if (kind) run_host_flag(l->name, kind, l->body, l->ctx, l->ctx_bytes);
     else run_grid(l->name, l->grid, l->block, l->dyn_smem, l->body, l->ctx);
-    emu_cupti_work(EMU_CUPTI_KERNEL, l->corr, t0, emu_cupti_now());
+    emu_cupti_work(EMU_CUPTI_KERNEL, l->corr, l->name, 0, t0, emu_cupti_now());
     l->free_ctx(l->ctx);
     free(l);
 }

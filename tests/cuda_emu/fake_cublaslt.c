@@ -523,7 +523,12 @@ static void run_gemm(void *arg) {
         struct timespec pause = {0, 3000000};
         nanosleep(&pause, NULL);
     }
-    emu_cupti_work(EMU_CUPTI_KERNEL, g->corr, t0, emu_cupti_now());
+    /* named as cuBLAS names its kernels (C symbols), by what this one computed */
+    const char *kname = g->gelu == EPI_GELU    ? "emu_gemm_gelu_aux"
+                        : g->gelu == EPI_DGELU ? "emu_gemm_dgelu"
+                        : g->bias              ? "emu_gemm_bias"
+                                               : "emu_gemm";
+    emu_cupti_work(EMU_CUPTI_KERNEL, g->corr, kname, 1, t0, emu_cupti_now());
     free(g);
 }
 

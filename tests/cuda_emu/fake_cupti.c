@@ -125,7 +125,45 @@ uint32_t emu_cupti_api(void) {
 
 uint64_t emu_cupti_now(void) { return atomic_load(&C.on) ? now_ns() : 0; }
 
-void emu_cupti_work(emu_cupti_work_kind what, uint32_t corr, uint64_t start_ns, uint64_t end_ns) {
+/* The symbol of kernel `name`, one pointer per name for the run, as CUPTI's records
+ * share one name pointer per kernel: mangled as a C++ kernel of no parameters unless
+ * c_symbol. */
+static const char *symbol_of(const char *name, int c_symbol) {
+    static struct {
+        const char *name;
+        int c_symbol;
+        char *symbol;
+    } *seen;
+    static size_t n_seen, cap_seen;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    const char *found = NULL;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_seen && !found; i++)
+        if (seen[i].c_symbol == c_symbol && strcmp(seen[i].name, name) == 0) found = seen[i].symbol;
+    if (!found) {
+        size_t len = strlen(name) + 32;
+        char *sym = malloc(len);
+        if (n_seen == cap_seen) {
+            cap_seen = cap_seen ? 2 * cap_seen : 64;
+            void *grown = realloc(seen, cap_seen * sizeof(*seen));
+            if (!grown) emu_fail("fake CUPTI: out of memory");
+            seen = grown;
+        }
+        if (!sym) emu_fail("fake CUPTI: out of memory");
+        if (c_symbol) snprintf(sym, len, "%s", name);
+        else snprintf(sym, len, "_Z%zu%sv", strlen(name), name);
+        seen[n_seen].name = strdup(name);
+        if (!seen[n_seen].name) emu_fail("fake CUPTI: out of memory");
+        seen[n_seen].c_symbol = c_symbol;
+        seen[n_seen++].symbol = sym;
+        found = sym;
+    }
+    pthread_mutex_unlock(&mu);
+    return found;
+}
+
+void emu_cupti_work(emu_cupti_work_kind what, uint32_t corr, const char *name, int c_symbol,
+                    uint64_t start_ns, uint64_t end_ns) {
     if (!corr || !atomic_load(&C.on)) return;
     if (what == EMU_CUPTI_KERNEL) {
         CUpti_ActivityKind k = kind_on(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) ? CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
@@ -135,6 +173,7 @@ void emu_cupti_work(emu_cupti_work_kind what, uint32_t corr, uint64_t start_ns, 
         CUpti_ActivityKernel4 r;
         memset(&r, 0, sizeof r);
         r.kind = k, r.start = start_ns, r.end = end_ns, r.correlationId = corr;
+        r.name = symbol_of(name ? name : "unnamed", c_symbol);
         put_record(&r, sizeof r);
     } else {
         CUpti_ActivityKind k = what == EMU_CUPTI_MEMCPY ? CUPTI_ACTIVITY_KIND_MEMCPY : CUPTI_ACTIVITY_KIND_MEMSET;

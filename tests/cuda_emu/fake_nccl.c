@@ -699,7 +699,7 @@ static void run_job(void *arg) {
     pthread_mutex_unlock(&c->mu);
     atomic_fetch_sub(&c->running, 1);
     /* a kernel record, as NCCL's kernel makes: from the stream reaching it to its end */
-    emu_cupti_work(EMU_CUPTI_KERNEL, j->corr, t0, emu_cupti_now());
+    emu_cupti_work(EMU_CUPTI_KERNEL, j->corr, "ncclDevKernel_emu", 1, t0, emu_cupti_now());
     free(j);
 }
 

@@ -835,7 +835,7 @@ static void run_copy(void *arg) {
     copy_job *j = arg;
     uint64_t t0 = emu_cupti_now();
     memcpy(j->dst, j->src, j->bytes);
-    emu_cupti_work(EMU_CUPTI_MEMCPY, j->corr, t0, emu_cupti_now());
+    emu_cupti_work(EMU_CUPTI_MEMCPY, j->corr, NULL, 0, t0, emu_cupti_now());
     free(j->owned);
     free(j);
 }
@@ -851,7 +851,7 @@ static void run_set(void *arg) {
     set_job *j = arg;
     uint64_t t0 = emu_cupti_now();
     memset(j->dst, j->value, j->bytes);
-    emu_cupti_work(EMU_CUPTI_MEMSET, j->corr, t0, emu_cupti_now());
+    emu_cupti_work(EMU_CUPTI_MEMSET, j->corr, NULL, 0, t0, emu_cupti_now());
     free(j);
 }
 
