@@ -216,6 +216,14 @@ static void mean_steps(const char *rows, int probe, step_means *m) {
     }
 }
 
+/* The part of a step when no timed op was in flight: on a GPU, the device waiting for the
+ * host (launches, syncs, the step's own bookkeeping before its last sync). iter_ms is the
+ * host's clock and the unions the device's, so a rounding may dip below 0. */
+static double idle_ms(const step_means *m) {
+    double idle = m->iter - m->compute - m->exposed;
+    return idle > 0 ? idle : 0.0;
+}
+
 static const merged_kernel *probe_twin(const merged_kernel *k, int n, const merged_kernel *x) {
     for (int i = 0; i < n; i++)
         if (k[i].probe && k[i].kind == x->kind && strcmp(k[i].name, x->name) == 0) return &k[i];
@@ -263,9 +271,10 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
     }
     if (pol->n)
         printf("per step and rank (mean of %ld over %d rank(s)): iter %.2f ms, compute %.2f ms, "
-               "comm %.2f ms, exposed comm %.2f ms (%.0f%% of comm hidden)\n",
+               "comm %.2f ms, exposed comm %.2f ms (%.0f%% of comm hidden), nothing timed in "
+               "flight %.2f ms\n",
                pol->n, ranks, pol->iter, pol->compute, pol->comm, pol->exposed,
-               pol->comm > 0 ? 100.0 * (pol->comm - pol->exposed) / pol->comm : 0.0);
+               pol->comm > 0 ? 100.0 * (pol->comm - pol->exposed) / pol->comm : 0.0, idle_ms(pol));
     for (int par = TP_DP; pol->n && par < TIMING_PARS; par++)
         if (pol->par_comm[par] > 0)
             printf("  %s communication alone: %.2f ms, exposed %.2f ms (%.0f%% hidden)\n",
@@ -556,9 +565,9 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             put(&tail, "  ],\n  \"probe_kernels\": [\n%s  ],\n  \"device_kernels\": [\n%s  ],\n"
                        "  \"overlap\": {\"policy_steps\": %ld, "
                        "\"probe_steps\": %ld, \"iter_ms\": %.4f, \"compute_ms\": %.4f, \"comm_ms\": %.4f, "
-                       "\"exposed_comm_ms\": %.4f, \"hidden_comm_ms\": %.4f, ",
+                       "\"exposed_comm_ms\": %.4f, \"hidden_comm_ms\": %.4f, \"idle_ms\": %.4f, ",
                 pj.s ? pj.s : "", dj.s ? dj.s : "", pol.n, probe.n, pol.iter, pol.compute, pol.comm, pol.exposed,
-                pol.comm - pol.exposed);
+                pol.comm - pol.exposed, idle_ms(&pol));
             put(&tail, "\"by_parallelism\": {");
             for (int par = TP_DP; par < TIMING_PARS; par++)
                 put(&tail, "%s\"%s\": {\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f, "

@@ -335,6 +335,11 @@ def main():
         fail(f"probe: overlap.by_parallelism lacks a parallelism or dp's communication: {ov}")
     if ov["ideal_iter_ms"] > ov["serialized_iter_ms"] + 1e-9:
         fail(f"probe: ideal step {ov['ideal_iter_ms']} longer than the serialized one")
+    # idle: the policy steps' mean iter_ms less their compute and exposed communication
+    rows = [r for r in rep["steps"] if not r["probe"]]
+    want = sum(r["iter_ms"] - r["compute_ms"] - r["exposed_comm_ms"] for r in rows) / len(rows)
+    if abs(ov["idle_ms"] - max(want, 0.0)) > 1e-3 or "nothing timed in flight" not in STDOUT["probe"]:
+        fail(f"probe: overlap.idle_ms {ov['idle_ms']}, the steps give {want:.4f}")
     # profile.warmup = 1: the first step stays in the trace and the steps list (marked), and
     # out of every kernel count, mean and the overlap summary
     ev, rep, _ = timed("warmup", 2, ["--parallel.dp=2", "--overlap.dp=bucket",
