@@ -182,12 +182,15 @@ typedef struct gptc_backend {
      * softmax probabilities [B,NH,T,T] on the CPU, the rows' log-sum-exp [B,NH,T] on CUDA,
      * whose flash-style kernels recompute the probabilities instead of storing them. */
     size_t (*attention_state_floats)(int B, int T, int NH);
+    /* floats of attention_backward's datt scratch, at least attention_state_floats (NULL:
+     * that many); at the precision set */
+    size_t (*attention_scratch_floats)(int B, int T, int C, int NH);
     void (*attention_forward)(gptc_act *out, float *att, const gptc_act *qkv, int B, int T,
                               int C, int NH, gptc_stream *s);
     /* act dqkv[B,T,3C] = ; dbias[3C] += column sums of dqkv (skipped when NULL: the bias
      * gradient of the projection that made qkv, which a GPU adds while the values are in
      * its registers instead of reading dqkv again); act dout, out (the forward's output),
-     * qkv; datt[attention_state_floats] (fp32) is scratch */
+     * qkv; datt[attention_scratch_floats] (fp32) is scratch */
     void (*attention_backward)(gptc_act *dqkv, float *dbias, float *datt, const gptc_act *dout,
                                const gptc_act *out, const gptc_act *qkv, const float *att,
                                int B, int T, int C, int NH, gptc_stream *s);

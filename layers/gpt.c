@@ -230,7 +230,10 @@ static void layout_acts(gpt_model *m, arena *ar) {
     scratch_views *x = &m->scratch;
     x->dbtc = take(ar, N * C * a);
     x->dqkv = take(ar, N * 3 * Cl * a);
-    x->datt = take(ar, m->be->attention_state_floats((int)B, (int)T, (int)NH) * f);
+    size_t ndatt = m->be->attention_scratch_floats
+                       ? m->be->attention_scratch_floats((int)B, (int)T, (int)Cl, (int)NH)
+                       : m->be->attention_state_floats((int)B, (int)T, (int)NH);
+    x->datt = take(ar, ndatt * f);
     x->dfch = take(ar, N * 4 * Cl * a);
 }
 

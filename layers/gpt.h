@@ -107,7 +107,7 @@ typedef struct {
 typedef struct {
     gptc_act *dbtc;             /* [N,C]; also the forward's row-parallel partial sums */
     gptc_act *dqkv;             /* [N,3Cl] */
-    float *datt;                /* [attention_state_floats(B,T,NHl)] scratch */
+    float *datt;                /* [attention_scratch_floats(B,T,Cl,NHl)] scratch */
     gptc_act *dfch;             /* [N,4Cl] */
 } scratch_views;
 

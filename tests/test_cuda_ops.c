@@ -538,6 +538,13 @@ static void ref_attention_backward(float *dqkv, float *datt, const float *dout, 
 
 static int g_attention_skips; /* attention_runs_here's "not on this device" */
 
+/* floats of a scratch that serves both precisions' attention backward (the bf16 one's may
+ * hold the fused dq's parts) */
+static size_t scratch_floats(int B, int T, int C, int NH) {
+    size_t bf = cuda_attention_bf16_scratch_floats(B, T, C, NH), fp = (size_t)B * NH * T;
+    return bf > fp ? bf : fp;
+}
+
 /* 1 when the attention of precision p at head size C / NH runs on this device
  * (cuda_backend_check_model). Otherwise (fp32 above hs 64 on a 99 KiB sm_86 / sm_89) says
  * so, and checks that both launchers refuse it with a reason that names shared memory
@@ -548,7 +555,7 @@ static int attention_runs_here(int B, int T, int C, int NH, gptc_precision p) {
     g_attention_skips++;
     size_t nqkv = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nlse = (size_t)B * NH * T;
     float *d_qkv = poisoned(nqkv), *d_out = poisoned(ny), *d_dqkv = poisoned(nqkv);
-    float *d_lse = poisoned(nlse), *d_scratch = poisoned(nlse);
+    float *d_lse = poisoned(nlse), *d_scratch = poisoned(scratch_floats(B, T, C, NH));
     cudaStream_t s = cuda_stream_of(NULL);
     /* bf16 buffers: the fp32 ones are large enough */
     uint16_t *b_qkv = (uint16_t *)d_qkv, *b_out = (uint16_t *)d_out, *b_dqkv = (uint16_t *)d_dqkv;
@@ -601,7 +608,7 @@ static void test_attention(int B, int T, int C, int NH) {
     ref_attention_forward(out, att, qkv, B, T, C, NH);
     gptc_act *d_qkv = act_to_gpu(qkv, nqkv), *d_out = act_poisoned(ny);
     size_t ns = gpu->attention_state_floats(B, T, NH);
-    float *d_att = poisoned(ns), *d_datt = poisoned(ns);
+    float *d_att = poisoned(ns), *d_datt = poisoned(gpu->attention_scratch_floats(B, T, C, NH));
     gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, NULL);
     char name[96];
     snprintf(name, sizeof name, "attention_forward T=%d hs=%d%s", T, C / NH, bf16 ? " bf16" : "");
@@ -752,7 +759,7 @@ static void test_attention_bf16(int B, int T, int NH, int hs, int offset) {
     uint16_t *d_qkv0 = bf16_to_gpu(qkv0, nqkv + offset), *d_dout0 = bf16_to_gpu(dout0, ny + offset);
     uint16_t *d_qkv = d_qkv0 + offset, *d_dout = d_dout0 + offset, *d_out = bf16_poisoned(ny);
     uint16_t *d_dqkv = bf16_poisoned(nqkv);
-    float *d_lse = poisoned(nlse), *d_scratch = poisoned(nlse);
+    float *d_lse = poisoned(nlse), *d_scratch = poisoned(scratch_floats(B, T, C, NH));
     cudaStream_t s = cuda_stream_of(NULL);
     cuda_attention_forward_bf16(d_out, d_lse, d_qkv, B, T, C, NH, s);
     int e = cuda_check_launch();
@@ -1040,6 +1047,26 @@ static void test_attention_bias(void) {
     test_attention_bf16(1, 100, 2, 120, 1);
 }
 
+/* The bf16 attention backward with dq from the dk/dv kernel (GPTC_ATTENTION_DQ=fused, hs
+ * 64; test_cuda_ops_emu_dq_fused and test_cuda_ops_dq_fused set it, and the _bias
+ * variants GPTC_ATTENTION_BIAS=1 too): rows128's shapes through the launcher, whose
+ * scratch is poisoned, so a part not written fails; the op table at bf16, whose scratch
+ * the backend sizes; and hs 128 and 32, which keep the dq kernel. */
+static void test_attention_dq_fused(void) {
+    size_t plain = 2 * 2 * 333, fused = cuda_attention_bf16_scratch_floats(2, 333, 128, 2);
+    printf("%s %-28s scratch %zu floats for D's %zu\n", fused > plain ? "ok  " : "FAIL",
+           "fused dq selected", fused, plain);
+    g_failures += !(fused > plain);
+    test_attention_rows128();
+    test_attention_bf16(1, 333, 2, 64, 0); /* 6 query tiles: 21 parts a head */
+    test_attention_bf16(1, 100, 1, 128, 0);
+    test_attention_bf16(2, 37, 3, 32, 0);
+    cpu->set_precision(GPTC_FP32), gpu->set_precision(GPTC_BF16);
+    test_attention(1, 130, 128, 2);
+    test_attention(2, 65, 192, 3);
+    gpu->set_precision(GPTC_FP32);
+}
+
 /* The MLP's products where cuBLASLt has no algorithm with the GELU epilogues (it answers
  * NOT_SUPPORTED; test_cuda_ops_emu_no_gelu runs this with the fake cuBLASLt answering so
  * for every GELU epilogue): the op table must run the GEMM and the GELU kernels instead,
@@ -1102,7 +1129,8 @@ static void test_gemm_candidates(void) {
  * slows kernels down a hundredfold; "small_smem": test_small_smem_device alone;
  * "no_gelu_epilogue": test_no_gelu_epilogue alone; "gemm_candidates":
  * test_gemm_candidates alone; "attention_rows128": test_attention_rows128 alone;
- * "attention_bias": test_attention_bias alone. */
+ * "attention_bias": test_attention_bias alone; "attention_dq_fused":
+ * test_attention_dq_fused alone. */
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     int small_smem = argc > 1 && strcmp(argv[1], "small_smem") == 0;
@@ -1110,6 +1138,7 @@ int main(int argc, char **argv) {
     int candidates = argc > 1 && strcmp(argv[1], "gemm_candidates") == 0;
     int rows128 = argc > 1 && strcmp(argv[1], "attention_rows128") == 0;
     int attn_bias = argc > 1 && strcmp(argv[1], "attention_bias") == 0;
+    int dq_fused = argc > 1 && strcmp(argv[1], "attention_dq_fused") == 0;
     char err[256];
     if (cuda_device_count() == 0) {
         printf("skipped: no GPU visible (test_cuda_ops needs one)\n");
@@ -1121,11 +1150,12 @@ int main(int argc, char **argv) {
         printf("FAIL: backend did not start: %s\n", gpu ? "cpu" : err);
         return 1;
     }
-    if (small_smem || no_gelu || candidates || rows128 || attn_bias) {
+    if (small_smem || no_gelu || candidates || rows128 || attn_bias || dq_fused) {
         if (small_smem) test_small_smem_device();
         else if (no_gelu) test_no_gelu_epilogue();
         else if (rows128) test_attention_rows128();
         else if (attn_bias) test_attention_bias();
+        else if (dq_fused) test_attention_dq_fused();
         else test_gemm_candidates();
         if (g_failures) printf("%d comparison(s) failed\n", g_failures);
         else printf("the ops run on this device match the CPU ops\n");

@@ -49,7 +49,8 @@ typedef struct {
     gptc_act *dout; /* [B,T,C] */
     gptc_act *dqkv; /* [B,T,3C] */
     float *lse;     /* [B,NH,T] */
-    float *scratch; /* [B,NH,T]: the backward's rowsum(dout * out) */
+    float *scratch; /* the backward's: rowsum(dout * out) [B,NH,T], and under bf16 with
+                     * GPTC_ATTENTION_DQ=fused the dq parts (cuda_attention_bf16_scratch_floats) */
     float *dbias;   /* [3C] the qkv bias gradient (GPTC_BENCH_QKV_BIAS=1), or NULL */
 } bufs;
 
@@ -105,7 +106,9 @@ static bufs bufs_make(const shape *sh, gptc_precision p) {
     b.out = dev_nan(ny * esz);
     b.dqkv = dev_nan(nqkv * esz);
     b.lse = dev_nan(nlse * sizeof(float));
-    b.scratch = dev_nan(nlse * sizeof(float));
+    size_t nscratch = p == GPTC_BF16 ? cuda_attention_bf16_scratch_floats(sh->B, sh->T, sh->C, sh->NH)
+                                     : nlse;
+    b.scratch = dev_nan(nscratch * sizeof(float));
     const char *bias = getenv("GPTC_BENCH_QKV_BIAS");
     if (bias && atoi(bias) == 1) {
         b.dbias = dev_alloc(3 * (size_t)sh->C * sizeof(float));

@@ -9,11 +9,13 @@ Rows (one JSON line each in $GPTC_BENCH_OUT/gpt2.jsonl, a table in gpt2.md):
   PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at that micro-batch;
   then gptc bf16 at twice and four times it (bf16's own largest is the last that fits);
   at the first micro-batch with GPTC_ATTENTION_FWD_ROWS=128 (the attention forward with
-  128 queries a block); with kernel timing (its log holds the per-op table of a bf16
-  step and the device kernels behind each op, bf16_report_b*.json both, and its trace
-  gives bf16_steady_ops_b*.md, the same for the steps after the first); with GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias
-  gradient); and, last, with cuBLASLt's first 8 candidates of every GEMM timed and the
-  fastest kept (GPTC_GEMM_CANDIDATES=8).
+  128 queries a block); with GPTC_ATTENTION_DQ=fused (the attention backward's dq from
+  its dk/dv kernel); with kernel timing (its log holds the per-op table of a bf16 step
+  and the device kernels behind each op, bf16_report_b*.json both, and its trace gives
+  bf16_steady_ops_b*.md, the same for the steps after the first); with
+  GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias gradient); and, last,
+  with cuBLASLt's first 8 candidates of every GEMM timed and the fastest kept
+  (GPTC_GEMM_CANDIDATES=8).
 MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
 the card's dense peak for the precision (H100/H200: fp32 67, bf16 989 TFLOP/s).
 gptc's ms/step is its own mean over the steps after the first. A timed row's overhead is
@@ -208,6 +210,13 @@ def main():
     # the default until measured): the whole step's gain or loss beside the bf16 row
     if bf and left() >= 30:
         row = bf16_variant("bf16_rows128", micro, {"GPTC_ATTENTION_FWD_ROWS": "128"}, bf)
+        record(row)
+        rows.append(row)
+    # and with the attention backward's dq from its dk/dv kernel (GPTC_ATTENTION_DQ=fused,
+    # not the default until measured): 5 tile products a pair instead of 7, for a pass over
+    # the fp32 parts (attention_bf16.cu)
+    if bf and left() >= 30:
+        row = bf16_variant("bf16_dq_fused", micro, {"GPTC_ATTENTION_DQ": "fused"}, bf)
         record(row)
         rows.append(row)
     # last, with what budget is left: bf16 with per-kernel timing, whose log holds the

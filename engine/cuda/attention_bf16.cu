@@ -50,6 +50,7 @@
 #define AB_THREADS 128 /* 4 warps x 16 rows */
 #define AB_MAX_HS 128
 #define AB_PAD 8       /* elements past hs in a tile row (16 bytes) */
+#define AB_DS_PITCH (AB_TILE + AB_PAD) /* elements per row of the fused dq's dS^T tile */
 
 /* columns the products cover: hs rounded up to the mma's k of 16 (tile columns from hs up
  * to it are zero, so they add nothing) */
@@ -562,7 +563,66 @@ typedef struct {
     int T, C, NH, vec;
     float sl2, scale;
     int pairs;             /* B * NH (attention_block) */
+    float *dq_part;        /* NULL, or the fused dq's parts (ab_dq_part_floats): [B*NH][pair
+                            * (query tile qt, key tile kt <= qt) at qt (qt + 1) / 2 + kt]
+                            * [64][hs], fp32, unscaled */
 } ab_bwd_args;
+
+/* The part of dQ a dk/dv block's key tile gives one query tile: the transposed dS^T the
+ * warps hold, through shared memory (dss), times the block's K. */
+
+/* dss [64 keys][AB_DS_PITCH] rows 16 w + g and + 8: this warp's dS^T (its 16 keys by the
+ * query tile's 64 queries), rounded to bf16 as tile_sv rounds it for dK, so that dq and
+ * dk see the same dS */
+static __device__ __forceinline__ void stage_ds(uint16_t *dss, const float ds[8][4]) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint16_t *r0 = dss + (16 * warp + (lane >> 2)) * AB_DS_PITCH + 2 * (lane & 3);
+    uint16_t *r8 = r0 + 8 * AB_DS_PITCH;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        *(uint32_t *)(r0 + 8 * j) = pack_bf16x2(ds[j][0], ds[j][1]);
+        *(uint32_t *)(r8 + 8 * j) = pack_bf16x2(ds[j][2], ds[j][3]);
+    }
+}
+
+/* acc = rows r0 .. r0 + 15 of dS (queries by the 64 keys: the transpose of dss, which
+ * ldmatrix .trans reads as the A fragments) times K (64 keys by hs, row-major) */
+static __device__ __forceinline__ void tile_dsk(float acc[AB_MAX_HS / 8][4], const uint16_t *dss,
+                                                int r0, const uint16_t *K /* [64][p] */,
+                                                int hs) {
+    int p = ab_pitch(hs), lane = threadIdx.x & 31, mi = lane >> 3; /* mi: a[mi]'s 8x8 */
+    zero_acc(acc, hs);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t a[4]; /* rows (queries) r0 + 8 (mi & 1), columns (keys) 16 kk + 8 (mi >> 1) */
+        ldsm_x4_trans(a, dss + (16 * kk + 8 * (mi >> 1) + (lane & 7)) * AB_DS_PITCH + r0 +
+                             8 * (mi & 1));
+#pragma unroll
+        for (int jj = 0; jj < AB_MAX_HS / 16; jj++) {
+            if (16 * jj >= hs) break;
+            uint32_t b0[2], b1[2];
+            frag_b_kn(b0, b1, K, p, 16 * jj, 16 * kk);
+            mma_bf16_16816(acc[2 * jj], a, b0);
+            mma_bf16_16816(acc[2 * jj + 1], a, b1);
+        }
+    }
+}
+
+/* part[r][c] = acc for this lane's rows r0 + g and r0 + g + 8 that are below nrows (the
+ * query tile's rows before T): part is a [64][hs] fp32 slot */
+static __device__ __forceinline__ void store_part(float *part, const float acc[AB_MAX_HS / 8][4],
+                                                  int r0, int nrows, int hs) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < AB_MAX_HS / 8; j++) {
+        if (8 * j >= hs) break;
+        int c = 8 * j + 2 * t;
+        if (r0 + g < nrows)
+            *(float2 *)(part + (size_t)(r0 + g) * hs + c) = make_float2(acc[j][0], acc[j][1]);
+        if (r0 + g + 8 < nrows)
+            *(float2 *)(part + (size_t)(r0 + g + 8) * hs + c) = make_float2(acc[j][2], acc[j][3]);
+    }
+}
 
 /* Block (bh, y): key tile y (the longest loops first); warp w owns keys k0 + 16 w .. + 15.
  * K, V of the tile stay in shared memory; for each query tile at or after it, in the
@@ -574,10 +634,15 @@ typedef struct {
  * this one's products) or 1 (it loads after them: for devices whose blocks cannot have
  * the shared memory of two). staged: dk and dv leave through shared memory (write_staged:
  * 16-byte stores, and the bias gradient's sums when a.dbias is set); else each lane
- * stores its fragments, 2 bytes at a time, and a.dbias must be NULL. */
+ * stores its fragments, 2 bytes at a time, and a.dbias must be NULL.
+ * fuse_dq (a.dq_part set; two stages): the block also takes dQ's part of this key tile
+ * for each query tile, dS K, and stores it to the pair's slot of a.dq_part for
+ * attention_bf16_dq_sum_kernel to add up: 5 products per tile pair instead of the 4 here
+ * and 3 in the dq kernel, which recomputes S, dP and dS. The warps' dS^T goes through
+ * shared memory (the A of dS K has queries for rows), one more barrier per tile. */
 static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_smem(hs, nst) */,
                                                      ab_bwd_args a, int hs, int nst,
-                                                     int staged) {
+                                                     int staged, int fuse_dq) {
     uint16_t *dqkv = a.dqkv;
     const uint16_t *dout = a.dout, *qkv = a.qkv;
     const float *lse = a.lse, *D = a.D;
@@ -588,6 +653,7 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_sme
     uint16_t *Vs = Ks + tile;    /* [64][p] this block's values */
     uint16_t *QdO = Vs + tile;   /* [nst stages][Q, dO][64][p] the streamed query tiles */
     float *stats = (float *)(QdO + 2 * nst * tile); /* [nst][lse2, D][64] of their queries */
+    uint16_t *dss = (uint16_t *)(stats + 2 * nst * AB_TILE); /* [64][AB_DS_PITCH] (fuse_dq) */
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int bh, ktile;
@@ -625,7 +691,15 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_sme
             probs_by_key(s, dp, u, q0, T, sl2, lse_s, D_s, 0);
         tile_sv(dv, s, dOs, hs);
         tile_sv(dk, dp, Qs, hs);
-        __syncthreads(); /* this stage's readers are done: the next iteration refills it */
+        if (fuse_dq) {
+            stage_ds(dss, dp);
+            __syncthreads(); /* every warp's keys of dS^T are in dss */
+            float dq[AB_MAX_HS / 8][4];
+            tile_dsk(dq, dss, 16 * warp, Ks, hs);
+            size_t pair = (size_t)bh * (ntiles * (ntiles + 1) / 2) + qt * (qt + 1) / 2 + ktile;
+            store_part(a.dq_part + pair * AB_TILE * hs, dq, 16 * warp, T - q0, hs);
+        }
+        __syncthreads(); /* this stage's readers are done (and dss's, with fuse_dq) */
         if (next && nst == 1)
             load_query_stage(QdO, stats, base, dbase, ld, C, lse_bh, D_bh, q0 + AB_TILE, T, hs,
                              vec);
@@ -722,17 +796,28 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm /* ab_dq_smem(hs
  * size keeps the plain one unless the bias gradient is fused (ab_bias_fused). */
 __global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 0);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 0, 0);
 }
 
 __global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_bias_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 1);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 1, 0);
+}
+
+/* the same two with dq fused (GPTC_ATTENTION_DQ=fused: ab_dq_fused) */
+__global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_dq_kernel(ab_bwd_args a) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 0, 1);
+}
+
+__global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_dq_bias_kernel(ab_bwd_args a) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 1, 1);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv128_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, 128, 2, 1);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 128, 2, 1, 0);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq64_kernel(ab_bwd_args a) {
@@ -748,7 +833,7 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(ab_bwd
 /* any other head size, as the forward's */
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_any_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 2, 1);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 2, 1, 0);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_any_kernel(ab_bwd_args a) {
@@ -761,12 +846,43 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_any_kernel(ab_bw
  * sm_89) */
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_lean_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 1, 1);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 1, 1, 0);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_lean_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
     attn_bwd_dq((uint16_t *)ab_smem, a, a.C / a.NH, 1);
+}
+
+/* Block (bh, y): query tile NT-1-y (the most parts first) of the fused dq. Its rows' dq = scale times the sum of the
+ * parts the dk/dv blocks of key tiles 0 .. y left in a.dq_part, added in that order (the
+ * same sum whatever order the blocks ran in), rounded once; out through shared memory as
+ * the dq kernel's (write_staged: the q columns' bias sums too when a.dbias is set). */
+__global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_sum_kernel(ab_bwd_args a) {
+    extern __shared__ float4 ab_smem[];
+    uint16_t *st = (uint16_t *)ab_smem; /* [64][ab_pitch(hs)] the rows' dq */
+    int bh, rank;
+    if (!attention_block(a.pairs, &bh, &rank)) return;
+    int hs = a.C / a.NH, p = ab_pitch(hs), nt = gridDim.y, qt = nt - 1 - rank, q0 = qt * AB_TILE;
+    int nrows = a.T - q0 < AB_TILE ? a.T - q0 : AB_TILE, nc = hs / 4;
+    size_t slot = (size_t)AB_TILE * hs;
+    const float *part = a.dq_part + ((size_t)bh * (nt * (nt + 1) / 2) + qt * (qt + 1) / 2) * slot;
+    for (int u = threadIdx.x; u < nrows * nc; u += AB_THREADS) {
+        int r = u / nc, c = 4 * (u % nc);
+        const float *x = part + (size_t)r * hs + c;
+        float4 sum = *(const float4 *)x;
+        for (int kt = 1; kt <= qt; kt++) {
+            float4 v = *(const float4 *)(x + kt * slot);
+            sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        *(uint32_t *)(st + r * p + c) = bf16x2_bits(a.scale * sum.x, a.scale * sum.y);
+        *(uint32_t *)(st + r * p + c + 2) = bf16x2_bits(a.scale * sum.z, a.scale * sum.w);
+    }
+    __syncthreads();
+    size_t ld = 3 * (size_t)a.C;
+    int b = bh / a.NH, h = bh % a.NH, out_vec = ((uintptr_t)a.dqkv & 15u) == 0;
+    write_staged(a.dqkv + ((size_t)b * a.T + q0) * ld + (size_t)h * hs, ld, st, nrows, hs,
+                 a.dbias ? a.dbias + (size_t)h * hs : NULL, out_vec);
 }
 
 /* ------------------------------------------------------------------ launchers */
@@ -805,9 +921,33 @@ static int ab_bias_fused(void) {
     return fused;
 }
 
-/* nst: stages of the streamed tiles */
-static size_t ab_dkdv_smem(int hs, int nst) {
-    return (2 + 2 * (size_t)nst) * ab_tile_bytes(hs) + 2 * (size_t)nst * AB_TILE * sizeof(float);
+/* 1 when the hs 64 dk/dv kernel also takes dq's parts and attention_bf16_dq_sum_kernel
+ * adds them (GPTC_ATTENTION_DQ=fused), instead of the dq kernel recomputing S, dP and dS:
+ * 5 products a tile pair instead of 7, for a pass over the parts (fp32, about T / 128
+ * times dq's size). Off by default until a GPU run says which is faster; a benchmark
+ * compares both. Two stages only (every sm_80 and later has the shared memory). */
+static int ab_dq_fused(int hs, int nst) {
+    static int fused = -1;
+    if (fused < 0) {
+        const char *v = getenv("GPTC_ATTENTION_DQ");
+        fused = v && strcmp(v, "fused") == 0;
+    }
+    return fused && hs == 64 && nst == 2;
+}
+
+/* nst: stages of the streamed tiles; fuse_dq: with the dS^T tile of ab_dq_fused */
+static size_t ab_dkdv_smem(int hs, int nst, int fuse_dq) {
+    return (2 + 2 * (size_t)nst) * ab_tile_bytes(hs) + 2 * (size_t)nst * AB_TILE * sizeof(float) +
+           (fuse_dq ? (size_t)AB_TILE * AB_DS_PITCH * sizeof(uint16_t) : 0);
+}
+
+/* floats of the backward's scratch before the dq parts: D [B,NH,T], rounded up to 16 bytes */
+static size_t ab_d_floats(int B, int T, int NH) { return ((size_t)B * NH * T + 3) & ~(size_t)3; }
+
+/* floats of the fused dq's parts: a [64][hs] slot per (query tile, key tile <= it) pair */
+static size_t ab_dq_part_floats(int B, int T, int NH, int hs) {
+    size_t nt = ((size_t)T + AB_TILE - 1) / AB_TILE;
+    return (size_t)B * NH * (nt * (nt + 1) / 2) * AB_TILE * hs;
 }
 
 static size_t ab_dq_smem(int hs, int nst) {
@@ -817,7 +957,9 @@ static size_t ab_dq_smem(int hs, int nst) {
 /* stages of the backward's streamed tiles at head size hs on a device that allows optin
  * bytes a block: 2 where they fit (dk/dv needs at least what dq does), else 1 (the lean
  * kernels) */
-static int ab_bwd_stages(int hs, size_t optin) { return ab_dkdv_smem(hs, 2) <= optin ? 2 : 1; }
+static int ab_bwd_stages(int hs, size_t optin) {
+    return ab_dkdv_smem(hs, 2, 0) <= optin ? 2 : 1;
+}
 
 /* 1 when bf16 buffers a and b (either may be NULL) allow load_tile's 16-byte cp.async:
  * every tile row starts a multiple of 8 elements in (C and hs are multiples of 8), so
@@ -846,8 +988,8 @@ extern "C" {
 
 size_t cuda_attention_bf16_smem(int hs) {
     int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
-    size_t need = ab_fwd_smem(hs, ab_fwd_mt(hs));
-    if (ab_dkdv_smem(hs, nst) > need) need = ab_dkdv_smem(hs, nst);
+    size_t need = ab_fwd_smem(hs, ab_fwd_mt(hs)), kv = ab_dkdv_smem(hs, nst, ab_dq_fused(hs, nst));
+    if (kv > need) need = kv;
     if (ab_dq_smem(hs, nst) > need) need = ab_dq_smem(hs, nst);
     return need;
 }
@@ -870,6 +1012,13 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
     fwd<<<grid, AB_THREADS, smem, s>>>(out, lse, qkv, T, C, NH, sl2, vec, B * NH);
 }
 
+size_t cuda_attention_bf16_scratch_floats(int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0 || NH <= 0 || C % NH) return (size_t)(B > 0 ? B : 0) * NH * T;
+    int hs = C / NH, nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
+    if (!ab_dq_fused(hs, nst)) return (size_t)B * NH * T;
+    return ab_d_floats(B, T, NH) + ab_dq_part_floats(B, T, NH, hs);
+}
+
 void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
                                   const uint16_t *dout, const uint16_t *out, const uint16_t *qkv,
                                   const float *lse, int B, int T, int C, int NH,
@@ -879,8 +1028,9 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
     int hs = C / NH, vec = ab_vec(qkv, dout);
     float scale = 1.0f / sqrtf((float)hs), sl2 = attention_sl2(hs);
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_BF16, s);
-    int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
-    size_t smem_kv = ab_dkdv_smem(hs, nst), smem_q = ab_dq_smem(hs, nst);
+    int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin()), fuse_dq = ab_dq_fused(hs, nst);
+    size_t smem_kv = ab_dkdv_smem(hs, nst, fuse_dq);
+    size_t smem_q = fuse_dq ? ab_tile_bytes(hs) : ab_dq_smem(hs, nst);
     int fused = dbias && ab_bias_fused();
     ab_bwd_fn dkdv = hs == 64    ? (fused ? attention_bf16_dkdv64_bias_kernel
                                           : attention_bf16_dkdv64_kernel)
@@ -890,6 +1040,10 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
                    : hs == 128 ? attention_bf16_dq128_kernel
                                : attention_bf16_dq_any_kernel;
     if (nst == 1) dkdv = attention_bf16_dkdv_lean_kernel, dq = attention_bf16_dq_lean_kernel;
+    if (fuse_dq) {
+        dkdv = fused ? attention_bf16_dkdv64_dq_bias_kernel : attention_bf16_dkdv64_dq_kernel;
+        dq = attention_bf16_dq_sum_kernel;
+    }
     char what[80];
     ab_what(what, "backward", hs);
     /* dk/dv needs at least as much as dq, so a refusal names its need */
@@ -897,8 +1051,10 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
         !cuda_smem_ready((const void *)dq, smem_q, what, s))
         return;
     dim3 grid = attention_grid(B, NH, T, hs, AB_TILE, sizeof(uint16_t));
+    /* the fused dq's parts follow D in the scratch (cuda_attention_bf16_scratch_floats) */
+    float *part = fuse_dq ? scratch + ab_d_floats(B, T, NH) : NULL;
     ab_bwd_args a = {dqkv, fused ? dbias : NULL, dout, qkv, lse, scratch, T, C, NH, vec, sl2,
-                     scale, B * NH};
+                     scale, B * NH, part};
     dkdv<<<grid, AB_THREADS, smem_kv, s>>>(a);
     dq<<<grid, AB_THREADS, smem_q, s>>>(a);
     if (dbias && !fused) cuda_bias_backward(dbias, dqkv, B * T, 3 * C, GPTC_BF16, s);

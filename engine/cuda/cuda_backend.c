@@ -254,6 +254,10 @@ static void cu_matmul_dgelu_backward(gptc_act *dpre, const gptc_act *dout, const
     check_launch("matmul_dgelu_backward");
 }
 static size_t cu_attention_state_floats(int B, int T, int NH) { return (size_t)B * NH * T; }
+static size_t cu_attention_scratch_floats(int B, int T, int C, int NH) {
+    return g_precision == GPTC_BF16 ? cuda_attention_bf16_scratch_floats(B, T, C, NH)
+                                    : cu_attention_state_floats(B, T, NH);
+}
 /* bf16: the tensor-core kernels on bf16 storage (attention_bf16.cu); fp32: attention.cu */
 static void cu_attention_forward(gptc_act *out, float *att, const gptc_act *qkv, int B, int T,
                                  int C, int NH, gptc_stream *s) {
@@ -434,6 +438,7 @@ static const gptc_backend CUDA = {
     .matmul_gelu_forward = cu_matmul_gelu_forward,
     .matmul_dgelu_backward = cu_matmul_dgelu_backward,
     .attention_state_floats = cu_attention_state_floats,
+    .attention_scratch_floats = cu_attention_scratch_floats,
     .attention_forward = cu_attention_forward,
     .attention_backward = cu_attention_backward,
     .gelu_forward = cu_gelu_forward,

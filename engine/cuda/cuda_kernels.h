@@ -71,13 +71,17 @@ void cuda_attention_dot(float *D, const gptc_act *dout, const gptc_act *out, int
 void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv, int B, int T,
                                  int C, int NH, cudaStream_t s);
 /* dbias [3C] (or NULL) += the column sums of dqkv as stored, added by the kernels that
- * hold its values (the bias gradient of the projection that made qkv) */
+ * hold its values (the bias gradient of the projection that made qkv); scratch
+ * [cuda_attention_bf16_scratch_floats] */
 void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
                                   const uint16_t *dout, const uint16_t *out, const uint16_t *qkv,
                                   const float *lse, int B, int T, int C, int NH,
                                   cudaStream_t s);
 /* as cuda_attention_smem, for these kernels (hs a multiple of 8 up to 128) */
 size_t cuda_attention_bf16_smem(int hs);
+/* floats of the backward's scratch: D [B,NH,T], and with the fused dq
+ * (GPTC_ATTENTION_DQ=fused, hs 64) its parts, about B T C T / 128 more */
+size_t cuda_attention_bf16_scratch_floats(int B, int T, int C, int NH);
 
 void cuda_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_precision p,
                        cudaStream_t s);

@@ -104,6 +104,14 @@ static inline float4 make_float4(float x, float y, float z, float w) {
     float4 r = {x, y, z, w};
     return r;
 }
+/* 8-byte aligned, as float4 is 16 */
+struct alignas(8) float2 {
+    float x, y;
+};
+static inline float2 make_float2(float x, float y) {
+    float2 r = {x, y};
+    return r;
+}
 
 static inline void __syncthreads(void) { emu_syncthreads(); }
 static inline void __syncwarp(unsigned int mask = 0xffffffffu) { emu_syncwarp(mask); }
