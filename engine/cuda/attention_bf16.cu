@@ -871,6 +871,7 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_sum_kernel(ab_bw
         int r = u / nc, c = 4 * (u % nc);
         const float *x = part + (size_t)r * hs + c;
         float4 sum = *(const float4 *)x;
+#pragma unroll 4 /* the loads are independent: several in flight */
         for (int kt = 1; kt <= qt; kt++) {
             float4 v = *(const float4 *)(x + kt * slot);
             sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
