@@ -11,10 +11,25 @@
 #include <string.h>
 #include <time.h>
 
-double timing_now_ms(void) {
+static double clock_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+double timing_now_ms(void) {
+    /* GPTC_TEST_CLOCK_PPM: read once; a race between threads' first calls reads it twice */
+    static _Atomic double skew = -1.0, first = 0.0;
+    double k = atomic_load(&skew);
+    if (k < 0) {
+        const char *v = getenv("GPTC_TEST_CLOCK_PPM");
+        double ppm = v ? atof(v) : 0.0;
+        atomic_store(&first, clock_ms());
+        k = ppm > 0 && ppm < 1e5 ? ppm * 1e-6 : 0.0;
+        atomic_store(&skew, k);
+    }
+    double t = clock_ms();
+    return k > 0 ? t + (t - atomic_load(&first)) * k : t;
 }
 
 /* records kept for the trace over the whole run, all steps: ~100 MB on the host */
@@ -88,6 +103,18 @@ void timing_shutdown(void) {
 
 int timing_on(void) { return T.on; }
 void timing_set_origin(double origin_ms) { T.origin_ms = origin_ms; }
+double timing_origin_ms(void) { return T.origin_ms; }
+
+void timing_scale_times(double factor) {
+    for (size_t i = 0; i < T.n_trace; i++) {
+        T.trace[i].start_us *= factor;
+        T.trace[i].end_us *= factor;
+    }
+    for (int i = 0; i < T.n_steps; i++) {
+        T.steps[i].start_us *= factor;
+        T.steps[i].end_us *= factor;
+    }
+}
 
 void timing_set_context(int layer, int micro, timing_phase phase) {
     T.ctx = (timing_ctx){(int16_t)layer, (int16_t)micro, (int8_t)phase};

@@ -13,7 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Monotonic wall clock in milliseconds. */
+/* Monotonic wall clock in milliseconds. For tests of the ranks' clock alignment,
+ * GPTC_TEST_CLOCK_PPM = x makes it run x ppm fast from its first reading. */
 double timing_now_ms(void);
 
 typedef enum { TK_COMPUTE, TK_COMM } timing_kind;
@@ -43,6 +44,10 @@ int timing_on(void);
 /* Sets the run's time origin (timing_now_ms's clock): one instant for all ranks, each in
  * its own clock, so that their traces line up. */
 void timing_set_origin(double origin_ms);
+double timing_origin_ms(void);
+/* Multiplies every time kept for the trace (records, step spans; all since the origin) by
+ * factor: a clock's drift from rank 0's, measured over the run (engine/trainer.c). */
+void timing_scale_times(double factor);
 void timing_set_context(int layer, int micro, timing_phase phase);
 /* Names the matrix products issued next by their role in the model ("qkv", "attn_proj",
  * "fc", "fc_proj", "lm_head"), so that the report tells their shapes apart; their records

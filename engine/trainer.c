@@ -173,6 +173,32 @@ static int agree(run_state *r, int rc) {
     return worst > 0;
 }
 
+/* Clocks drift apart (tens of ppm between nodes: a millisecond or more an hour), so the
+ * offset to rank 0's clock taken at the time origin (offset0_ms, within rtt0_ms / 2) no
+ * longer holds for a long run's last steps. Taken again at the end, a change larger than
+ * the two measurements' error is a drift, taken as linear: this rank's trace and step
+ * times are scaled about the origin onto rank 0's timeline. Durations change by the
+ * drift rate alone (ppm), so the statistics stay as they are. Collective. */
+static void align_clocks(run_state *r, double offset0_ms, double rtt0_ms) {
+    double rtt = 0, offset = comm_clock_offset_ms(&r->world, &rtt);
+    double elapsed = timing_now_ms() - timing_origin_ms(); /* this rank's clock */
+    double drift = offset - offset0_ms, error = (rtt0_ms + rtt) / 2;
+    int apply = elapsed > 0 && fabs(drift) > error;
+    if (apply) timing_scale_times(1.0 - drift / elapsed);
+    double most = comm_max_double(&r->world, fabs(drift));
+    double ppm = comm_max_double(&r->world, elapsed > 0 ? 1e6 * fabs(drift) / elapsed : 0);
+    double worst_error = comm_max_double(&r->world, error), n_applied[1] = {apply};
+    comm_sum_doubles(&r->world, n_applied, 1);
+    if (n_applied[0] > 0)
+        log_info("kernel timing: over the run the ranks' clocks drifted up to %.1f us from rank "
+                 "0's (%.1f ppm); the trace of %.0f rank(s) is scaled back onto rank 0's "
+                 "timeline, within %.1f us\n", most * 1e3, ppm, n_applied[0], worst_error * 1e3);
+    else
+        log_info("kernel timing: over the run the ranks' clocks moved at most %.1f us from rank "
+                 "0's, within the measurements' error: the trace is left as it is\n",
+                 most * 1e3);
+}
+
 static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n) {
     const gptc_config *c = r->c;
     gpt_model *m = &r->model;
@@ -510,12 +536,16 @@ int train_run(const gptc_config *c, const grid *g) {
     int skip_bad = strcmp(c->nan_policy, "skip") == 0;
     catch_stop_signals();
     current_step = first;
+    long last_run = first - 1; /* the last step that ran */
+    int stopped = 0;
+    double clock0_ms = 0, rtt0_ms = 0; /* the clock offset to rank 0 at the time origin */
     if (kernel_timing) {
         /* one time origin for all ranks, so their traces line up: rank 0's clock now, in
          * each rank's clock. A barrier would not do: ranks leave it up to a scheduler's
          * time slice apart (milliseconds on a loaded node). */
         double rtt = 0, offset = g->world > 1 ? comm_clock_offset_ms(&r.world, &rtt) : 0;
         double origin[2] = {g->rank == 0 ? timing_now_ms() : 0, rtt / 2}; /* [0] rank 0's */
+        clock0_ms = offset, rtt0_ms = rtt;
         if (g->world > 1) {
             comm_sum_doubles(&r.world, origin, 1);
             origin[1] = comm_max_double(&r.world, origin[1]);
@@ -601,11 +631,12 @@ int train_run(const gptc_config *c, const grid *g) {
         int due = c->save[0] && ((c->save_every > 0 && step % c->save_every == 0) ||
                                  step == c->steps || stop);
         if (due && save_checkpoint(&r, step, t, err, sizeof(err)) != 0) goto fail;
-        if (stop) {
+        last_run = step;
+        if (stop) { /* the report and trace still cover the steps that ran */
             log_info("stopped by a signal after step %ld%s\n", step,
                      c->save[0] ? " (checkpoint written; train.init it to resume)" : "");
-            run_free(&r);
-            return 0;
+            stopped = 1;
+            break;
         }
     }
     /* train.steps = 0 from scratch (or from a step-0 initialisation, converted weights)
@@ -613,17 +644,18 @@ int train_run(const gptc_config *c, const grid *g) {
      * with no step left writes nothing: it holds only what train.init holds, and would
      * replace train.save (a later run's, perhaps) with it. */
     int fresh = !c->init[0] || (first == 1 && !has_optim);
-    if (c->save[0] && first > c->steps && fresh &&
+    if (c->save[0] && first > c->steps && fresh && !stopped &&
         save_checkpoint(&r, first - 1, t, err, sizeof(err)) != 0)
         goto fail;
+    if (kernel_timing && g->world > 1) align_clocks(&r, clock0_ms, rtt0_ms);
     if (kernel_timing && report_write(&r.world, c->report, c->trace, err, sizeof(err)) != 0) goto fail;
     if (timed_steps > 0)
         log_info("done: %ld steps, final loss %.6f, mean %.1f ms/step, %.0f tok/s (steps after the "
                  "first); wall clock %.1f ms/step with the per-step bookkeeping\n",
-                 c->steps - first + 1, last_loss, total_ms / timed_steps,
+                 last_run - first + 1, last_loss, total_ms / timed_steps,
                  tokens_per_step * timed_steps / (total_ms / 1000.0), total_wall_ms / timed_steps);
     else if (first <= c->steps)
-        log_info("done: %ld steps, final loss %.6f\n", c->steps - first + 1, last_loss);
+        log_info("done: %ld steps, final loss %.6f\n", last_run - first + 1, last_loss);
     else
         log_info("done: no step to run (train.steps = %ld)%s\n", c->steps,
                  c->save[0] && !fresh ? "; nothing written to train.save" : "");

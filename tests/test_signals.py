@@ -21,10 +21,10 @@ BASE = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.
         "--train.lr_schedule=cosine", "--train.warmup_steps=3"]
 
 
-def interrupted(name, ranks, sig):
+def interrupted(name, ranks, sig, extra=()):
     """Starts a run, signals every rank once step 3 is logged; returns the metrics."""
     log = f"{D}/{name}.jsonl"
-    args = BASE + [f"--train.log_file={log}", f"--train.save={D}/{name}.h5"]
+    args = BASE + [f"--train.log_file={log}", f"--train.save={D}/{name}.h5", *extra]
     if ranks > 1:
         args.append(f"--parallel.dp={ranks}")
     cmd = ([*MPIRUN, "-np", str(ranks)] if ranks > 1 else []) + [TRAIN, *args]
@@ -57,6 +57,25 @@ def interrupted(name, ranks, sig):
     return done
 
 
+def check_timed_stop(name, ranks, done):
+    """A stopped run still writes its report and trace: a step row per rank for each step
+    that ran, and those steps' records."""
+    import json
+    try:
+        rep = json.load(open(f"{D}/{name}.report.json"))
+        events = json.load(open(f"{D}/{name}.trace.json"))["traceEvents"]
+    except (OSError, ValueError) as e:
+        fail(f"{name}: no report or trace after the stop: {e}")
+    want = sorted((k, m["step"]) for k in range(ranks) for m in done)
+    got = sorted((r["rank"], r["step"]) for r in rep["steps"])
+    if got != want:
+        fail(f"{name}: the report's steps {got[:4]}... against the {len(done)} steps that ran")
+    traced = {e["args"]["step"] for e in events if e.get("ph") == "X"}
+    if traced != {m["step"] for m in done}:
+        fail(f"{name}: the trace holds steps {sorted(traced)}, {len(done)} ran")
+    print(f"ok   {name}: report and trace of the {len(done)} steps before the stop")
+
+
 def main():
     write_tokens(f"{D}/tok.h5", np.random.default_rng(2).integers(0, 64, 20000), 64)
     r = run_train(BASE + [f"--train.log_file={D}/full.jsonl"])
@@ -65,7 +84,12 @@ def main():
     full = read_metrics(f"{D}/full.jsonl")
     for name, ranks, sig in (("term1", 1, signal.SIGTERM), ("int2", 2, signal.SIGINT),
                              ("term2", 2, signal.SIGTERM)):
-        done = interrupted(name, ranks, sig)
+        # term2 with kernel timing: its report and trace must cover the steps that ran
+        timed = ["--profile.timing=kernel", f"--profile.report={D}/{name}.report.json",
+                 f"--profile.trace={D}/{name}.trace.json"] if name == "term2" else []
+        done = interrupted(name, ranks, sig, timed)
+        if timed:
+            check_timed_stop(name, ranks, done)
         k = done[-1]["step"]
         extra = [f"--parallel.dp={ranks}"] if ranks > 1 else []
         r = run_train(BASE + extra + [f"--train.init={D}/{name}.h5",

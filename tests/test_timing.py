@@ -11,6 +11,7 @@ the training itself."""
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -18,7 +19,7 @@ from collections import Counter
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import fail, read_metrics, run_train, write_tokens  # noqa: E402
+from gptc_testlib import MPIRUN, TRAIN, env, fail, read_metrics, run_train, write_tokens  # noqa: E402
 
 D = tempfile.mkdtemp(prefix="gptc_timing_")
 L, STEPS, GB, MB = 4, 3, 8, 2
@@ -175,6 +176,46 @@ def check_clocks(name, events):
         fail(f"{name}: of {pairs} collectives, one ends {worst:.3f} us before its peer's begins "
              f"on the other rank; the clocks were said to agree within {err_us:.3f} us")
     return pairs, err_us
+
+
+def check_drift():
+    """Rank 1's clock running 2% fast (GPTC_TEST_CLOCK_PPM: a drift far beyond a real
+    one, so that a short run shows it): measured again at the end of the run, the drift is
+    taken out of its trace, so that the two ranks' k-th instances of each collective still
+    overlap, up to the error of the offsets measured at the start and at the end."""
+    name = "drift"
+    args = BASE + ["--parallel.dp=2", "--overlap.dp=bucket", "--train.steps=12",
+                   "--profile.timing=kernel", f"--profile.trace={D}/{name}.trace.json"]
+    ranks = [["env", f"GPTC_TEST_CLOCK_PPM={ppm}", TRAIN, *args] for ppm in (0, 20000)]
+    cmd = [*MPIRUN, "-np", "1", *ranks[0], ":", "-np", "1", *ranks[1]]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env(2))
+    if r.returncode:
+        fail(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}")
+    m0 = re.search(r"clocks agree with rank 0's within ([0-9.]+) us", r.stdout)
+    m1 = re.search(r"drifted up to ([0-9.]+) us .* scaled back onto rank 0's timeline, within "
+                   r"([0-9.]+) us", r.stdout)
+    if not m0 or not m1:
+        fail(f"{name}: no line on the clocks' agreement and drift:\n{r.stdout[-1500:]}")
+    drift_us, err_us = float(m1.group(1)), float(m0.group(1)) + float(m1.group(2)) + 0.002
+    if drift_us < 20 * err_us:
+        fail(f"{name}: a drift of {drift_us:.0f} us is too small against the error "
+             f"{err_us:.0f} us to test the correction (a longer run?)")
+    STDOUT[name] = r.stdout
+    with open(f"{D}/{name}.trace.json") as f:
+        events = json.load(f)["traceEvents"]
+    worst, pairs = 0.0, 0
+    for op in ("allreduce", "reduce_scatter", "allgather"):
+        per_rank = [sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X"
+                           and e["name"] == op and e["pid"] == k) for k in (0, 1)]
+        for (a0, a1), (b0, b1) in zip(*per_rank):
+            worst = max(worst, a0 - b1, b0 - a1)
+            pairs += 1
+    if pairs == 0 or worst > err_us:
+        fail(f"{name}: of {pairs} collectives, one ends {worst:.1f} us before its peer's begins "
+             f"on the other rank; after a drift of {drift_us:.0f} us, the trace was said to "
+             f"be aligned within {err_us:.1f} us")
+    print(f"ok   clock drift: rank 1 ran 2% fast, {drift_us:.0f} us over the run; its {pairs} "
+          f"collectives overlap rank 0's within {err_us:.1f} us after the correction")
 
 
 def check_report(name, report, ranks):
@@ -394,6 +435,7 @@ def main():
     pairs, err_us = check_clocks("dp2-zero1", ev)
     print(f"ok   dp2 ZeRO-1, bucket: {next(iter(gathers.values()))} all-gathers in every step of "
           f"both ranks; {pairs} collectives overlap across ranks within {err_us:.1f} us")
+    check_drift()
 
     # tp2 chunked: each row chunk's all-reduce runs while the next chunk is multiplied
     os.environ["GPTC_TEST_COMM_DELAY_US"] = "300"
