@@ -147,10 +147,14 @@ typedef struct gptc_backend {
     void (*add_layernorm_forward)(gptc_act *res, gptc_act *out, float *mean, float *rstd,
                                   const gptc_act *a, const gptc_act *b, const gptc_act *w,
                                   const gptc_act *bias, int N, int C, gptc_stream *s);
-    /* act dinp[N,C] +=, dw[C] +=, db[C] += (fp32), from act dout, inp, w */
-    void (*layernorm_backward)(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
-                               const gptc_act *inp, const gptc_act *w, const float *mean,
-                               const float *rstd, int N, int C, gptc_stream *s);
+    /* act dinp[N,C] +=, dw[C] +=, db[C] += (fp32), from act dout, inp, w; dsum[C] (fp32,
+     * NULL: skipped) += the column sums of dinp as stored after the update: dinp is the
+     * gradient of a residual stream, and those sums the bias gradient of the projection
+     * whose output was added into it, which a GPU takes while it holds the rows */
+    void (*layernorm_backward)(gptc_act *dinp, float *dw, float *db, float *dsum,
+                               const gptc_act *dout, const gptc_act *inp, const gptc_act *w,
+                               const float *mean, const float *rstd, int N, int C,
+                               gptc_stream *s);
 
     /* act out[N,OC] = inp[N,IC] @ W + bias (bias may be NULL), all act. W is [IC,OC], or
      * [OC,IC] when w_rows_out (the tied LM head reads wte [V,C] that way). */

@@ -136,11 +136,12 @@ static void t_add_layernorm_forward(gptc_act *res, gptc_act *out, float *mean, f
     scan_act("add_layernorm_fwd", out, (size_t)N * C);
 }
 
-static void t_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
+static void t_layernorm_backward(gptc_act *dinp, float *dw, float *db, float *dsum,
+                                 const gptc_act *dout,
                                  const gptc_act *inp, const gptc_act *w, const float *mean,
                                  const float *rstd, int N, int C, gptc_stream *s) {
     op_start t0 = begin("layernorm_bwd", s);
-    g_inner->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, s);
+    g_inner->layernorm_backward(dinp, dw, db, dsum, dout, inp, w, mean, rstd, N, C, s);
     done("layernorm_bwd", t0, s);
     scan_act("layernorm_bwd", dinp, (size_t)N * C);
 }

@@ -469,10 +469,23 @@ static void block_forward(gpt_model *m, layer_acts *la, int l, const gptc_act *x
         be->add(la->res3, la->res2, y, nl, s);
 }
 
+/* The bias gradients of the row-parallel projections (attn_proj, fc_proj) are the column
+ * sums of the residual stream's gradient that a LayerNorm backward has just written: it
+ * takes them (layernorm_backward's dsum) while it holds the rows, instead of another pass
+ * over them. Not under sequence parallelism, where a LayerNorm holds a slice of the rows
+ * and the projection's backward the gathered whole. */
+static int ln_sums_bias(const gpt_model *m) {
+    return !m->tp.sequence_parallel || m->tp.size == 1;
+}
+
 /* dfull [N,C] holds this rank's rows of the gradient of the layer's output at their
- * place (dres = dfull + row0*C); on return dres is the gradient of its input x. */
+ * place (dres = dfull + row0*C); on return dres is the gradient of its input x.
+ * fcproj_bias_done: the LayerNorm backward that wrote dfull took its column sums into
+ * c_proj's bias gradient already (ln_sums_bias); prev_fcproj_bias: where this layer's ln_1
+ * backward adds them (the previous layer's c_proj bias gradient), or NULL. */
 static void block_backward(gpt_model *m, layer_acts *la, int l, gptc_act *dfull,
-                           const gptc_act *x /* [Nl,C] */, const dims *d) {
+                           const gptc_act *x /* [Nl,C] */, const dims *d, int fcproj_bias_done,
+                           float *prev_fcproj_bias) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     scratch_views *a = &m->scratch;
@@ -481,17 +494,18 @@ static void block_backward(gpt_model *m, layer_acts *la, int l, gptc_act *dfull,
     gptc_act *dres = at(m, dfull, (size_t)d->row0 * C);
     /* MLP branch; the c_fc input gradient is partial per TP rank until reduced */
     timing_matmul_role("fc_proj"); /* through the GELU: dfch = d(fch), not d(fch_gelu) */
-    tp_row_parallel_backward(&m->tp, a->dfch, dw->fcprojw, dw->fcprojb, dfull, la->fch_gelu,
-                             w->fcprojw, N, d->Fl, C, la->fch, s);
+    tp_row_parallel_backward(&m->tp, a->dfch, dw->fcprojw, fcproj_bias_done ? NULL : dw->fcprojb,
+                             dfull, la->fch_gelu, w->fcprojw, N, d->Fl, C, la->fch, s);
     timing_matmul_role("fc");
     const gptc_act *dln2 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->fcw, dw->fcb, a->dfch,
                                                     la->ln2, w->fcw, N, C, d->Fl, 0, s);
-    be->layernorm_backward(dres, dw->ln2w, dw->ln2b, dln2, la->res2, w->ln2w, la->ln2_mean,
-                           la->ln2_rstd, Nl, C, s);
+    int sums = ln_sums_bias(m);
+    be->layernorm_backward(dres, dw->ln2w, dw->ln2b, sums ? dw->attprojb : NULL, dln2, la->res2,
+                           w->ln2w, la->ln2_mean, la->ln2_rstd, Nl, C, s);
     /* attention branch: dbtc first holds d(atty) [N,Cl], then d(ln1) [N,C] */
     timing_matmul_role("attn_proj");
-    tp_row_parallel_backward(&m->tp, a->dbtc, dw->attprojw, dw->attprojb, dfull, la->atty,
-                             w->attprojw, N, d->Cl, C, NULL, s);
+    tp_row_parallel_backward(&m->tp, a->dbtc, dw->attprojw, sums ? NULL : dw->attprojb, dfull,
+                             la->atty, w->attprojw, N, d->Cl, C, NULL, s);
     /* the qkv bias gradient comes with dqkv (a GPU adds it while dqkv is in registers), so
      * the projection's backward skips it */
     be->attention_backward(a->dqkv, dw->qkvb, a->datt, a->dbtc, la->atty, la->qkv, la->att,
@@ -499,8 +513,8 @@ static void block_backward(gpt_model *m, layer_acts *la, int l, gptc_act *dfull,
     timing_matmul_role("qkv");
     const gptc_act *dln1 = tp_column_parallel_backward(&m->tp, a->dbtc, dw->qkvw, NULL, a->dqkv,
                                                     la->ln1, w->qkvw, N, C, 3 * d->Cl, 0, s);
-    be->layernorm_backward(dres, dw->ln1w, dw->ln1b, dln1, x, w->ln1w, la->ln1_mean, la->ln1_rstd,
-                           Nl, C, s);
+    be->layernorm_backward(dres, dw->ln1w, dw->ln1b, prev_fcproj_bias, dln1, x, w->ln1w,
+                           la->ln1_mean, la->ln1_rstd, Nl, C, s);
 }
 
 /* Tells the owner that compute is about to read the tensors a .. b (buffer order). */
@@ -583,9 +597,10 @@ double gpt_loss_sum(gpt_model *m) {
     return total;
 }
 
-/* dres [Nl,C] = gradient of the head's input x (this rank's rows) */
+/* dres [Nl,C] = gradient of the head's input x (this rank's rows); fcproj_bias: where
+ * ln_f's backward adds its column sums (the last layer's c_proj bias gradient), or NULL */
 static void head_backward(gpt_model *m, slot_acts *sa, gptc_act *dres, const gptc_act *x,
-                          const dims *d) {
+                          const dims *d, float *fcproj_bias) {
     const gptc_backend *be = m->be;
     gptc_stream *s = m->stream;
     param_views *p = &m->p, *g = &m->g;
@@ -595,8 +610,8 @@ static void head_backward(gpt_model *m, slot_acts *sa, gptc_act *dres, const gpt
     const gptc_act *dlnf = tp_column_parallel_backward(&m->tp, m->scratch.dbtc, g->wte, NULL,
                                                     sa->logits, sa->lnf, p->wte, N, C, d->Vl, 1, s);
     be->zero(dres, (size_t)d->Nl * C * gptc_act_bytes(m->prec), s);
-    be->layernorm_backward(dres, g->lnfw, g->lnfb, dlnf, x, p->lnfw, sa->lnf_mean, sa->lnf_rstd,
-                           d->Nl, C, s);
+    be->layernorm_backward(dres, g->lnfw, g->lnfb, fcproj_bias, dlnf, x, p->lnfw, sa->lnf_mean,
+                           sa->lnf_rstd, d->Nl, C, s);
 }
 
 void gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
@@ -664,17 +679,23 @@ void gpt_chunk_backward(gpt_model *m, int c, int micro, int final) {
     dims d = model_dims(m);
     /* gradient of the residual stream, this rank's rows at row0; each branch adds into it */
     gptc_act *dres = at(m, sa->grad, (size_t)d.row0 * d.C);
-    int last = ch->n_layers - 1;
+    int last = ch->n_layers - 1, sums = ln_sums_bias(m) && ch->n_layers > 0;
     timing_set_context(-1, micro, PH_BWD);
     if (ch->has_head) {
-        head_backward(m, sa, dres, sa->layer[last].res3, &d);
+        head_backward(m, sa, dres, sa->layer[last].res3, &d,
+                      sums ? m->g.h[ch->first_layer + last].fcprojb : NULL);
         if (final) grads_final(m, "ln_f.bias");
     }
     for (int i = last; i >= 0; i--) {
         int l = ch->first_layer + i;
         timing_set_context(l, micro, PH_BWD);
+        /* the LayerNorm after this layer (the next layer's ln_1, or ln_f) ran on this chunk
+         * and took the sums of c_proj's bias gradient; this one's ln_1 takes the previous
+         * layer's, when that layer is on this chunk */
+        int done = sums && (i < last || ch->has_head);
         block_backward(m, &sa->layer[i], l, sa->grad,
-                       i == 0 ? at(m, sa->input, (size_t)d.row0 * d.C) : sa->layer[i - 1].res3, &d);
+                       i == 0 ? at(m, sa->input, (size_t)d.row0 * d.C) : sa->layer[i - 1].res3, &d,
+                       done, sums && i > 0 ? m->g.h[l - 1].fcprojb : NULL);
         snprintf(name, sizeof(name), "h.%d.ln_1.bias", l); /* the layer's last tensor */
         if (final) grads_final(m, name);
     }

@@ -137,16 +137,28 @@ static void test_layernorm(int N, int C) {
     uint16_t *y = act_sentinel(nx), *dx = act_copy(dx0, nx);
     float *mean = f_randn(N, 1, 6), *rstd = f_randn(N, 1, 7); /* [N] */
     float *dw = f_randn(C, 1, 8), *db = f_randn(C, 1, 9);      /* [C], "+=" */
+    float *ds = f_randn(C, 1, 11);                               /* [C], "+=" */
     float *rmean = f_copy(mean, N), *rrstd = f_copy(rstd, N);
-    float *rdw = f_copy(dw, C), *rdb = f_copy(db, C);
+    float *rdw = f_copy(dw, C), *rdb = f_copy(db, C), *rds = f_copy(ds, C);
+    float *ds0 = f_copy(ds, C);
     be->set_precision(GPTC_BF16);
     be->layernorm_forward(y, mean, rstd, x, w, b, N, C, NULL);
-    be->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C, NULL);
+    be->layernorm_backward(dx, dw, db, ds, dy, x, w, mean, rstd, N, C, NULL);
     float *ry = f_randn(nx, 1, 10), *rdx = wide(dx0, nx); /* rdx: "+=" onto the old values */
     be->set_precision(GPTC_FP32);
     be->layernorm_forward(ry, rmean, rrstd, wide(x, nx), wide(w, C), wide(b, C), N, C, NULL);
-    be->layernorm_backward(rdx, rdw, rdb, wide(dy, nx), wide(x, nx), wide(w, C), rmean, rrstd, N,
-                           C, NULL);
+    be->layernorm_backward(rdx, rdw, rdb, rds, wide(dy, nx), wide(x, nx), wide(w, C), rmean,
+                           rrstd, N, C, NULL);
+    /* dsum: the column sums of dinp as stored, each column's rows in order from its old
+     * value (the order of the matmul backward's bias gradient, whose sums these replace) */
+    float *sx = wide(dx, nx), *want = f_copy(ds0, C), *rwant = f_copy(ds0, C); /* [C] */
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            want[c] += sx[(size_t)n * C + c];
+            rwant[c] += rdx[(size_t)n * C + c];
+        }
+    expect_same("layernorm bwd dsum += (bf16, as stored)", ds, want, C);
+    expect_same("layernorm bwd dsum += (fp32)", rds, rwant, C);
     expect_rounded("layernorm fwd out", y, ry, nx);
     expect_same("layernorm fwd mean", mean, rmean, N);
     expect_same("layernorm fwd rstd", rstd, rrstd, N);

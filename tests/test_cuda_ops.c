@@ -309,6 +309,21 @@ static void test_add_layernorm(const float *inp, const float *w, const float *b,
     gpu->release(d_rstd);
 }
 
+/* d_sums [C], which started as init, against init + the column sums of stored [N,C] (what
+ * the GPU stored, as floats): a bias gradient an op takes of the values it writes (the
+ * attention backward's of dqkv, the LayerNorm backward's of dinp) */
+static void check_column_sums(const char *what, const float *d_sums, const float *init,
+                              const float *stored, size_t N, size_t C) {
+    float *ref = malloc(C * sizeof(float)); /* [C] */
+    for (size_t c = 0; c < C; c++) {
+        double sum = init[c];
+        for (size_t n = 0; n < N; n++) sum += stored[n * C + c];
+        ref[c] = (float)sum;
+    }
+    compare(what, d_sums, ref, C, 1e-5);
+    free(ref);
+}
+
 static void test_layernorm(int N, int C) {
     float *inp = host_randn_act((size_t)N * C, 2, 10), *w = host_randn_act(C, 1, 11);
     float *b = host_randn_act(C, 1, 12);
@@ -329,19 +344,23 @@ static void test_layernorm(int N, int C) {
     /* dinp "+=": both sides start from the same act values */
     float *dout = host_randn_act((size_t)N * C, 1, 13);
     float *dinp = host_randn_act((size_t)N * C, 1, 14);
-    float *dw = host_randn(C, 1, 15), *db = host_randn(C, 1, 16);
+    float *dw = host_randn(C, 1, 15), *db = host_randn(C, 1, 16), *ds = host_randn(C, 1, 17);
     gptc_act *d_dout = act_to_gpu(dout, (size_t)N * C), *d_dinp = act_to_gpu(dinp, (size_t)N * C);
-    float *d_dw = to_gpu(dw, C), *d_db = to_gpu(db, C);
-    cpu->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, NULL);
-    gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C, NULL);
+    float *d_dw = to_gpu(dw, C), *d_db = to_gpu(db, C), *d_ds = to_gpu(ds, C);
+    cpu->layernorm_backward(dinp, dw, db, NULL, dout, inp, w, mean, rstd, N, C, NULL);
+    gpu->layernorm_backward(d_dinp, d_dw, d_db, d_ds, d_dout, d_inp, d_w, d_mean, d_rstd, N, C,
+                            NULL);
     compare_act("layernorm_backward dinp", d_dinp, dinp, (size_t)N * C, 1e-5);
     compare("layernorm_backward dw", d_dw, dw, C, 1e-5);
     compare("layernorm_backward db", d_db, db, C, 1e-5);
+    /* dsum: the sums of the dinp the GPU stored (the CPU's own may be a rounding apart) */
+    float *stored = act_to_host(d_dinp, (size_t)N * C); /* [N,C] */
+    check_column_sums("layernorm_backward dsum", d_ds, ds, stored, (size_t)N, (size_t)C);
     free(inp), free(w), free(b), free(out), free(mean), free(rstd), free(dout), free(dinp);
-    free(dw), free(db);
+    free(dw), free(db), free(ds), free(stored);
     gpu->release(d_inp), gpu->release(d_w), gpu->release(d_b), gpu->release(d_out);
     gpu->release(d_mean), gpu->release(d_rstd), gpu->release(d_dout), gpu->release(d_dinp);
-    gpu->release(d_dw), gpu->release(d_db);
+    gpu->release(d_dw), gpu->release(d_db), gpu->release(d_ds);
 }
 
 /* The GPU's bf16 output d_out[n] (act: bf16 storage under bf16) really is rounded: it
@@ -584,20 +603,6 @@ static int attention_runs_here(int B, int T, int C, int NH, gptc_precision p) {
     return 0;
 }
 
-/* d_dbias [C3], which started as init, against init + the column sums of stored [N,C3] (the
- * dqkv the GPU stored, as floats): the attention backward's fused bias gradient */
-static void check_qkv_bias(const char *what, const float *d_dbias, const float *init,
-                           const float *stored, size_t N, size_t C3) {
-    float *ref = malloc(C3 * sizeof(float)); /* [C3] */
-    for (size_t c = 0; c < C3; c++) {
-        double sum = init[c];
-        for (size_t n = 0; n < N; n++) sum += stored[n * C3 + c];
-        ref[c] = (float)sum;
-    }
-    compare(what, d_dbias, ref, C3, 1e-5);
-    free(ref);
-}
-
 static void test_attention(int B, int T, int C, int NH) {
     size_t nqkv = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
     int bf16 = act_bf16();
@@ -627,7 +632,7 @@ static void test_attention(int B, int T, int C, int NH) {
     compare_act(bf16 ? "attention_backward dqkv bf16" : "attention_backward dqkv", d_dqkv, dqkv,
                 nqkv, bf16 ? ATT_BF16_TOL : 1e-5);
     float *stored = act_to_host(d_dqkv, nqkv); /* [B,T,3C] */
-    check_qkv_bias(bf16 ? "attention_backward dbias bf16" : "attention_backward dbias", d_dbias,
+    check_column_sums(bf16 ? "attention_backward dbias bf16" : "attention_backward dbias", d_dbias,
                    dbias, stored, (size_t)B * T, (size_t)3 * C);
     free(stored), free(dbias);
     gpu->release(d_dbias);
@@ -788,7 +793,7 @@ static void test_attention_bf16(int B, int T, int NH, int hs, int offset) {
         qkv_part(ref, dqkv, (size_t)B * T, C, k);
         compare_bf16(part_name[k], part, ref, ny, 4 * BF16_U);
     }
-    check_qkv_bias("attention_bwd_bf16 dbias", d_dbias, dbias, got, (size_t)B * T, (size_t)3 * C);
+    check_column_sums("attention_bwd_bf16 dbias", d_dbias, dbias, got, (size_t)B * T, (size_t)3 * C);
     free(dbias);
     gpu->release(d_dbias);
 

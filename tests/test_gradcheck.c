@@ -90,7 +90,7 @@ static void test_layernorm(void) {
     for (int i = 0; i < C; i++) c.w[i] += 1.0f;
     float *dinp = zeros(N * C), *dw = zeros(C), *db = zeros(C);
     ln_loss(&c);
-    be->layernorm_backward(dinp, dw, db, c.r, c.inp, c.w, c.mean, c.rstd, N, C, NULL);
+    be->layernorm_backward(dinp, dw, db, NULL, c.r, c.inp, c.w, c.mean, c.rstd, N, C, NULL);
     check("layernorm d/inp", c.inp, dinp, N * C, ln_loss, &c, 1e-2f, 60);
     check("layernorm d/weight", c.w, dw, C, ln_loss, &c, 1e-2f, 40);
     check("layernorm d/bias", c.b, db, C, ln_loss, &c, 1e-2f, 40);

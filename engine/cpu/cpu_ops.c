@@ -623,20 +623,25 @@ void cpu_add_layernorm_forward(gptc_act *res, gptc_act *out, float *mean, float 
     cpu_layernorm_forward(out, mean, rstd, res, w, bias, N, C, s);
 }
 
-void cpu_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
-                            const gptc_act *inp, const gptc_act *w, const float *mean,
-                            const float *rstd, int N, int C, gptc_stream *s) {
+/* dsum: the column sums f32_matmul_backward would take of dinp as its dout, the same
+ * values in the same order (the bias gradient moves here, bit for bit) */
+void cpu_layernorm_backward(gptc_act *dinp, float *dw, float *db, float *dsum,
+                            const gptc_act *dout, const gptc_act *inp, const gptc_act *w,
+                            const float *mean, const float *rstd, int N, int C,
+                            gptc_stream *s) {
     if (!bf16()) {
         f32_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+        if (dsum) f32_column_sums(dsum, dinp, N, C);
         return;
     }
     size_t nx = (size_t)N * C;
-    float *next = arena(3 * nx + (size_t)C);
+    float *next = arena((dsum ? 4 : 3) * nx + (size_t)C);
     const float *d = unpack(&next, dout, nx), *x = unpack(&next, inp, nx);
     const float *wf = unpack(&next, w, C);
     float *dx = unpack(&next, dinp, nx); /* "+=": the kernel adds to the old value */
     f32_layernorm_backward(dx, dw, db, d, x, wf, mean, rstd, N, C);
     pack(dinp, dx, nx);
+    if (dsum) f32_column_sums(dsum, unpack(&next, dinp, nx), N, C); /* as stored */
 }
 
 /* The products read the bf16 operands exactly and sum in fp32, as the GPU's do. */

@@ -22,7 +22,8 @@ void cpu_layernorm_forward(gptc_act *out, float *mean, float *rstd, const gptc_a
 void cpu_add_layernorm_forward(gptc_act *res, gptc_act *out, float *mean, float *rstd,
                                const gptc_act *a, const gptc_act *b, const gptc_act *w,
                                const gptc_act *bias, int N, int C, gptc_stream *s);
-void cpu_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
+void cpu_layernorm_backward(gptc_act *dinp, float *dw, float *db, float *dsum,
+                            const gptc_act *dout,
                             const gptc_act *inp, const gptc_act *w, const float *mean,
                             const float *rstd, int N, int C, gptc_stream *s);
 void cpu_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,

@@ -218,10 +218,12 @@ static void cu_add_layernorm_forward(gptc_act *res, gptc_act *out, float *mean, 
     }
     check_launch("add_layernorm_forward");
 }
-static void cu_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
-                                  const gptc_act *inp, const gptc_act *w, const float *mean,
-                                  const float *rstd, int N, int C, gptc_stream *s) {
-    cuda_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, g_precision, cu(s));
+static void cu_layernorm_backward(gptc_act *dinp, float *dw, float *db, float *dsum,
+                                  const gptc_act *dout, const gptc_act *inp, const gptc_act *w,
+                                  const float *mean, const float *rstd, int N, int C,
+                                  gptc_stream *s) {
+    cuda_layernorm_backward(dinp, dw, db, dsum, dout, inp, w, mean, rstd, N, C, g_precision,
+                            cu(s));
     check_launch("layernorm_backward");
 }
 static void cu_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,

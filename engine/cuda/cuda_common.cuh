@@ -161,6 +161,19 @@ static inline int cuda_smem_optin(void) {
     return n;
 }
 
+/* The shared memory of one multiprocessor (bytes), which its resident blocks share, each
+ * with 1 KiB the system keeps: 228 KiB on sm_90. The opt-in plus that 1 KiB when the
+ * query fails. */
+static inline int cuda_smem_per_sm(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
+            cudaSuccess ||
+        n <= 0)
+        n = cuda_smem_optin() + 1024;
+    return n;
+}
+
 /* Readies kernel (its address) for blocks of bytes of dynamic shared memory (the opt-in
  * that CUDA asks for above 48 KiB) and returns 1; when this device allows fewer bytes,
  * refuses the launch instead (cuda_refuse), saying what needs how much, and returns 0. */

@@ -33,10 +33,10 @@ void cuda_add_layernorm_forward(gptc_act *res, gptc_act *out, float *mean, float
                                 const gptc_act *a, const gptc_act *a2, const gptc_act *w,
                                 const gptc_act *b, int N, int C, gptc_precision p,
                                 cudaStream_t s);
-void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
-                             const gptc_act *inp, const gptc_act *w, const float *mean,
-                             const float *rstd, int N, int C, gptc_precision p,
-                             cudaStream_t s);
+void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, float *dsum,
+                             const gptc_act *dout, const gptc_act *inp, const gptc_act *w,
+                             const float *mean, const float *rstd, int N, int C,
+                             gptc_precision p, cudaStream_t s);
 
 /* dbias[OC] += column sums of dout[N,OC] (the matmul's bias gradient) */
 void cuda_bias_backward(float *dbias, const gptc_act *dout, int N, int OC, gptc_precision p,

@@ -108,7 +108,8 @@ __global__ void layernorm_forward_kernel(gptc_act *out /* [N,C] */, float *mean 
 /* dinp is per row but dw, db sum over rows. Each block owns a contiguous run of rows;
  * warp w takes rows n_begin + w, + LN_WARPS, ... (per row: shuffle reductions for the two
  * means, then dinp +=), and while it has a row's dout and xhat in registers it adds
- * dout * xhat and dout into slice w % slices of the block's shared accumulator. With
+ * dout * xhat and dout into slice w % slices of the block's shared accumulator (and, with
+ * dsum, the new dinp as stored: a third sum, the bias gradient of a projection). With
  * slices = LN_WARPS (C up to ~3600 on sm_90) no two warps share a slot: plain adds in a
  * fixed order. With fewer slices (larger C) the warps that share one add with shared
  * atomics. At the end the block sums its slices in order and adds the result into dw, db
@@ -147,24 +148,26 @@ static __device__ __forceinline__ void ln_add8(float *slot, const float a[8], in
     p[32] = make_float4(hi.x + a[4], hi.y + a[5], hi.z + a[6], hi.w + a[7]);
 }
 
-__global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw /* [C] */,
-                                          float *db /* [C] */,
-                                          const gptc_act *dout /* [N,C] */,
-                                          const gptc_act *inp /* [N,C] */,
-                                          const gptc_act *w /* [C] */,
-                                          const float *mean /* [N] */,
-                                          const float *rstd /* [N] */, int N, int C,
-                                          int rows_per_block, int slices, int vec8,
-                                          int bf16) {
-    /* [slices][2][S], S = ln_slice(C, vec8): the dw | db sums of warps w, w + slices, ... */
+/* 4 blocks an SM at most (the launcher's wave): 64 registers a thread fit them, where
+ * ptxas would take 72 with dsum's sums and leave room for 3 (sm_90, nvcc 13.0; no spill
+ * at 56) */
+__global__ void __launch_bounds__(LN_THREADS, 4)
+layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw /* [C] */, float *db /* [C] */,
+                          float *dsum /* [C] or NULL */, const gptc_act *dout /* [N,C] */,
+                          const gptc_act *inp /* [N,C] */, const gptc_act *w /* [C] */,
+                          const float *mean /* [N] */, const float *rstd /* [N] */, int N,
+                          int C, int rows_per_block, int slices, int vec8, int bf16) {
+    /* [slices][nacc][S], S = ln_slice(C, vec8): the dw | db (| dsum) sums of warps w,
+     * w + slices, ... */
     extern __shared__ float4 ln_smem[];
     float *acc = (float *)ln_smem;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int S = ln_slice(C, vec8);
+    int S = ln_slice(C, vec8), nacc = dsum ? 3 : 2;
     int shared = slices < LN_WARPS; /* warps share a slice: atomics */
-    float *acc_w = acc + (size_t)(slices ? warp % slices : 0) * 2 * S, *acc_b = acc_w + S;
+    float *acc_w = acc + (size_t)(slices ? warp % slices : 0) * nacc * S, *acc_b = acc_w + S;
+    float *acc_s = acc_b + S; /* only with dsum */
     if (slices) {
-        for (int i = threadIdx.x; i < slices * 2 * S; i += blockDim.x) acc[i] = 0.0f;
+        for (int i = threadIdx.x; i < slices * nacc * S; i += blockDim.x) acc[i] = 0.0f;
         __syncthreads();
     }
     int n_begin = blockIdx.x * rows_per_block;
@@ -201,13 +204,17 @@ __global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw 
                     pw[j] = dv[j] * xhat;
                 }
                 act_st8(dinp, x + c, gv);
+                if (dsum) /* the values as stored */
+                    for (int j = 0; j < 8; j++) gv[j] = bf16_to_float(bf16_bits(gv[j]));
                 if (slices) {
                     ln_add8(acc_w + ln_slot(c, 1), pw, shared);
                     ln_add8(acc_b + ln_slot(c, 1), dv, shared);
+                    if (dsum) ln_add8(acc_s + ln_slot(c, 1), gv, shared);
                 } else {
                     for (int j = 0; j < 8; j++) {
                         atomicAdd(dw + c + j, pw[j]);
                         atomicAdd(db + c + j, dv[j]);
+                        if (dsum) atomicAdd(dsum + c + j, gv[j]);
                     }
                 }
             }
@@ -227,15 +234,19 @@ __global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw 
             act_st(dinp, x + c,
                    act_ld(dinp, x + c, bf16) + (wc * dc - mean_dn - xhat * mean_dn_xhat) * r,
                    bf16);
+            float g = dsum ? act_ld(dinp, x + c, bf16) : 0.0f; /* as stored */
             if (slices && !shared) {
                 acc_w[c] += dc * xhat;
                 acc_b[c] += dc;
+                if (dsum) acc_s[c] += g;
             } else if (slices) {
                 atomicAdd(acc_w + c, dc * xhat);
                 atomicAdd(acc_b + c, dc);
+                if (dsum) atomicAdd(acc_s + c, g);
             } else {
                 atomicAdd(dw + c, dc * xhat);
                 atomicAdd(db + c, dc);
+                if (dsum) atomicAdd(dsum + c, g);
             }
         }
     }
@@ -243,13 +254,16 @@ __global__ void layernorm_backward_kernel(gptc_act *dinp /* [N,C] */, float *dw 
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         int slot = ln_slot(c, vec8);
-        float sw = 0.0f, sb = 0.0f;
+        float sw = 0.0f, sb = 0.0f, ss = 0.0f;
         for (int k = 0; k < slices; k++) {
-            sw += acc[(size_t)k * 2 * S + slot];
-            sb += acc[(size_t)k * 2 * S + S + slot];
+            const float *a = acc + (size_t)k * nacc * S + slot;
+            sw += a[0];
+            sb += a[S];
+            if (dsum) ss += a[2 * S];
         }
         atomicAdd(dw + c, sw);
         atomicAdd(db + c, sb);
+        if (dsum) atomicAdd(dsum + c, ss);
     }
 }
 
@@ -273,34 +287,38 @@ void cuda_add_layernorm_forward(gptc_act *res, gptc_act *out, float *mean, float
         out, mean, rstd, a2 ? res : NULL, a, a2, w, b, N, C, vec8, bf16);
 }
 
-void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, const gptc_act *dout,
-                             const gptc_act *inp, const gptc_act *w, const float *mean,
-                             const float *rstd, int N, int C, gptc_precision p,
-                             cudaStream_t s) {
+void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, float *dsum,
+                             const gptc_act *dout, const gptc_act *inp, const gptc_act *w,
+                             const float *mean, const float *rstd, int N, int C,
+                             gptc_precision p, cudaStream_t s) {
     if (N <= 0 || C <= 0) return;
     int bf16 = p == GPTC_BF16;
     int vec8 = bf16 && C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
                aligned16(w);
-    /* about 4 blocks per SM, each at least a row per warp, so that each warp's slice
-     * sums several rows before the block's one atomicAdd per column */
-    long target = (long)cuda_sm_count() * 4;
-    long rows = ((long)N + target - 1) / target;
-    rows = (rows + LN_WARPS - 1) / LN_WARPS * LN_WARPS;
-    int rows_per_block = (int)rows;
-    unsigned int blocks = (unsigned int)(((long)N + rows - 1) / rows);
     /* a slice per warp if they fit, else as many as fit (a power of two: warps w and
      * w + slices share one), else none */
-    size_t slice_bytes = 2 * (size_t)ln_slice(C, vec8) * sizeof(float);
+    size_t slice_bytes = (dsum ? 3 : 2) * (size_t)ln_slice(C, vec8) * sizeof(float);
     int slices = LN_WARPS;
     size_t optin = (size_t)cuda_smem_optin();
     while (slices > 0 && slices * slice_bytes > optin) slices /= 2;
     size_t smem = slices * slice_bytes;
+    /* one wave of blocks, up to 4 an SM (fewer where their slices take the SM's shared
+     * memory: 3 at C 768 with dsum), each at least a row per warp, so that each warp's
+     * slice sums several rows before the block's one atomicAdd per column */
+    long per_sm = (long)cuda_smem_per_sm() / (long)(smem + 1024);
+    if (per_sm > 4) per_sm = 4;
+    if (per_sm < 1) per_sm = 1;
+    long target = (long)cuda_sm_count() * per_sm;
+    long rows = ((long)N + target - 1) / target;
+    rows = (rows + LN_WARPS - 1) / LN_WARPS * LN_WARPS;
+    int rows_per_block = (int)rows;
+    unsigned int blocks = (unsigned int)(((long)N + rows - 1) / rows);
     /* fits by construction: this only sets the kernel's opt-in */
     if (!cuda_smem_ready((const void *)layernorm_backward_kernel, smem, "the layernorm backward",
                          s))
         return;
     layernorm_backward_kernel<<<blocks, LN_THREADS, smem, s>>>(
-        dinp, dw, db, dout, inp, w, mean, rstd, N, C, rows_per_block, slices, vec8, bf16);
+        dinp, dw, db, dsum, dout, inp, w, mean, rstd, N, C, rows_per_block, slices, vec8, bf16);
 }
 
 } /* extern "C" */

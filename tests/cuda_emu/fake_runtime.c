@@ -183,6 +183,7 @@ cudaError_t emu_cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int devi
     case cudaDevAttrWarpSize: *value = 32; break;
     case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = emu_smem_optin(); break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = emu_smem_optin() + 1024; break;
     /* small, so that the op tests' attention splits its (b, h) pairs into groups of a
      * few (attention_group), remainders included */
     case cudaDevAttrL2CacheSize: *value = 64 * 1024; break;
