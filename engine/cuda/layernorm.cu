@@ -307,6 +307,13 @@ void cuda_layernorm_backward(gptc_act *dinp, float *dw, float *db, float *dsum,
      * slice sums several rows before the block's one atomicAdd per column */
     long per_sm = (long)cuda_smem_per_sm() / (long)(smem + 1024);
     if (per_sm > 4) per_sm = 4;
+    if (dsum && per_sm < 2 && slices == LN_WARPS) {
+        /* the third sum would leave one block an SM (8 warps: C 768 on a 100 KiB sm_86 or
+         * sm_89), too few to keep memory busy: the sums take a pass of their own */
+        cuda_layernorm_backward(dinp, dw, db, NULL, dout, inp, w, mean, rstd, N, C, p, s);
+        cuda_bias_backward(dsum, dinp, N, C, p, s);
+        return;
+    }
     if (per_sm < 1) per_sm = 1;
     long target = (long)cuda_sm_count() * per_sm;
     long rows = ((long)N + target - 1) / target;
