@@ -84,15 +84,22 @@ static void check_name(const char *symbol, size_t n, const char *want) {
 static void check_kernel_names(void) {
     check_name("_Z24layernorm_forward_kernelPfS_PKfS1_iii", 256, "layernorm_forward_kernel");
     check_name("_ZN8cublasLt8epilogue4impl12globalKernelILi8ELi32EfEEvv", 256,
-               "cublasLt::epilogue::impl::globalKernel");
+               "cublasLt::epilogue::impl::globalKernel<8,32,float>");
+    /* CUTLASS's kernels: the template argument names the configuration */
+    check_name("_ZN7cutlass7Kernel2I61cutlass_80_tensorop_s16816gemm_relu_bf16_64x64_32x6_tn_align8EE"
+               "vNT_6ParamsE", 256,
+               "cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_relu_bf16_64x64_32x6_tn_align8>");
+    check_name("_ZN4cute6kernelINS_5ShapeEEEvv", 256, "cute::kernel"); /* a substitution: no args */
+    check_name("_Z6kernelILin3ELb1ELb0EN2ns4TileILi64EEEEvv", 256,
+               "kernel<-3,true,false,ns::Tile<64>>");
     check_name("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cublas", 256,
                "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cublas");
     check_name("_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE",
                256, "ncclDevKernel_AllReduce_Sum_f32_RING_LL");
-    check_name("_Z10gemmKernelILi128EEvPf", 256, "gemmKernel");
+    check_name("_Z10gemmKernelILi128EEvPf", 256, "gemmKernel<128>");
     check_name("_ZL12local_kernelv", 256, "local_kernel");
     check_name("_ZN12_GLOBAL__N_16kernelEv", 256, "(anonymous_namespace)::kernel");
-    check_name("_ZSt4swapIiEvRT_S1_", 256, "std::swap");
+    check_name("_ZSt4swapIiEvRT_S1_", 256, "std::swap<int>");
     check_name("_ZNK3foo3barEv", 256, "foo::bar");
     check_name("_Z99short", 256, "_Z99short");          /* a length past the end: as it is */
     check_name("_Zweird", 256, "_Zweird");

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (config parser, HDF5 token and checkpoint loaders) with
+# Builds the libFuzzer targets (config parser, HDF5 token and checkpoint loaders, the
+# demangler of CUPTI's kernel names) with
 # clang + ASan and runs each from a corpus of valid files.
 #   usage: tests/fuzz/run.sh BUILD_DIR [SECONDS_PER_TARGET]
 # CI runs a fixed-seed short pass (the default, 20 s each); for a long run see
@@ -19,11 +20,17 @@ hdf5_inc=$(pkg-config --cflags hdf5 2>/dev/null || echo -I/usr/include/hdf5/seri
 hdf5_lib=$(pkg-config --libs hdf5 2>/dev/null || echo "-L/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5")
 flags=(-std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -I. $hdf5_inc)
 clang "${flags[@]}" tests/fuzz/fuzz_config.c engine/config.c -lm -o "$out/fuzz_config"
+clang "${flags[@]}" tests/fuzz/fuzz_kernel_name.c engine/kernel_name.c -o "$out/fuzz_kernel_name"
 clang "${flags[@]}" tests/fuzz/fuzz_h5.c data/tokens.c data/h5_sources.c engine/checkpoint.c engine/h5_filters.c $hdf5_lib -lpthread -lm \
   -o "$out/fuzz_h5"
 
 # seed corpora: the shipped config, a token file and a checkpoint written by gptc itself
-mkdir -p "$out/corpus_config" "$out/corpus_h5"
+mkdir -p "$out/corpus_config" "$out/corpus_h5" "$out/corpus_kernel_name"
+# symbols of the shapes kernel_name reads (tests/test_timing_device.c has more)
+printf '%s' '_ZN8cublasLt8epilogue4impl12globalKernelILi8ELi32EfEEvv' > "$out/corpus_kernel_name/a"
+printf '%s' '_Z6kernelILin3ELb1ELb0EN2ns4TileILi64EEEEvv' > "$out/corpus_kernel_name/b"
+printf '%s' '_ZSt4swapIiEvRT_S1_' > "$out/corpus_kernel_name/c"
+printf '%s' 'sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cublas' > "$out/corpus_kernel_name/d"
 cp configs/*.ini "$out/corpus_config/"
 printf '[train]\nsteps = 3\n' > "$out/corpus_config/small.ini"
 printf 'hello fuzzing world\n' | "$build/gptc-data" --out "$out/corpus_h5/tokens.h5" - > /dev/null
@@ -42,7 +49,7 @@ OMP_NUM_THREADS=1 "$build/gptc-train" --model.n_layer=1 --model.n_head=1 --model
 # can only report) is listed as such; one in gptc's own code, or one with no frame in
 # either, fails the run.
 status=0
-for t in config h5; do
+for t in config h5 kernel_name; do
   rm -f "$out"/crash_$t-* "$out"/fuzz_$t.*.log
   ours=0 upstream=0 run=0
   end=$((SECONDS + secs))
