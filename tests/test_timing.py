@@ -154,15 +154,9 @@ def check_steps_contain_ops(name, events):
             fail(f"{name}: negative duration")
 
 
-def check_clocks(name, events):
-    """The ranks' records share one clock: a collective cannot end on one rank before it
-    began on the other, so each pair of the two ranks' k-th instances of a collective must
-    overlap, up to the error the run states for its clock alignment (half the shortest
-    round trip to rank 0). Rank 0 and 1 of a dp-only run: every collective is theirs."""
-    m = re.search(r"clocks agree with rank 0's within ([0-9.]+) us", STDOUT[name])
-    if not m:
-        fail(f"{name}: no line on how well the ranks' clocks agree")
-    err_us = float(m.group(1)) + 0.002  # the trace's times have 3 decimals
+def collective_gap(name, events):
+    """The largest time by which one of ranks 0 and 1's k-th instance of a collective ends
+    before the other's begins (<= 0 when every pair overlaps), and how many pairs."""
     worst, pairs = 0.0, 0
     for op in ("allreduce", "reduce_scatter", "allgather"):
         per_rank = [sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X"
@@ -172,6 +166,19 @@ def check_clocks(name, events):
         for (a0, a1), (b0, b1) in zip(*per_rank):
             worst = max(worst, a0 - b1, b0 - a1)
             pairs += 1
+    return worst, pairs
+
+
+def check_clocks(name, events):
+    """The ranks' records share one clock: a collective cannot end on one rank before it
+    began on the other, so each pair of the two ranks' k-th instances of a collective must
+    overlap, up to the error the run states for its clock alignment (half the shortest
+    round trip to rank 0). Rank 0 and 1 of a dp-only run: every collective is theirs."""
+    m = re.search(r"clocks agree with rank 0's within ([0-9.]+) us", STDOUT[name])
+    if not m:
+        fail(f"{name}: no line on how well the ranks' clocks agree")
+    err_us = float(m.group(1)) + 0.002  # the trace's times have 3 decimals
+    worst, pairs = collective_gap(name, events)
     if pairs == 0 or worst > err_us:
         fail(f"{name}: of {pairs} collectives, one ends {worst:.3f} us before its peer's begins "
              f"on the other rank; the clocks were said to agree within {err_us:.3f} us")
@@ -203,13 +210,7 @@ def check_drift():
     STDOUT[name] = r.stdout
     with open(f"{D}/{name}.trace.json") as f:
         events = json.load(f)["traceEvents"]
-    worst, pairs = 0.0, 0
-    for op in ("allreduce", "reduce_scatter", "allgather"):
-        per_rank = [sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X"
-                           and e["name"] == op and e["pid"] == k) for k in (0, 1)]
-        for (a0, a1), (b0, b1) in zip(*per_rank):
-            worst = max(worst, a0 - b1, b0 - a1)
-            pairs += 1
+    worst, pairs = collective_gap(name, events)
     if pairs == 0 or worst > err_us:
         fail(f"{name}: of {pairs} collectives, one ends {worst:.1f} us before its peer's begins "
              f"on the other rank; after a drift of {drift_us:.0f} us, the trace was said to "

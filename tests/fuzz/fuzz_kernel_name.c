@@ -2,6 +2,7 @@
  * record's symbol might hold, into output buffers of sizes 1 to 300: it must return a
  * string shorter than the buffer, without the characters the report cannot carry
  * (whitespace, quotes, backslashes), and never read or write out of bounds (ASan). */
+#define _POSIX_C_SOURCE 200809L /* strnlen */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
