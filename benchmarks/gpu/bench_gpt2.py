@@ -11,8 +11,9 @@ Rows (one JSON line each in $GPTC_BENCH_OUT/gpt2.jsonl, a table in gpt2.md):
   at the first micro-batch with GPTC_ATTENTION_FWD_ROWS=128 (the attention forward with
   128 queries a block); with GPTC_ATTENTION_DQ=fused (the attention backward's dq from
   its dk/dv kernel); with kernel timing (its log holds the per-op table of a bf16 step
-  and the device kernels behind each op, bf16_report_b*.json both, and its trace gives
-  bf16_steady_ops_b*.md, the same for the steps after the first); with
+  and the device kernels behind each op, bf16_report_b*.json both, the latter also as
+  bf16_device_kernels_b*.md, and its trace gives bf16_steady_ops_b*.md, the same for the
+  steps after the first); with
   GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias gradient); and, last,
   with cuBLASLt's first 8 candidates of every GEMM timed and the fastest kept
   (GPTC_GEMM_CANDIDATES=8).
@@ -141,6 +142,27 @@ def steady_ops(trace, out):
     os.remove(trace)
 
 
+def device_kernels(report, out):
+    """The timed row's report's device_kernels (the kernels CUPTI saw behind each op) as a
+    markdown table in out: per op, its kernels, calls per op call, mean and ms per step"""
+    try:
+        with open(report) as f:
+            dev = json.load(f)["device_kernels"]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"device kernels: {report}: {e}", flush=True)
+        return
+    with open(out, "w") as f:
+        f.write("Device kernels behind each op (CUPTI; the timed bf16 row, steps after the "
+                "first)\n\n| op | kernel | per call | mean us | ms/step |\n|---|---|---|---|---|\n")
+        last = None
+        for d in dev:
+            per = d["per_op_call"]
+            f.write(f"| {d['op'] if d['op'] != last else ''} | `{d['kernel']}` | "
+                    f"{'' if per is None else f'{per:.2f}'} | {d['mean_us']:.1f} | "
+                    f"{d['total_us_per_step'] / 1e3:.3f} |\n")
+            last = d["op"]
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     sources = sorted(os.path.join(d, f) for d in ("engine", "layers", "parallel")
@@ -235,6 +257,7 @@ def main():
         record(row)
         rows.append(row)
         steady_ops(trace, os.path.join(OUT, f"bf16_steady_ops_b{micro}.md"))
+        device_kernels(report, os.path.join(OUT, f"bf16_device_kernels_b{micro}.md"))
     # bf16 with the attention backward adding the qkv bias gradient itself
     # (GPTC_ATTENTION_BIAS=1, not the default until measured): one pass over dqkv less, but
     # its hs 64 dk/dv kernel spills more (attention_bf16.cu)
