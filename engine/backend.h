@@ -114,8 +114,10 @@ typedef struct gptc_backend {
      * -1 at once, where the timer does not see kernels: the CPU, CUDA events). After
      * timer_read: piece i of the step's work (a kernel, copy or set) gives its op handle
      * (-1: launched outside every op), its kernel's name (engine/kernel_name.h; it lives
-     * as long as the run) and its duration, and returns 0; -1 past the last piece. */
-    int (*timer_piece)(size_t i, int *op, const char **kernel, double *us);
+     * as long as the run) and its interval on timing_now_ms()'s clock, and returns 0; -1
+     * past the last piece. */
+    int (*timer_piece)(size_t i, int *op, const char **kernel, double *start_ms,
+                       double *end_ms);
 
     /* The precision (gptc_precision above); fp32, the default, is strict (no TF32). Set
      * once, before the first op and before any activation-type buffer is sized. */

@@ -299,18 +299,27 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
 
 /* ------------------------------------------------------------------ device kernels */
 
-/* one op's kernel, merged over ranks */
+/* one op's kernel, merged over ranks (us) */
 typedef struct {
     char op[64], kernel[256];
-    long count;
-    double sum;    /* us */
-    double op_sum; /* us of every kernel of its op: the table's order */
+    long count, n_iso, n_ovl;
+    double sum, iso, ovl;
+    double op_sum; /* of every kernel of its op: the table's order */
 } merged_device;
 
 static void device_text(text *t) {
     const timing_device_kernel *d = timing_device_kernels();
     for (int i = 0; i < timing_n_device_kernels(); i++)
-        put(t, "%s %s %ld %.6f\n", d[i].op, d[i].kernel, d[i].count, d[i].sum_us);
+        put(t, "%s %s %ld %.6f %ld %.6f %ld %.6f\n", d[i].op, d[i].kernel, d[i].count,
+            d[i].sum_us, d[i].n_isolated, d[i].isolated_us, d[i].n_overlapped,
+            d[i].overlapped_us);
+}
+
+/* the isolated and overlapped means and their ratio, as means_of gives an op's */
+static kernel_means device_means(const merged_device *x) {
+    merged_kernel k = {.count = x->count, .n_iso = x->n_iso, .n_ovl = x->n_ovl,
+                       .sum = x->sum, .iso = x->iso, .ovl = x->ovl};
+    return means_of(&k);
 }
 
 static int by_op_then_kernel(const void *a, const void *b) {
@@ -329,7 +338,8 @@ static int merge_device(const char *lines, merged_device **out) {
     for (const char *p = lines; p && *p;) {
         merged_device r = {0};
         int used = 0;
-        if (sscanf(p, "%63s %255s %ld %lf\n%n", r.op, r.kernel, &r.count, &r.sum, &used) != 4 ||
+        if (sscanf(p, "%63s %255s %ld %lf %ld %lf %ld %lf\n%n", r.op, r.kernel, &r.count,
+                   &r.sum, &r.n_iso, &r.iso, &r.n_ovl, &r.ovl, &used) != 8 ||
             used == 0)
             break;
         p += used;
@@ -344,6 +354,10 @@ static int merge_device(const char *lines, merged_device **out) {
         } else {
             d[i].count += r.count;
             d[i].sum += r.sum;
+            d[i].n_iso += r.n_iso;
+            d[i].iso += r.iso;
+            d[i].n_ovl += r.n_ovl;
+            d[i].ovl += r.ovl;
         }
     }
     for (int i = 0; i < n; i++)
@@ -367,11 +381,14 @@ static void device_json(text *t, const merged_device *d, int n, const merged_ker
                         long rows) {
     for (int i = 0; i < n; i++) {
         long calls = op_count(k, nk, d[i].op);
-        char a[32];
+        kernel_means m = device_means(&d[i]);
+        char a[32], b[32], c[32], e[32];
         put(t, "    {\"op\": \"%s\", \"kernel\": \"%s\", \"count\": %ld, \"mean_us\": %.4f, "
+               "\"isolated_mean_us\": %s, \"overlapped_mean_us\": %s, \"slowdown\": %s, "
                "\"total_us_per_step\": %.4f, \"per_op_call\": %s}%s\n",
             d[i].op, d[i].kernel, d[i].count, d[i].count ? d[i].sum / d[i].count : 0.0,
-            rows ? d[i].sum / rows : 0.0,
+            num(b, "%.4f", m.iso, "null"), num(c, "%.4f", m.ovl, "null"),
+            num(e, "%.4f", m.slow, "null"), rows ? d[i].sum / rows : 0.0,
             num(a, "%.4f", calls ? (double)d[i].count / calls : NAN, "null"), i + 1 < n ? "," : "");
     }
 }
@@ -383,8 +400,8 @@ static void print_device(const merged_device *d, int n, const merged_kernel *k, 
     if (n == 0) return;
     printf("\n# device kernels behind each op (CUPTI records, all ranks; '%s' = launched "
            "outside every op)\n", TIMING_NO_OP);
-    printf("%-20s %-*s %8s %10s %9s\n", "op", DEVICE_NAME_COLS, "kernel", "per call", "mean us",
-           "ms/step");
+    printf("%-20s %-*s %8s %10s %9s %8s\n", "op", DEVICE_NAME_COLS, "kernel", "per call",
+           "mean us", "ms/step", "slowdown");
     for (int i = 0; i < n && i < DEVICE_ROWS; i++) {
         long calls = op_count(k, nk, d[i].op);
         char a[32], name[DEVICE_NAME_COLS + 1];
@@ -395,9 +412,11 @@ static void print_device(const merged_device *d, int n, const merged_kernel *k, 
         else
             snprintf(name, sizeof name, "%s", d[i].kernel);
         int same_op = i > 0 && strcmp(d[i - 1].op, d[i].op) == 0;
-        printf("%-20s %-*s %8s %10.1f %9.3f\n", same_op ? "" : d[i].op, DEVICE_NAME_COLS, name,
-               num(a, "%.2f", calls ? (double)d[i].count / calls : NAN, "-"),
-               d[i].count ? d[i].sum / d[i].count : 0.0, rows ? d[i].sum / rows / 1e3 : 0.0);
+        char b[32];
+        printf("%-20s %-*s %8s %10.1f %9.3f %8s\n", same_op ? "" : d[i].op, DEVICE_NAME_COLS,
+               name, num(a, "%.2f", calls ? (double)d[i].count / calls : NAN, "-"),
+               d[i].count ? d[i].sum / d[i].count : 0.0, rows ? d[i].sum / rows / 1e3 : 0.0,
+               num(b, "%.2f", device_means(&d[i]).slow, "-"));
     }
     if (n > DEVICE_ROWS)
         printf("(%d more in the report's device_kernels)\n", n - DEVICE_ROWS);

@@ -37,6 +37,19 @@ double timing_now_ms(void) {
 
 typedef struct { double a, b; } span;
 
+/* a piece of a step's device work (backend timer_piece), under its op */
+typedef struct {
+    const char *op, *kernel; /* the op's record name (TIMING_NO_OP outside every op) */
+    int kind;                /* the op's kind: which union it may overlap */
+    double a, b;             /* us since the origin */
+} step_piece;
+
+/* the record name and kind of a device timer handle, this step */
+typedef struct {
+    const char *name; /* NULL: no record, or one the timer could not read */
+    int kind;
+} handle_op;
+
 static struct {
     int on;
     double origin_ms;
@@ -58,8 +71,10 @@ static struct {
     int n_kernels, cap_kernels;
     timing_device_kernel *dev; /* [cap_dev], n_dev used */
     int n_dev, cap_dev;
-    const char **op_names;     /* [cap_op_names] this step's record name of each device handle */
-    size_t cap_op_names;
+    handle_op *handles;        /* [cap_handles] this step's op of each device handle */
+    size_t cap_handles;
+    step_piece *pieces;        /* [cap_pieces], n_pieces used: this step's, until its end */
+    size_t n_pieces, cap_pieces;
     timing_record *trace;      /* [cap_trace], n_trace used */
     size_t n_trace, cap_trace, trace_limit;
     long trace_omitted;        /* records past trace_limit, timed but not in the trace */
@@ -96,7 +111,8 @@ void timing_shutdown(void) {
     free(T.steps);
     free(T.kernels);
     free(T.dev);
-    free(T.op_names);
+    free(T.handles);
+    free(T.pieces);
     free(T.trace);
     memset(&T, 0, sizeof(T));
 }
@@ -178,42 +194,30 @@ void timing_record_device(const char *name, timing_kind kind, timing_par par, in
     T.ops[i] = op;
 }
 
-static void add_device_kernel(const char *op, const char *kernel, double us) {
-    timing_device_kernel *d = NULL;
-    for (int i = 0; i < T.n_dev && !d; i++)
-        if (T.dev[i].kernel == kernel && (T.dev[i].op == op || strcmp(T.dev[i].op, op) == 0))
-            d = &T.dev[i];
-    if (!d) {
-        if (T.n_dev == T.cap_dev) {
-            T.cap_dev = T.cap_dev ? 2 * T.cap_dev : 64;
-            T.dev = log_realloc(T.dev, sizeof(*T.dev) * (size_t)T.cap_dev,
-                                "the timing's device kernels");
-        }
-        d = &T.dev[T.n_dev++];
-        *d = (timing_device_kernel){op, kernel, 0, 0.0};
-    }
-    d->count++;
-    d->sum_us += us;
-}
-
-/* Each piece of the step's device work under the name of the op whose handle it carries
- * (op_names, set for the ops that were read): pieces of an op that was not (untimed, or
- * its time spoiled) are left out with it. */
-static void add_pieces(int (*piece)(size_t i, int *op, const char **kernel, double *us),
-                       size_t n_handles) {
+/* Keeps each piece of the step's device work, under the op whose handle it carries
+ * (handles, set for the ops that were read): pieces of an op that was not (untimed, or
+ * its time spoiled) are left out with it. timing_end_step adds them up. */
+static void keep_pieces(timing_piece_fn piece, size_t n_handles) {
     int op;
     const char *kernel;
-    double us;
-    for (size_t i = 0; piece(i, &op, &kernel, &us) == 0; i++) {
-        const char *name = op == -1 ? TIMING_NO_OP
-                           : op >= 0 && (size_t)op < n_handles ? T.op_names[op]
-                                                                : NULL;
-        if (name && kernel) add_device_kernel(name, kernel, us);
+    double a, b;
+    for (size_t i = 0; piece(i, &op, &kernel, &a, &b) == 0; i++) {
+        handle_op h = op == -1 ? (handle_op){TIMING_NO_OP, TK_COMPUTE}
+                      : op >= 0 && (size_t)op < n_handles ? T.handles[op]
+                                                           : (handle_op){NULL, 0};
+        if (!h.name || !kernel) continue;
+        if (T.n_pieces == T.cap_pieces) {
+            T.cap_pieces = T.cap_pieces ? 2 * T.cap_pieces : 1024;
+            T.pieces = log_realloc(T.pieces, sizeof(*T.pieces) * T.cap_pieces,
+                                   "the timing's device kernels");
+        }
+        T.pieces[T.n_pieces++] = (step_piece){h.name, kernel, h.kind, (a - T.origin_ms) * 1e3,
+                                              (b - T.origin_ms) * 1e3};
     }
 }
 
 void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms),
-                           int (*piece)(size_t i, int *op, const char **kernel, double *us)) {
+                           timing_piece_fn piece) {
     if (!T.on) return;
     size_t n = atomic_load(&T.n), kept = 0, n_handles = 0;
     if (n > T.capacity) n = T.capacity;
@@ -222,12 +226,12 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
     if (piece && T.probe) piece = NULL;
     for (size_t i = 0; piece && i < n; i++)
         if (T.ops[i] >= 0 && (size_t)T.ops[i] >= n_handles) n_handles = (size_t)T.ops[i] + 1;
-    if (n_handles > T.cap_op_names) {
-        T.op_names = log_realloc(T.op_names, sizeof(*T.op_names) * n_handles,
-                                 "the timing's op names");
-        T.cap_op_names = n_handles;
+    if (n_handles > T.cap_handles) {
+        T.handles = log_realloc(T.handles, sizeof(*T.handles) * n_handles,
+                                "the timing's op handles");
+        T.cap_handles = n_handles;
     }
-    if (n_handles) memset(T.op_names, 0, sizeof(*T.op_names) * n_handles);
+    if (n_handles) memset(T.handles, 0, sizeof(*T.handles) * n_handles);
     for (size_t i = 0; i < n; i++) {
         double a, b;
         if (T.ops[i] >= 0) {
@@ -235,7 +239,7 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
                 T.untimed[T.rec[i].kind == TK_COMM]++;
                 continue;
             }
-            if (piece) T.op_names[T.ops[i]] = T.rec[i].name;
+            if (piece) T.handles[T.ops[i]] = (handle_op){T.rec[i].name, T.rec[i].kind};
             T.rec[i].start_us = (a - T.origin_ms) * 1e3;
             T.rec[i].end_us = (b - T.origin_ms) * 1e3;
             T.ops[i] = -1;
@@ -243,7 +247,7 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
         T.rec[kept++] = T.rec[i];
     }
     atomic_store(&T.n, kept);
-    if (piece) add_pieces(piece, n_handles);
+    if (piece) keep_pieces(piece, n_handles);
 }
 
 void timing_set_warmup(int n) { T.warmup = n > 0 ? n : 0; }
@@ -252,6 +256,7 @@ int timing_warmup(void) { return T.warmup; }
 void timing_begin_step(long step, int probe) {
     T.step = step;
     T.probe = probe;
+    T.n_pieces = 0;
     atomic_store(&T.n, 0);
     T.step_start_ms = timing_now_ms();
 }
@@ -315,6 +320,33 @@ static int meets(const span *u, size_t n, double a, double b) {
         else hi = mid;
     }
     return lo < n && u[lo].a < b;
+}
+
+static void add_device_kernel(const step_piece *p, int over) {
+    timing_device_kernel *d = NULL;
+    for (int i = 0; i < T.n_dev && !d; i++)
+        if (T.dev[i].kernel == p->kernel &&
+            (T.dev[i].op == p->op || strcmp(T.dev[i].op, p->op) == 0))
+            d = &T.dev[i];
+    if (!d) {
+        if (T.n_dev == T.cap_dev) {
+            T.cap_dev = T.cap_dev ? 2 * T.cap_dev : 64;
+            T.dev = log_realloc(T.dev, sizeof(*T.dev) * (size_t)T.cap_dev,
+                                "the timing's device kernels");
+        }
+        d = &T.dev[T.n_dev++];
+        *d = (timing_device_kernel){.op = p->op, .kernel = p->kernel};
+    }
+    double us = p->b - p->a;
+    d->count++;
+    d->sum_us += us;
+    if (over) {
+        d->n_overlapped++;
+        d->overlapped_us += us;
+    } else {
+        d->n_isolated++;
+        d->isolated_us += us;
+    }
 }
 
 static timing_kernel_stats *kernel_slot(const char *name, int kind, int par) {
@@ -409,6 +441,14 @@ void timing_end_step(double iter_ms) {
             k->isolated_us += us;
         }
     }
+    /* the device kernels the same way: a kernel of a compute op (or of none) overlapped
+     * when communication was in flight, one of a communication op when compute was */
+    for (size_t i = 0; i < T.n_pieces; i++) {
+        const step_piece *p = &T.pieces[i];
+        add_device_kernel(p, p->kind == TK_COMM ? meets(T.merged_comp, nc, p->a, p->b)
+                                                : meets(T.merged_comm, nm, p->a, p->b));
+    }
+    T.n_pieces = 0;
     keep_for_trace(T.rec, n);
 }
 

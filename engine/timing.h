@@ -64,13 +64,16 @@ void timing_record_op(const char *name, timing_kind kind, timing_par par, int st
  * (engine/backend.h), resolved into times after the step by timing_resolve_device. */
 void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
                           timing_ctx ctx, int op);
+/* The backend's timer_piece (engine/backend.h) */
+typedef int (*timing_piece_fn)(size_t i, int *op, const char **kernel, double *start_ms,
+                               double *end_ms);
 /* Turns the step's device handles into times (read: the backend's timer_read); ops that
- * ran nothing on the device are dropped. Where piece is not NULL (the backend's
- * timer_piece), the step's device kernels are added to timing_device_kernels under the
- * names of their ops. Call after the step's work has completed and before
+ * ran nothing on the device are dropped. Where piece is not NULL, the step's device
+ * kernels are kept under the names of their ops, and timing_end_step adds them to
+ * timing_device_kernels. Call after the step's work has completed and before
  * timing_end_step. */
 void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms),
-                           int (*piece)(size_t i, int *op, const char **kernel, double *us));
+                           timing_piece_fn piece);
 /* probe: this step runs with every overlap policy forced to none (the contention probe),
  * and its kernels go to separate statistics: the serialized baseline. */
 void timing_begin_step(long step, int probe);
@@ -113,13 +116,15 @@ typedef struct {
 
 /* The device kernels behind the ops (report "device_kernels"): the kernels, copies and
  * sets each op's launches ran, by op name and kernel name, over the steps that also make
- * the kernel statistics (after warm-up, outside contention-probe steps). op is
- * TIMING_NO_OP for work launched outside every op. Empty unless a timer saw them. */
+ * the kernel statistics (after warm-up, outside contention-probe steps), split as the
+ * ops are into the instances that ran while the other kind was in flight (overlapped)
+ * and the rest. op is TIMING_NO_OP for work launched outside every op (counted as
+ * compute). Empty unless a timer saw them. */
 #define TIMING_NO_OP "(none)"
 typedef struct {
     const char *op, *kernel; /* op: a record's name; kernel: lives as long as the run */
-    long count;
-    double sum_us;
+    long count, n_isolated, n_overlapped;
+    double sum_us, isolated_us, overlapped_us;
 } timing_device_kernel;
 int timing_n_device_kernels(void);
 const timing_device_kernel *timing_device_kernels(void);

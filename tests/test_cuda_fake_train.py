@@ -241,6 +241,10 @@ def check_device_kernels(name, rep):
         by_op.setdefault(d["op"], []).append(d)
         if d["kernel"].startswith("_Z") or not d["count"] > 0:
             fail(f"{name}: device kernel {d}: mangled name or no count")
+        # one rank, no communication: every instance ran alone
+        if d["overlapped_mean_us"] is not None or d["slowdown"] is not None or \
+                abs(d["isolated_mean_us"] - d["mean_us"]) > 1e-3 * d["mean_us"] + 1e-3:
+            fail(f"{name}: device kernel {d}: overlapped, or isolated != mean, on one rank")
     for k in rep["kernels"]:
         if k["kind"] != "compute" or not k["count"]:
             continue

@@ -47,22 +47,30 @@ static const timing_kernel_stats *kernel(const char *name) {
 }
 
 static int near(double a, double b) { return fabs(a - b) < 1e-6; }
+/* device kernels' times: differences of clock readings in ms, some 1e-9 relative apart */
+static int near_us(double a, double b) { return fabs(a - b) < 1e-3; }
 
-/* the device work of step 1 (op handles as recorded there): two kernels of the first
- * gemm, NCCL's of the all-reduce, one of the op the timer could not read (op 2), one of
- * the second gemm, a copy outside every op, and one of a handle no record has */
+/* the device work of step 1 (op handles as recorded there, ms after the origin, inside
+ * their ops' intervals above): two kernels of the first gemm (1-3 ms), of which only the
+ * second runs beside the all-reduce (2-4 ms); NCCL's kernel of the all-reduce, beside
+ * compute; one of the op the timer could not read (op 2); one of the second gemm (5-6
+ * ms, alone); a copy outside every op, beside the all-reduce; one of a handle no record
+ * has */
 static const struct {
     int op;
     const char *kernel;
-    double us;
-} PIECES[] = {{0, "k_gemm", 1.5},   {0, "k_epilogue", 0.5}, {1, "nccl_kernel", 2.0},
-              {2, "k_lost", 1.0},   {3, "k_gemm", 1.0},     {-1, "memcpy_HtoD", 0.25},
-              {7, "k_stray", 3.0}};
+    double a, b;
+} PIECES[] = {{0, "k_gemm", 1.0, 1.8},       {0, "k_epilogue", 2.5, 3.0},
+              {1, "nccl_kernel", 2.0, 4.0},  {2, "k_lost", 1.0, 2.0},
+              {3, "k_gemm", 5.0, 6.0},       {-1, "memcpy_HtoD", 3.5, 3.75},
+              {7, "k_stray", 1.0, 4.0}};
 static int g_pieces_on = 1; /* 0: the timer sees no kernels */
 
-static int fake_piece(size_t i, int *op, const char **kernel, double *us) {
+static int fake_piece(size_t i, int *op, const char **kernel, double *start_ms,
+                      double *end_ms) {
     if (!g_pieces_on || i >= sizeof PIECES / sizeof PIECES[0]) return -1;
-    *op = PIECES[i].op, *kernel = PIECES[i].kernel, *us = PIECES[i].us;
+    *op = PIECES[i].op, *kernel = PIECES[i].kernel;
+    *start_ms = g_origin + PIECES[i].a, *end_ms = g_origin + PIECES[i].b;
     return 0;
 }
 
@@ -144,13 +152,18 @@ int main(void) {
           "and counted as an untimed compute record");
     check(timing_n_trace() == 4, "the trace holds the four records that ran");
     const timing_device_kernel *dg = device_kernel("gemm", "k_gemm");
-    check(dg && dg->count == 2 && near(dg->sum_us, 2.5), "both gemms' k_gemm under gemm");
+    check(dg && dg->count == 2 && near_us(dg->sum_us, 1800) && dg->n_isolated == 2 &&
+              near_us(dg->isolated_us, 1800),
+          "both gemms' k_gemm under gemm, neither beside communication");
     dg = device_kernel("gemm", "k_epilogue");
-    check(dg && dg->count == 1 && near(dg->sum_us, 0.5), "a second kernel of an op kept apart");
+    check(dg && dg->count == 1 && near_us(dg->sum_us, 500) && dg->n_overlapped == 1,
+          "a second kernel of an op kept apart, beside the all-reduce");
     dg = device_kernel("allreduce", "nccl_kernel");
-    check(dg && dg->count == 1 && near(dg->sum_us, 2.0), "a communication op's kernel");
+    check(dg && dg->count == 1 && near_us(dg->sum_us, 2000) && dg->n_overlapped == 1,
+          "a communication op's kernel, beside compute");
     dg = device_kernel(TIMING_NO_OP, "memcpy_HtoD");
-    check(dg && dg->count == 1 && near(dg->sum_us, 0.25), "work outside every op, under (none)");
+    check(dg && dg->count == 1 && near_us(dg->sum_us, 250) && dg->n_overlapped == 1,
+          "work outside every op, under (none), beside the all-reduce");
     check(!device_kernel("empty", "k_lost") && !device_kernel(TIMING_NO_OP, "k_lost"),
           "the pieces of an op the timer could not read are left out with it");
     check(timing_n_device_kernels() == 4, "and a handle no record has is left out too");
@@ -188,7 +201,7 @@ int main(void) {
         dg = device_kernel("gemm", "k_gemm");
         if (step < 3) check(timing_n_device_kernels() == 0, step == 1 ? "warm-up step: no device kernels"
                                                                        : "probe step: no device kernels");
-        else check(dg && dg->count == 1 && near(dg->sum_us, 1.5), "the next step's are counted");
+        else check(dg && dg->count == 1 && near_us(dg->sum_us, 800), "the next step's are counted");
     }
     g_pieces_on = 0;
     timing_begin_step(4, 0);

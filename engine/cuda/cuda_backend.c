@@ -397,8 +397,9 @@ static int cu_timer_read(int op, double *start_ms, double *end_ms) {
 
 /* a spoiled op's pieces come with its handle, which timer_read refused: the report
  * leaves them out with the op */
-static int cu_timer_piece(size_t i, int *op, const char **kernel, double *us) {
-    return g_cupti == 1 ? cupti_timer_piece(i, op, kernel, us) : -1;
+static int cu_timer_piece(size_t i, int *op, const char **kernel, double *start_ms,
+                          double *end_ms) {
+    return g_cupti == 1 ? cupti_timer_piece(i, op, kernel, start_ms, end_ms) : -1;
 }
 
 static const gptc_backend CUDA = {

@@ -33,7 +33,7 @@ void cupti_timer_reset(void);
 int cupti_timer_begin(gptc_stream *s);
 void cupti_timer_end(int op, gptc_stream *s);
 int cupti_timer_read(int op, double *start_ms, double *end_ms);
-int cupti_timer_piece(size_t i, int *op, const char **kernel, double *us);
+int cupti_timer_piece(size_t i, int *op, const char **kernel, double *start_ms, double *end_ms);
 /* Called inside an op that ran work besides its own (cuda_matmul.c timing its cuBLASLt
  * candidates): the op's device time is then not its own, so the timer reads it as
  * untimed and the report leaves it out. */

@@ -252,7 +252,7 @@ int cupti_timer_read(int op, double *start_ms, double *end_ms) {
     return 0;
 }
 
-int cupti_timer_piece(size_t i, int *op, const char **kernel, double *us) {
+int cupti_timer_piece(size_t i, int *op, const char **kernel, double *start_ms, double *end_ms) {
     if (!g.resolved) resolve();
     if (!g.resolved) return -1;
     pthread_mutex_lock(&g.lock);
@@ -260,7 +260,9 @@ int cupti_timer_piece(size_t i, int *op, const char **kernel, double *us) {
     if (i < g.n_acts) {
         *op = g.acts[i].op;
         *kernel = g.acts[i].name;
-        *us = (double)(g.acts[i].end - g.acts[i].start) * 1e-3;
+        /* as cupti_timer_read: ns since the step's origin, signed */
+        *start_ms = g.origin_ms + (double)(int64_t)(g.acts[i].start - g.origin_ts) * 1e-6;
+        *end_ms = g.origin_ms + (double)(int64_t)(g.acts[i].end - g.origin_ts) * 1e-6;
         rc = 0;
     }
     pthread_mutex_unlock(&g.lock);
