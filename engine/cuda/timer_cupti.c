@@ -11,8 +11,11 @@
  * to timing_now_ms() by reading both at the step's start.
  *
  * The record structs are read through the oldest layouts still shipped (Kernel4, Memcpy,
- * Memset): the fields used here (kind, start, end, correlationId) sit at the same offsets
- * in every later version, so this reads the records of any CUPTI from CUDA 11 to 13. */
+ * Memset): the fields used here (kind, start, end, correlationId, a kernel's name, a
+ * copy's kind) sit at the same offsets in every later version (name at 104 in Kernel4 to
+ * Kernel10, copyKind at 4 in Memcpy to Memcpy6: offsetof against CUDA 13's headers), so
+ * this reads the records of any CUPTI from CUDA 11 to 13. Each kernel's name (and its
+ * interval) also goes to the timing as a piece of its op's work (cupti_timer_piece). */
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include "engine/cuda/cuda_internal.h"
 
