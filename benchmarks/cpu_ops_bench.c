@@ -57,7 +57,8 @@ int main(int argc, char **argv) {
     TIME("attention bwd", L,
          be->attention_backward(dqkv, NULL, datt, y, y, qkv, att, B, T, C, NH, NULL));
     TIME("layernorm fwd", 2 * L + 1, be->layernorm_forward(y, mean, rstd, x, w, b, N, C, NULL));
-    TIME("layernorm bwd", 2 * L + 1, be->layernorm_backward(dx, dw, db, NULL, y, x, w, mean, rstd, N, C, NULL));
+    TIME("layernorm bwd", 2 * L + 1,
+         be->layernorm_backward(dx, dw, db, NULL, y, x, w, mean, rstd, N, C, NULL));
     TIME("gelu fwd", L, be->gelu_forward(y, x, (size_t)N * 4 * C, NULL));
     TIME("gelu bwd", L, be->gelu_backward(dx, x, y, (size_t)N * 4 * C, NULL));
     TIME("residual add", 2 * L, be->add(y, x, dx, (size_t)N * C, NULL));

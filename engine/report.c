@@ -585,8 +585,8 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                        "  \"overlap\": {\"policy_steps\": %ld, "
                        "\"probe_steps\": %ld, \"iter_ms\": %.4f, \"compute_ms\": %.4f, \"comm_ms\": %.4f, "
                        "\"exposed_comm_ms\": %.4f, \"hidden_comm_ms\": %.4f, \"idle_ms\": %.4f, ",
-                pj.s ? pj.s : "", dj.s ? dj.s : "", pol.n, probe.n, pol.iter, pol.compute, pol.comm, pol.exposed,
-                pol.comm - pol.exposed, idle_ms(&pol));
+                pj.s ? pj.s : "", dj.s ? dj.s : "", pol.n, probe.n, pol.iter, pol.compute,
+                pol.comm, pol.exposed, pol.comm - pol.exposed, idle_ms(&pol));
             put(&tail, "\"by_parallelism\": {");
             for (int par = TP_DP; par < TIMING_PARS; par++)
                 put(&tail, "%s\"%s\": {\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f, "

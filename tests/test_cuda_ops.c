@@ -793,7 +793,8 @@ static void test_attention_bf16(int B, int T, int NH, int hs, int offset) {
         qkv_part(ref, dqkv, (size_t)B * T, C, k);
         compare_bf16(part_name[k], part, ref, ny, 4 * BF16_U);
     }
-    check_column_sums("attention_bwd_bf16 dbias", d_dbias, dbias, got, (size_t)B * T, (size_t)3 * C);
+    check_column_sums("attention_bwd_bf16 dbias", d_dbias, dbias, got, (size_t)B * T,
+                      (size_t)3 * C);
     free(dbias);
     gpu->release(d_dbias);
 

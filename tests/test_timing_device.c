@@ -85,7 +85,8 @@ static const timing_device_kernel *device_kernel(const char *op, const char *ker
 static void check_name(const char *symbol, size_t n, const char *want) {
     char got[256], what[512];
     kernel_name(symbol, got, n);
-    snprintf(what, sizeof what, "kernel_name(%s) = %s (got %s)", symbol ? symbol : "NULL", want, got);
+    snprintf(what, sizeof what, "kernel_name(%s) = %s (got %s)", symbol ? symbol : "NULL", want,
+             got);
     check(strcmp(got, want) == 0, what);
 }
 
@@ -94,8 +95,8 @@ static void check_kernel_names(void) {
     check_name("_ZN8cublasLt8epilogue4impl12globalKernelILi8ELi32EfEEvv", 256,
                "cublasLt::epilogue::impl::globalKernel<8,32,float>");
     /* CUTLASS's kernels: the template argument names the configuration */
-    check_name("_ZN7cutlass7Kernel2I61cutlass_80_tensorop_s16816gemm_relu_bf16_64x64_32x6_tn_align8EE"
-               "vNT_6ParamsE", 256,
+    check_name("_ZN7cutlass7Kernel2I61cutlass_80_tensorop_s16816gemm_relu_bf16_64x64_32x6_tn_"
+               "align8EEvNT_6ParamsE", 256,
                "cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_relu_bf16_64x64_32x6_tn_align8>");
     check_name("_ZN4cute6kernelINS_5ShapeEEEvv", 256, "cute::kernel"); /* a substitution: no args */
     check_name("_Z6kernelILin3ELb1ELb0EN2ns4TileILi64EEEEvv", 256,
@@ -199,9 +200,11 @@ int main(void) {
         timing_resolve_device(fake_read, fake_piece);
         timing_end_step(10.0);
         dg = device_kernel("gemm", "k_gemm");
-        if (step < 3) check(timing_n_device_kernels() == 0, step == 1 ? "warm-up step: no device kernels"
-                                                                       : "probe step: no device kernels");
-        else check(dg && dg->count == 1 && near_us(dg->sum_us, 800), "the next step's are counted");
+        if (step < 3)
+            check(timing_n_device_kernels() == 0,
+                  step == 1 ? "warm-up step: no device kernels" : "probe step: no device kernels");
+        else
+            check(dg && dg->count == 1 && near_us(dg->sum_us, 800), "the next step's are counted");
     }
     g_pieces_on = 0;
     timing_begin_step(4, 0);

@@ -106,8 +106,8 @@ static bufs bufs_make(const shape *sh, gptc_precision p) {
     b.out = dev_nan(ny * esz);
     b.dqkv = dev_nan(nqkv * esz);
     b.lse = dev_nan(nlse * sizeof(float));
-    size_t nscratch = p == GPTC_BF16 ? cuda_attention_bf16_scratch_floats(sh->B, sh->T, sh->C, sh->NH)
-                                     : nlse;
+    size_t nscratch =
+        p == GPTC_BF16 ? cuda_attention_bf16_scratch_floats(sh->B, sh->T, sh->C, sh->NH) : nlse;
     b.scratch = dev_nan(nscratch * sizeof(float));
     const char *bias = getenv("GPTC_BENCH_QKV_BIAS");
     if (bias && atoi(bias) == 1) {

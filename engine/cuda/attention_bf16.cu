@@ -812,7 +812,8 @@ __global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_dq_kernel
     attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 0, 1);
 }
 
-__global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_dq_bias_kernel(ab_bwd_args a) {
+__global__ void __launch_bounds__(AB_THREADS, 3)
+attention_bf16_dkdv64_dq_bias_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
     attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 1, 1);
 }
@@ -856,10 +857,11 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_lean_kernel(ab_b
     attn_bwd_dq((uint16_t *)ab_smem, a, a.C / a.NH, 1);
 }
 
-/* Block (bh, y): query tile NT-1-y (the most parts first) of the fused dq. Its rows' dq = scale times the sum of the
- * parts the dk/dv blocks of key tiles 0 .. y left in a.dq_part, added in that order (the
- * same sum whatever order the blocks ran in), rounded once; out through shared memory as
- * the dq kernel's (write_staged: the q columns' bias sums too when a.dbias is set). */
+/* Block (bh, y): query tile qt = NT-1-y of the fused dq (the most parts first). Its rows'
+ * dq = scale times the sum of the parts the dk/dv blocks of key tiles 0 .. qt left in
+ * a.dq_part, added in that order (the same sum whatever order the blocks ran in), rounded
+ * once; out through shared memory as the dq kernel's (write_staged: the q columns' bias
+ * sums too when a.dbias is set). */
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_sum_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
     uint16_t *st = (uint16_t *)ab_smem; /* [64][ab_pitch(hs)] the rows' dq */
