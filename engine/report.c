@@ -405,12 +405,14 @@ static void print_device(const merged_device *d, int n, const merged_kernel *k, 
     for (int i = 0; i < n && i < DEVICE_ROWS; i++) {
         long calls = op_count(k, nk, d[i].op);
         char a[32], name[DEVICE_NAME_COLS + 1];
-        size_t len = strlen(d[i].kernel);
-        if (len > DEVICE_NAME_COLS) /* long cuBLAS names: the start, then the end */
-            snprintf(name, sizeof name, "%.*s..%s", DEVICE_NAME_COLS / 2 - 1, d[i].kernel,
-                     d[i].kernel + len - (DEVICE_NAME_COLS / 2 - 1));
-        else
-            snprintf(name, sizeof name, "%s", d[i].kernel);
+        size_t len = strlen(d[i].kernel), half = DEVICE_NAME_COLS / 2 - 1;
+        if (len > DEVICE_NAME_COLS) { /* long cuBLAS names: the start, then the end */
+            memcpy(name, d[i].kernel, half);
+            memcpy(name + half, "..", 2);
+            memcpy(name + half + 2, d[i].kernel + len - half, half + 1); /* its NUL too */
+        } else {
+            memcpy(name, d[i].kernel, len + 1);
+        }
         int same_op = i > 0 && strcmp(d[i - 1].op, d[i].op) == 0;
         char b[32];
         printf("%-20s %-*s %8s %10.1f %9.3f %8s\n", same_op ? "" : d[i].op, DEVICE_NAME_COLS,
