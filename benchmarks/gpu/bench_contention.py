@@ -2,7 +2,8 @@
 """Contention on one GPU: two data-parallel ranks share the GPU, overlap.dp = none vs
 bucket, per-kernel timing on, every 4th step a contention probe (serialized) as the
 baseline. For each run: step time, communication and its exposed part, and each big
-kernel's mean time alone vs beside communication (the report's slowdown), in
+kernel's mean time alone vs beside communication (the report's slowdown), and the same
+for the device kernels behind the ops (the report's device_kernels, with CUPTI), in
 $GPTC_BENCH_OUT/contention.md (+ the two report.json files and traces).
 
 The ranks talk over NCCL when it allows two ranks on one GPU (>= 2.30 with
@@ -108,6 +109,20 @@ def table(lines, title, rep, backend):
                      f"{fmt(k['isolated_mean_us'])} | {fmt(k['overlapped_mean_us'])} | "
                      f"{ratio(k['slowdown'])} | {fmt(k.get('probe_mean_us'))} | "
                      f"{ratio(k.get('slowdown_vs_probe'))} |\n")
+    # the device kernels behind those ops (CUPTI) that ran both alone and beside
+    # communication: which of an op's kernels the contention slows
+    dev = [d for d in rep.get("device_kernels", []) if d.get("slowdown") is not None]
+    dev = sorted(dev, key=lambda d: -d["count"] * d["mean_us"])[:14]
+    if dev:
+        lines.append("\nDevice kernels behind them (CUPTI), where some instances ran alone "
+                     "and some beside communication:\n\n| op | kernel | count | alone us | "
+                     "beside comm us | slowdown |\n|---|---|---|---|---|---|\n")
+        for d in dev:
+            name = d["kernel"]
+            if len(name) > 70:  # long cuBLAS names: the start, then the end
+                name = name[:33] + ".." + name[-35:]
+            lines.append(f"| {d['op']} | `{name}` | {d['count']} | {d['isolated_mean_us']:.1f} | "
+                         f"{d['overlapped_mean_us']:.1f} | {d['slowdown']:.3f} |\n")
 
 
 def main():
