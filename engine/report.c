@@ -310,9 +310,9 @@ typedef struct {
 static void device_text(text *t) {
     const timing_device_kernel *d = timing_device_kernels();
     for (int i = 0; i < timing_n_device_kernels(); i++)
-        put(t, "%s %s %ld %.6f %ld %.6f %ld %.6f\n", d[i].op, d[i].kernel, d[i].count,
-            d[i].sum_us, d[i].n_isolated, d[i].isolated_us, d[i].n_overlapped,
-            d[i].overlapped_us);
+        put(t, "%s %s %ld %.6f %ld %.6f %ld %.6f\n", d[i].op, d[i].kernel, d[i].s.count,
+            d[i].s.sum_us, d[i].s.n_isolated, d[i].s.isolated_us, d[i].s.n_overlapped,
+            d[i].s.overlapped_us);
 }
 
 /* the isolated and overlapped means and their ratio, as means_of gives an op's */
@@ -474,8 +474,8 @@ static void kernels_text(text *t) {
     const timing_kernel_stats *k = timing_kernels();
     for (int i = 0; i < timing_n_kernels(); i++)
         put(t, "%s %d %d %d %ld %.6f %ld %.6f %ld %.6f\n", k[i].name, k[i].kind, k[i].probe,
-            k[i].par, k[i].count, k[i].sum_us, k[i].n_isolated, k[i].isolated_us,
-            k[i].n_overlapped, k[i].overlapped_us);
+            k[i].par, k[i].s.count, k[i].s.sum_us, k[i].s.n_isolated, k[i].s.isolated_us,
+            k[i].s.n_overlapped, k[i].s.overlapped_us);
 }
 
 static void trace_text(text *t, int rank) {

@@ -322,6 +322,25 @@ static int meets(const span *u, size_t n, double a, double b) {
     return lo < n && u[lo].a < b;
 }
 
+static void split_add(timing_split *s, double us, int over) {
+    s->count++;
+    s->sum_us += us;
+    if (over) {
+        s->n_overlapped++;
+        s->overlapped_us += us;
+    } else {
+        s->n_isolated++;
+        s->isolated_us += us;
+    }
+}
+
+/* Did [a, b) of an op of kind run while the other kind was in flight (comp, comm: the
+ * step's unions of each)? */
+static int beside_other(int kind, double a, double b, const span *comp, size_t nc,
+                        const span *comm, size_t nm) {
+    return kind == TK_COMM ? meets(comp, nc, a, b) : meets(comm, nm, a, b);
+}
+
 static void add_device_kernel(const step_piece *p, int over) {
     timing_device_kernel *d = NULL;
     for (int i = 0; i < T.n_dev && !d; i++)
@@ -337,16 +356,7 @@ static void add_device_kernel(const step_piece *p, int over) {
         d = &T.dev[T.n_dev++];
         *d = (timing_device_kernel){.op = p->op, .kernel = p->kernel};
     }
-    double us = p->b - p->a;
-    d->count++;
-    d->sum_us += us;
-    if (over) {
-        d->n_overlapped++;
-        d->overlapped_us += us;
-    } else {
-        d->n_isolated++;
-        d->isolated_us += us;
-    }
+    split_add(&d->s, p->b - p->a, over);
 }
 
 static timing_kernel_stats *kernel_slot(const char *name, int kind, int par) {
@@ -427,26 +437,16 @@ void timing_end_step(double iter_ms) {
      * communication kernel when compute was */
     for (size_t i = 0; i < n && !warm; i++) {
         const timing_record *r = &T.rec[i];
-        timing_kernel_stats *k = kernel_slot(r->name, r->kind, r->par);
-        double us = r->end_us - r->start_us;
-        int over = r->kind == TK_COMPUTE ? meets(T.merged_comm, nm, r->start_us, r->end_us)
-                                         : meets(T.merged_comp, nc, r->start_us, r->end_us);
-        k->count++;
-        k->sum_us += us;
-        if (over) {
-            k->n_overlapped++;
-            k->overlapped_us += us;
-        } else {
-            k->n_isolated++;
-            k->isolated_us += us;
-        }
+        split_add(&kernel_slot(r->name, r->kind, r->par)->s, r->end_us - r->start_us,
+                  beside_other(r->kind, r->start_us, r->end_us, T.merged_comp, nc,
+                               T.merged_comm, nm));
     }
     /* the device kernels the same way: a kernel of a compute op (or of none) overlapped
      * when communication was in flight, one of a communication op when compute was */
     for (size_t i = 0; i < T.n_pieces; i++) {
         const step_piece *p = &T.pieces[i];
-        add_device_kernel(p, p->kind == TK_COMM ? meets(T.merged_comp, nc, p->a, p->b)
-                                                : meets(T.merged_comm, nm, p->a, p->b));
+        add_device_kernel(p, beside_other(p->kind, p->a, p->b, T.merged_comp, nc, T.merged_comm,
+                                          nm));
     }
     T.n_pieces = 0;
     keep_for_trace(T.rec, n);

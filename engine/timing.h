@@ -102,6 +102,14 @@ typedef struct {
     double energy_j, power_w, sm_clock_mhz;
 } timing_step_summary;
 
+/* A kernel's instances of one rank: all, and split into those that ran while the other
+ * kind (communication for compute, compute for communication) was in flight and the
+ * rest */
+typedef struct {
+    long count, n_isolated, n_overlapped;
+    double sum_us, isolated_us, overlapped_us;
+} timing_split;
+
 /* Per-kernel totals of one rank (merged over ranks by the report), for each parallelism
  * apart: a dp all-reduce of gradient buckets and a tp all-reduce of activations share a
  * name, not their sizes or their contention. */
@@ -110,8 +118,7 @@ typedef struct {
     int kind;
     int par;            /* timing_par; TP_NONE for every compute op */
     int probe;          /* gathered in contention-probe steps */
-    long count, n_isolated, n_overlapped;
-    double sum_us, isolated_us, overlapped_us;
+    timing_split s;
 } timing_kernel_stats;
 
 /* The device kernels behind the ops (report "device_kernels"): the kernels, copies and
@@ -123,8 +130,7 @@ typedef struct {
 #define TIMING_NO_OP "(none)"
 typedef struct {
     const char *op, *kernel; /* op: a record's name; kernel: lives as long as the run */
-    long count, n_isolated, n_overlapped;
-    double sum_us, isolated_us, overlapped_us;
+    timing_split s;
 } timing_device_kernel;
 int timing_n_device_kernels(void);
 const timing_device_kernel *timing_device_kernels(void);

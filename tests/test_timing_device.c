@@ -143,27 +143,27 @@ int main(void) {
     check(near(s->comm_ms, 2.0), "communication time");
     check(near(s->exposed_comm_ms, 1.0), "exposed communication = comm not under compute");
     const timing_kernel_stats *g = kernel("gemm"), *a = kernel("allreduce"), *h = kernel("host_op");
-    check(g && g->count == 2 && g->n_overlapped == 1 && g->n_isolated == 1 &&
-              near(g->overlapped_us, 2000) && near(g->isolated_us, 1000),
+    check(g && g->s.count == 2 && g->s.n_overlapped == 1 && g->s.n_isolated == 1 &&
+              near(g->s.overlapped_us, 2000) && near(g->s.isolated_us, 1000),
           "gemm: one instance beside communication (2 ms), one alone (1 ms)");
-    check(a && a->count == 1 && a->n_overlapped == 1, "allreduce ran beside compute");
-    check(h && h->count == 1 && near(h->sum_us, 1000), "host-timed record kept its time");
+    check(a && a->s.count == 1 && a->s.n_overlapped == 1, "allreduce ran beside compute");
+    check(h && h->s.count == 1 && near(h->s.sum_us, 1000), "host-timed record kept its time");
     check(kernel("empty") == NULL, "an op that ran nothing on the device is dropped");
     check(timing_untimed(TK_COMPUTE) == 1 && timing_untimed(TK_COMM) == 0,
           "and counted as an untimed compute record");
     check(timing_n_trace() == 4, "the trace holds the four records that ran");
     const timing_device_kernel *dg = device_kernel("gemm", "k_gemm");
-    check(dg && dg->count == 2 && near_us(dg->sum_us, 1800) && dg->n_isolated == 2 &&
-              near_us(dg->isolated_us, 1800),
+    check(dg && dg->s.count == 2 && near_us(dg->s.sum_us, 1800) && dg->s.n_isolated == 2 &&
+              near_us(dg->s.isolated_us, 1800),
           "both gemms' k_gemm under gemm, neither beside communication");
     dg = device_kernel("gemm", "k_epilogue");
-    check(dg && dg->count == 1 && near_us(dg->sum_us, 500) && dg->n_overlapped == 1,
+    check(dg && dg->s.count == 1 && near_us(dg->s.sum_us, 500) && dg->s.n_overlapped == 1,
           "a second kernel of an op kept apart, beside the all-reduce");
     dg = device_kernel("allreduce", "nccl_kernel");
-    check(dg && dg->count == 1 && near_us(dg->sum_us, 2000) && dg->n_overlapped == 1,
+    check(dg && dg->s.count == 1 && near_us(dg->s.sum_us, 2000) && dg->s.n_overlapped == 1,
           "a communication op's kernel, beside compute");
     dg = device_kernel(TIMING_NO_OP, "memcpy_HtoD");
-    check(dg && dg->count == 1 && near_us(dg->sum_us, 250) && dg->n_overlapped == 1,
+    check(dg && dg->s.count == 1 && near_us(dg->s.sum_us, 250) && dg->s.n_overlapped == 1,
           "work outside every op, under (none), beside the all-reduce");
     check(!device_kernel("empty", "k_lost") && !device_kernel(TIMING_NO_OP, "k_lost"),
           "the pieces of an op the timer could not read are left out with it");
@@ -176,7 +176,7 @@ int main(void) {
     timing_resolve_device(fake_read, NULL);
     check(g_reads == 0, "handles of an earlier step are not read again");
     timing_end_step(5.0);
-    check(kernel("host_op")->count == 2, "host record of the second step counted");
+    check(kernel("host_op")->s.count == 2, "host record of the second step counted");
 
     /* a third step of two records: one fills the trace, one is left out of it */
     timing_begin_step(3, 0);
@@ -185,7 +185,7 @@ int main(void) {
     timing_end_step(5.0);
     check(timing_n_trace() == 6 && timing_trace_omitted() == 1,
           "a record past the trace's cap is left out of it and counted");
-    check(kernel("host_op")->count == 4, "records past the trace's cap are still timed");
+    check(kernel("host_op")->s.count == 4, "records past the trace's cap are still timed");
     check(timing_dropped() == 0, "nothing dropped untimed");
     timing_shutdown();
 
@@ -204,7 +204,7 @@ int main(void) {
             check(timing_n_device_kernels() == 0,
                   step == 1 ? "warm-up step: no device kernels" : "probe step: no device kernels");
         else
-            check(dg && dg->count == 1 && near_us(dg->sum_us, 800), "the next step's are counted");
+            check(dg && dg->s.count == 1 && near_us(dg->s.sum_us, 800), "the next step's are counted");
     }
     g_pieces_on = 0;
     timing_begin_step(4, 0);
@@ -214,8 +214,8 @@ int main(void) {
     long policy_gemms = 0; /* steps 3 and 4 (the probe step's have their own entry) */
     for (int i = 0; i < timing_n_kernels(); i++)
         if (!timing_kernels()[i].probe && strcmp(timing_kernels()[i].name, "gemm") == 0)
-            policy_gemms += timing_kernels()[i].count;
-    check(device_kernel("gemm", "k_gemm")->count == 1 && policy_gemms == 2,
+            policy_gemms += timing_kernels()[i].s.count;
+    check(device_kernel("gemm", "k_gemm")->s.count == 1 && policy_gemms == 2,
           "a timer that sees no kernels adds none, and its ops are timed");
     timing_shutdown();
     check_kernel_names();
