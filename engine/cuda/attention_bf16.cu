@@ -145,26 +145,34 @@ static __device__ __forceinline__ void tile_scores(float acc[8][4], const uint16
     }
 }
 
+/* acc[j] += a (the A fragment of a 16 x 16 block, k-step k0) times rows k0 .. k0 + 15 of
+ * tile B (row-major [64][hs]: the V of P V, the K of dS K), every n-tile of hs */
+static __device__ __forceinline__ void mma_a_by_rows(float acc[AB_MAX_HS / 8][4],
+                                                     const uint32_t a[4], const uint16_t *B,
+                                                     int k0, int hs) {
+    int p = ab_pitch(hs);
+#pragma unroll
+    for (int jj = 0; jj < AB_MAX_HS / 16; jj++) {
+        if (16 * jj >= hs) break;
+        uint32_t b0[2], b1[2];
+        frag_b_kn(b0, b1, B, p, 16 * jj, k0);
+        mma_bf16_16816(acc[2 * jj], a, b0);
+        mma_bf16_16816(acc[2 * jj + 1], a, b1);
+    }
+}
+
 /* acc[jd] += S (16 x 64, this warp's accumulators s) times tile V (64 x hs, row-major);
  * S is rounded to bf16 here, the one rounding of P or dS */
 static __device__ __forceinline__ void tile_sv(float acc[AB_MAX_HS / 8][4], const float s[8][4],
                                                const uint16_t *V /* [64][ab_pitch(hs)] */,
                                                int hs) {
-    int p = ab_pitch(hs);
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         uint32_t a[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]),
                          pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
                          pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                          pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-        for (int jj = 0; jj < AB_MAX_HS / 16; jj++) {
-            if (16 * jj >= hs) break;
-            uint32_t b0[2], b1[2];
-            frag_b_kn(b0, b1, V, p, 16 * jj, 16 * kk);
-            mma_bf16_16816(acc[2 * jj], a, b0);
-            mma_bf16_16816(acc[2 * jj + 1], a, b1);
-        }
+        mma_a_by_rows(acc, a, V, 16 * kk, hs);
     }
 }
 
@@ -590,21 +598,14 @@ static __device__ __forceinline__ void stage_ds(uint16_t *dss, const float ds[8]
 static __device__ __forceinline__ void tile_dsk(float acc[AB_MAX_HS / 8][4], const uint16_t *dss,
                                                 int r0, const uint16_t *K /* [64][p] */,
                                                 int hs) {
-    int p = ab_pitch(hs), lane = threadIdx.x & 31, mi = lane >> 3; /* mi: a[mi]'s 8x8 */
+    int lane = threadIdx.x & 31, mi = lane >> 3; /* mi: a[mi]'s 8x8 */
     zero_acc(acc, hs);
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         uint32_t a[4]; /* rows (queries) r0 + 8 (mi & 1), columns (keys) 16 kk + 8 (mi >> 1) */
         ldsm_x4_trans(a, dss + (16 * kk + 8 * (mi >> 1) + (lane & 7)) * AB_DS_PITCH + r0 +
                              8 * (mi & 1));
-#pragma unroll
-        for (int jj = 0; jj < AB_MAX_HS / 16; jj++) {
-            if (16 * jj >= hs) break;
-            uint32_t b0[2], b1[2];
-            frag_b_kn(b0, b1, K, p, 16 * jj, 16 * kk);
-            mma_bf16_16816(acc[2 * jj], a, b0);
-            mma_bf16_16816(acc[2 * jj + 1], a, b1);
-        }
+        mma_a_by_rows(acc, a, K, 16 * kk, hs);
     }
 }
 
@@ -1018,9 +1019,10 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
 }
 
 size_t cuda_attention_bf16_scratch_floats(int B, int T, int C, int NH) {
-    if (B <= 0 || T <= 0 || NH <= 0 || C % NH) return (size_t)(B > 0 ? B : 0) * NH * T;
+    size_t plain = (size_t)B * NH * T; /* D alone, as attention_state_floats */
+    if (B <= 0 || T <= 0 || NH <= 0 || C % NH) return plain;
     int hs = C / NH, nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
-    if (!ab_dq_fused(hs, nst)) return (size_t)B * NH * T;
+    if (!ab_dq_fused(hs, nst)) return plain;
     return ab_d_floats(B, T, NH) + ab_dq_part_floats(B, T, NH, hs);
 }
 
