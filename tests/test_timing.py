@@ -186,14 +186,16 @@ def check_clocks(name, events):
 
 
 def check_drift():
-    """Rank 1's clock running 2% fast (GPTC_TEST_CLOCK_PPM: a drift far beyond a real
-    one, so that a short run shows it): measured again at the end of the run, the drift is
-    taken out of its trace, so that the two ranks' k-th instances of each collective still
-    overlap, up to the error of the offsets measured at the start and at the end."""
+    """Rank 1's clock running 9% fast (GPTC_TEST_CLOCK_PPM: a drift far beyond a real
+    one, so that a short run shows it well above the offsets' error even on a loaded
+    machine, where a round trip can take a millisecond): measured again at the end of the
+    run, the drift is taken out of its trace, so that the two ranks' k-th instances of each
+    collective still overlap, up to the error of the offsets measured at the start and at
+    the end."""
     name = "drift"
-    args = BASE + ["--parallel.dp=2", "--overlap.dp=bucket", "--train.steps=12",
+    args = BASE + ["--parallel.dp=2", "--overlap.dp=bucket", "--train.steps=24",
                    "--profile.timing=kernel", f"--profile.trace={D}/{name}.trace.json"]
-    ranks = [["env", f"GPTC_TEST_CLOCK_PPM={ppm}", TRAIN, *args] for ppm in (0, 20000)]
+    ranks = [["env", f"GPTC_TEST_CLOCK_PPM={ppm}", TRAIN, *args] for ppm in (0, 90000)]
     cmd = [*MPIRUN, "-np", "1", *ranks[0], ":", "-np", "1", *ranks[1]]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env(2))
     if r.returncode:
@@ -215,7 +217,7 @@ def check_drift():
         fail(f"{name}: of {pairs} collectives, one ends {worst:.1f} us before its peer's begins "
              f"on the other rank; after a drift of {drift_us:.0f} us, the trace was said to "
              f"be aligned within {err_us:.1f} us")
-    print(f"ok   clock drift: rank 1 ran 2% fast, {drift_us:.0f} us over the run; its {pairs} "
+    print(f"ok   clock drift: rank 1 ran 9% fast, {drift_us:.0f} us over the run; its {pairs} "
           f"collectives overlap rank 0's within {err_us:.1f} us after the correction")
 
 
