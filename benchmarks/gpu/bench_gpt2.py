@@ -2,20 +2,24 @@
 """GPT-2 124M, T = 1024, on one GPU: gptc against PyTorch in the same run, and the cost
 of gptc's per-kernel timing.
 
-Rows (one JSON line each in $GPTC_BENCH_OUT/gpt2.jsonl, a table in gpt2.md):
-  gptc fp32 at the largest micro-batch of --batches that fits, timing off;
+Rows (one JSON line each in $GPTC_BENCH_OUT/gpt2.jsonl, a table in gpt2.md), in the order
+they run, so that a budget that ends early cuts the least needed:
+  gptc fp32 at the largest micro-batch M of --batches that fits, timing off;
   the same with profile.timing = kernel (CUPTI) and with GPTC_TIMER=events: the overhead;
-  gptc with train.precision = bf16 at that micro-batch;
-  PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at that micro-batch;
-  then gptc bf16 at twice and four times it (bf16's own largest is the last that fits);
-  at the first micro-batch with GPTC_ATTENTION_FWD_ROWS=128 (the attention forward with
-  128 queries a block); with GPTC_ATTENTION_DQ=fused (the attention backward's dq from
-  its dk/dv kernel); with kernel timing (its log holds the per-op table of a bf16 step
-  and the device kernels behind each op, bf16_report_b*.json both, the latter also as
-  bf16_device_kernels_b*.md, and its trace gives bf16_steady_ops_b*.md, the same for the
-  steps after the first); with
-  GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias gradient); and, last,
-  with cuBLASLt's first 8 candidates of every GEMM timed and the fastest kept
+  gptc with train.precision = bf16 at M;
+  the bf16 variants not yet on by default, at M, each with its speed-up over the bf16 row:
+  GPTC_ATTENTION_DQ=fused (the attention backward's dq from its dk/dv kernel),
+  GPTC_ATTENTION_FWD_ROWS=128 (the attention forward with 128 queries a block),
+  GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias gradient);
+  gptc bf16 at twice and four times M (bf16's own largest is the last that fits);
+  bf16_best_bL: the variants that beat the bf16 row, together, at that largest L, beside
+  the plain row there (what switching them on would give);
+  bf16 with kernel timing (its log holds the per-op table of a bf16 step and the device
+  kernels behind each op, bf16_report_bM.json both, the latter also as
+  bf16_device_kernels_bM.md, and its trace gives bf16_steady_ops_bM.md, the same for the
+  steps after the first);
+  PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at M;
+  last, bf16 with cuBLASLt's first 8 candidates of every GEMM timed and the fastest kept
   (GPTC_GEMM_CANDIDATES=8).
 MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
 the card's dense peak for the precision (H100/H200: fp32 67, bf16 989 TFLOP/s).
@@ -206,19 +210,28 @@ def main():
         record(row)
         rows.append(row)
         bf = row if "ms_per_step" in row else None
-    for precision, compile_ in (("fp32", False), ("bf16", False), ("bf16", True)):
-        if BF16_ONLY and precision == "fp32":
-            continue
-        if left() < 40:
+    # The variants that are not the default until a GPU run says they are faster, each at
+    # this micro-batch beside the bf16 row: the attention forward's 128-query blocks, the
+    # attention backward's dq from its dk/dv kernel (5 tile products a pair instead of 7,
+    # for a pass over fp32 parts) and its qkv bias gradient taken while it holds dqkv (one
+    # pass less, but its hs 64 dk/dv kernel spills more); attention_bf16.cu
+    variants = (("bf16_dq_fused", {"GPTC_ATTENTION_DQ": "fused"}),
+                ("bf16_rows128", {"GPTC_ATTENTION_FWD_ROWS": "128"}),
+                ("bf16_attn_bias", {"GPTC_ATTENTION_BIAS": "1"}))
+    faster = {}  # the env of every variant that beat the bf16 row
+    for tag, env in variants if bf else ():
+        if left() < 30:
             break
-        row = torch_row(precision, compile_, micro)
+        row = bf16_variant(tag, micro, env, bf)
         record(row)
         rows.append(row)
+        if row.get("speedup_vs_bf16", 0) > 1:
+            faster.update(env)
     # bf16 activations take half the bytes: bf16's own largest micro-batch may be twice or
     # four times fp32's (GPT-2 124M at micro-batch 128 needs about 54 GB, which an H100's 80
-    # hold). Each precision at its largest is the figure asked for; after the peers, which
-    # the comparison needs more. Out of memory is recorded as that row's error, and ends
-    # the climb.
+    # hold). Each precision at its largest is the figure asked for. Out of memory is
+    # recorded as that row's error, and ends the climb.
+    largest = None  # bf16's largest micro-batch row past micro
     for factor in (2, 4) if bf else ():
         if left() < 40:
             break
@@ -228,47 +241,51 @@ def main():
         rows.append(row)
         if "error" in row:
             break
-    # bf16 with the attention forward's 128-query blocks (GPTC_ATTENTION_FWD_ROWS=128, not
-    # the default until measured): the whole step's gain or loss beside the bf16 row
-    if bf and left() >= 30:
-        row = bf16_variant("bf16_rows128", micro, {"GPTC_ATTENTION_FWD_ROWS": "128"}, bf)
+        largest = row
+    # the faster variants together at the largest micro-batch: the figure the defaults
+    # would give if they were switched on, beside the plain row at the same micro-batch
+    # (or at micro, where the climb did not get past it)
+    if faster and left() >= 40:
+        plain = largest or bf
+        big = plain["micro_batch"]
+        row = gptc("bf16_best", big, 6 if largest else BF16_STEPS, [], faster,
+                   precision="bf16")
+        row["row"] = f"bf16_best_b{big}"
+        row["env"] = " ".join(f"{k}={v}" for k, v in sorted(faster.items()))
+        if "ms_per_step" in row:
+            row["speedup_vs_bf16"] = plain["ms_per_step"] / row["ms_per_step"]
         record(row)
         rows.append(row)
-    # and with the attention backward's dq from its dk/dv kernel (GPTC_ATTENTION_DQ=fused,
-    # not the default until measured): 5 tile products a pair instead of 7, for a pass over
-    # the fp32 parts (attention_bf16.cu)
+    # bf16 with per-kernel timing, whose log holds the per-op table and the device kernels
+    # behind each op (profile.warmup = 1: the first step, which holds lazy module loading
+    # and is ~4x a later one, left out), whose report keeps both (bf16_report_b*.json),
+    # and whose trace gives steady_ops.py's table
     if bf and left() >= 30:
-        row = bf16_variant("bf16_dq_fused", micro, {"GPTC_ATTENTION_DQ": "fused"}, bf)
-        record(row)
-        rows.append(row)
-    # last, with what budget is left: bf16 with per-kernel timing, whose log holds the
-    # per-op table and the device kernels behind each op (profile.warmup = 1: the first
-    # step, which holds lazy module loading and is ~4x a later one, left out), whose
-    # report keeps both (bf16_report_b*.json), and whose trace gives steady_ops.py's table
-    if left() >= 30:
         trace = os.path.join(OUT, "bf16_trace.json")
         report = os.path.join(OUT, f"bf16_report_b{micro}.json")
         row = gptc("bf16_timing_cupti", micro, BF16_STEPS,
                    ["--profile.timing=kernel", "--profile.warmup=1", f"--profile.trace={trace}",
                     f"--profile.report={report}"],
                    precision="bf16")
-        if bf and "ms_per_step" in row:
-            row.update(overhead(row, bf))
+        row.update(overhead(row, bf) if "ms_per_step" in row else {})
         record(row)
         rows.append(row)
         steady_ops(trace, os.path.join(OUT, f"bf16_steady_ops_b{micro}.md"))
         device_kernels(report, os.path.join(OUT, f"bf16_device_kernels_b{micro}.md"))
-    # bf16 with the attention backward adding the qkv bias gradient itself
-    # (GPTC_ATTENTION_BIAS=1, not the default until measured): one pass over dqkv less, but
-    # its hs 64 dk/dv kernel spills more (attention_bf16.cu)
-    if bf and left() >= 30:
-        row = bf16_variant("bf16_attn_bias", micro, {"GPTC_ATTENTION_BIAS": "1"}, bf)
+    # the peers at this micro-batch (after gptc's own rows: when the budget runs short, the
+    # figures a change is measured by come first)
+    for precision, compile_ in (("fp32", False), ("bf16", False), ("bf16", True)):
+        if BF16_ONLY and precision == "fp32":
+            continue
+        if left() < 40:
+            break
+        row = torch_row(precision, compile_, micro)
         record(row)
         rows.append(row)
     # then bf16 with each GEMM's first 8 cuBLASLt candidates timed at its first call and
     # the fastest kept (GPTC_GEMM_CANDIDATES): whether the heuristic's first choice leaves
     # time behind; its log says, per product, which candidate won and by how much
-    if left() >= 30 and not BF16_ONLY:
+    if bf and left() >= 30 and not BF16_ONLY:
         row = bf16_variant("bf16_gemm_candidates8", micro, {"GPTC_GEMM_CANDIDATES": "8"}, bf)
         record(row)
         rows.append(row)
@@ -288,7 +305,9 @@ def main():
                 note = (f"timing overhead {r['overhead_vs_off']:+.1%} of the wall clock "
                         f"({r['overhead_iter_vs_off']:+.1%} of iter_ms)")
             if "speedup_vs_bf16" in r:
-                note = f"{r['speedup_vs_bf16']:.3f}x the bf16 row"
+                note = f"{r['speedup_vs_bf16']:.3f}x the bf16 row at its micro-batch"
+            if "env" in r:
+                note += f" ({r['env']})"
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else ""
             f.write(f"| {r['row']} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:.0f} | {mfu} | "
                     f"{ratio} | {note} |\n")
