@@ -81,6 +81,7 @@ typedef struct {
     int par; /* timing_par, or -1: every parallelism's instances together */
     long count, n_iso, n_ovl;
     double sum, iso, ovl;
+    double flops, bytes; /* timing_work summed over the count instances */
 } merged_kernel;
 
 /* Do x and y count instances of the same kernel (name, kind, probe)? */
@@ -110,6 +111,8 @@ static merged_kernel *add_kernel(merged_kernel *k, int *n, int *cap, const merge
     k[i].iso += r->iso;
     k[i].n_ovl += r->n_ovl;
     k[i].ovl += r->ovl;
+    k[i].flops += r->flops;
+    k[i].bytes += r->bytes;
     return k;
 }
 
@@ -122,8 +125,9 @@ static int merge_kernels(const char *lines, merged_kernel **by_par, int *n_par,
     for (const char *p = lines; p && *p;) {
         merged_kernel r;
         int used = 0;
-        if (sscanf(p, "%63s %d %d %d %ld %lf %ld %lf %ld %lf\n%n", r.name, &r.kind, &r.probe,
-                   &r.par, &r.count, &r.sum, &r.n_iso, &r.iso, &r.n_ovl, &r.ovl, &used) != 10 ||
+        if (sscanf(p, "%63s %d %d %d %ld %lf %ld %lf %ld %lf %lf %lf\n%n", r.name, &r.kind,
+                   &r.probe, &r.par, &r.count, &r.sum, &r.n_iso, &r.iso, &r.n_ovl, &r.ovl,
+                   &r.flops, &r.bytes, &used) != 12 ||
             used == 0)
             break;
         p += used;
@@ -147,6 +151,18 @@ static kernel_means means_of(const merged_kernel *x) {
                       x->n_ovl ? x->ovl / x->n_ovl : NAN, NAN};
     if (x->n_iso && x->n_ovl) m.slow = m.ovl / m.iso;
     return m;
+}
+
+/* A kernel's rates over its instances (engine/timing.h: timing_work): TFLOP/s of its
+ * products and GB/s of its bytes, NAN where it counts none */
+typedef struct {
+    double tflops, gbps;
+} kernel_rates;
+
+static kernel_rates rates_of(const merged_kernel *x) {
+    int timed = x->count > 0 && x->sum > 0; /* sum: us */
+    return (kernel_rates){timed && x->flops > 0 ? x->flops / x->sum / 1e6 : NAN,
+                          timed && x->bytes > 0 ? x->bytes / x->sum / 1e3 : NAN};
 }
 
 /* v printed with fmt into buf[32], or `none` when v is NAN */
@@ -224,6 +240,26 @@ static double idle_ms(const step_means *m) {
     return idle > 0 ? idle : 0.0;
 }
 
+/* The work of a step and rank (means over the policy steps' rows): the compute ops'
+ * flops and bytes, and the bytes communicated */
+typedef struct {
+    double flops, bytes, comm_bytes;
+} step_work;
+
+static step_work work_per_step(const merged_kernel *k, int n, long rows) {
+    step_work w = {0};
+    for (int i = 0; rows && i < n; i++) {
+        if (k[i].probe) continue;
+        if (k[i].kind == TK_COMM) {
+            w.comm_bytes += k[i].bytes / rows;
+        } else {
+            w.flops += k[i].flops / rows;
+            w.bytes += k[i].bytes / rows;
+        }
+    }
+    return w;
+}
+
 static const merged_kernel *probe_twin(const merged_kernel *k, int n, const merged_kernel *x) {
     for (int i = 0; i < n; i++)
         if (k[i].probe && k[i].kind == x->kind && strcmp(k[i].name, x->name) == 0) return &k[i];
@@ -233,9 +269,11 @@ static const merged_kernel *probe_twin(const merged_kernel *k, int n, const merg
 static void print_row(const char *name, const char *kind, const merged_kernel *x,
                       double probe_mean) {
     kernel_means m = means_of(x);
-    char a[32], b[32], c[32], d[32], e[32];
-    printf("%-20s %-7s %8ld %11.2f %10.1f %11s %11s %8s %10s %8s\n", name, kind, x->count,
-           x->sum / 1e3, m.mean, num(a, "%.1f", m.iso, "-"), num(b, "%.1f", m.ovl, "-"),
+    kernel_rates r = rates_of(x);
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32];
+    printf("%-20s %-7s %8ld %11.2f %10.1f %8s %8s %11s %11s %8s %10s %8s\n", name, kind,
+           x->count, x->sum / 1e3, m.mean, num(f, "%.2f", r.tflops, "-"),
+           num(g, "%.1f", r.gbps, "-"), num(a, "%.1f", m.iso, "-"), num(b, "%.1f", m.ovl, "-"),
            num(c, "%.2f", m.slow, "-"), num(d, "%.1f", probe_mean, "-"),
            num(e, "%.2f", m.mean / probe_mean, "-"));
 }
@@ -245,12 +283,14 @@ static void print_row(const char *name, const char *kind, const merged_kernel *x
 static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, int np,
                         const step_means *pol, const step_means *probe, int ranks,
                         long dropped, long omitted, const long untimed[2]) {
+    step_work w = work_per_step(k, n, pol->n);
     printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in flight)\n");
     if (timing_warmup() > 0)
         printf("# the run's first %d step(s) left out as warm-up (profile.warmup): they are "
                "in the trace only\n", timing_warmup());
-    printf("%-20s %-7s %8s %11s %10s %11s %11s %8s %10s %8s\n", "kernel", "kind", "count",
-           "total ms", "mean us", "isolated", "overlapped", "slowdown", "probe us", "vs probe");
+    printf("%-20s %-7s %8s %11s %10s %8s %8s %11s %11s %8s %10s %8s\n", "kernel", "kind",
+           "count", "total ms", "mean us", "TFLOP/s", "GB/s", "isolated", "overlapped",
+           "slowdown", "probe us", "vs probe");
     for (int i = 0; i < n; i++) {
         if (k[i].probe) continue;
         const merged_kernel *t = probe_twin(k, n, &k[i]), *only = NULL;
@@ -275,6 +315,10 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
                "flight %.2f ms\n",
                pol->n, ranks, pol->iter, pol->compute, pol->comm, pol->exposed,
                pol->comm > 0 ? 100.0 * (pol->comm - pol->exposed) / pol->comm : 0.0, idle_ms(pol));
+    if (pol->n && pol->iter > 0)
+        printf("work per step and rank: %.2f GFLOP in products (%.2f TFLOP/s over the step), "
+               "%.3f GB moved by compute, %.3f GB communicated\n",
+               w.flops / 1e9, w.flops / pol->iter / 1e9, w.bytes / 1e9, w.comm_bytes / 1e9);
     for (int par = TP_DP; pol->n && par < TIMING_PARS; par++)
         if (pol->par_comm[par] > 0)
             printf("  %s communication alone: %.2f ms, exposed %.2f ms (%.0f%% hidden)\n",
@@ -444,6 +488,15 @@ static int write_file(const char *path, const char *what, const char *a, const c
     return 0;
 }
 
+/* ", flops_per_call, bytes_per_call, tflops, gbps" of x (engine/timing.h: timing_work) */
+static void put_work(text *t, const merged_kernel *x) {
+    kernel_rates r = rates_of(x);
+    char a[32], b[32];
+    put(t, ", \"flops_per_call\": %.17g, \"bytes_per_call\": %.17g, \"tflops\": %s, \"gbps\": %s",
+        x->count ? x->flops / x->count : 0.0, x->count ? x->bytes / x->count : 0.0,
+        num(a, "%.6g", r.tflops, "null"), num(b, "%.6g", r.gbps, "null"));
+}
+
 /* a reading that failed is null */
 static void put_number(text *t, const char *key, double v) {
     if (isfinite(v)) put(t, ", \"%s\": %.3f", key, v);
@@ -473,9 +526,10 @@ static void steps_text(text *t, int rank) {
 static void kernels_text(text *t) {
     const timing_kernel_stats *k = timing_kernels();
     for (int i = 0; i < timing_n_kernels(); i++)
-        put(t, "%s %d %d %d %ld %.6f %ld %.6f %ld %.6f\n", k[i].name, k[i].kind, k[i].probe,
-            k[i].par, k[i].s.count, k[i].s.sum_us, k[i].s.n_isolated, k[i].s.isolated_us,
-            k[i].s.n_overlapped, k[i].s.overlapped_us);
+        put(t, "%s %d %d %d %ld %.6f %ld %.6f %ld %.6f %.17g %.17g\n", k[i].name, k[i].kind,
+            k[i].probe, k[i].par, k[i].s.count, k[i].s.sum_us, k[i].s.n_isolated,
+            k[i].s.isolated_us, k[i].s.n_overlapped, k[i].s.overlapped_us, k[i].flops,
+            k[i].bytes);
 }
 
 static void trace_text(text *t, int rank) {
@@ -497,13 +551,18 @@ static void trace_text(text *t, int rank) {
                 st[i].step, end ? "e" : "b", st[i].step, end ? st[i].end_us : st[i].start_us,
                 rank, st[i].step);
     const timing_record *r = timing_trace();
-    for (size_t i = 0; i < timing_n_trace(); i++)
+    for (size_t i = 0; i < timing_n_trace(); i++) {
         put(t, "  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, "
                "\"pid\": %d, \"tid\": %d, \"args\": {\"step\": %d, \"layer\": %d, \"micro\": %d, "
-               "\"phase\": \"%s\", \"parallelism\": \"%s\"}},\n",
+               "\"phase\": \"%s\", \"parallelism\": \"%s\"",
             r[i].name, timing_kind_name(r[i].kind), r[i].start_us, r[i].end_us - r[i].start_us, rank,
             r[i].stream, r[i].step, r[i].layer, r[i].micro, timing_phase_name(r[i].phase),
             timing_par_name(r[i].par));
+        /* the call's work (Perfetto shows it on a click), where it counts any */
+        if (r[i].flops > 0) put(t, ", \"flops\": %.9g", (double)r[i].flops);
+        if (r[i].bytes > 0) put(t, ", \"bytes\": %.9g", (double)r[i].bytes);
+        put(t, "}},\n");
+    }
 }
 
 /* Drops the ",\n" after the last element of a list built line by line. */
@@ -561,15 +620,18 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                     num(a, "%.4f", m.iso, "null"), num(b, "%.4f", m.ovl, "null"),
                     num(c, "%.4f", m.slow, "null"), rows ? k[i].sum / rows : 0.0,
                     num(d, "%.4f", pm, "null"), num(e, "%.4f", m.mean / pm, "null"));
+                put_work(dst, &k[i]);
                 /* the same op of different parallelisms differs in size and contention */
                 for (int j = 0, first = 1; k[i].kind == TK_COMM && j < np; j++) {
                     if (!same_kernel(&kp[j], &k[i])) continue;
                     kernel_means mp = means_of(&kp[j]);
                     put(dst, "%s\"%s\": {\"count\": %ld, \"mean_us\": %.4f, \"isolated_mean_us\": %s, "
-                             "\"overlapped_mean_us\": %s, \"slowdown\": %s}",
+                             "\"overlapped_mean_us\": %s, \"slowdown\": %s",
                         first ? ", \"by_parallelism\": {" : ", ", timing_par_name(kp[j].par),
                         kp[j].count, mp.mean, num(a, "%.4f", mp.iso, "null"),
                         num(b, "%.4f", mp.ovl, "null"), num(c, "%.4f", mp.slow, "null"));
+                    put_work(dst, &kp[j]);
+                    put(dst, "}");
                     first = 0;
                 }
                 put(dst, "%s},\n", k[i].kind == TK_COMM ? "}" : "");
@@ -596,6 +658,13 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                     timing_par_name(par), pol.par_comm[par], pol.par_exposed[par],
                     pol.par_comm[par] - pol.par_exposed[par]);
             put(&tail, "}, ");
+            /* the step's work, and the products' rate over the whole step */
+            step_work w = work_per_step(k, n, pol.n);
+            char tf[32];
+            put(&tail, "\"flops_per_step\": %.17g, \"tflops\": %s, \"bytes_per_step\": %.17g, "
+                       "\"comm_bytes_per_step\": %.17g, ",
+                w.flops, num(tf, "%.6g", pol.iter > 0 ? w.flops / pol.iter / 1e9 : NAN, "null"),
+                w.bytes, w.comm_bytes);
             if (probe.n)
                 put(&tail, "\"serialized_iter_ms\": %.4f, \"ideal_iter_ms\": %.4f, \"gain\": %.4f}\n}\n",
                     probe.iter, probe.ideal, pol.iter > 0 ? probe.iter / pol.iter : 0.0);

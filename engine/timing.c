@@ -168,7 +168,7 @@ const char *timing_matmul_gelu_name(int backward) {
 }
 
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
-                      timing_ctx ctx, double start_ms, double end_ms) {
+                      timing_ctx ctx, timing_work work, double start_ms, double end_ms) {
     if (!T.on) return;
     size_t i = atomic_fetch_add(&T.n, 1);
     if (i >= T.capacity) {
@@ -176,13 +176,14 @@ void timing_record_op(const char *name, timing_kind kind, timing_par par, int st
         return;
     }
     T.rec[i] = (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
-                               ctx.layer, ctx.micro, (int32_t)T.step,
-                               (start_ms - T.origin_ms) * 1e3, (end_ms - T.origin_ms) * 1e3};
+                               ctx.layer, ctx.micro, (int32_t)T.step, (float)work.flops,
+                               (float)work.bytes, (start_ms - T.origin_ms) * 1e3,
+                               (end_ms - T.origin_ms) * 1e3};
     T.ops[i] = -1;
 }
 
 void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
-                          timing_ctx ctx, int op) {
+                          timing_ctx ctx, timing_work work, int op) {
     if (!T.on) return;
     size_t i = atomic_fetch_add(&T.n, 1);
     if (i >= T.capacity) {
@@ -190,7 +191,8 @@ void timing_record_device(const char *name, timing_kind kind, timing_par par, in
         return;
     }
     T.rec[i] = (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
-                               ctx.layer, ctx.micro, (int32_t)T.step, 0, 0};
+                               ctx.layer, ctx.micro, (int32_t)T.step, (float)work.flops,
+                               (float)work.bytes, 0, 0};
     T.ops[i] = op;
 }
 
@@ -437,9 +439,12 @@ void timing_end_step(double iter_ms) {
      * communication kernel when compute was */
     for (size_t i = 0; i < n && !warm; i++) {
         const timing_record *r = &T.rec[i];
-        split_add(&kernel_slot(r->name, r->kind, r->par)->s, r->end_us - r->start_us,
+        timing_kernel_stats *k = kernel_slot(r->name, r->kind, r->par);
+        split_add(&k->s, r->end_us - r->start_us,
                   beside_other(r->kind, r->start_us, r->end_us, T.merged_comp, nc,
                                T.merged_comm, nm));
+        k->flops += r->flops;
+        k->bytes += r->bytes;
     }
     /* the device kernels the same way: a kernel of a compute op (or of none) overlapped
      * when communication was in flight, one of a communication op when compute was */

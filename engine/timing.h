@@ -29,11 +29,25 @@ typedef struct {
     int8_t phase;   /* timing_phase */
 } timing_ctx;
 
+/* The work of one op call, as the report's rates count it (engine/timed_backend.c has
+ * each op's model, parallel/comm.c each collective's):
+ * flops: the floating-point operations of its products (2 per multiply-add of a matmul or
+ *   of the attention's Q K^T, P V and, backward, their three gradient products; causal
+ *   pairs only); elementwise arithmetic is not counted, so an elementwise op has 0. A
+ *   kernel that recomputes (the flash backward's scores) does not count it twice.
+ * bytes: the memory traffic it needs at the least: each input read once and each output
+ *   written once (read too where the op adds into it); for a collective, its buffer as
+ *   nccl-tests counts it (whose rate is then their "algbw"). */
+typedef struct {
+    double flops, bytes;
+} timing_work;
+
 typedef struct {
     const char *name;   /* a string literal: op or collective name */
     int8_t kind, par, phase, stream;
     int16_t layer, micro;
     int32_t step;
+    float flops, bytes; /* timing_work of the call */
     double start_us, end_us; /* since the run's common start (all ranks) */
 } timing_record;
 
@@ -59,11 +73,11 @@ const char *timing_matmul_gelu_name(int backward);
 timing_ctx timing_context(void);
 /* Thread-safe, allocation-free; dropped (and counted) when the step's storage is full. */
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
-                      timing_ctx ctx, double start_ms, double end_ms);
+                      timing_ctx ctx, timing_work work, double start_ms, double end_ms);
 /* The same for an op timed on a device: op is its handle from the backend's timer
  * (engine/backend.h), resolved into times after the step by timing_resolve_device. */
 void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
-                          timing_ctx ctx, int op);
+                          timing_ctx ctx, timing_work work, int op);
 /* The backend's timer_piece (engine/backend.h) */
 typedef int (*timing_piece_fn)(size_t i, int *op, const char **kernel, double *start_ms,
                                double *end_ms);
@@ -119,6 +133,7 @@ typedef struct {
     int par;            /* timing_par; TP_NONE for every compute op */
     int probe;          /* gathered in contention-probe steps */
     timing_split s;
+    double flops, bytes; /* timing_work summed over the s.count instances */
 } timing_kernel_stats;
 
 /* The device kernels behind the ops (report "device_kernels"): the kernels, copies and

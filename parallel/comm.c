@@ -608,6 +608,7 @@ static const char *op_name(const comm_task *t) {
 }
 
 static void run_op(const comm_task *t);
+static timing_work comm_work(const comm_task *t);
 
 /* Test-only: GPTC_TEST_COMM_FAIL_OP=R:N makes the N-th op (counted from 1 over all its
  * streams) of MPI_COMM_WORLD rank R a real MPI error (a negative count) in its place, so
@@ -657,7 +658,8 @@ static void run_task(const comm_task *t) {
     watchdog_waiting(NULL);
     watchdog_beat();
     if (timing_on())
-        timing_record_op(op_name(t), TK_COMM, par_of(t->g), t->stream, t->ctx, t0, timing_now_ms());
+        timing_record_op(op_name(t), TK_COMM, par_of(t->g), t->stream, t->ctx, comm_work(t), t0,
+                         timing_now_ms());
 }
 
 static void run_op(const comm_task *t) {
@@ -725,6 +727,15 @@ static void regions_of(const comm_task *t, region r[2]) {
         r[1] = (region){t->recv, t->recv_n, 0, 1};
         break;
     }
+}
+
+/* An op's bytes as nccl-tests counts them (engine/timing.h: timing_work): the larger of
+ * its two buffers (an all-gather's output, a reduce-scatter's input, an all-reduce's one
+ * buffer), so that bytes over time is its "algbw" */
+static timing_work comm_work(const comm_task *t) {
+    region r[2];
+    regions_of(t, r);
+    return (timing_work){0.0, (double)(r[0].bytes > r[1].bytes ? r[0].bytes : r[1].bytes)};
 }
 
 static int contains(const region *outer, const region *inner) {
@@ -870,7 +881,8 @@ static void issue(comm_task t, gptc_stream *s) {
         nvtx_pop();
         if (op >= 0) {
             be->timer_end(op, s);
-            timing_record_device(op_name(&t), TK_COMM, par_of(t.g), t.stream, t.ctx, op);
+            timing_record_device(op_name(&t), TK_COMM, par_of(t.g), t.stream, t.ctx,
+                                 comm_work(&t), op);
         }
         watchdog_beat();
         return;
@@ -977,9 +989,12 @@ static int host_allreduce(comm_group *g, const void *in, void *out, int n, MPI_D
                           MPI_Op op) {
     double t0 = timing_on() ? timing_now_ms() : 0;
     int rc = ok(g, "MPI_Allreduce", MPI_Allreduce(in, out, n, type, op, g->comm));
+    int elem = 0;
+    MPI_Type_size(type, &elem);
     if (timing_on())
         timing_record_op(op == MPI_MAX ? "host_allreduce_max" : "host_allreduce", TK_COMM,
-                         par_of(g), 0, timing_context(), t0, timing_now_ms());
+                         par_of(g), 0, timing_context(), (timing_work){0.0, (double)n * elem},
+                         t0, timing_now_ms());
     end_job_if_failed(g);
     return rc;
 }

@@ -241,6 +241,75 @@ def check_report(name, report, ranks):
              f"{report['trace_omitted_records']} left out of the trace")
 
 
+def close(a, b, rel=1e-6):
+    """a equals b but for float32 storage (the records keep their work as float) and printing"""
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
+
+
+def check_work_single(report, events, n_micro):
+    """One rank: each product's flops per call is the model's (2 per multiply-add, causal
+    attention pairs only), the step's sum is 6 x the matmul weights x tokens plus the
+    attention's 3.5 x its forward, each rate is the work over the time, and the trace's
+    events carry the same work"""
+    C, T, B, V = 64, 32, MB, 256
+    N = B * T
+    att = 2.0 * 2.0 * B * C * T * (T + 1) / 2
+    want = {"qkv_fwd": 2 * N * C * 3 * C, "attn_proj_fwd": 2 * N * C * C,
+            "fc_gelu_fwd": 2 * N * C * 4 * C, "fc_proj_fwd": 2 * N * 4 * C * C,
+            "lm_head_fwd": 2 * N * C * V,
+            # dW and dX, except fc_proj's, whose dX goes through the GELU in its own op
+            "qkv_bwd": 4 * N * C * 3 * C, "attn_proj_bwd": 4 * N * C * C,
+            "fc_bwd": 4 * N * C * 4 * C, "fc_proj_bwd": 2 * N * 4 * C * C,
+            "fc_proj_dgelu_bwd": 2 * N * 4 * C * C, "lm_head_bwd": 4 * N * C * V,
+            "attention_fwd": att, "attention_bwd": 2.5 * att}
+    kernels = {k["name"]: k for k in report["kernels"]}
+    for name, flops in want.items():
+        k = kernels[name]
+        if not close(k["flops_per_call"], flops):
+            fail(f"single: {name} counts {k['flops_per_call']} flops a call, the model {flops}")
+        # the report prints mean_us to 4 decimals: a mean of a few us is 1e-5 off
+        rate = k["flops_per_call"] / k["mean_us"] / 1e6
+        if not close(k["tflops"], rate, 1e-4):
+            fail(f"single: {name} at {k['tflops']} TFLOP/s, its work over its time gives {rate}")
+    for k in report["kernels"]:
+        if k["name"] not in want and (k["flops_per_call"] != 0 or k["tflops"] is not None):
+            fail(f"single: {k['name']} has no products but counts {k['flops_per_call']} flops")
+        if k["bytes_per_call"] <= 0 or not close(k["gbps"], k["bytes_per_call"] / k["mean_us"] / 1e3, 1e-4):
+            fail(f"single: {k['name']}: {k['bytes_per_call']} bytes a call at {k['gbps']} GB/s")
+    # the textbook count: 6 flops per matmul weight and token, and the attention
+    weights = L * 12 * C * C + V * C
+    step = 6 * weights * N * n_micro + 3.5 * att * L * n_micro
+    if not close(report["overlap"]["flops_per_step"], step):
+        fail(f"single: {report['overlap']['flops_per_step']} flops a step, 6 x weights x tokens "
+             f"+ attention gives {step}")
+    for e in events:
+        if e.get("ph") == "X" and e["name"] in want and not close(e["args"].get("flops", 0), want[e["name"]]):
+            fail(f"single: trace event {e['name']} carries {e['args'].get('flops')} flops")
+    print(f"ok   one rank: work per op as modelled, {step / 1e6:.1f} MFLOP a step = 6 x weights x "
+          f"tokens + attention; rates = work / time; the trace carries each call's work")
+
+
+def check_comm_bytes(name, report, events, sizes):
+    """Each collective's bytes (its buffer, as nccl-tests counts it): every trace event's is
+    one of sizes[(name, parallelism)], and each report entry's bytes_per_call x count is
+    the sum of its events' (policy steps)"""
+    probe = {(r["rank"], r["step"]) for r in report["steps"] if r["probe"]}
+    total = Counter()
+    for e in events:
+        if e.get("ph") != "X" or e["cat"] != "comm" or (e["pid"], e["args"]["step"]) in probe:
+            continue
+        key = (e["name"], e["args"]["parallelism"])
+        if key in sizes and e["args"].get("bytes") not in sizes[key]:
+            fail(f"{name}: {key} moved {e['args'].get('bytes')} bytes, one of {sizes[key]} expected")
+        total[key] += e["args"].get("bytes", 0)
+    for k in report["kernels"]:
+        for par, v in k.get("by_parallelism", {}).items():
+            if not close(v["bytes_per_call"] * v["count"], total[(k["name"], par)]):
+                fail(f"{name}: {k['name']} [{par}]: {v['bytes_per_call']} bytes x {v['count']}, "
+                     f"the trace sums {total[(k['name'], par)]}")
+    return total
+
+
 def main():
     write_tokens(f"{D}/tok.h5", np.random.default_rng(5).integers(0, 256, 4000), 256)
 
@@ -272,6 +341,7 @@ def main():
     if "comm" in kinds:
         fail("single: a one-rank run recorded communication")
     print(f"ok   one rank: every op recorded once per step ({sum(expect.values())} checked per step)")
+    check_work_single(report, events, n_micro)
     # the summary gives the steps' wall clock beside iter_ms: the timing's work after each
     # step (reading the records back, the analysis) lies outside iter_ms, and counts in
     # its overhead
@@ -324,6 +394,14 @@ def main():
     # gradient share the name, and are reported apart
     if "allreduce" not in SHARED["tp2pp2"]:
         fail(f"tp2pp2: allreduce not split into tp and pp: {SHARED['tp2pp2']}")
+    # fp32 rows of activations [N, C] between stages and over the TP ranks, the loss's
+    # statistics (its rows' maxima, their sums and target logits) over them
+    rows = MB * 32 * 64 * 4
+    check_comm_bytes("tp2pp2", report, events,
+                     {("send", "pp"): {rows}, ("recv", "pp"): {rows},
+                      ("allreduce", "tp"): {rows, 2 * MB * 32 * 4},
+                      ("allreduce_max", "tp"): {MB * 32 * 4}})
+    print("ok   tp2 x pp2: each collective's bytes are its buffer's; the report's sums match")
     print(f"ok   tp2 x pp2: all ranks and both kinds traced; {100 * exposed / comm:.1f}% of "
           f"{comm:.1f} ms comm exposed with policies none")
     # dp2 with a communication stream slowed on purpose: policy none leaves all of it
@@ -350,6 +428,14 @@ def main():
         if any(r["tp_comm_ms"] or r["pp_comm_ms"] for r in rep["steps"]):
             fail(f"dp2-{policy}: communication of tp or pp in a dp-only run")
         hidden[policy + "_losses"] = [(m["loss"], m["grad_norm"]) for m in met]
+        # the gradient buckets' all-reduces carry every fp32 gradient once a step
+        C = 256
+        grads = 4 * (256 * C + 64 * C + L * (12 * C * C + 13 * C) + 2 * C)
+        total = check_comm_bytes(f"dp2-{policy}", rep, ev, {})
+        per_step = total[("allreduce", "dp")] / (2 * STEPS)
+        if per_step != grads:
+            fail(f"dp2-{policy}: the dp all-reduces move {per_step} bytes a step and rank, the "
+                 f"gradients are {grads}")
         print(f"ok   dp2, overlap.dp = {policy}, slowed comm: {comm:.1f} ms comm, "
               f"{100 * hidden[policy]:.1f}% hidden")
         pairs, err_us = check_clocks(f"dp2-{policy}", ev)

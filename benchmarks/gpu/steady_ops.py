@@ -7,7 +7,9 @@ The timing report's per-kernel means include the first step, which on a GPU hold
 module loading and each GEMM's first call (about 4x a later step on an H200): the table
 here leaves such steps out. An op's time is its record's duration (its kernels, start of
 the first to end of the last), so ops that overlap (communication beside compute) both
-count, and the ops of a step may sum to more or less than its wall time.
+count, and the ops of a step may sum to more or less than its wall time. TFLOP/s and
+GB/s are the op's work (the events' args, engine/timing.h: timing_work) over its time:
+how near each op runs to the card's peak or to its memory bandwidth.
 
 Usage: steady_ops.py TRACE.json [--rank R] [--skip N]"""
 import argparse
@@ -31,24 +33,31 @@ def steady_table(trace, rank=0, skip=1):
     keep = set(steps)
     total = collections.defaultdict(float)  # name -> us over the kept steps
     calls = collections.Counter()
+    flops = collections.defaultdict(float)  # name -> its work over the kept steps
+    nbytes = collections.defaultdict(float)
     kinds = {}
     for e in events:
         if e.get("ph") != "X" or e.get("pid") != rank or e["args"]["step"] not in keep:
             continue
         total[e["name"]] += e["dur"]
         calls[e["name"]] += 1
+        flops[e["name"]] += e["args"].get("flops", 0)
+        nbytes[e["name"]] += e["args"].get("bytes", 0)
         kinds[e["name"]] = e.get("cat", "")
     n = len(steps)
     wall_ms = sum(spans[s][1] - spans[s][0] for s in steps) / n / 1e3
     per_step = {k: v / n / 1e3 for k, v in total.items()}
     lines = [f"rank {rank}, steps {steps[0]} to {steps[-1]} ({n}; the first {skip} left out): "
              f"{wall_ms:.2f} ms a step, its ops summing to {sum(per_step.values()):.2f} ms",
-             "", "| op | kind | ms/step | % of step | calls/step | us/call |",
-             "|---|---|---|---|---|---|"]
+             "", "| op | kind | ms/step | % of step | calls/step | us/call | TFLOP/s | GB/s |",
+             "|---|---|---|---|---|---|---|---|"]
     for name in sorted(per_step, key=per_step.get, reverse=True):
         ms = per_step[name]
+        us = total[name]
+        tf = f"{flops[name] / us / 1e6:.1f}" if flops[name] and us else ""
+        gb = f"{nbytes[name] / us / 1e3:.0f}" if nbytes[name] and us else ""
         lines.append(f"| {name} | {kinds[name]} | {ms:.3f} | {100 * ms / wall_ms:.1f} | "
-                     f"{calls[name] / n:g} | {1e3 * ms * n / calls[name]:.1f} |")
+                     f"{calls[name] / n:g} | {1e3 * ms * n / calls[name]:.1f} | {tf} | {gb} |")
     return "\n".join(lines) + "\n", per_step
 
 
