@@ -12,6 +12,10 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
 int cuda_backend_check_model(int head_size, gptc_precision p, char *err, size_t errlen) {
     return 0; /* never reached: cuda_backend refused */
 }
+const char *cuda_backend_attention_kernels(int head_size, gptc_precision p, char *buf,
+                                           size_t len) {
+    return NULL;
+}
 int cuda_backend_device(void) { return -1; }
 int cuda_device_count(void) { return 0; }
 const char *cuda_backend_pci_bus_id(char *buf, int len) { return NULL; }

@@ -105,6 +105,10 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
     if (strcmp(c_precision, "bf16") == 0)
         log_info("precision: bf16 activations and parameter copy (products with fp32 "
                  "accumulation); master parameters, gradients and optimizer state in fp32\n");
+    char kernels[160];
+    if (strcmp(m->be->name, "cuda") == 0 &&
+        cuda_backend_attention_kernels(s->d_model / s->n_head, m->prec, kernels, sizeof kernels))
+        log_info("attention kernels (bf16, head size %d): %s\n", s->d_model / s->n_head, kernels);
     if (strcmp(m->be->name, "cuda") == 0)
         log_info("backend: %s on GPU %d (rank 0), communication: %s\n", m->be->name,
                  cuda_backend_device(), comm_backend_description());

@@ -31,6 +31,7 @@
  * below 1e-6), while a store that truncated instead of rounding to nearest would be off
  * by half a step on average (~2^-9). The op-table attention, whose reference rounds P at
  * other points of its algorithm, measures 1.6e-4 (7% of the elements a step apart). */
+#define _POSIX_C_SOURCE 200809L /* setenv: the attention variants are chosen by it */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1045,6 +1046,65 @@ static void test_attention_rows128(void) {
     test_attention_bf16(1, 65, 2, 64, 0);
 }
 
+/* The pipelined forward's out and lse against the plain kernel's at one shape: the same
+ * products in the same order, so the same bits (offset: qkv that many elements in; 1, not
+ * on 16 bytes: the plain loads) */
+static void check_fwd_pipelined_bits(int B, int T, int NH, int hs, int offset) {
+    int C = NH * hs;
+    size_t nqkv = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nlse = (size_t)B * NH * T;
+    float *qkv = host_randn(nqkv + offset, 1, 41);
+    uint16_t *d_qkv0 = bf16_to_gpu(qkv, nqkv + offset), *d_out[2];
+    float *d_lse[2];
+    cudaStream_t s = cuda_stream_of(NULL);
+    for (int v = 0; v < 2; v++) { /* 0: plain, 1: pipelined */
+        if (v) setenv("GPTC_ATTENTION_FWD", "pipelined", 1);
+        else unsetenv("GPTC_ATTENTION_FWD");
+        d_out[v] = bf16_poisoned(ny);
+        d_lse[v] = poisoned(nlse);
+        cuda_attention_forward_bf16(d_out[v], d_lse[v], d_qkv0 + offset, B, T, C, NH, s);
+    }
+    setenv("GPTC_ATTENTION_FWD", "pipelined", 1);
+    uint16_t *out[2];
+    float *lse[2];
+    for (int v = 0; v < 2; v++) {
+        out[v] = malloc(ny * sizeof(uint16_t));
+        lse[v] = malloc(nlse * sizeof(float));
+        gpu->copy_to_host(out[v], d_out[v], ny * sizeof(uint16_t), NULL);
+        gpu->copy_to_host(lse[v], d_lse[v], nlse * sizeof(float), NULL);
+    }
+    int same = cuda_check_launch() == 0 && memcmp(out[0], out[1], ny * sizeof(uint16_t)) == 0 &&
+               memcmp(lse[0], lse[1], nlse * sizeof(float)) == 0;
+    printf("%s attention_fwd_bf16 pipelined T=%d hs=%d%s: the plain kernel's bits\n",
+           same ? "ok  " : "FAIL", T, hs, offset ? " unaligned" : "");
+    g_failures += !same;
+    for (int v = 0; v < 2; v++) {
+        free(out[v]), free(lse[v]);
+        gpu->release(d_out[v]), gpu->release(d_lse[v]);
+    }
+    gpu->release(d_qkv0);
+    free(qkv);
+}
+
+/* The bf16 attention forward with the key tiles pipelined (GPTC_ATTENTION_FWD=pipelined,
+ * hs 64, which test_cuda_ops_emu_fwd_pipelined and test_cuda_ops_fwd_pipelined set): the
+ * kernel is selected; rows128's shapes against the CPU (one to five key tiles a block,
+ * the last partly or wholly past T, plain loads); the plain kernel's bits on them; and hs
+ * 128, which keeps the plain kernel. */
+static void test_attention_fwd_pipelined(void) {
+    const char *name = cuda_attention_bf16_fwd_name(64);
+    int chosen = strcmp(name, "pipelined") == 0 && strcmp(cuda_attention_bf16_fwd_name(128), "plain") == 0;
+    printf("%s %-28s hs 64: %s\n", chosen ? "ok  " : "FAIL", "pipelined forward selected", name);
+    g_failures += !chosen;
+    test_attention_rows128();
+    test_attention_bf16(1, 300, 1, 64, 0);
+    test_attention_bf16(1, 100, 1, 128, 0);
+    static const int shapes[][5] = {{2, 37, 2, 64, 0}, {1, 64, 1, 64, 0}, {1, 130, 2, 64, 0},
+                                    {2, 200, 2, 64, 1}, {1, 300, 1, 64, 0}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_fwd_pipelined_bits(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3],
+                                 shapes[i][4]);
+}
+
 /* The bf16 attention backward adding the qkv bias gradient itself (GPTC_ATTENTION_BIAS=1,
  * which test_cuda_ops_emu_attn_bias and test_cuda_ops_attn_bias set): the hs 64 dk/dv
  * kernel with the staged epilogue on rows128's shapes, the hs 128 kernel, and the run-time
@@ -1138,7 +1198,8 @@ static void test_gemm_candidates(void) {
  * "no_gelu_epilogue": test_no_gelu_epilogue alone; "gemm_candidates":
  * test_gemm_candidates alone; "attention_rows128": test_attention_rows128 alone;
  * "attention_bias": test_attention_bias alone; "attention_dq_fused":
- * test_attention_dq_fused alone. */
+ * test_attention_dq_fused alone; "attention_fwd_pipelined": test_attention_fwd_pipelined
+ * alone. */
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     int small_smem = argc > 1 && strcmp(argv[1], "small_smem") == 0;
@@ -1147,6 +1208,7 @@ int main(int argc, char **argv) {
     int rows128 = argc > 1 && strcmp(argv[1], "attention_rows128") == 0;
     int attn_bias = argc > 1 && strcmp(argv[1], "attention_bias") == 0;
     int dq_fused = argc > 1 && strcmp(argv[1], "attention_dq_fused") == 0;
+    int fwd_pipe = argc > 1 && strcmp(argv[1], "attention_fwd_pipelined") == 0;
     char err[256];
     if (cuda_device_count() == 0) {
         printf("skipped: no GPU visible (test_cuda_ops needs one)\n");
@@ -1158,8 +1220,9 @@ int main(int argc, char **argv) {
         printf("FAIL: backend did not start: %s\n", gpu ? "cpu" : err);
         return 1;
     }
-    if (small_smem || no_gelu || candidates || rows128 || attn_bias || dq_fused) {
+    if (small_smem || no_gelu || candidates || rows128 || attn_bias || dq_fused || fwd_pipe) {
         if (small_smem) test_small_smem_device();
+        else if (fwd_pipe) test_attention_fwd_pipelined();
         else if (no_gelu) test_no_gelu_epilogue();
         else if (rows128) test_attention_rows128();
         else if (attn_bias) test_attention_bias();

@@ -10,6 +10,7 @@ they run, so that a budget that ends early cuts the least needed:
   the bf16 variants not yet on by default, at M, each with its speed-up over the bf16 row:
   GPTC_ATTENTION_DQ=fused (the attention backward's dq from its dk/dv kernel),
   GPTC_ATTENTION_FWD_ROWS=128 (the attention forward with 128 queries a block),
+  GPTC_ATTENTION_FWD=pipelined (its next key tile's scores under this tile's softmax),
   GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias gradient);
   gptc bf16 at twice and four times M (bf16's own largest is the last that fits);
   bf16_best_bL: the variants that beat the bf16 row, together, at that largest L, beside
@@ -211,22 +212,26 @@ def main():
         rows.append(row)
         bf = row if "ms_per_step" in row else None
     # The variants that are not the default until a GPU run says they are faster, each at
-    # this micro-batch beside the bf16 row: the attention forward's 128-query blocks, the
-    # attention backward's dq from its dk/dv kernel (5 tile products a pair instead of 7,
-    # for a pass over fp32 parts) and its qkv bias gradient taken while it holds dqkv (one
-    # pass less, but its hs 64 dk/dv kernel spills more); attention_bf16.cu
-    variants = (("bf16_dq_fused", {"GPTC_ATTENTION_DQ": "fused"}),
-                ("bf16_rows128", {"GPTC_ATTENTION_FWD_ROWS": "128"}),
-                ("bf16_attn_bias", {"GPTC_ATTENTION_BIAS": "1"}))
-    faster = {}  # the env of every variant that beat the bf16 row
-    for tag, env in variants if bf else ():
+    # this micro-batch beside the bf16 row, each with the part of the step it replaces:
+    # the attention forward's 128-query blocks, or its pipelined key tiles; the attention
+    # backward's dq from its dk/dv kernel (5 tile products a pair instead of 7, for a pass
+    # over fp32 parts); its qkv bias gradient taken while it holds dqkv (one pass less, but
+    # its hs 64 dk/dv kernel spills more); attention_bf16.cu
+    variants = (("bf16_dq_fused", "dq", {"GPTC_ATTENTION_DQ": "fused"}),
+                ("bf16_rows128", "fwd", {"GPTC_ATTENTION_FWD_ROWS": "128"}),
+                ("bf16_fwd_pipelined", "fwd", {"GPTC_ATTENTION_FWD": "pipelined"}),
+                ("bf16_attn_bias", "bias", {"GPTC_ATTENTION_BIAS": "1"}))
+    faster = {}  # part: (speed-up, env) of the fastest variant of it that beat the bf16 row
+    for tag, part, env in variants if bf else ():
         if left() < 30:
             break
         row = bf16_variant(tag, micro, env, bf)
         record(row)
         rows.append(row)
-        if row.get("speedup_vs_bf16", 0) > 1:
-            faster.update(env)
+        gain = row.get("speedup_vs_bf16", 0)
+        if gain > 1 and gain > faster.get(part, (0, None))[0]:
+            faster[part] = (gain, env)
+    faster = {k: v for _, env in faster.values() for k, v in env.items()}
     # bf16 activations take half the bytes: bf16's own largest micro-batch may be twice or
     # four times fp32's (GPT-2 124M at micro-batch 128 needs about 54 GB, which an H100's 80
     # hold). Each precision at its largest is the figure asked for. Out of memory is

@@ -314,6 +314,51 @@ static __device__ __forceinline__ void tile_landed(int next_issued) {
 
 /* ------------------------------------------------------------------ forward */
 
+/* The online softmax of a warp's 16 x 64 scores s against the key tile from key k0, for
+ * this lane's rows g and g + 8 (queries tq[0], tq[1]), whose running maximum m, sum l and
+ * accumulators o it updates: the causal mask on the diagonal tile (the only one with
+ * keys past a query, or past T), then per row the new maximum, o and l rescaled, and the
+ * probabilities in place of the scores (fp32: P V rounds them as its operand). The scores
+ * stay unscaled: sl2 > 0 keeps their maximum, and the exponent takes them times sl2 in
+ * one fused multiply-add (base 2, sl2 = log2(e) / sqrt(hs)). */
+static __device__ __forceinline__ void softmax_tile(float s[8][4], float m[2], float l[2],
+                                                    float o[AB_MAX_HS / 8][4], const int tq[2],
+                                                    int k0, int diagonal, int T, float sl2,
+                                                    int hs) {
+    int t = threadIdx.x & 3;
+    if (diagonal) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int u = k0 + 8 * j + 2 * t + (e & 1);
+                if (u > tq[e >> 1] || u >= T) s[j][e] = -INFINITY;
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+        float mn = fmaxf(m[r], quad_max(mx) * sl2);
+        float ref = mn == -INFINITY ? 0.0f : mn; /* no key yet: all terms stay 0 */
+        float alpha = exp2_ftz(m[r] - ref), ls = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float pr = exp2_ftz(fmaf(s[j][2 * r + e], sl2, -ref));
+                s[j][2 * r + e] = pr;
+                ls += pr;
+            }
+        l[r] = l[r] * alpha + quad_sum(ls);
+        m[r] = mn;
+#pragma unroll
+        for (int jd = 0; jd < AB_MAX_HS / 8; jd++)
+            if (8 * jd < ab_cols(hs)) o[jd][2 * r] *= alpha, o[jd][2 * r + 1] *= alpha;
+    }
+}
+
 /* Block (bh, y): batch b = bh / NH, head h = bh % NH, query tile NT-1-y of 64 mt rows
  * (the longest rows first); warp w owns the 16 queries q0 + 64 i + 16 w .. + 15 of each
  * of its mt m-tiles i, whose Q fragments it keeps in registers. Per key tile (64 keys) up
@@ -405,42 +450,7 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs, 
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             if (i >= mt || !on[i]) continue;
-            /* only the diagonal tile has keys past a query (or past T): the others skip
-             * the mask. The scores stay unscaled: sl2 > 0 keeps their maximum, and the
-             * exponent below takes them times sl2 in one fused multiply-add. */
-            if (kt == mt * qt + i) {
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int u = k0 + 8 * j + 2 * t + (e & 1);
-                        if (u > tq[i][e >> 1] || u >= T) s[i][j][e] = -INFINITY;
-                    }
-            }
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    mx = fmaxf(mx, fmaxf(s[i][j][2 * r], s[i][j][2 * r + 1]));
-                float mn = fmaxf(m[i][r], quad_max(mx) * sl2);
-                float ref = mn == -INFINITY ? 0.0f : mn; /* no key yet: all terms stay 0 */
-                float alpha = exp2_ftz(m[i][r] - ref), ls = 0.0f;
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float pr = exp2_ftz(fmaf(s[i][j][2 * r + e], sl2, -ref));
-                        s[i][j][2 * r + e] = pr;
-                        ls += pr;
-                    }
-                l[i][r] = l[i][r] * alpha + quad_sum(ls);
-                m[i][r] = mn;
-#pragma unroll
-                for (int jd = 0; jd < AB_MAX_HS / 8; jd++)
-                    if (8 * jd < ab_cols(hs))
-                        o[i][jd][2 * r] *= alpha, o[i][jd][2 * r + 1] *= alpha;
-            }
+            softmax_tile(s[i], m[i], l[i], o[i], tq[i], k0, kt == mt * qt + i, T, sl2, hs);
         }
         tile_sv2(o, s, on, mt, Vs, hs);
         __syncthreads(); /* this stage's readers are done: the next iteration refills it */
@@ -458,6 +468,110 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs, 
         }
         store_acc(orow[0], orow[1], o[i], 1.0f / l[i][0], 1.0f / l[i][1], hs);
     }
+}
+
+/* The pipelined forward's state: where its tiles are and what a warp carries from one key
+ * tile to the next. */
+typedef struct {
+    const uint16_t *base;  /* q of row 0 of this (batch, head) in qkv, row pitch ld */
+    size_t ld;
+    const uint16_t *Qs;    /* [64][p] the block's queries */
+    uint16_t *Kb, *Vb;     /* [2][64][p] each: key tiles and value tiles, two buffers each */
+    int nk, T, C, hs, vec, tile, qt;
+    int tq[2];             /* this lane's queries */
+    float sl2;
+} fwd_pipe;
+
+/* Key tile kt of the pipelined forward, whose scores s (Q K^T, unscaled) a warp already
+ * holds: after a barrier (every warp is done with the buffers about to be refilled: the
+ * K tile kt came from, the V tile kt - 1 came from), it issues the copies of K tile
+ * kt + 2 and V tile kt + 1 as one group, waits for the group before it (K tile kt + 1 and
+ * V tile kt), and then takes the next tile's scores sn = Q K^T before this tile's softmax
+ * and P V: the products of sn need nothing of the softmax, so the tensor cores work on
+ * them while the softmax's exponentials and maxima issue. */
+static __device__ __forceinline__ void fwd_pipe_step(const fwd_pipe *f, int kt, float s[8][4],
+                                                     float sn[8][4], float m[2], float l[2],
+                                                     float o[AB_MAX_HS / 8][4]) {
+    int k0 = kt * AB_TILE;
+    __syncthreads();
+    if (kt + 2 < f->nk)
+        load_tile(f->Kb + (kt & 1) * f->tile, f->base + f->C + (size_t)(k0 + 2 * AB_TILE) * f->ld,
+                  f->ld, f->T - k0 - 2 * AB_TILE, f->hs, f->vec);
+    if (kt + 1 < f->nk)
+        load_tile(f->Vb + ((kt + 1) & 1) * f->tile,
+                  f->base + 2 * (size_t)f->C + (size_t)(k0 + AB_TILE) * f->ld, f->ld,
+                  f->T - k0 - AB_TILE, f->hs, f->vec);
+    cp_async_commit(); /* every iteration one group, empty or not: the wait below counts them */
+    cp_async_wait_one();
+    __syncthreads();
+    if (kt + 1 < f->nk)
+        tile_scores(sn, f->Qs, 16 * (threadIdx.x >> 5), f->Kb + ((kt + 1) & 1) * f->tile, f->hs);
+    softmax_tile(s, m, l, o, f->tq, k0, kt == f->qt, f->T, f->sl2, f->hs);
+    tile_sv(o, s, f->Vb + (kt & 1) * f->tile, f->hs);
+}
+
+/* The forward of attn_fwd (mt = 1: 64 queries a block, 16 a warp) with the key tiles
+ * software-pipelined (GPTC_ATTENTION_FWD=pipelined, hs 64): a warp takes tile kt + 1's
+ * scores while it works through tile kt's softmax and P V (fwd_pipe_step), where attn_fwd
+ * does the three in turn and every warp of the block stalls on the same step at once.
+ * The K and V tiles have two buffers each and load one tile apart (K tile kt + 2 with V
+ * tile kt + 1), so the shared memory is attn_fwd's; each warp holds two tiles' scores.
+ * Same products in the same order, the same results bit for bit. */
+static __device__ __forceinline__ void attn_fwd_pipe(uint16_t *sm /* ab_fwd_smem(hs, 1) */,
+                                                     uint16_t *out /* [B,T,C] */,
+                                                     float *lse /* [B,NH,T] */,
+                                                     const uint16_t *qkv /* [B,T,3C] */, int T,
+                                                     int C, int NH, float sl2, int vec,
+                                                     int pairs, int hs) {
+    int p = ab_pitch(hs), tile = AB_TILE * p;
+    uint16_t *Qs = sm; /* [64][p] this block's queries */
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int bh, rank;
+    if (!attention_block(pairs, &bh, &rank)) return;
+    int b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - rank, q0 = qt * AB_TILE;
+    fwd_pipe f = {qkv + (size_t)b * T * 3 * C + (size_t)h * hs, 3 * (size_t)C, Qs,
+                  Qs + tile /* [2][64][p] */, Qs + 3 * tile /* [2][64][p] */, qt + 1, T, C,
+                  hs, vec, tile, qt, {q0 + 16 * warp + g, q0 + 16 * warp + g + 8}, sl2};
+
+    /* group 0: Q and K tile 0; group 1: K tile 1 and V tile 0 */
+    load_tile(Qs, f.base + (size_t)q0 * f.ld, f.ld, T - q0, hs, vec);
+    load_tile(f.Kb, f.base + C, f.ld, T, hs, vec);
+    cp_async_commit();
+    if (f.nk > 1)
+        load_tile(f.Kb + tile, f.base + C + (size_t)AB_TILE * f.ld, f.ld, T - AB_TILE, hs, vec);
+    load_tile(f.Vb, f.base + 2 * (size_t)C, f.ld, T, hs, vec);
+    cp_async_commit();
+    cp_async_wait_one();
+    __syncthreads();
+
+    float o[AB_MAX_HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float s0[8][4], s1[8][4]; /* the scores of the tile in hand and of the next */
+    zero_acc(o, hs);
+    tile_scores(s0, Qs, 16 * warp, f.Kb, hs);
+    /* two steps a turn, so that the two score arrays swap roles without copies */
+    for (int kt = 0; kt < f.nk; kt += 2) {
+        fwd_pipe_step(&f, kt, s0, s1, m, l, o);
+        if (kt + 1 < f.nk) fwd_pipe_step(&f, kt + 1, s1, s0, m, l, o);
+    }
+
+    uint16_t *orow[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int q = f.tq[r];
+        orow[r] = q < T ? out + ((size_t)b * T + q) * C + (size_t)h * hs : NULL;
+        if (q < T && t == 0) lse[(size_t)bh * T + q] = m[r] + log2f(l[r]);
+    }
+    store_acc(orow[0], orow[1], o, 1.0f / l[0], 1.0f / l[1], hs);
+}
+
+/* hs 64 with the key tiles pipelined (GPTC_ATTENTION_FWD=pipelined); 3 blocks an SM, as
+ * the shared memory allows */
+__global__ void __launch_bounds__(AB_THREADS, 3)
+attention_bf16_fwd64_pipe_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
+                                 const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
+                                 float sl2, int vec, int pairs) {
+    extern __shared__ float4 ab_smem[];
+    attn_fwd_pipe((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, 64);
 }
 
 __global__ void __launch_bounds__(AB_THREADS)
@@ -903,42 +1017,42 @@ static size_t ab_tile_bytes(int hs) { return (size_t)AB_TILE * ab_pitch(hs) * si
 /* mt query tiles and two stages of a key and a value tile */
 static size_t ab_fwd_smem(int hs, int mt) { return (size_t)(mt + 4) * ab_tile_bytes(hs); }
 
-/* m-tiles a warp of the forward takes: 2 at hs 64 with GPTC_ATTENTION_FWD_ROWS=128 (a
- * block of 128 queries), else 1 (64 queries), so that a benchmark compares both in one run */
-static int ab_fwd_mt(int hs) {
-    static int rows = -1;
-    if (rows < 0) {
-        const char *v = getenv("GPTC_ATTENTION_FWD_ROWS");
-        rows = v && atoi(v) == 128 ? 128 : 64;
-    }
-    return hs == 64 && rows == 128 ? 2 : 1;
+/* 1 when the environment variable name is set to value: the variants below are chosen
+ * this way, so that a benchmark compares them in one build */
+static int ab_env_is(const char *name, const char *value) {
+    const char *v = getenv(name);
+    return v && strcmp(v, value) == 0;
 }
+
+/* The forward at hs 64, by the variants not yet on by default (a GPU run is to say which
+ * is fastest; bench_gpt2 compares them): GPTC_ATTENTION_FWD=pipelined, attn_fwd_pipe;
+ * else GPTC_ATTENTION_FWD_ROWS=128, two m-tiles a warp (a block of 128 queries); else the
+ * plain kernel. Any other head size: the plain kernel. */
+typedef enum { AB_FWD_PLAIN, AB_FWD_ROWS128, AB_FWD_PIPE } ab_fwd_kind;
+static ab_fwd_kind ab_fwd_variant(int hs) {
+    if (hs != 64) return AB_FWD_PLAIN;
+    if (ab_env_is("GPTC_ATTENTION_FWD", "pipelined")) return AB_FWD_PIPE;
+    if (ab_env_is("GPTC_ATTENTION_FWD_ROWS", "128")) return AB_FWD_ROWS128;
+    return AB_FWD_PLAIN;
+}
+
+/* m-tiles a warp of the forward takes */
+static int ab_fwd_mt(int hs) { return ab_fwd_variant(hs) == AB_FWD_ROWS128 ? 2 : 1; }
 
 /* 1 when the backward kernels add the qkv bias gradient while they hold dqkv
  * (GPTC_ATTENTION_BIAS=1), else 0: one pass of cuda_bias_backward over dqkv after them.
  * Off by default until a GPU run says whether the hs 64 dk/dv kernel's fused epilogue,
  * which spills more, costs less than the pass it saves; a benchmark compares both. */
-static int ab_bias_fused(void) {
-    static int fused = -1;
-    if (fused < 0) {
-        const char *v = getenv("GPTC_ATTENTION_BIAS");
-        fused = v && atoi(v) == 1;
-    }
-    return fused;
-}
+static int ab_bias_fused(void) { return ab_env_is("GPTC_ATTENTION_BIAS", "1"); }
 
 /* 1 when the hs 64 dk/dv kernel also takes dq's parts and attention_bf16_dq_sum_kernel
  * adds them (GPTC_ATTENTION_DQ=fused), instead of the dq kernel recomputing S, dP and dS:
  * 5 products a tile pair instead of 7, for a pass over the parts (fp32, about T / 128
- * times dq's size). Off by default until a GPU run says which is faster; a benchmark
- * compares both. Two stages only (every sm_80 and later has the shared memory). */
+ * times dq's size, written once and read once: at T 1024 about 17 times dq's bytes each
+ * way). Off by default until a GPU run says which is faster; a benchmark compares both.
+ * Two stages only (every sm_80 and later has the shared memory). */
 static int ab_dq_fused(int hs, int nst) {
-    static int fused = -1;
-    if (fused < 0) {
-        const char *v = getenv("GPTC_ATTENTION_DQ");
-        fused = v && strcmp(v, "fused") == 0;
-    }
-    return fused && hs == 64 && nst == 2;
+    return ab_env_is("GPTC_ATTENTION_DQ", "fused") && hs == 64 && nst == 2;
 }
 
 /* nst: stages of the streamed tiles; fuse_dq: with the dS^T tile of ab_dq_fused */
@@ -1000,6 +1114,17 @@ size_t cuda_attention_bf16_smem(int hs) {
     return need;
 }
 
+const char *cuda_attention_bf16_fwd_name(int hs) {
+    static const char *const names[] = {"plain", "rows128", "pipelined"};
+    return names[ab_fwd_variant(hs)];
+}
+
+int cuda_attention_bf16_dq_fused(int hs) {
+    return ab_dq_fused(hs, ab_bwd_stages(hs, (size_t)cuda_smem_optin()));
+}
+
+int cuda_attention_bf16_bias_fused(void) { return ab_bias_fused(); }
+
 void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv, int B, int T,
                                  int C, int NH, cudaStream_t s) {
     if (!ab_shape_ok(C, NH, s)) return;
@@ -1008,8 +1133,9 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
     float sl2 = attention_sl2(hs);
     int mt = ab_fwd_mt(hs);
     size_t smem = ab_fwd_smem(hs, mt);
-    ab_fwd_fn fwd = mt == 2     ? attention_bf16_fwd64x2_kernel
-                    : hs == 64  ? attention_bf16_fwd64_kernel
+    ab_fwd_fn fwd = mt == 2                           ? attention_bf16_fwd64x2_kernel
+                    : ab_fwd_variant(hs) == AB_FWD_PIPE ? attention_bf16_fwd64_pipe_kernel
+                    : hs == 64                        ? attention_bf16_fwd64_kernel
                     : hs == 128 ? attention_bf16_fwd128_kernel
                                 : attention_bf16_fwd_any_kernel;
     char what[80];

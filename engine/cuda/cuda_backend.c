@@ -512,6 +512,15 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
     return &CUDA;
 }
 
+const char *cuda_backend_attention_kernels(int head_size, gptc_precision p, char *buf,
+                                           size_t len) {
+    if (p != GPTC_BF16) return NULL;
+    snprintf(buf, len, "forward %s, dq %s, qkv bias %s", cuda_attention_bf16_fwd_name(head_size),
+             cuda_attention_bf16_dq_fused(head_size) ? "from the dk/dv kernel" : "by its own kernel",
+             cuda_attention_bf16_bias_fused() ? "by the kernels" : "by a pass");
+    return buf;
+}
+
 int cuda_backend_check_model(int head_size, gptc_precision p, char *err, size_t errlen) {
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g.device) !=

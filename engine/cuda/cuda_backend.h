@@ -15,6 +15,10 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen);
  * p; else -1 with a one-line reason in err (the attention needs more shared memory per
  * block than the GPU allows: fp32 above head size 64 on sm_86 / sm_89). */
 int cuda_backend_check_model(int head_size, gptc_precision p, char *err, size_t errlen);
+/* The bf16 attention kernels that run at this head size, as their environment variables
+ * chose them (attention_bf16.cu), in buf: "forward plain, dq by its own kernel, qkv bias
+ * by a pass"; NULL under fp32, which has no variants. */
+const char *cuda_backend_attention_kernels(int head_size, gptc_precision p, char *buf, size_t len);
 /* The GPU index this process uses (after cuda_backend succeeded). */
 int cuda_backend_device(void);
 /* The PCI bus id of that GPU in buf (NVML finds the same board by it); NULL if unknown. */

@@ -79,6 +79,15 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
                                   cudaStream_t s);
 /* as cuda_attention_smem, for these kernels (hs a multiple of 8 up to 128) */
 size_t cuda_attention_bf16_smem(int hs);
+/* which forward kernel runs at head size hs: "plain", or a variant its environment
+ * variable chose ("rows128": GPTC_ATTENTION_FWD_ROWS=128; "pipelined":
+ * GPTC_ATTENTION_FWD=pipelined; hs 64 only) */
+const char *cuda_attention_bf16_fwd_name(int hs);
+/* the same for the backward: 1 when dq comes from the dk/dv kernel (GPTC_ATTENTION_DQ=fused,
+ * hs 64, on a device with two stages' shared memory), and when the kernels add the qkv
+ * bias gradient themselves (GPTC_ATTENTION_BIAS=1) */
+int cuda_attention_bf16_dq_fused(int hs);
+int cuda_attention_bf16_bias_fused(void);
 /* floats of the backward's scratch: D [B,NH,T], and with the fused dq
  * (GPTC_ATTENTION_DQ=fused, hs 64) its parts, about B T C T / 128 more */
 size_t cuda_attention_bf16_scratch_floats(int B, int T, int C, int NH);
