@@ -310,6 +310,38 @@ def check_comm_bytes(name, report, events, sizes):
     return total
 
 
+def check_compare_reports(a, b):
+    """tools/compare_reports.py on two reports: the step's iter_ms of each and the dp
+    all-reduce's time per step as the reports give them; a file that is no report refused"""
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                        "compare_reports.py")
+    r = subprocess.run([sys.executable, tool, a, b, "--names", "none", "bucket"],
+                       capture_output=True, text=True)
+    if r.returncode:
+        fail(f"compare_reports: exit {r.returncode}: {r.stderr}")
+    ra, rb = (json.load(open(x)) for x in (a, b))
+    rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]]
+            for ln in r.stdout.splitlines() if ln.startswith("| ")}
+    want = [f"{ra['overlap']['iter_ms']:.3f}", f"{rb['overlap']['iter_ms']:.3f}"]
+    if rows.get("iter ms", [])[:2] != want:
+        fail(f"compare_reports: iter ms row {rows.get('iter ms')}, the reports give {want}")
+
+    def dp_per_step(rep):
+        k = next(k for k in rep["kernels"] if k["name"] == "allreduce")
+        v = k["by_parallelism"]["dp"]
+        return f"{v['count'] * v['mean_us'] / rep['overlap']['policy_steps']:.1f}"
+    want = [dp_per_step(ra), dp_per_step(rb)]
+    if rows.get("allreduce [dp]", [])[:2] != want:
+        fail(f"compare_reports: allreduce [dp] row {rows.get('allreduce [dp]')}, the reports "
+             f"give {want} us a step")
+    bad = subprocess.run([sys.executable, tool, a, f"{D}/tok.h5"], capture_output=True, text=True)
+    if bad.returncode != 1 or not bad.stderr.startswith("compare_reports: "):
+        fail(f"compare_reports took a token file for a report: exit {bad.returncode}, "
+             f"{bad.stderr!r}")
+    print("ok   tools/compare_reports.py: the two dp2 runs' step and all-reduce figures side "
+          "by side; a file that is no report refused")
+
+
 def main():
     write_tokens(f"{D}/tok.h5", np.random.default_rng(5).integers(0, 256, 4000), 256)
 
@@ -441,6 +473,7 @@ def main():
         pairs, err_us = check_clocks(f"dp2-{policy}", ev)
         print(f"ok   dp2, overlap.dp = {policy}: the {pairs} collectives of the two ranks overlap "
               f"in time, on clocks said to agree within {err_us:.1f} us")
+    check_compare_reports(f"{D}/dp2-none.report.json", f"{D}/dp2-bucket.report.json")
     if hidden["none"] > 0.05:
         fail(f"overlap.dp = none hid {100 * hidden['none']:.1f}% of the communication")
     if hidden["bucket"] < 0.2:

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Two timing reports (profile.report) side by side: the same model under two overlap
+policies, layouts, variants or builds, as Markdown on stdout.
+
+  tools/compare_reports.py A.json B.json [--top N] [--names A_NAME B_NAME]
+
+First the step (the report's "overlap" means over its policy steps, per step and rank):
+iter, compute, communication, exposed and hidden communication, the time with nothing
+timed in flight, each parallelism's exposed communication, and the products' rate.
+Then the ops, the N (default 25) whose time per step changed the most first: time per
+step, mean per call, the ratio B / A, and each run's slowdown beside communication (the
+report's overlapped over isolated mean). A communication op that several parallelisms run
+(a tp and a dp all-reduce) is a row per parallelism, as in the report's table.
+
+Only the Python standard library: it runs wherever the reports are."""
+import argparse
+import json
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        r = json.load(f)
+    if "kernels" not in r or "overlap" not in r:
+        raise ValueError("not a gptc timing report (no kernels or overlap)")
+    return r
+
+
+def ops(report):
+    """{row name: (us per step, mean us, slowdown)} over the policy steps: a compute op by
+    its name, a communication op by name and parallelism"""
+    rows = report["overlap"]["policy_steps"] or 1
+    out = {}
+    for k in report["kernels"]:
+        parts = k.get("by_parallelism") or {}
+        if k["kind"] == "comm" and parts:
+            for par, v in parts.items():
+                out[f"{k['name']} [{par}]"] = (v["count"] * v["mean_us"] / rows, v["mean_us"],
+                                               v["slowdown"])
+        else:
+            out[k["name"]] = (k["count"] * k["mean_us"] / rows, k["mean_us"], k["slowdown"])
+    return out
+
+
+def num(x, spec):
+    return "" if x is None else format(x, spec)
+
+
+def ratio(a, b):
+    return b / a if a and b is not None else None
+
+
+def step_rows(a, b):
+    """(label, A, B, format) of the step's figures"""
+    oa, ob = a["overlap"], b["overlap"]
+    rows = [(label, oa.get(key), ob.get(key), ".3f") for label, key in (
+        ("iter ms", "iter_ms"), ("compute ms", "compute_ms"), ("comm ms", "comm_ms"),
+        ("exposed comm ms", "exposed_comm_ms"), ("hidden comm ms", "hidden_comm_ms"),
+        ("nothing timed in flight ms", "idle_ms"))]
+    for par in ("dp", "tp", "pp"):
+        pa = oa.get("by_parallelism", {}).get(par, {})
+        pb = ob.get("by_parallelism", {}).get(par, {})
+        if pa.get("comm_ms") or pb.get("comm_ms"):
+            rows.append((f"{par} exposed comm ms", pa.get("exposed_comm_ms"),
+                         pb.get("exposed_comm_ms"), ".3f"))
+    rows.append(("products TFLOP/s over the step", oa.get("tflops"), ob.get("tflops"), ".4g"))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--top", type=int, default=25, help="op rows (default 25)")
+    ap.add_argument("--names", nargs=2, metavar=("A_NAME", "B_NAME"), default=("A", "B"))
+    args = ap.parse_args()
+    try:
+        a, b = load(args.a), load(args.b)
+    except (OSError, ValueError) as e:
+        print(f"compare_reports: {e}", file=sys.stderr)
+        return 1
+    na, nb = args.names
+    print(f"{na}: {args.a} ({a['ranks']} rank(s), {a['overlap']['policy_steps']} step row(s))  ")
+    print(f"{nb}: {args.b} ({b['ranks']} rank(s), {b['overlap']['policy_steps']} step row(s))\n")
+    print(f"| per step and rank | {na} | {nb} | {nb} / {na} |\n|---|---|---|---|")
+    for label, x, y, spec in step_rows(a, b):
+        print(f"| {label} | {num(x, spec)} | {num(y, spec)} | {num(ratio(x, y), '.3f')} |")
+    oa, ob = ops(a), ops(b)
+    names = sorted(set(oa) | set(ob),
+                   key=lambda n: -abs(ob.get(n, (0,))[0] - oa.get(n, (0,))[0]))
+    print(f"\nOps, the largest change in time per step first ({min(args.top, len(names))} of "
+          f"{len(names)}):\n")
+    print(f"| op | {na} us/step | {nb} us/step | change us/step | {na} mean us | {nb} mean us | "
+          f"{nb} / {na} | {na} slowdown | {nb} slowdown |\n|---|---|---|---|---|---|---|---|---|")
+    for n in names[:args.top]:
+        x, y = oa.get(n), ob.get(n)
+        change = (y[0] if y else 0.0) - (x[0] if x else 0.0)
+        print(f"| {n} | {num(x and x[0], '.1f')} | {num(y and y[0], '.1f')} | {change:+.1f} | "
+              f"{num(x and x[1], '.2f')} | {num(y and y[1], '.2f')} | "
+              f"{num(ratio(x and x[1], y and y[1]), '.3f')} | {num(x and x[2], '.2f')} | "
+              f"{num(y and y[2], '.2f')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
