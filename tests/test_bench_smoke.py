@@ -1,0 +1,129 @@
+"""The GPU benchmarks' scripts end to end on this machine, so that a mistake in them shows
+here and not in the few minutes of a GPU call:
+
+- benchmarks/gpu/bench_gpt2.py on the CPU backend (GPTC_BENCH_EXTRA, a 2-layer model,
+  GPTC_BENCH_ROWS=bf16): every bf16 row of its order runs (the variants with their
+  speed-up, the climb, the best row exactly when a variant beat the bf16 row and with
+  the variables of those that did, the timed row with its overhead and its steady-ops
+  table with rates); the PyTorch rows are recorded as failed (no CUDA), not lost.
+- benchmarks/gpu/bench_kernel_attention.py on the CUDA emulator's attention_bench
+  (tests/cuda_emu), one small shape: a row of every gptc variant, its table."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gptc_testlib import BUILD, env, fail  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+D = tempfile.mkdtemp(prefix="gptc_bench_smoke_")
+VARIANTS = {"bf16_dq_fused": ["GPTC_ATTENTION_DQ"],
+            "bf16_rows128": ["GPTC_ATTENTION_FWD_ROWS"],
+            "bf16_fwd_pipelined": ["GPTC_ATTENTION_FWD"],
+            "bf16_attn_bias": ["GPTC_ATTENTION_BIAS"]}
+
+
+def rows_of(path):
+    with open(path) as f:
+        return [json.loads(ln) for ln in f if ln.strip()]
+
+
+def bench_gpt2():
+    out = os.path.join(D, "gpt2")
+    e = env()
+    e.update(GPTC_BUILD=BUILD, GPTC_BENCH_OUT=out, GPTC_BENCH_ROWS="bf16", GPTC_BENCH_BATCHES="2",
+             GPTC_BENCH_BUDGET_S="240",
+             GPTC_BENCH_EXTRA="--train.device=cpu --model.n_layer=2 --model.d_model=64 "
+                              "--model.n_head=2 --train.seq_len=64 --model.n_ctx=64")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "bench_gpt2.py")],
+                       capture_output=True, text=True, env=e, timeout=300)
+    if r.returncode:
+        fail(f"bench_gpt2: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
+    rows = {row["row"]: row for row in rows_of(os.path.join(out, "gpt2.jsonl"))}
+    want = ["bf16", *VARIANTS, "bf16_b4", "bf16_b8", "bf16_timing_cupti", "torch_bf16",
+            "torch_bf16_compile"]
+    missing = [w for w in want if w not in rows]
+    if missing:
+        fail(f"bench_gpt2: rows {missing} missing; it wrote {sorted(rows)}")
+    for tag in [*VARIANTS, "bf16", "bf16_b4", "bf16_b8", "bf16_timing_cupti"]:
+        if "error" in rows[tag] or rows[tag].get("ms_per_step", 0) <= 0:
+            fail(f"bench_gpt2: row {tag} did not run: {rows[tag]}")
+    for tag in VARIANTS:
+        if "speedup_vs_bf16" not in rows[tag]:
+            fail(f"bench_gpt2: {tag} has no speed-up over the bf16 row")
+    if "overhead_vs_off" not in rows["bf16_timing_cupti"]:
+        fail("bench_gpt2: the timed row has no overhead")
+    if "error" not in rows["torch_bf16"]:
+        fail("bench_gpt2: a PyTorch row ran without CUDA?")
+    # the best row: exactly when a variant beat the bf16 row, at the largest micro-batch of
+    # the climb, with the variables of the fastest variant of each part of the step
+    won = [t for t in VARIANTS if rows[t]["speedup_vs_bf16"] > 1]
+    best = rows.get("bf16_best_b8")
+    if bool(won) != bool(best):
+        fail(f"bench_gpt2: variants above the bf16 row {won}, best row {best}")
+    part = {"bf16_dq_fused": "dq", "bf16_rows128": "fwd", "bf16_fwd_pipelined": "fwd",
+            "bf16_attn_bias": "bias"}
+    expect = {}
+    for t in won:
+        if all(rows[t]["speedup_vs_bf16"] >= rows[u]["speedup_vs_bf16"] for u in won
+               if part[u] == part[t]):
+            expect[part[t]] = VARIANTS[t][0]
+    if best and ({kv.split("=")[0] for kv in best["env"].split()} != set(expect.values())
+                 or "speedup_vs_bf16" not in best):
+        fail(f"bench_gpt2: the best row sets {best['env']}, the variants that won give {expect}")
+    # the choice itself, on made-up speed-ups (the CPU's are noise around 1)
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "gpu"))
+    import bench_gpt2
+    got = bench_gpt2.best_env([("dq", 1.02, {"DQ": "fused"}), ("fwd", 1.01, {"ROWS": "128"}),
+                               ("fwd", 1.03, {"FWD": "pipelined"}), ("bias", 0.99, {"B": "1"}),
+                               ("fwd", 0.98, {"OTHER": "1"})])
+    if got != {"DQ": "fused", "FWD": "pipelined"}:
+        fail(f"bench_gpt2.best_env: {got}, want the dq variant and the faster forward one")
+    if bench_gpt2.best_env([("dq", 0.97, {"DQ": "fused"})]) != {}:
+        fail("bench_gpt2.best_env took a slower variant")
+    steady = open(os.path.join(out, "bf16_steady_ops_b2.md")).read()
+    if "| TFLOP/s | GB/s |" not in steady or "| qkv_fwd | compute |" not in steady:
+        fail(f"bench_gpt2: the steady-ops table lacks its rates or an op:\n{steady[:600]}")
+    print(f"ok   bench_gpt2 on the CPU: {len(rows)} rows, variants above the bf16 row: "
+          f"{won or 'none'}{', best row ' + best['env'] if best else ''}")
+
+
+def bench_kernel_attention():
+    emu = os.path.join(BUILD, "tests", "attention_bench_emu")
+    if not os.path.exists(emu):
+        fail(f"{emu} is not built")
+    bindir = os.path.join(D, "bin")
+    os.makedirs(bindir)
+    os.symlink(emu, os.path.join(bindir, "attention_bench"))
+    out = os.path.join(D, "attention")
+    e = env()
+    e.update(GPTC_BUILD=bindir, GPTC_BENCH_OUT=out, GPTC_BENCH_ATTN_SHAPES="1x70x2x64",
+             GPTC_BENCH_ATTN_WARMUP="1", GPTC_BENCH_ATTN_ITERS="1", GPTC_BENCH_ATTN_BUDGET_S="200")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu",
+                                                     "bench_kernel_attention.py")],
+                       capture_output=True, text=True, env=e, timeout=300)
+    if r.returncode:
+        fail(f"bench_kernel_attention: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
+    ran = {(row["impl"], row["precision"], row["direction"])
+           for row in rows_of(os.path.join(out, "attention.jsonl")) if "ms" in row}
+    for impl in ("gptc", "gptc-plain", "gptc-rows128", "gptc-pipelined", "gptc-biaspass",
+                 "gptc-biasfused", "gptc-dqfused"):
+        for d in ("forward", "backward", "forward+backward"):
+            if (impl, "bf16", d) not in ran:
+                fail(f"bench_kernel_attention: no {impl} bf16 {d} row")
+    table = open(os.path.join(out, "attention.md")).read()
+    if "| pipelined ms |" not in table:
+        fail("bench_kernel_attention: the table has no pipelined column")
+    print(f"ok   bench_kernel_attention on the emulator: {len(ran)} gptc rows, every variant")
+
+
+def main():
+    bench_gpt2()
+    bench_kernel_attention()
+    print("PASS: the GPU benchmarks' scripts run end to end")
+
+
+if __name__ == "__main__":
+    main()
