@@ -22,7 +22,8 @@ D = tempfile.mkdtemp(prefix="gptc_bench_smoke_")
 VARIANTS = {"bf16_dq_fused": ["GPTC_ATTENTION_DQ"],
             "bf16_rows128": ["GPTC_ATTENTION_FWD_ROWS"],
             "bf16_fwd_pipelined": ["GPTC_ATTENTION_FWD"],
-            "bf16_attn_bias": ["GPTC_ATTENTION_BIAS"]}
+            "bf16_attn_bias": ["GPTC_ATTENTION_BIAS"],
+            "bf16_gemm_candidates8": ["GPTC_GEMM_CANDIDATES"]}
 
 
 def rows_of(path):
@@ -64,7 +65,7 @@ def bench_gpt2():
     if bool(won) != bool(best):
         fail(f"bench_gpt2: variants above the bf16 row {won}, best row {best}")
     part = {"bf16_dq_fused": "dq", "bf16_rows128": "fwd", "bf16_fwd_pipelined": "fwd",
-            "bf16_attn_bias": "bias"}
+            "bf16_attn_bias": "bias", "bf16_gemm_candidates8": "gemm"}
     expect = {}
     for t in won:
         if all(rows[t]["speedup_vs_bf16"] >= rows[u]["speedup_vs_bf16"] for u in won

@@ -11,7 +11,8 @@ they run, so that a budget that ends early cuts the least needed:
   GPTC_ATTENTION_DQ=fused (the attention backward's dq from its dk/dv kernel),
   GPTC_ATTENTION_FWD_ROWS=128 (the attention forward with 128 queries a block),
   GPTC_ATTENTION_FWD=pipelined (its next key tile's scores under this tile's softmax),
-  GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias gradient);
+  GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias gradient),
+  GPTC_GEMM_CANDIDATES=8 (each GEMM's first 8 cuBLASLt candidates timed, the fastest kept);
   gptc bf16 at twice and four times M (bf16's own largest is the last that fits);
   bf16_best_bL: the variants that beat the bf16 row, together, at that largest L, beside
   the plain row there (what switching them on would give);
@@ -19,9 +20,7 @@ they run, so that a budget that ends early cuts the least needed:
   kernels behind each op, bf16_report_bM.json both, the latter also as
   bf16_device_kernels_bM.md, and its trace gives bf16_steady_ops_bM.md, the same for the
   steps after the first);
-  PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at M;
-  last, bf16 with cuBLASLt's first 8 candidates of every GEMM timed and the fastest kept
-  (GPTC_GEMM_CANDIDATES=8).
+  PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at M.
 MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
 the card's dense peak for the precision (H100/H200: fp32 67, bf16 989 TFLOP/s).
 gptc's ms/step is its own mean over the steps after the first. A timed row's overhead is
@@ -227,11 +226,15 @@ def main():
     # the attention forward's 128-query blocks, or its pipelined key tiles; the attention
     # backward's dq from its dk/dv kernel (5 tile products a pair instead of 7, for a pass
     # over fp32 parts); its qkv bias gradient taken while it holds dqkv (one pass less, but
-    # its hs 64 dk/dv kernel spills more); attention_bf16.cu
+    # its hs 64 dk/dv kernel spills more); attention_bf16.cu; and cuBLASLt's algorithms
     variants = (("bf16_dq_fused", "dq", {"GPTC_ATTENTION_DQ": "fused"}),
                 ("bf16_rows128", "fwd", {"GPTC_ATTENTION_FWD_ROWS": "128"}),
                 ("bf16_fwd_pipelined", "fwd", {"GPTC_ATTENTION_FWD": "pipelined"}),
-                ("bf16_attn_bias", "bias", {"GPTC_ATTENTION_BIAS": "1"}))
+                ("bf16_attn_bias", "bias", {"GPTC_ATTENTION_BIAS": "1"}),
+                # each GEMM's first 8 cuBLASLt candidates timed at its first call and the
+                # fastest kept (off by default: runs may then differ in the last bits); its
+                # log says, per product, which candidate won and by how much
+                ("bf16_gemm_candidates8", "gemm", {"GPTC_GEMM_CANDIDATES": "8"}))
     results = []  # (part, speed-up, env) of each variant that ran
     for tag, part, env in variants if bf else ():
         if left() < 30:
@@ -295,13 +298,6 @@ def main():
         if left() < 40:
             break
         row = torch_row(precision, compile_, micro)
-        record(row)
-        rows.append(row)
-    # then bf16 with each GEMM's first 8 cuBLASLt candidates timed at its first call and
-    # the fastest kept (GPTC_GEMM_CANDIDATES): whether the heuristic's first choice leaves
-    # time behind; its log says, per product, which candidate won and by how much
-    if bf and left() >= 30 and not BF16_ONLY:
-        row = bf16_variant("bf16_gemm_candidates8", micro, {"GPTC_GEMM_CANDIDATES": "8"}, bf)
         record(row)
         rows.append(row)
     base = next((r["tokens_per_s"] for r in rows if r.get("row") == "fp32" and "tokens_per_s" in r),
