@@ -1092,7 +1092,8 @@ static void check_fwd_pipelined_bits(int B, int T, int NH, int hs, int offset) {
  * 128, which keeps the plain kernel. */
 static void test_attention_fwd_pipelined(void) {
     const char *name = cuda_attention_bf16_fwd_name(64);
-    int chosen = strcmp(name, "pipelined") == 0 && strcmp(cuda_attention_bf16_fwd_name(128), "plain") == 0;
+    int chosen = strcmp(name, "pipelined") == 0 &&
+                 strcmp(cuda_attention_bf16_fwd_name(128), "plain") == 0;
     printf("%s %-28s hs 64: %s\n", chosen ? "ok  " : "FAIL", "pipelined forward selected", name);
     g_failures += !chosen;
     test_attention_rows128();

@@ -274,7 +274,8 @@ def check_work_single(report, events, n_micro):
     for k in report["kernels"]:
         if k["name"] not in want and (k["flops_per_call"] != 0 or k["tflops"] is not None):
             fail(f"single: {k['name']} has no products but counts {k['flops_per_call']} flops")
-        if k["bytes_per_call"] <= 0 or not close(k["gbps"], k["bytes_per_call"] / k["mean_us"] / 1e3, 1e-4):
+        gbps = k["bytes_per_call"] / k["mean_us"] / 1e3
+        if k["bytes_per_call"] <= 0 or not close(k["gbps"], gbps, 1e-4):
             fail(f"single: {k['name']}: {k['bytes_per_call']} bytes a call at {k['gbps']} GB/s")
     # the textbook count: 6 flops per matmul weight and token, and the attention
     weights = L * 12 * C * C + V * C
@@ -283,7 +284,8 @@ def check_work_single(report, events, n_micro):
         fail(f"single: {report['overlap']['flops_per_step']} flops a step, 6 x weights x tokens "
              f"+ attention gives {step}")
     for e in events:
-        if e.get("ph") == "X" and e["name"] in want and not close(e["args"].get("flops", 0), want[e["name"]]):
+        if (e.get("ph") == "X" and e["name"] in want and
+                not close(e["args"].get("flops", 0), want[e["name"]])):
             fail(f"single: trace event {e['name']} carries {e['args'].get('flops')} flops")
     print(f"ok   one rank: work per op as modelled, {step / 1e6:.1f} MFLOP a step = 6 x weights x "
           f"tokens + attention; rates = work / time; the trace carries each call's work")
@@ -300,7 +302,8 @@ def check_comm_bytes(name, report, events, sizes):
             continue
         key = (e["name"], e["args"]["parallelism"])
         if key in sizes and e["args"].get("bytes") not in sizes[key]:
-            fail(f"{name}: {key} moved {e['args'].get('bytes')} bytes, one of {sizes[key]} expected")
+            fail(f"{name}: {key} moved {e['args'].get('bytes')} bytes, one of {sizes[key]} "
+                 f"expected")
         total[key] += e["args"].get("bytes", 0)
     for k in report["kernels"]:
         for par, v in k.get("by_parallelism", {}).items():

@@ -515,8 +515,9 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
 const char *cuda_backend_attention_kernels(int head_size, gptc_precision p, char *buf,
                                            size_t len) {
     if (p != GPTC_BF16) return NULL;
+    int dq_fused = cuda_attention_bf16_dq_fused(head_size);
     snprintf(buf, len, "forward %s, dq %s, qkv bias %s", cuda_attention_bf16_fwd_name(head_size),
-             cuda_attention_bf16_dq_fused(head_size) ? "from the dk/dv kernel" : "by its own kernel",
+             dq_fused ? "from the dk/dv kernel" : "by its own kernel",
              cuda_attention_bf16_bias_fused() ? "by the kernels" : "by a pass");
     return buf;
 }
