@@ -1152,7 +1152,22 @@ static void test_no_gelu_epilogue(void) {
  * into twice fails), and the one kept gives the same results. On the emulator, with
  * GPTC_EMU_LT_SLOW_FIRST = 1, the first candidate is the slow one: every plan must have
  * picked another. */
-static void test_gemm_candidates(void) {
+/* Lines of the GEMM cache file path that name the device this test runs on, or -1 when
+ * it cannot be read */
+static int cache_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += strncmp(line, "gptc-gemm 1 | ", 14) == 0;
+    fclose(f);
+    return n;
+}
+
+/* from_cache: every plan takes its choice from GPTC_GEMM_CACHE (a file an earlier run of
+ * this mode wrote) and times nothing; else each times its candidates (and, with the
+ * cache set, appends its choice to the file) */
+static void test_gemm_candidates(int from_cache) {
     for (int bf16 = 0; bf16 < 2; bf16++) {
         gpu->set_precision(bf16 ? GPTC_BF16 : GPTC_FP32);
         test_matmul(37, 48, 144, 0, 1);
@@ -1177,20 +1192,32 @@ static void test_gemm_candidates(void) {
         double a, b;
         reads[i] = gpu->timer_read(op, &a, &b);
     }
-    printf("%s the tuning op reads %d (want -1: untimed), the next %d (want 0)\n",
-           reads[0] == -1 && reads[1] == 0 ? "ok  " : "FAIL", reads[0], reads[1]);
-    g_failures += !(reads[0] == -1 && reads[1] == 0);
+    /* a choice from the cache times nothing: the first op is read as any other */
+    int want0 = from_cache ? 0 : -1;
+    printf("%s the first op reads %d (want %d), the next %d (want 0)\n",
+           reads[0] == want0 && reads[1] == 0 ? "ok  " : "FAIL", reads[0], want0, reads[1]);
+    g_failures += !(reads[0] == want0 && reads[1] == 0);
     gpu->release(d_inp), gpu->release(d_w), gpu->release(d_out);
-    int tuned = 0, not_first = 0;
-    cuda_matmul_tuning(&tuned, &not_first);
+    int tuned = 0, cached = 0, not_first = 0;
+    cuda_matmul_tuning(&tuned, &cached, &not_first);
     const char *slow = getenv("GPTC_EMU_LT_SLOW_FIRST");
-    int want_not_first = slow && strcmp(slow, "1") == 0 ? tuned : -1;
-    printf("%d plan(s) timed their candidates; in %d the heuristic's first was not the "
-           "fastest\n", tuned, not_first);
-    if (tuned == 0 || (want_not_first >= 0 && not_first != want_not_first)) {
-        printf("FAIL: want plans timed%s\n",
-               want_not_first >= 0 ? ", each past the slow first candidate" : "");
+    int chose = from_cache ? cached : tuned; /* plans that made a choice the expected way */
+    int want_not_first = slow && strcmp(slow, "1") == 0 ? chose : -1;
+    printf("%d plan(s) timed their candidates, %d took the cache's choice; in %d the "
+           "heuristic's first was not the choice\n", tuned, cached, not_first);
+    if (chose == 0 || (from_cache && tuned) || (!from_cache && cached) ||
+        (want_not_first >= 0 && not_first != want_not_first)) {
+        printf("FAIL: want plans %s%s, none %s\n", from_cache ? "from the cache" : "timed",
+               want_not_first >= 0 ? ", each past the slow first candidate" : "",
+               from_cache ? "timed" : "from the cache");
         g_failures++;
+    }
+    const char *cache = getenv("GPTC_GEMM_CACHE");
+    if (cache && !from_cache) { /* a line a choice */
+        int lines = cache_lines(cache);
+        printf("%s GPTC_GEMM_CACHE holds %d line(s) for the %d choice(s)\n",
+               lines == tuned ? "ok  " : "FAIL", lines, tuned);
+        g_failures += lines != tuned;
     }
 }
 
@@ -1206,6 +1233,22 @@ int main(int argc, char **argv) {
     int small_smem = argc > 1 && strcmp(argv[1], "small_smem") == 0;
     int no_gelu = argc > 1 && strcmp(argv[1], "no_gelu_epilogue") == 0;
     int candidates = argc > 1 && strcmp(argv[1], "gemm_candidates") == 0;
+    /* "gemm_cache_write": gemm_candidates from an empty GPTC_GEMM_CACHE, which it fills;
+     * "gemm_cache_read": the same from the filled cache; "gemm_cache_bad": a cache file
+     * with a line that is no cache line, which the backend refuses by name */
+    int cache_write = argc > 1 && strcmp(argv[1], "gemm_cache_write") == 0;
+    int cache_read = argc > 1 && strcmp(argv[1], "gemm_cache_read") == 0;
+    int cache_bad = argc > 1 && strcmp(argv[1], "gemm_cache_bad") == 0;
+    const char *cache = getenv("GPTC_GEMM_CACHE");
+    if ((cache_write || cache_read || cache_bad) && !cache) {
+        printf("FAIL: %s needs GPTC_GEMM_CACHE\n", argv[1]);
+        return 1;
+    }
+    if (cache_write) remove(cache);
+    if (cache_bad) {
+        FILE *f = fopen(cache, "w");
+        if (f) fputs("gptc-gemm 1 | a | b\n", f), fclose(f);
+    }
     int rows128 = argc > 1 && strcmp(argv[1], "attention_rows128") == 0;
     int attn_bias = argc > 1 && strcmp(argv[1], "attention_bias") == 0;
     int dq_fused = argc > 1 && strcmp(argv[1], "attention_dq_fused") == 0;
@@ -1217,18 +1260,25 @@ int main(int argc, char **argv) {
     }
     cpu = cpu_backend();
     gpu = cuda_backend(0, err, sizeof err);
+    if (cache_bad) {
+        int named = !gpu && strstr(err, "GPTC_GEMM_CACHE") && strstr(err, "line 1");
+        printf("%s a bad GEMM cache refused at start: %s\n", named ? "ok  " : "FAIL",
+               gpu ? "(started)" : err);
+        return named ? 0 : 1;
+    }
     if (!cpu || !gpu) {
         printf("FAIL: backend did not start: %s\n", gpu ? "cpu" : err);
         return 1;
     }
-    if (small_smem || no_gelu || candidates || rows128 || attn_bias || dq_fused || fwd_pipe) {
+    if (small_smem || no_gelu || candidates || rows128 || attn_bias || dq_fused || fwd_pipe ||
+        cache_write || cache_read) {
         if (small_smem) test_small_smem_device();
         else if (fwd_pipe) test_attention_fwd_pipelined();
         else if (no_gelu) test_no_gelu_epilogue();
         else if (rows128) test_attention_rows128();
         else if (attn_bias) test_attention_bias();
         else if (dq_fused) test_attention_dq_fused();
-        else test_gemm_candidates();
+        else test_gemm_candidates(cache_read);
         if (g_failures) printf("%d comparison(s) failed\n", g_failures);
         else printf("the ops run on this device match the CPU ops\n");
         return g_failures ? 1 : 0;

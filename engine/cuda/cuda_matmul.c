@@ -18,8 +18,11 @@
  * the log; under kernel timing that call's op is read as untimed (its time holds every
  * candidate's runs), so the report leaves it out. Off by default: the choice then rests
  * on timings, so two runs may pick different algorithms, which sum in different orders.
+ * GPTC_GEMM_CACHE = file keeps the choices (cache_*): a later run with the same file takes
+ * each product's algorithm from it without timing, so runs tuned once stay reproducible.
  * All products run on one workspace; that is safe because only the compute stream
  * issues them. */
+#define _POSIX_C_SOURCE 200809L /* open, write: the GEMM cache */
 #include "engine/cuda/cuda_matmul.h"
 
 #include "engine/cuda/cuda_internal.h"
@@ -27,11 +30,13 @@
 #include "engine/log.h"
 
 #include <cublasLt.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { PLAN_SLOTS = 128, WORKSPACE_BYTES = 32 << 20, MAX_CANDIDATES = 16, TUNE_RUNS = 5,
        TUNE_ROUNDS = 2 };
@@ -63,6 +68,12 @@ static struct {
     plan plans[PLAN_SLOTS];
     int candidates;         /* GPTC_GEMM_CANDIDATES: how many to time per plan (1: none) */
     int n_tuned, n_not_first; /* plans tuned, and of those, how many the first did not win */
+    int n_cached;             /* plans whose choice came from GPTC_GEMM_CACHE */
+    const char *cache_path;   /* GPTC_GEMM_CACHE, or NULL */
+    char cache_where[192];    /* the device and cuBLASLt version the cache's lines must name */
+    char (*cache_keys)[96];   /* [n_cache] keys of the lines read, and their choices: */
+    int *cache_pick;          /* [n_cache] the winner's place among the heuristic's candidates */
+    int n_cache;
 } g;
 
 static void lt_check(cublasStatus_t rc, const char *what) {
@@ -74,6 +85,94 @@ static void lt_check(cublasStatus_t rc, const char *what) {
 void cuda_matmul_set_precision(gptc_precision p) {
     g.precision = p;
     g.act = p == GPTC_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* ---- GPTC_GEMM_CACHE: a line per product,
+ *   gptc-gemm 1 | DEVICE | cuBLASLt VERSION | KEY | PICK
+ * KEY the plan's fields (plan_key), PICK the fastest candidate's place (from 0) among the
+ * heuristic's, which orders them the same way for the same problem on the same device
+ * and cuBLASLt. Lines of another device or version are passed over; the first line of a
+ * key counts. Each rank appends the choices it times, one write a line (O_APPEND keeps
+ * the ranks' lines whole). */
+
+/* the fields find_plan compares, as text (they fit 95 characters) */
+static void plan_key(const plan *p, char key[96]) {
+    snprintf(key, 96, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", p->ta, p->tb,
+             p->m, p->n, p->k, p->lda, p->ldb, p->ldc, p->bias, p->accumulate, p->epi,
+             p->ldaux, (int)p->ab_type, (int)p->c_type, p->align[0], p->align[1], p->align[2],
+             p->align[3]);
+}
+
+/* Reads the cache's lines for this device and cuBLASLt; 0, or -1 with err set on a line
+ * that is not a cache line (a missing file is an empty cache). */
+static int cache_load(char *err, size_t errlen) {
+    int dev = 0;
+    struct cudaDeviceProp prop;
+    memset(&prop, 0, sizeof prop);
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
+        (void)cudaGetLastError();
+    snprintf(g.cache_where, sizeof g.cache_where, "%.120s | cuBLASLt %zu", prop.name,
+             cublasLtGetVersion());
+    FILE *f = fopen(g.cache_path, "r");
+    if (!f) return 0;
+    char line[512];
+    int at = 0;
+    while (fgets(line, sizeof line, f)) {
+        at++;
+        char *bar[4], *q = line;
+        int n = 0;
+        while (n < 4 && (q = strstr(q, " | "))) bar[n++] = q, q += 3;
+        if (n != 4 || strncmp(line, "gptc-gemm 1 | ", 14) != 0) {
+            snprintf(err, errlen, "GPTC_GEMM_CACHE %s: line %d is not a gptc-gemm 1 line",
+                     g.cache_path, at);
+            fclose(f);
+            return -1;
+        }
+        /* this device and version: the text between the first and the third bar */
+        size_t wl = (size_t)(bar[2] - (bar[0] + 3));
+        if (wl != strlen(g.cache_where) || strncmp(bar[0] + 3, g.cache_where, wl) != 0) continue;
+        char key[96];
+        size_t kl = (size_t)(bar[3] - (bar[2] + 3));
+        int pick;
+        if (kl >= sizeof key || sscanf(bar[3] + 3, "%d", &pick) != 1 || pick < 0) {
+            snprintf(err, errlen, "GPTC_GEMM_CACHE %s: line %d has no key or choice",
+                     g.cache_path, at);
+            fclose(f);
+            return -1;
+        }
+        memcpy(key, bar[2] + 3, kl);
+        key[kl] = 0;
+        g.cache_keys = log_realloc(g.cache_keys, sizeof *g.cache_keys * (size_t)(g.n_cache + 1),
+                                   "the GEMM cache");
+        g.cache_pick = log_realloc(g.cache_pick, sizeof *g.cache_pick * (size_t)(g.n_cache + 1),
+                                   "the GEMM cache");
+        memcpy(g.cache_keys[g.n_cache], key, sizeof key);
+        g.cache_pick[g.n_cache++] = pick;
+    }
+    fclose(f);
+    return 0;
+}
+
+/* the cached choice for p's key, or -1 */
+static int cache_find(const plan *p) {
+    char key[96];
+    plan_key(p, key);
+    for (int i = 0; i < g.n_cache; i++)
+        if (strcmp(g.cache_keys[i], key) == 0) return g.cache_pick[i];
+    return -1;
+}
+
+/* appends p's choice to the cache file (a failure is said, and the run goes on) */
+static void cache_add(const plan *p, int pick) {
+    char key[96], line[512];
+    plan_key(p, key);
+    int len = snprintf(line, sizeof line, "gptc-gemm 1 | %s | %s | %d\n", g.cache_where, key,
+                       pick);
+    int fd = open(g.cache_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0 || write(fd, line, (size_t)len) != len)
+        log_info("rank %d: GPTC_GEMM_CACHE %s: cannot append the %d x %d x %d product's "
+                 "choice\n", log_rank(), g.cache_path, p->m, p->n, p->k);
+    if (fd >= 0) close(fd);
 }
 
 int cuda_matmul_init(char *err, size_t errlen) {
@@ -90,6 +189,12 @@ int cuda_matmul_init(char *err, size_t errlen) {
         }
         g.candidates = (int)n;
     }
+    const char *cache = getenv("GPTC_GEMM_CACHE");
+    g.cache_path = cache && cache[0] && g.candidates > 1 ? cache : NULL;
+    if (g.cache_path && cache_load(err, errlen) != 0) return -1;
+    if (g.cache_path)
+        log_info("GPTC_GEMM_CACHE %s: %d product choice(s) for %s; the others are timed and "
+                 "added\n", g.cache_path, g.n_cache, g.cache_where);
     cublasStatus_t rc = cublasLtCreate(&g.lt);
     if (rc != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "train.device = cuda: cuBLASLt failed to start (%s)",
@@ -254,6 +359,13 @@ static float time_candidate(const plan *p, const cublasLtMatmulAlgo_t *algo, con
 static void tune_plan(plan *p, const void *A, const void *B, void *C, float beta,
                       cudaStream_t s) {
     p->tuned = 1;
+    int cached = g.cache_path ? cache_find(p) : -1;
+    if (cached >= 0 && cached < p->n_candidates) {
+        p->algo = p->candidates[cached];
+        g.n_cached++;
+        g.n_not_first += cached != 0;
+        return;
+    }
     void *scratch = NULL, *target = C;
     if (beta != 0.0f) {
         size_t bytes = (size_t)p->ldc * p->n * (p->c_type == CUDA_R_32F ? 4 : 2);
@@ -296,6 +408,7 @@ static void tune_plan(plan *p, const void *A, const void *B, void *C, float beta
     p->algo = p->candidates[pick];
     g.n_tuned++;
     g.n_not_first += pick != 0;
+    if (g.cache_path) cache_add(p, pick);
     char first[32] = "could not run";
     if (best_of[0] >= 0 && best_of[0] != INFINITY) snprintf(first, sizeof first, "%.4f ms", best_of[0]);
     log_info("cuBLASLt: the %d x %d x %d product%s: candidate %d of %d is the fastest, %.4f ms "
@@ -304,8 +417,9 @@ static void tune_plan(plan *p, const void *A, const void *B, void *C, float beta
              pick + 1, p->n_candidates, best_of[pick], first);
 }
 
-void cuda_matmul_tuning(int *tuned, int *not_first) {
+void cuda_matmul_tuning(int *tuned, int *cached, int *not_first) {
     *tuned = g.n_tuned;
+    *cached = g.n_cached;
     *not_first = g.n_not_first;
 }
 

@@ -20,8 +20,9 @@ int cuda_matmul_init(char *err, size_t errlen);
 void cuda_matmul_set_precision(gptc_precision p);
 
 /* GPTC_GEMM_CANDIDATES (cuda_matmul.c's top comment): how many plans timed their
- * candidates so far, and in how many the heuristic's first was not the fastest. */
-void cuda_matmul_tuning(int *tuned, int *not_first);
+ * candidates so far, how many took their choice from GPTC_GEMM_CACHE instead, and in how
+ * many of both the heuristic's first was not the choice. */
+void cuda_matmul_tuning(int *tuned, int *cached, int *not_first);
 
 /* act out[N,OC] = inp[N,IC] @ W (+ bias[OC], fused as the GEMM's epilogue; under bf16 with
  * rows of partial 16-byte groups, added to the fp32 product by a kernel), all act */

@@ -100,6 +100,7 @@ typedef struct {
 #define cublasLtCreate emu_cublasLtCreate
 #define cublasLtDestroy emu_cublasLtDestroy
 #define cublasLtGetStatusString emu_cublasLtGetStatusString
+#define cublasLtGetVersion emu_cublasLtGetVersion
 #define cublasLtMatmulDescCreate emu_cublasLtMatmulDescCreate
 #define cublasLtMatmulDescDestroy emu_cublasLtMatmulDescDestroy
 #define cublasLtMatmulDescSetAttribute emu_cublasLtMatmulDescSetAttribute
@@ -114,6 +115,7 @@ typedef struct {
 cublasStatus_t emu_cublasLtCreate(cublasLtHandle_t *handle);
 cublasStatus_t emu_cublasLtDestroy(cublasLtHandle_t handle);
 const char *emu_cublasLtGetStatusString(cublasStatus_t status);
+size_t emu_cublasLtGetVersion(void);
 cublasStatus_t emu_cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, cublasComputeType_t computeType,
                                             cudaDataType_t scaleType);
 cublasStatus_t emu_cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc);

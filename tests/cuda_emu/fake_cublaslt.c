@@ -109,6 +109,9 @@ const char *emu_cublasLtGetStatusString(cublasStatus_t status) {
 
 /* ------------------------------------------------------------------ handles */
 
+/* a version of its own, so that a GPTC_GEMM_CACHE line written here names it */
+size_t emu_cublasLtGetVersion(void) { return 1; }
+
 cublasStatus_t emu_cublasLtCreate(cublasLtHandle_t *handle) {
     struct cublasLtContext *h = malloc(sizeof *h);
     if (!h) return CUBLAS_STATUS_ALLOC_FAILED;

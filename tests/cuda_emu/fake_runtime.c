@@ -297,10 +297,14 @@ int emu_check_device_range(const void *p, size_t bytes, const char *what, char *
     return -1;
 }
 
-/* A block of its own, filled with 0xff bytes (NaN) like the garbage a GPU hands out. */
+/* A block of its own, filled with 0xff bytes (NaN) like the garbage a GPU hands out, on
+ * 256 bytes as cudaMalloc's and cudaHostAlloc's are (so that what depends on a pointer's
+ * alignment, such as a cuBLASLt plan, is the same in every run); its exact size, so that
+ * ASan sees an access past the end. */
 static void *poisoned_block(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (p) memset(p, 0xff, bytes);
+    void *p = NULL;
+    if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0) return NULL;
+    memset(p, 0xff, bytes);
     return p;
 }
 
