@@ -66,11 +66,11 @@ def bench_gpt2():
         fail(f"bench_gpt2: variants above the bf16 row {won}, best row {best}")
     part = {"bf16_dq_fused": "dq", "bf16_rows128": "fwd", "bf16_fwd_pipelined": "fwd",
             "bf16_attn_bias": "bias", "bf16_gemm_candidates8": "gemm"}
-    expect = {}
+    best_of = {}  # part: (speed-up, variable), the first of equal speed-ups as bench_gpt2
     for t in won:
-        if all(rows[t]["speedup_vs_bf16"] >= rows[u]["speedup_vs_bf16"] for u in won
-               if part[u] == part[t]):
-            expect[part[t]] = VARIANTS[t][0]
+        if rows[t]["speedup_vs_bf16"] > best_of.get(part[t], (0, None))[0]:
+            best_of[part[t]] = (rows[t]["speedup_vs_bf16"], VARIANTS[t][0])
+    expect = {k: v for k, (_, v) in best_of.items()}
     if best and ({kv.split("=")[0] for kv in best["env"].split()} != set(expect.values())
                  or "speedup_vs_bf16" not in best):
         fail(f"bench_gpt2: the best row sets {best['env']}, the variants that won give {expect}")

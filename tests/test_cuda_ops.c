@@ -1239,12 +1239,28 @@ int main(int argc, char **argv) {
     int cache_write = argc > 1 && strcmp(argv[1], "gemm_cache_write") == 0;
     int cache_read = argc > 1 && strcmp(argv[1], "gemm_cache_read") == 0;
     int cache_bad = argc > 1 && strcmp(argv[1], "gemm_cache_bad") == 0;
+    /* "gemm_cache_torn": gemm_cache_read from a copy of the filled cache
+     * (GPTC_TEST_GEMM_CACHE_FROM) whose last line a killed writer cut short */
+    int cache_torn = argc > 1 && strcmp(argv[1], "gemm_cache_torn") == 0;
     const char *cache = getenv("GPTC_GEMM_CACHE");
-    if ((cache_write || cache_read || cache_bad) && !cache) {
+    if ((cache_write || cache_read || cache_bad || cache_torn) && !cache) {
         printf("FAIL: %s needs GPTC_GEMM_CACHE\n", argv[1]);
         return 1;
     }
     if (cache_write) remove(cache);
+    const char *from = getenv("GPTC_TEST_GEMM_CACHE_FROM");
+    if (cache_torn) {
+        FILE *in = from ? fopen(from, "r") : NULL, *out = cache ? fopen(cache, "w") : NULL;
+        int c;
+        while (in && out && (c = fgetc(in)) != EOF) fputc(c, out);
+        if (out) fputs("gptc-gemm 1 | cuda_emu (CPU emul", out), fclose(out);
+        if (in) fclose(in);
+        if (!in || !out) {
+            printf("FAIL: gemm_cache_torn needs GPTC_TEST_GEMM_CACHE_FROM, a cache to copy\n");
+            return 1;
+        }
+        cache_read = 1;
+    }
     if (cache_bad) {
         FILE *f = fopen(cache, "w");
         if (f) fputs("gptc-gemm 1 | a | b\n", f), fclose(f);

@@ -89,18 +89,30 @@ void cuda_matmul_set_precision(gptc_precision p) {
 
 /* ---- GPTC_GEMM_CACHE: a line per product,
  *   gptc-gemm 1 | DEVICE | cuBLASLt VERSION | KEY | PICK
- * KEY the plan's fields (plan_key), PICK the fastest candidate's place (from 0) among the
- * heuristic's, which orders them the same way for the same problem on the same device
- * and cuBLASLt. Lines of another device or version are passed over; the first line of a
- * key counts. Each rank appends the choices it times, one write a line (O_APPEND keeps
- * the ranks' lines whole). */
+ * KEY the plan's fields and the count of candidates asked for (plan_key), PICK the
+ * fastest candidate's place (from 0) among the heuristic's, which orders them the same way
+ * for the same request on the same device and cuBLASLt. Lines of another device or
+ * version are passed over; of a key's lines, the first whose PICK is among the candidates
+ * counts. Each rank appends the choices it times, one write a line (O_APPEND keeps the
+ * ranks' lines whole); a last line cut short (a rank killed while writing it) is passed
+ * over with a warning. */
 
-/* the fields find_plan compares, as text (they fit 95 characters) */
+/* the fields find_plan compares and GPTC_GEMM_CANDIDATES, as text (under 96 characters) */
 static void plan_key(const plan *p, char key[96]) {
-    snprintf(key, 96, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", p->ta, p->tb,
-             p->m, p->n, p->k, p->lda, p->ldb, p->ldc, p->bias, p->accumulate, p->epi,
+    snprintf(key, 96, "%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d n%d", p->ta,
+             p->tb, p->m, p->n, p->k, p->lda, p->ldb, p->ldc, p->bias, p->accumulate, p->epi,
              p->ldaux, (int)p->ab_type, (int)p->c_type, p->align[0], p->align[1], p->align[2],
-             p->align[3]);
+             p->align[3], g.candidates);
+}
+
+/* keeps key's choice pick in memory (the file's lines, and those this run adds) */
+static void cache_keep(const char key[96], int pick) {
+    g.cache_keys = log_realloc(g.cache_keys, sizeof *g.cache_keys * (size_t)(g.n_cache + 1),
+                               "the GEMM cache");
+    g.cache_pick = log_realloc(g.cache_pick, sizeof *g.cache_pick * (size_t)(g.n_cache + 1),
+                               "the GEMM cache");
+    memcpy(g.cache_keys[g.n_cache], key, 96);
+    g.cache_pick[g.n_cache++] = pick;
 }
 
 /* Reads the cache's lines for this device and cuBLASLt; 0, or -1 with err set on a line
@@ -119,6 +131,11 @@ static int cache_load(char *err, size_t errlen) {
     int at = 0;
     while (fgets(line, sizeof line, f)) {
         at++;
+        if (!strchr(line, '\n') && feof(f)) { /* a last line cut short */
+            log_info("GPTC_GEMM_CACHE %s: line %d has no end (a write cut short): passed "
+                     "over\n", g.cache_path, at);
+            break;
+        }
         char *bar[4], *q = line;
         int n = 0;
         while (n < 4 && (q = strstr(q, " | "))) bar[n++] = q, q += 3;
@@ -140,25 +157,21 @@ static int cache_load(char *err, size_t errlen) {
             fclose(f);
             return -1;
         }
+        memset(key, 0, sizeof key);
         memcpy(key, bar[2] + 3, kl);
-        key[kl] = 0;
-        g.cache_keys = log_realloc(g.cache_keys, sizeof *g.cache_keys * (size_t)(g.n_cache + 1),
-                                   "the GEMM cache");
-        g.cache_pick = log_realloc(g.cache_pick, sizeof *g.cache_pick * (size_t)(g.n_cache + 1),
-                                   "the GEMM cache");
-        memcpy(g.cache_keys[g.n_cache], key, sizeof key);
-        g.cache_pick[g.n_cache++] = pick;
+        cache_keep(key, pick);
     }
     fclose(f);
     return 0;
 }
 
-/* the cached choice for p's key, or -1 */
+/* the cached choice for p's key that names one of its candidates, or -1 */
 static int cache_find(const plan *p) {
     char key[96];
     plan_key(p, key);
     for (int i = 0; i < g.n_cache; i++)
-        if (strcmp(g.cache_keys[i], key) == 0) return g.cache_pick[i];
+        if (strcmp(g.cache_keys[i], key) == 0 && g.cache_pick[i] < p->n_candidates)
+            return g.cache_pick[i];
     return -1;
 }
 
@@ -168,6 +181,7 @@ static void cache_add(const plan *p, int pick) {
     plan_key(p, key);
     int len = snprintf(line, sizeof line, "gptc-gemm 1 | %s | %s | %d\n", g.cache_where, key,
                        pick);
+    cache_keep(key, pick); /* a plan made again later in this run takes it too */
     int fd = open(g.cache_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd < 0 || write(fd, line, (size_t)len) != len)
         log_info("rank %d: GPTC_GEMM_CACHE %s: cannot append the %d x %d x %d product's "
@@ -360,7 +374,7 @@ static void tune_plan(plan *p, const void *A, const void *B, void *C, float beta
                       cudaStream_t s) {
     p->tuned = 1;
     int cached = g.cache_path ? cache_find(p) : -1;
-    if (cached >= 0 && cached < p->n_candidates) {
+    if (cached >= 0) {
         p->algo = p->candidates[cached];
         g.n_cached++;
         g.n_not_first += cached != 0;
