@@ -32,6 +32,7 @@ losses far beyond 1e-5."""
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
@@ -210,6 +211,7 @@ def main():
     rep_cand = json.load(open(f"{D}/report_cand.json"))
     untimed = rep_cand["untimed_records"]["compute"]
     check_device_kernels(name, rep_cand)
+    check_compare_devices(f"{D}/report_cupti.json", f"{D}/report_cand.json", rep, rep_cand)
     if tuned == 0 or not plain_untimed < untimed <= plain_untimed + tuned:
         fail(f"{name}: {tuned} products timed their candidates, {untimed} compute records "
              f"untimed, {plain_untimed} without candidates: want 1 to {tuned} more")
@@ -226,6 +228,31 @@ def main():
 EXPECT_DEVICE = {("fc_gelu_fwd", "emu_gemm_gelu_aux"): 1.0, ("fc_proj_dgelu_bwd", "emu_gemm_dgelu"): 1.0,
                  ("qkv_fwd", "emu_gemm_bias"): 1.0, ("lm_head_fwd", "emu_gemm"): 1.0,
                  ("fc_bwd", "emu_gemm"): 2.0, ("attn_proj_bwd", "emu_gemm"): 2.0}
+
+
+def check_compare_devices(a, b, ra, rb):
+    """tools/compare_reports.py on two reports with device kernels: their table, each
+    (op, kernel) pair's time per step as each report gives it"""
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                        "compare_reports.py")
+    r = subprocess.run([sys.executable, tool, a, b, "--top", "1000"], capture_output=True,
+                       text=True)
+    if r.returncode or "Device kernels behind the ops" not in r.stdout:
+        fail(f"compare_reports on CUPTI reports: exit {r.returncode}, no device kernel table\n"
+             f"{r.stdout[-800:]}{r.stderr[-800:]}")
+    rows = {}
+    for ln in r.stdout.split("Device kernels behind the ops")[1].splitlines():
+        c = [x.strip() for x in ln.split("|")[1:-1]]
+        if len(c) == 7 and c[1].startswith("`"):
+            rows[(c[0], c[1].strip("`"))] = c[2:4]
+    for rep, col in ((ra, 0), (rb, 1)):
+        for d in rep["device_kernels"]:
+            got = rows.get((d["op"], d["kernel"]), ["", ""])[col]
+            if got != f"{d['total_us_per_step']:.1f}":
+                fail(f"compare_reports: {d['op']} {d['kernel']}: {got!r} us a step, the report "
+                     f"{d['total_us_per_step']:.1f}")
+    print(f"ok   tools/compare_reports.py: {len(rows)} (op, kernel) pairs of two CUPTI reports "
+          f"side by side, as the reports give them")
 
 
 def check_device_kernels(name, rep):

@@ -10,7 +10,9 @@ timed in flight, each parallelism's exposed communication, and the products' rat
 Then the ops, the N (default 25) whose time per step changed the most first: time per
 step, mean per call, the ratio B / A, and each run's slowdown beside communication (the
 report's overlapped over isolated mean). A communication op that several parallelisms run
-(a tp and a dp all-reduce) is a row per parallelism, as in the report's table.
+(a tp and a dp all-reduce) is a row per parallelism, as in the report's table. Where both
+reports have device kernels (CUPTI), last the kernels behind the ops the same way: each
+(op, kernel) pair's time per step and mean, the largest change first.
 
 Only the Python standard library: it runs wherever the reports are."""
 import argparse
@@ -40,6 +42,12 @@ def ops(report):
         else:
             out[k["name"]] = (k["count"] * k["mean_us"] / rows, k["mean_us"], k["slowdown"])
     return out
+
+
+def device(report):
+    """{(op, kernel): (us per step, mean us)} of the report's device_kernels"""
+    return {(d["op"], d["kernel"]): (d["total_us_per_step"], d["mean_us"])
+            for d in report.get("device_kernels") or []}
 
 
 def num(x, spec):
@@ -99,6 +107,19 @@ def main():
               f"{num(x and x[1], '.2f')} | {num(y and y[1], '.2f')} | "
               f"{num(ratio(x and x[1], y and y[1]), '.3f')} | {num(x and x[2], '.2f')} | "
               f"{num(y and y[2], '.2f')} |")
+    da, db = device(a), device(b)
+    if da and db:
+        pairs = sorted(set(da) | set(db),
+                       key=lambda n: -abs(db.get(n, (0,))[0] - da.get(n, (0,))[0]))
+        print(f"\nDevice kernels behind the ops (CUPTI), the largest change in time per step "
+              f"first ({min(args.top, len(pairs))} of {len(pairs)}):\n")
+        print(f"| op | kernel | {na} us/step | {nb} us/step | change us/step | {na} mean us | "
+              f"{nb} mean us |\n|---|---|---|---|---|---|---|")
+        for op, kernel in pairs[:args.top]:
+            x, y = da.get((op, kernel)), db.get((op, kernel))
+            change = (y[0] if y else 0.0) - (x[0] if x else 0.0)
+            print(f"| {op} | `{kernel}` | {num(x and x[0], '.1f')} | {num(y and y[0], '.1f')} | "
+                  f"{change:+.1f} | {num(x and x[1], '.2f')} | {num(y and y[1], '.2f')} |")
     return 0
 
 
