@@ -338,7 +338,7 @@ def check_compare_reports(a, b):
         fail(f"compare_reports: allreduce [dp] row {rows.get('allreduce [dp]')}, the reports "
              f"give {want} us a step")
     bad = subprocess.run([sys.executable, tool, a, f"{D}/tok.h5"], capture_output=True, text=True)
-    if bad.returncode != 1 or not bad.stderr.startswith("compare_reports: "):
+    if bad.returncode != 1 or not bad.stderr.startswith(f"compare_reports: {D}/tok.h5: "):
         fail(f"compare_reports took a token file for a report: exit {bad.returncode}, "
              f"{bad.stderr!r}")
     print("ok   tools/compare_reports.py: the two dp2 runs' step and all-reduce figures side "

@@ -21,10 +21,14 @@ import sys
 
 
 def load(path):
-    with open(path) as f:
-        r = json.load(f)
-    if "kernels" not in r or "overlap" not in r:
-        raise ValueError("not a gptc timing report (no kernels or overlap)")
+    """the report at path; ValueError naming the file when it is none"""
+    try:
+        with open(path) as f:
+            r = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    if not isinstance(r, dict) or "kernels" not in r or "overlap" not in r:
+        raise ValueError(f"{path}: not a gptc timing report (no kernels or overlap)")
     return r
 
 
@@ -84,7 +88,7 @@ def main():
     args = ap.parse_args()
     try:
         a, b = load(args.a), load(args.b)
-    except (OSError, ValueError) as e:
+    except ValueError as e:
         print(f"compare_reports: {e}", file=sys.stderr)
         return 1
     na, nb = args.names
