@@ -119,13 +119,24 @@ def main():
     h64 = ["--model.d_model=128", "--model.n_head=2"]
     # Each against the CPU's bf16 run of the same layout: TP rounds its partial sums, so
     # layouts differ by more than devices do (test_bf16)
-    bf16_runs = [("emu_bf16", 1, []), ("emu_bf16_tp2", 2, ["--parallel.tp=2"])]
+    # tp2 with the attention variants not on by default: the pipelined forward, dq from the
+    # dk/dv kernel and the qkv bias added by the kernels, in training
+    variants = {"GPTC_ATTENTION_FWD": "pipelined", "GPTC_ATTENTION_DQ": "fused",
+                "GPTC_ATTENTION_BIAS": "1"}
+    bf16_runs = [("emu_bf16", 1, [], None,
+                  "forward plain, dq by its own kernel, qkv bias by a pass"),
+                 ("emu_bf16_tp2", 2, ["--parallel.tp=2"], variants,
+                  "forward pipelined, dq from the dk/dv kernel, qkv bias by the kernels")]
     if "--quick" in sys.argv:
         bf16_runs = bf16_runs[:1]
-    for name, ranks, extra in bf16_runs:
+    for name, ranks, extra, env_extra, kernels in bf16_runs:
         bf16 = h64 + ["--train.precision=bf16"] + extra
         ref_bf16, _, _ = train("cpu_" + name, ranks, "cpu", bf16)
-        got, out, secs = train(name, ranks, "cuda", bf16, binary=emu)
+        got, out, secs = train(name, ranks, "cuda", bf16, binary=emu, extra_env=env_extra)
+        # the start-up line names the attention kernels that run
+        line = f"attention kernels (bf16, head size 64): {kernels}"
+        if line not in out:
+            fail(f"{name}: no start-up line '{line}'")
         worst = compare_bf16_run(name, ref_bf16, got)
         print(f"ok   {name:<24} {ranks} rank(s): within {worst:.1e} of the CPU's bf16 run ({secs:.1f} s)")
 
