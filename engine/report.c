@@ -281,9 +281,8 @@ static void print_row(const char *name, const char *kind, const merged_kernel *x
 /* The table on stdout. A communication op is named with its parallelism, or when several
  * parallelisms run it (a tp and a dp all-reduce), followed by a row for each. */
 static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, int np,
-                        const step_means *pol, const step_means *probe, int ranks,
-                        long dropped, long omitted, const long untimed[2]) {
-    step_work w = work_per_step(k, n, pol->n);
+                        const step_means *pol, const step_means *probe, const step_work *work,
+                        int ranks, long dropped, long omitted, const long untimed[2]) {
     printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in flight)\n");
     if (timing_warmup() > 0)
         printf("# the run's first %d step(s) left out as warm-up (profile.warmup): they are "
@@ -318,7 +317,8 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
     if (pol->n && pol->iter > 0)
         printf("work per step and rank: %.2f GFLOP in products (%.2f TFLOP/s over the step), "
                "%.3f GB moved by compute, %.3f GB communicated\n",
-               w.flops / 1e9, w.flops / pol->iter / 1e9, w.bytes / 1e9, w.comm_bytes / 1e9);
+               work->flops / 1e9, work->flops / pol->iter / 1e9, work->bytes / 1e9,
+               work->comm_bytes / 1e9);
     for (int par = TP_DP; pol->n && par < TIMING_PARS; par++)
         if (pol->par_comm[par] > 0)
             printf("  %s communication alone: %.2f ms, exposed %.2f ms (%.0f%% hidden)\n",
@@ -600,6 +600,7 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
         step_means pol, probe;
         mean_steps(steps, 0, &pol);
         mean_steps(steps, 1, &probe);
+        step_work work = work_per_step(k, n, pol.n); /* the table's and the report's */
         merged_device *d = NULL;
         int ndev = merge_device(dev, &d);
         if (report_path && report_path[0]) {
@@ -659,12 +660,12 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                     pol.par_comm[par] - pol.par_exposed[par]);
             put(&tail, "}, ");
             /* the step's work, and the products' rate over the whole step */
-            step_work w = work_per_step(k, n, pol.n);
             char tf[32];
             put(&tail, "\"flops_per_step\": %.17g, \"tflops\": %s, \"bytes_per_step\": %.17g, "
                        "\"comm_bytes_per_step\": %.17g, ",
-                w.flops, num(tf, "%.6g", pol.iter > 0 ? w.flops / pol.iter / 1e9 : NAN, "null"),
-                w.bytes, w.comm_bytes);
+                work.flops,
+                num(tf, "%.6g", pol.iter > 0 ? work.flops / pol.iter / 1e9 : NAN, "null"),
+                work.bytes, work.comm_bytes);
             if (probe.n)
                 put(&tail, "\"serialized_iter_ms\": %.4f, \"ideal_iter_ms\": %.4f, \"gain\": %.4f}\n}\n",
                     probe.iter, probe.ideal, pol.iter > 0 ? probe.iter / pol.iter : 0.0);
@@ -682,7 +683,7 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             rc = write_file(trace_path, "trace", "{\"traceEvents\": [\n", trace,
                             "], \"displayTimeUnit\": \"ms\"}\n", err, errlen);
         }
-        print_table(k, n, kp, np, &pol, &probe, size, dropped, omitted, untimed);
+        print_table(k, n, kp, np, &pol, &probe, &work, size, dropped, omitted, untimed);
         print_device(d, ndev, k, n, pol.n);
         free(d);
         free(k);

@@ -54,6 +54,16 @@ def device(report):
             for d in report.get("device_kernels") or []}
 
 
+def by_change(xa, xb):
+    """the keys of either {key: (us per step, ...)}, the largest change in time first"""
+    return sorted(set(xa) | set(xb), key=lambda n: -abs(change(xa.get(n), xb.get(n))))
+
+
+def change(x, y):
+    """B's time per step less A's, a missing entry counting 0"""
+    return (y[0] if y else 0.0) - (x[0] if x else 0.0)
+
+
 def num(x, spec):
     return "" if x is None else format(x, spec)
 
@@ -98,32 +108,29 @@ def main():
     for label, x, y, spec in step_rows(a, b):
         print(f"| {label} | {num(x, spec)} | {num(y, spec)} | {num(ratio(x, y), '.3f')} |")
     oa, ob = ops(a), ops(b)
-    names = sorted(set(oa) | set(ob),
-                   key=lambda n: -abs(ob.get(n, (0,))[0] - oa.get(n, (0,))[0]))
+    names = by_change(oa, ob)
     print(f"\nOps, the largest change in time per step first ({min(args.top, len(names))} of "
           f"{len(names)}):\n")
     print(f"| op | {na} us/step | {nb} us/step | change us/step | {na} mean us | {nb} mean us | "
           f"{nb} / {na} | {na} slowdown | {nb} slowdown |\n|---|---|---|---|---|---|---|---|---|")
     for n in names[:args.top]:
         x, y = oa.get(n), ob.get(n)
-        change = (y[0] if y else 0.0) - (x[0] if x else 0.0)
-        print(f"| {n} | {num(x and x[0], '.1f')} | {num(y and y[0], '.1f')} | {change:+.1f} | "
+        print(f"| {n} | {num(x and x[0], '.1f')} | {num(y and y[0], '.1f')} | "
+              f"{change(x, y):+.1f} | "
               f"{num(x and x[1], '.2f')} | {num(y and y[1], '.2f')} | "
               f"{num(ratio(x and x[1], y and y[1]), '.3f')} | {num(x and x[2], '.2f')} | "
               f"{num(y and y[2], '.2f')} |")
     da, db = device(a), device(b)
     if da and db:
-        pairs = sorted(set(da) | set(db),
-                       key=lambda n: -abs(db.get(n, (0,))[0] - da.get(n, (0,))[0]))
+        pairs = by_change(da, db)
         print(f"\nDevice kernels behind the ops (CUPTI), the largest change in time per step "
               f"first ({min(args.top, len(pairs))} of {len(pairs)}):\n")
         print(f"| op | kernel | {na} us/step | {nb} us/step | change us/step | {na} mean us | "
               f"{nb} mean us |\n|---|---|---|---|---|---|---|")
         for op, kernel in pairs[:args.top]:
             x, y = da.get((op, kernel)), db.get((op, kernel))
-            change = (y[0] if y else 0.0) - (x[0] if x else 0.0)
             print(f"| {op} | `{kernel}` | {num(x and x[0], '.1f')} | {num(y and y[0], '.1f')} | "
-                  f"{change:+.1f} | {num(x and x[1], '.2f')} | {num(y and y[1], '.2f')} |")
+                  f"{change(x, y):+.1f} | {num(x and x[1], '.2f')} | {num(y and y[1], '.2f')} |")
     return 0
 
 
