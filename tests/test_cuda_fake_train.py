@@ -123,15 +123,21 @@ def main():
     # dk/dv kernel and the qkv bias added by the kernels, in training
     variants = {"GPTC_ATTENTION_FWD": "pipelined", "GPTC_ATTENTION_DQ": "fused",
                 "GPTC_ATTENTION_BIAS": "1"}
+    # and one rank with dq added by atomics (against the same CPU run as the first)
     bf16_runs = [("emu_bf16", 1, [], None,
                   "forward plain, dq by its own kernel, qkv bias by a pass"),
                  ("emu_bf16_tp2", 2, ["--parallel.tp=2"], variants,
-                  "forward pipelined, dq from the dk/dv kernel, qkv bias by the kernels")]
+                  "forward pipelined, dq from the dk/dv kernel, qkv bias by the kernels"),
+                 ("emu_bf16_dq_atomic", 1, [], {"GPTC_ATTENTION_DQ": "atomic"},
+                  "forward plain, dq from the dk/dv kernel by atomics, qkv bias by a pass")]
     if "--quick" in sys.argv:
         bf16_runs = bf16_runs[:1]
+    refs = {}  # the CPU's bf16 runs by layout
     for name, ranks, extra, env_extra, kernels in bf16_runs:
         bf16 = h64 + ["--train.precision=bf16"] + extra
-        ref_bf16, _, _ = train("cpu_" + name, ranks, "cpu", bf16)
+        if (ranks, tuple(extra)) not in refs:
+            refs[(ranks, tuple(extra))], _, _ = train("cpu_" + name, ranks, "cpu", bf16)
+        ref_bf16 = refs[(ranks, tuple(extra))]
         got, out, secs = train(name, ranks, "cuda", bf16, binary=emu, extra_env=env_extra)
         # the start-up line names the attention kernels that run
         line = f"attention kernels (bf16, head size 64): {kernels}"

@@ -1116,16 +1116,26 @@ static void test_attention_bias(void) {
     test_attention_bf16(1, 100, 2, 120, 1);
 }
 
-/* The bf16 attention backward with dq from the dk/dv kernel (GPTC_ATTENTION_DQ=fused, hs
- * 64; test_cuda_ops_emu_dq_fused and test_cuda_ops_dq_fused set it, and the _bias
- * variants GPTC_ATTENTION_BIAS=1 too): rows128's shapes through the launcher, whose
- * scratch is poisoned, so a part not written fails; the op table at bf16, whose scratch
- * the backend sizes; and hs 128 and 32, which keep the dq kernel. */
+/* The bf16 attention backward with dq from the dk/dv kernel (hs 64), by parts
+ * (GPTC_ATTENTION_DQ=fused: test_cuda_ops_emu_dq_fused and test_cuda_ops_dq_fused set it)
+ * or by atomics (GPTC_ATTENTION_DQ=atomic: the _dq_atomic tests), and in the _bias
+ * variants GPTC_ATTENTION_BIAS=1 too: rows128's shapes through the launcher, whose
+ * scratch is poisoned, so a part not written (or, by atomics, a dq not zeroed first)
+ * fails; the op table at bf16, whose scratch the backend sizes; and hs 128 and 32, which
+ * keep the dq kernel. */
 static void test_attention_dq_fused(void) {
+    const char *want = getenv("GPTC_ATTENTION_DQ"), *got = cuda_attention_bf16_dq_name(64);
+    int named = want && strcmp(got, want) == 0;
+    printf("%s %-28s %s (GPTC_ATTENTION_DQ=%s)\n", named ? "ok  " : "FAIL", "dq variant selected",
+           got, want ? want : "");
+    g_failures += !named;
+    /* 6 query tiles of 64 at T 333: 21 parts a head by pairs, 6 by atomics */
     size_t plain = 2 * 2 * 333, fused = cuda_attention_bf16_scratch_floats(2, 333, 128, 2);
-    printf("%s %-28s scratch %zu floats for D's %zu\n", fused > plain ? "ok  " : "FAIL",
-           "fused dq selected", fused, plain);
-    g_failures += !(fused > plain);
+    size_t parts = (size_t)2 * 2 * (want && strcmp(want, "atomic") == 0 ? 6 : 21) * 64 * 64;
+    int sized = fused == ((plain + 3) & ~(size_t)3) + parts;
+    printf("%s %-28s scratch %zu floats for D's %zu and %zu of parts\n", sized ? "ok  " : "FAIL",
+           "fused dq's scratch", fused, plain, parts);
+    g_failures += !sized;
     test_attention_rows128();
     test_attention_bf16(1, 333, 2, 64, 0); /* 6 query tiles: 21 parts a head */
     test_attention_bf16(1, 100, 1, 128, 0);

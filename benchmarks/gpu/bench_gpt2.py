@@ -8,7 +8,8 @@ they run, so that a budget that ends early cuts the least needed:
   the same with profile.timing = kernel (CUPTI) and with GPTC_TIMER=events: the overhead;
   gptc with train.precision = bf16 at M;
   the bf16 variants not yet on by default, at M, each with its speed-up over the bf16 row:
-  GPTC_ATTENTION_DQ=fused (the attention backward's dq from its dk/dv kernel),
+  GPTC_ATTENTION_DQ=atomic (the attention backward's dq from its dk/dv kernel, added by
+  atomics), GPTC_ATTENTION_DQ=fused (the same by parts summed in order),
   GPTC_ATTENTION_FWD_ROWS=128 (the attention forward with 128 queries a block),
   GPTC_ATTENTION_FWD=pipelined (its next key tile's scores under this tile's softmax),
   GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias gradient),
@@ -224,10 +225,12 @@ def main():
     # The variants that are not the default until a GPU run says they are faster, each at
     # this micro-batch beside the bf16 row, each with the part of the step it replaces:
     # the attention forward's 128-query blocks, or its pipelined key tiles; the attention
-    # backward's dq from its dk/dv kernel (5 tile products a pair instead of 7, for a pass
-    # over fp32 parts); its qkv bias gradient taken while it holds dqkv (one pass less, but
-    # its hs 64 dk/dv kernel spills more); attention_bf16.cu; and cuBLASLt's algorithms
-    variants = (("bf16_dq_fused", "dq", {"GPTC_ATTENTION_DQ": "fused"}),
+    # backward's dq from its dk/dv kernel (5 tile products a pair instead of 7), added by
+    # fp32 atomics into one dq (as flash attention 2) or by a pass over fp32 parts; its
+    # qkv bias gradient taken while it holds dqkv (one pass less, but its hs 64 dk/dv
+    # kernel spills more); attention_bf16.cu; and cuBLASLt's algorithms
+    variants = (("bf16_dq_atomic", "dq", {"GPTC_ATTENTION_DQ": "atomic"}),
+                ("bf16_dq_fused", "dq", {"GPTC_ATTENTION_DQ": "fused"}),
                 ("bf16_rows128", "fwd", {"GPTC_ATTENTION_FWD_ROWS": "128"}),
                 ("bf16_fwd_pipelined", "fwd", {"GPTC_ATTENTION_FWD": "pipelined"}),
                 ("bf16_attn_bias", "bias", {"GPTC_ATTENTION_BIAS": "1"}),

@@ -24,6 +24,8 @@ forward+backward:
   gptc-dqfused: the same, bf16 at hs 64, with GPTC_ATTENTION_DQ=fused: the backward's dk/dv
     kernel also takes dq's part of each tile pair (dS K), which a summing kernel adds up,
     instead of the dq kernel recomputing S, dP and dS (5 products a tile pair, not 7).
+  gptc-dqatomic: the same with GPTC_ATTENTION_DQ=atomic: the parts added by fp32 atomics
+    into one dq (as flash attention 2), which the same kernel then rounds.
   torch: F.scaled_dot_product_attention(is_causal=True) on q, k, v [B,NH,T,hs]: bf16 on
     the flash backend (forced), fp32 on the backend torch picks (named in the row; TF32
     off). The forward runs on inputs that require grad (it then saves the lse, as gptc's
@@ -260,18 +262,21 @@ def write_table(rows):
                 "bf16 at hs 64, the backward also taking "
                 "the qkv bias gradient, by a pass after the kernels or by the kernels "
                 "(GPTC_ATTENTION_BIAS=1). dq fused ms: bf16 at hs 64 with "
-                "GPTC_ATTENTION_DQ=fused (dq's parts from the dk/dv kernel, then summed).\n\n")
+                "GPTC_ATTENTION_DQ=fused (dq's parts from the dk/dv kernel, then summed). "
+                "dq atomic ms: the same with GPTC_ATTENTION_DQ=atomic (the parts added by "
+                "atomics).\n\n")
         f.write("| shape B,T,NH,hs | precision | direction | gptc ms | gptc plain ms | "
                 "gptc rows128 ms | pipelined ms | bias pass ms | bias fused ms | dq fused ms | "
-                "torch ms | ratio | gptc TFLOP/s | torch TFLOP/s | torch backend | note |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+                "dq atomic ms | torch ms | ratio | gptc TFLOP/s | torch TFLOP/s | "
+                "torch backend | note |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for k in keys:
             g, t = ok.get(("gptc",) + k), ok.get(("torch",) + k)
             gp = ok.get(("gptc-plain",) + k)
             g128 = ok.get(("gptc-rows128",) + k)
             gpl = ok.get(("gptc-pipelined",) + k)
             gbp, gbf = ok.get(("gptc-biaspass",) + k), ok.get(("gptc-biasfused",) + k)
-            gdq = ok.get(("gptc-dqfused",) + k)
+            gdq, gda = ok.get(("gptc-dqfused",) + k), ok.get(("gptc-dqatomic",) + k)
             errs = [f"{r['impl']}: {r['error']}" for r in rows if "error" in r and
                     (r["B"], r["T"], r["NH"], r["hs"], r["precision"], r["direction"]) == k]
             ratio = g["ms"] / t["ms"] if g and t else None
@@ -280,6 +285,7 @@ def write_table(rows):
                     f"{fmt(g128 and g128['ms'], '.3f')} | {fmt(gpl and gpl['ms'], '.3f')} | "
                     f"{fmt(gbp and gbp['ms'], '.3f')} | "
                     f"{fmt(gbf and gbf['ms'], '.3f')} | {fmt(gdq and gdq['ms'], '.3f')} | "
+                    f"{fmt(gda and gda['ms'], '.3f')} | "
                     f"{fmt(t and t['ms'], '.3f')} | "
                     f"{fmt(ratio, '.2f')} | {fmt(g and g['tflops_causal'], '.1f')} | "
                     f"{fmt(t and t['tflops_causal'], '.1f')} | {t['backend'] if t else ''} | "
@@ -319,9 +325,10 @@ def main():
                 run_rows(impl, impl.replace("-", "_") + "_bf16", shape,
                          [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
                          {"GPTC_BENCH_QKV_BIAS": "1", "GPTC_ATTENTION_BIAS": fused})
-            run_rows("gptc-dqfused", "gptc_dqfused_bf16", shape,
-                     [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
-                     {"GPTC_ATTENTION_DQ": "fused"})
+            for impl, how in (("gptc-dqfused", "fused"), ("gptc-dqatomic", "atomic")):
+                run_rows(impl, impl.replace("-", "_") + "_bf16", shape,
+                         [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
+                         {"GPTC_ATTENTION_DQ": how})
         worker = [sys.executable, os.path.abspath(__file__), "--torch-worker"]
         run_rows("torch", "torch", shape, worker + dims + [str(WARMUP), str(ITERS)], PRECISIONS,
                  rows)

@@ -1,7 +1,10 @@
 /* Causal self-attention for train.precision = bf16, on tensor cores: the flash scheme of
  * attention.cu (same buffers, same lse [B,NH,T], same scratch, same three backward
  * kernels and the same determinism: no atomics, every element of dqkv written once), with
- * the tile products as mma.sync m16n8k16 bf16 (fp32 accumulate, engine/cuda/mma.cuh).
+ * the tile products as mma.sync m16n8k16 bf16 (fp32 accumulate, engine/cuda/mma.cuh);
+ * the variants chosen by environment variables (ab_fwd_variant, ab_dq_mode,
+ * ab_bias_fused) differ from this where they say so: GPTC_ATTENTION_DQ=atomic and
+ * GPTC_ATTENTION_BIAS=1 add by atomics.
  * qkv, out, dout and dqkv are bf16 storage (uint16_t bits, engine/bf16.h), read as they
  * are (their tiles enter shared memory as bf16, no conversion); lse and the scratch D
  * are fp32. Besides the stores of out and dqkv (each rounded once, from fp32
@@ -674,6 +677,10 @@ static __device__ __forceinline__ void load_query_stage(uint16_t *QdO /* [Q, dO]
     load_row_vec(stats + AB_TILE, D_bh + q0, T - q0);
 }
 
+/* where the backward's dq comes from (ab_dq_mode): its own kernel, or the dk/dv kernel's
+ * parts stored by pair or added by atomics */
+typedef enum { AB_DQ_KERNEL, AB_DQ_PARTS, AB_DQ_ATOMIC } ab_dq_kind;
+
 /* what every backward kernel reads and writes, passed by value (kernel parameters) */
 typedef struct {
     uint16_t *dqkv;        /* [B,T,3C] */
@@ -685,9 +692,12 @@ typedef struct {
     int T, C, NH, vec;
     float sl2, scale;
     int pairs;             /* B * NH (attention_block) */
-    float *dq_part;        /* NULL, or the fused dq's parts (ab_dq_part_floats): [B*NH][pair
-                            * (query tile qt, key tile kt <= qt) at qt (qt + 1) / 2 + kt]
-                            * [64][hs], fp32, unscaled */
+    float *dq_part;        /* NULL, or the fused dq's parts (ab_dq_part_floats), fp32,
+                            * unscaled: by pair (dq_atomic 0), [B*NH][pair (query tile qt,
+                            * key tile kt <= qt) at qt (qt + 1) / 2 + kt][64][hs]; by atomics
+                            * (dq_atomic 1), [B*NH][query tile qt][64][hs], zero before the
+                            * dk/dv kernel, which adds every key tile's part into it */
+    int dq_atomic;
 } ab_bwd_args;
 
 /* The part of dQ a dk/dv block's key tile gives one query tile: the transposed dS^T the
@@ -723,6 +733,19 @@ static __device__ __forceinline__ void tile_dsk(float acc[AB_MAX_HS / 8][4], con
     }
 }
 
+/* p[0] += x, p[1] += y as atomics whose results nobody reads: one 8-byte vector
+ * reduction on sm_90, which has them (p global and 8-byte aligned), two 4-byte ones
+ * before. The float2 atomicAdd would be an atom, which returns the old values into
+ * registers this kernel has none to spare for; red returns nothing. */
+static __device__ __forceinline__ void red_add_f32x2(float *p, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y));
+#else
+    atomicAdd(p, x);
+    atomicAdd(p + 1, y);
+#endif
+}
+
 /* part[r][c] = acc for this lane's rows r0 + g and r0 + g + 8 that are below nrows (the
  * query tile's rows before T): part is a [64][hs] fp32 slot */
 static __device__ __forceinline__ void store_part(float *part, const float acc[AB_MAX_HS / 8][4],
@@ -739,6 +762,20 @@ static __device__ __forceinline__ void store_part(float *part, const float acc[A
     }
 }
 
+/* store_part's sums: part[r][c] += acc, by atomics */
+static __device__ __forceinline__ void add_part(float *part, const float acc[AB_MAX_HS / 8][4],
+                                                int r0, int nrows, int hs) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int ok0 = r0 + g < nrows, ok8 = r0 + g + 8 < nrows;
+    float *row0 = part + (size_t)(r0 + g) * hs + 2 * t, *row8 = row0 + 8 * (size_t)hs;
+#pragma unroll
+    for (int j = 0; j < AB_MAX_HS / 8; j++) {
+        if (8 * j >= hs) break;
+        if (ok0) red_add_f32x2(row0 + 8 * j, acc[j][0], acc[j][1]);
+        if (ok8) red_add_f32x2(row8 + 8 * j, acc[j][2], acc[j][3]);
+    }
+}
+
 /* Block (bh, y): key tile y (the longest loops first); warp w owns keys k0 + 16 w .. + 15.
  * K, V of the tile stay in shared memory; for each query tile at or after it, in the
  * transposed view (rows: this warp's keys, columns: the tile's 64 queries):
@@ -750,14 +787,16 @@ static __device__ __forceinline__ void store_part(float *part, const float acc[A
  * the shared memory of two). staged: dk and dv leave through shared memory (write_staged:
  * 16-byte stores, and the bias gradient's sums when a.dbias is set); else each lane
  * stores its fragments, 2 bytes at a time, and a.dbias must be NULL.
- * fuse_dq (a.dq_part set; two stages): the block also takes dQ's part of this key tile
- * for each query tile, dS K, and stores it to the pair's slot of a.dq_part for
- * attention_bf16_dq_sum_kernel to add up: 5 products per tile pair instead of the 4 here
- * and 3 in the dq kernel, which recomputes S, dP and dS. The warps' dS^T goes through
- * shared memory (the A of dS K has queries for rows), one more barrier per tile. */
+ * fuse_dq (AB_DQ_PARTS or AB_DQ_ATOMIC, a compile-time constant as a.dq_atomic says; a.dq_part
+ * set; two stages): the block also takes dQ's part of this key tile for each query
+ * tile, dS K, and stores it to the pair's slot of a.dq_part (AB_DQ_ATOMIC: adds it into
+ * the query tile's slot by atomics) for
+ * attention_bf16_dq_sum_kernel to add up (or round): 5 products per tile pair instead of
+ * the 4 here and 3 in the dq kernel, which recomputes S, dP and dS. The warps' dS^T goes
+ * through shared memory (the A of dS K has queries for rows), one more barrier per tile. */
 static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_smem(hs, nst) */,
                                                      ab_bwd_args a, int hs, int nst,
-                                                     int staged, int fuse_dq) {
+                                                     int staged, ab_dq_kind fuse_dq) {
     uint16_t *dqkv = a.dqkv;
     const uint16_t *dout = a.dout, *qkv = a.qkv;
     const float *lse = a.lse, *D = a.D;
@@ -811,8 +850,13 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_sme
             __syncthreads(); /* every warp's keys of dS^T are in dss */
             float dq[AB_MAX_HS / 8][4];
             tile_dsk(dq, dss, 16 * warp, Ks, hs);
-            size_t pair = (size_t)bh * (ntiles * (ntiles + 1) / 2) + qt * (qt + 1) / 2 + ktile;
-            store_part(a.dq_part + pair * AB_TILE * hs, dq, 16 * warp, T - q0, hs);
+            if (fuse_dq == AB_DQ_ATOMIC) {
+                size_t slot = (size_t)bh * ntiles + qt;
+                add_part(a.dq_part + slot * AB_TILE * hs, dq, 16 * warp, T - q0, hs);
+            } else {
+                size_t pair = (size_t)bh * (ntiles * (ntiles + 1) / 2) + qt * (qt + 1) / 2 + ktile;
+                store_part(a.dq_part + pair * AB_TILE * hs, dq, 16 * warp, T - q0, hs);
+            }
         }
         __syncthreads(); /* this stage's readers are done (and dss's, with fuse_dq) */
         if (next && nst == 1)
@@ -911,31 +955,43 @@ static __device__ __forceinline__ void attn_bwd_dq(uint16_t *sm /* ab_dq_smem(hs
  * size keeps the plain one unless the bias gradient is fused (ab_bias_fused). */
 __global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 0, 0);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 0, AB_DQ_KERNEL);
 }
 
 __global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_bias_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 1, 0);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 1, AB_DQ_KERNEL);
 }
 
-/* the same two with dq fused (GPTC_ATTENTION_DQ=fused: ab_dq_fused); at 168 registers they
+/* the same two with dq fused (GPTC_ATTENTION_DQ=fused: ab_dq_mode); at 168 registers they
  * spill less than the two above (12 and 24 bytes stored, nvcc 13.0): S and dP are dead
  * before dS K's accumulators are born */
 __global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_dq_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 0, 1);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 0, AB_DQ_PARTS);
 }
 
 __global__ void __launch_bounds__(AB_THREADS, 3)
 attention_bf16_dkdv64_dq_bias_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 1, 1);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 1, AB_DQ_PARTS);
+}
+
+/* and with dq's parts added by atomics (GPTC_ATTENTION_DQ=atomic) */
+__global__ void __launch_bounds__(AB_THREADS, 3) attention_bf16_dkdv64_dqa_kernel(ab_bwd_args a) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 0, AB_DQ_ATOMIC);
+}
+
+__global__ void __launch_bounds__(AB_THREADS, 3)
+attention_bf16_dkdv64_dqa_bias_kernel(ab_bwd_args a) {
+    extern __shared__ float4 ab_smem[];
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 64, 2, 1, AB_DQ_ATOMIC);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv128_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, 128, 2, 1, 0);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, 128, 2, 1, AB_DQ_KERNEL);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq64_kernel(ab_bwd_args a) {
@@ -951,7 +1007,7 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq128_kernel(ab_bwd
 /* any other head size, as the forward's */
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_any_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 2, 1, 0);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 2, 1, AB_DQ_KERNEL);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_any_kernel(ab_bwd_args a) {
@@ -964,7 +1020,7 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_any_kernel(ab_bw
  * sm_89) */
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dkdv_lean_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
-    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 1, 1, 0);
+    attn_bwd_dkdv((uint16_t *)ab_smem, a, a.C / a.NH, 1, 1, AB_DQ_KERNEL);
 }
 
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_lean_kernel(ab_bwd_args a) {
@@ -975,7 +1031,8 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_lean_kernel(ab_b
 /* Block (bh, y): query tile qt = NT-1-y of the fused dq (the most parts first). Its rows'
  * dq = scale times the sum of the parts the dk/dv blocks of key tiles 0 .. qt left in
  * a.dq_part, added in that order (the same sum whatever order the blocks ran in), rounded
- * once; out through shared memory as the dq kernel's (write_staged: the q columns' bias
+ * once; with a.dq_atomic, scale times the one slot they added into (in the order they
+ * ran). Out through shared memory as the dq kernel's (write_staged: the q columns' bias
  * sums too when a.dbias is set). */
 __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_sum_kernel(ab_bwd_args a) {
     extern __shared__ float4 ab_smem[];
@@ -985,13 +1042,16 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_sum_kernel(ab_bw
     int hs = a.C / a.NH, p = ab_pitch(hs), nt = gridDim.y, qt = nt - 1 - rank, q0 = qt * AB_TILE;
     int nrows = a.T - q0 < AB_TILE ? a.T - q0 : AB_TILE, nc = hs / 4;
     size_t slot = (size_t)AB_TILE * hs;
-    const float *part = a.dq_part + ((size_t)bh * (nt * (nt + 1) / 2) + qt * (qt + 1) / 2) * slot;
+    size_t first = a.dq_atomic ? (size_t)bh * nt + qt
+                               : (size_t)bh * (nt * (nt + 1) / 2) + qt * (qt + 1) / 2;
+    const float *part = a.dq_part + first * slot;
+    int nparts = a.dq_atomic ? 1 : qt + 1;
     for (int u = threadIdx.x; u < nrows * nc; u += AB_THREADS) {
         int r = u / nc, c = 4 * (u % nc);
         const float *x = part + (size_t)r * hs + c;
         float4 sum = *(const float4 *)x;
 #pragma unroll 4 /* the loads are independent: several in flight */
-        for (int kt = 1; kt <= qt; kt++) {
+        for (int kt = 1; kt < nparts; kt++) {
             float4 v = *(const float4 *)(x + kt * slot);
             sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
         }
@@ -1045,17 +1105,26 @@ static int ab_fwd_mt(int hs) { return ab_fwd_variant(hs) == AB_FWD_ROWS128 ? 2 :
  * which spills more, costs less than the pass it saves; a benchmark compares both. */
 static int ab_bias_fused(void) { return ab_env_is("GPTC_ATTENTION_BIAS", "1"); }
 
-/* 1 when the hs 64 dk/dv kernel also takes dq's parts and attention_bf16_dq_sum_kernel
- * adds them (GPTC_ATTENTION_DQ=fused), instead of the dq kernel recomputing S, dP and dS:
- * 5 products a tile pair instead of 7, for a pass over the parts (fp32, about T / 128
- * times dq's size, written once and read once: at T 1024 about 17 times dq's bytes each
- * way). Off by default until a GPU run says which is faster; a benchmark compares both.
- * Two stages only (every sm_80 and later has the shared memory). */
-static int ab_dq_fused(int hs, int nst) {
-    return ab_env_is("GPTC_ATTENTION_DQ", "fused") && hs == 64 && nst == 2;
+/* Where dq comes from (hs 64 with two stages only; every sm_80 and later has the shared
+ * memory), instead of the dq kernel recomputing S, dP and dS (AB_DQ_KERNEL), so that a
+ * tile pair takes 5 products instead of 7:
+ *   - AB_DQ_PARTS (GPTC_ATTENTION_DQ=fused): the dk/dv kernel stores each pair's part and
+ *     attention_bf16_dq_sum_kernel adds them in key order (deterministic), for a pass
+ *     over the parts (fp32, about T / 128 times dq's size, written once and read once:
+ *     at T 1024 about 17 times dq's bytes each way);
+ *   - AB_DQ_ATOMIC (GPTC_ATTENTION_DQ=atomic): the dk/dv kernel adds each pair's part
+ *     into one fp32 dq by atomics (8-byte reductions on sm_90, mostly in L2), which the
+ *     same kernel then rounds: twice dq's fp32 bytes of traffic and a zeroing, but the
+ *     sum's order is the order the blocks ran in, as flash attention 2's dq.
+ * Off by default until a GPU run says which is fastest; the benchmarks compare all three. */
+static ab_dq_kind ab_dq_mode(int hs, int nst) {
+    if (hs != 64 || nst != 2) return AB_DQ_KERNEL;
+    if (ab_env_is("GPTC_ATTENTION_DQ", "fused")) return AB_DQ_PARTS;
+    if (ab_env_is("GPTC_ATTENTION_DQ", "atomic")) return AB_DQ_ATOMIC;
+    return AB_DQ_KERNEL;
 }
 
-/* nst: stages of the streamed tiles; fuse_dq: with the dS^T tile of ab_dq_fused */
+/* nst: stages of the streamed tiles; fuse_dq: with the dS^T tile of a fused dq (ab_dq_mode) */
 static size_t ab_dkdv_smem(int hs, int nst, int fuse_dq) {
     return (2 + 2 * (size_t)nst) * ab_tile_bytes(hs) + 2 * (size_t)nst * AB_TILE * sizeof(float) +
            (fuse_dq ? (size_t)AB_TILE * AB_DS_PITCH * sizeof(uint16_t) : 0);
@@ -1064,10 +1133,11 @@ static size_t ab_dkdv_smem(int hs, int nst, int fuse_dq) {
 /* floats of the backward's scratch before the dq parts: D [B,NH,T], rounded up to 16 bytes */
 static size_t ab_d_floats(int B, int T, int NH) { return ((size_t)B * NH * T + 3) & ~(size_t)3; }
 
-/* floats of the fused dq's parts: a [64][hs] slot per (query tile, key tile <= it) pair */
-static size_t ab_dq_part_floats(int B, int T, int NH, int hs) {
+/* floats of the fused dq's parts: a [64][hs] slot per (query tile, key tile <= it) pair,
+ * or by atomics one per query tile */
+static size_t ab_dq_part_floats(int B, int T, int NH, int hs, ab_dq_kind mode) {
     size_t nt = ((size_t)T + AB_TILE - 1) / AB_TILE;
-    return (size_t)B * NH * (nt * (nt + 1) / 2) * AB_TILE * hs;
+    return (size_t)B * NH * (mode == AB_DQ_ATOMIC ? nt : nt * (nt + 1) / 2) * AB_TILE * hs;
 }
 
 static size_t ab_dq_smem(int hs, int nst) {
@@ -1108,7 +1178,8 @@ extern "C" {
 
 size_t cuda_attention_bf16_smem(int hs) {
     int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
-    size_t need = ab_fwd_smem(hs, ab_fwd_mt(hs)), kv = ab_dkdv_smem(hs, nst, ab_dq_fused(hs, nst));
+    size_t need = ab_fwd_smem(hs, ab_fwd_mt(hs));
+    size_t kv = ab_dkdv_smem(hs, nst, ab_dq_mode(hs, nst) != AB_DQ_KERNEL);
     if (kv > need) need = kv;
     if (ab_dq_smem(hs, nst) > need) need = ab_dq_smem(hs, nst);
     return need;
@@ -1119,8 +1190,9 @@ const char *cuda_attention_bf16_fwd_name(int hs) {
     return names[ab_fwd_variant(hs)];
 }
 
-int cuda_attention_bf16_dq_fused(int hs) {
-    return ab_dq_fused(hs, ab_bwd_stages(hs, (size_t)cuda_smem_optin()));
+const char *cuda_attention_bf16_dq_name(int hs) {
+    static const char *const names[] = {"kernel", "fused", "atomic"};
+    return names[ab_dq_mode(hs, ab_bwd_stages(hs, (size_t)cuda_smem_optin()))];
 }
 
 int cuda_attention_bf16_bias_fused(void) { return ab_bias_fused(); }
@@ -1148,8 +1220,9 @@ size_t cuda_attention_bf16_scratch_floats(int B, int T, int C, int NH) {
     size_t plain = (size_t)B * NH * T; /* D alone, as attention_state_floats */
     if (B <= 0 || T <= 0 || NH <= 0 || C % NH) return plain;
     int hs = C / NH, nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
-    if (!ab_dq_fused(hs, nst)) return plain;
-    return ab_d_floats(B, T, NH) + ab_dq_part_floats(B, T, NH, hs);
+    ab_dq_kind mode = ab_dq_mode(hs, nst);
+    if (mode == AB_DQ_KERNEL) return plain;
+    return ab_d_floats(B, T, NH) + ab_dq_part_floats(B, T, NH, hs, mode);
 }
 
 void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
@@ -1161,7 +1234,9 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
     int hs = C / NH, vec = ab_vec(qkv, dout);
     float scale = 1.0f / sqrtf((float)hs), sl2 = attention_sl2(hs);
     cuda_attention_dot(scratch, dout, out, B, T, C, NH, GPTC_BF16, s);
-    int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin()), fuse_dq = ab_dq_fused(hs, nst);
+    int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
+    ab_dq_kind mode = ab_dq_mode(hs, nst);
+    int fuse_dq = mode != AB_DQ_KERNEL;
     size_t smem_kv = ab_dkdv_smem(hs, nst, fuse_dq);
     size_t smem_q = fuse_dq ? ab_tile_bytes(hs) : ab_dq_smem(hs, nst);
     int fused = dbias && ab_bias_fused();
@@ -1173,10 +1248,11 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
                    : hs == 128 ? attention_bf16_dq128_kernel
                                : attention_bf16_dq_any_kernel;
     if (nst == 1) dkdv = attention_bf16_dkdv_lean_kernel, dq = attention_bf16_dq_lean_kernel;
-    if (fuse_dq) {
+    if (mode == AB_DQ_PARTS)
         dkdv = fused ? attention_bf16_dkdv64_dq_bias_kernel : attention_bf16_dkdv64_dq_kernel;
-        dq = attention_bf16_dq_sum_kernel;
-    }
+    if (mode == AB_DQ_ATOMIC)
+        dkdv = fused ? attention_bf16_dkdv64_dqa_bias_kernel : attention_bf16_dkdv64_dqa_kernel;
+    if (fuse_dq) dq = attention_bf16_dq_sum_kernel;
     char what[80];
     ab_what(what, "backward", hs);
     /* dk/dv needs at least as much as dq, so a refusal names its need */
@@ -1186,8 +1262,17 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
     dim3 grid = attention_grid(B, NH, T, hs, AB_TILE, sizeof(uint16_t));
     /* the fused dq's parts follow D in the scratch (cuda_attention_bf16_scratch_floats) */
     float *part = fuse_dq ? scratch + ab_d_floats(B, T, NH) : NULL;
+    if (mode == AB_DQ_ATOMIC) {
+        size_t bytes = ab_dq_part_floats(B, T, NH, hs, mode) * sizeof(float);
+        cudaError_t rc = cudaMemsetAsync(part, 0, bytes, s);
+        if (rc != cudaSuccess) {
+            cuda_refuse(s, "zeroing the bf16 attention's dq (%zu bytes): %s", bytes,
+                        cudaGetErrorString(rc));
+            return;
+        }
+    }
     ab_bwd_args a = {dqkv, fused ? dbias : NULL, dout, qkv, lse, scratch, T, C, NH, vec, sl2,
-                     scale, B * NH, part};
+                     scale, B * NH, part, mode == AB_DQ_ATOMIC};
     dkdv<<<grid, AB_THREADS, smem_kv, s>>>(a);
     dq<<<grid, AB_THREADS, smem_q, s>>>(a);
     if (dbias && !fused) cuda_bias_backward(dbias, dqkv, B * T, 3 * C, GPTC_BF16, s);

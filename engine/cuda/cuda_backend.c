@@ -515,9 +515,11 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
 const char *cuda_backend_attention_kernels(int head_size, gptc_precision p, char *buf,
                                            size_t len) {
     if (p != GPTC_BF16) return NULL;
-    int dq_fused = cuda_attention_bf16_dq_fused(head_size);
+    const char *dq = cuda_attention_bf16_dq_name(head_size);
     snprintf(buf, len, "forward %s, dq %s, qkv bias %s", cuda_attention_bf16_fwd_name(head_size),
-             dq_fused ? "from the dk/dv kernel" : "by its own kernel",
+             strcmp(dq, "fused") == 0    ? "from the dk/dv kernel"
+             : strcmp(dq, "atomic") == 0 ? "from the dk/dv kernel by atomics"
+                                         : "by its own kernel",
              cuda_attention_bf16_bias_fused() ? "by the kernels" : "by a pass");
     return buf;
 }

@@ -83,13 +83,15 @@ size_t cuda_attention_bf16_smem(int hs);
  * variable chose ("rows128": GPTC_ATTENTION_FWD_ROWS=128; "pipelined":
  * GPTC_ATTENTION_FWD=pipelined; hs 64 only) */
 const char *cuda_attention_bf16_fwd_name(int hs);
-/* the same for the backward: 1 when dq comes from the dk/dv kernel (GPTC_ATTENTION_DQ=fused,
- * hs 64, on a device with two stages' shared memory), and when the kernels add the qkv
- * bias gradient themselves (GPTC_ATTENTION_BIAS=1) */
-int cuda_attention_bf16_dq_fused(int hs);
+/* the same for the backward's dq: "kernel" (its own kernel), or from the dk/dv kernel
+ * (hs 64, on a device with two stages' shared memory) by "fused" (GPTC_ATTENTION_DQ=fused:
+ * parts summed in order) or "atomic" (GPTC_ATTENTION_DQ=atomic: added by atomics); and 1
+ * when the kernels add the qkv bias gradient themselves (GPTC_ATTENTION_BIAS=1) */
+const char *cuda_attention_bf16_dq_name(int hs);
 int cuda_attention_bf16_bias_fused(void);
-/* floats of the backward's scratch: D [B,NH,T], and with the fused dq
- * (GPTC_ATTENTION_DQ=fused, hs 64) its parts, about B T C T / 128 more */
+/* floats of the backward's scratch: D [B,NH,T], and with dq from the dk/dv kernel its
+ * parts: about B T C T / 128 more (GPTC_ATTENTION_DQ=fused), or B T C rounded up to whole
+ * tiles (GPTC_ATTENTION_DQ=atomic) */
 size_t cuda_attention_bf16_scratch_floats(int B, int T, int C, int NH);
 
 void cuda_gelu_forward(gptc_act *out, const gptc_act *inp, size_t n, gptc_precision p,
