@@ -50,7 +50,8 @@ typedef struct {
     gptc_act *dqkv; /* [B,T,3C] */
     float *lse;     /* [B,NH,T] */
     float *scratch; /* the backward's: rowsum(dout * out) [B,NH,T], and under bf16 with
-                     * GPTC_ATTENTION_DQ=fused or atomic the dq parts (cuda_attention_bf16_scratch_floats) */
+                     * GPTC_ATTENTION_DQ=fused or atomic the dq parts
+                     * (cuda_attention_bf16_scratch_floats) */
     float *dbias;   /* [3C] the qkv bias gradient (GPTC_BENCH_QKV_BIAS=1), or NULL */
 } bufs;
 
