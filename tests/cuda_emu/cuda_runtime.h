@@ -158,9 +158,11 @@ static inline float __int_as_float(int i) {
 static inline void __nanosleep(unsigned int ns) { emu_nanosleep(ns); }
 static inline void __threadfence_system(void) { __sync_synchronize(); }
 
-/* xform.py turns kernel<<<grid, block, smem, stream>>>(args) into
- *   emu_launch((const void *)kernel, "kernel", [=]() { kernel(args); }, grid, block, smem, stream)
- * C++: the lambda carries the kernel's arguments (copied, as a launch copies them), and
+/* xform.py turns kernel<<<grid, block, smem, stream>>>(a, b) into
+ *   emu_launch((const void *)kernel, "kernel", [emu_k = kernel, emu_a0 = (a), emu_a1 = (b)]()
+ *              { emu_k(emu_a0, emu_a1); }, grid, block, smem, stream)
+ * C++: the lambda carries the kernel's arguments (evaluated and copied at the launch, as a
+ * launch does), and
  * a template is the only way to name its type; emu_call turns it into the plain
  * function pointer + context that the C runtime takes. The launch runs later, on its
  * stream's thread, so the lambda is copied to the heap (new) and deleted by emu_free

@@ -18,3 +18,29 @@ extern "C" void emu_grid_check(int *count, int *coords, unsigned int gx, unsigne
                                unsigned int gz) {
     grid_check_kernel<<<dim3(gx, gy, gz), 32>>>(count, coords);
 }
+
+/* Holds its stream for ms milliseconds, so that what is launched after it runs later. */
+__global__ void hold_kernel(unsigned int ms) {
+    for (unsigned int i = 0; i < ms; i++) __nanosleep(1000000);
+}
+
+__global__ void arg_check_kernel(int *out, int v) {
+    if (threadIdx.x == 0) *out = v;
+}
+
+/* *out = the value a local had when a launch was made (7), read by the grid after the
+ * local changed to 9: the launch waits behind a hold of 200 ms on a stream of its own.
+ * A CUDA launch evaluates and copies its arguments when it is made. Returns -1 when the
+ * stream could not be made. */
+extern "C" int emu_arg_check(int *out) {
+    cudaStream_t s;
+    if (cudaStreamCreate(&s) != cudaSuccess) return -1;
+    int v = 7;
+    const int *pv = &v;
+    hold_kernel<<<1, 1, 0, s>>>(200);
+    arg_check_kernel<<<1, 1, 0, s>>>(out, *pv);
+    v = 9;
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    return *pv == 9 ? 0 : -1;
+}

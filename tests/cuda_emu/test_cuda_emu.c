@@ -13,13 +13,15 @@
  *    groups of cp.async.wait_group, src-size 0's zero fill;
  *  - a 3-D grid (grid_check.cu) runs each block once with its own blockIdx, and one past
  *    the z limit is refused (the attention grids are 3-D);
+ *  - a launch's arguments are those at the launch, though its grid runs later (the same
+ *    file, on a stream of its own);
  *  - race_check.cu's kernels made safe (unsafe, "race 0" to "race 3", "race 6" and
  *    "race 7" are what the racecheck build must report, ctest test_cuda_emu_race*_reported,
  *    and "race 4" and "race 5" what the emulator must stop at, test_cuda_emu_sync*_reported);
  *  - fill_nan, which is no op of the op table (tests poison with it), aligned and not;
  *  - wait_flag and set_flag, the host flags of host_tasks.c, on host memory.
- * Everything runs on the NULL stream, which the emulator runs before a launch returns, so
- * results are read at once. A few milliseconds, under GPTC_SANITIZE=address too. */
+ * Everything else runs on the NULL stream, which the emulator runs before a launch
+ * returns, so results are read at once. A few milliseconds, under GPTC_SANITIZE=address too. */
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -43,6 +45,9 @@ void emu_cp_async_ldsm_check(int *bad, const uint16_t *m);
  * the coordinates it saw to coords[z][y][x][0..2] */
 void emu_grid_check(int *count, int *coords, unsigned int gx, unsigned int gy,
                     unsigned int gz);
+/* grid_check.cu: *out = what an argument read at the launch, though the grid ran after it
+ * changed; -1 when the check could not run */
+int emu_arg_check(int *out);
 
 /* race_check.cu: kernel which (0: shared memory, 1: cp.async, 2: blocks writing, 3: blocks
  * adding, 4: a skipped __syncthreads, 5: half a warp at a shuffle), safe or not; out[32] =
@@ -141,6 +146,16 @@ static void test_grid_3d(void) {
     int e = cuda_check_launch();
     printf("%s %-28s launch error %d\n", e ? "ok  " : "FAIL", "grid z 65536 refused", e);
     g_failures += !e;
+}
+
+/* A launch's arguments are evaluated when it is made (as CUDA copies them then), not when
+ * its grid runs on the stream's thread: a launcher's locals may be gone by then. */
+static void test_launch_args(void) {
+    int out = 0, rc = emu_arg_check(&out);
+    int ok = rc == 0 && out == 7;
+    printf("%s %-28s the grid saw %d (7 at the launch, 9 when it ran)\n", ok ? "ok  " : "FAIL",
+           "arguments at the launch", out);
+    g_failures += !ok;
 }
 
 /* cp.async and ldmatrix as emulated (emu_mma.h, emu_runtime.c) against the PTX ISA's
@@ -255,6 +270,7 @@ int main(int argc, char **argv) {
     test_race_check_kernels();
     test_mma();
     test_grid_3d();
+    test_launch_args();
     test_cp_async_ldsm();
     /* 100003: several grid-stride passes */
     test_fill_nan(100003, 0);

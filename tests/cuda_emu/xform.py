@@ -5,9 +5,13 @@ C++ that the CPU emulator of tests/cuda_emu runs (see emu_runtime.c).
     xform.py IN.cu OUT.cpp
 
 Only two constructs are not C++ with the built-ins of cuda_runtime.h:
-  kernel<<<grid, block[, smem[, stream]]>>>(args);
-      -> emu_launch((const void *)kernel, "kernel", [=]() { kernel(args); },
+  kernel<<<grid, block[, smem[, stream]]>>>(a, b, ...);
+      -> emu_launch((const void *)kernel, "kernel",
+                    [emu_k = kernel, emu_a0 = (a), emu_a1 = (b), ...]() { emu_k(emu_a0, emu_a1, ...); },
                     grid, block[, smem[, stream]]);
+     (the kernel and each argument evaluated at the launch, as CUDA does: the grid runs
+     later, on its stream's thread, when what an argument read, a local of the launcher,
+     may be gone)
   extern __shared__ T name[];
       -> T *name = (T *)emu_dyn_smem;
 Line breaks are kept and a #line directive names the original file, so compiler
@@ -31,6 +35,22 @@ def closing(src, i, open_ch, close_ch):
     return i
 
 
+def split_args(args):
+    """The top-level comma-separated pieces of a call's argument list."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(args):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(args[start:i])
+            start = i + 1
+    if args.strip():
+        parts.append(args[start:])
+    return parts
+
+
 def rewrite_launches(src, path):
     out, pos = [], 0
     for m in LAUNCH.finditer(src):
@@ -45,10 +65,14 @@ def rewrite_launches(src, path):
         if src[j] != "(":
             raise SystemExit("%s: launch of %s without arguments" % (path, kernel))
         k = closing(src, j + 1, "(", ")")
-        args = src[j + 1:k - 1]
+        args = split_args(src[j + 1:k - 1])
+        captures = ", ".join("emu_a%d = (%s)" % (i, a) for i, a in enumerate(args))
+        names = ", ".join("emu_a%d" % i for i in range(len(args)))
         out.append(src[pos:m.start()])
-        out.append('emu_launch((const void *)%s, "%s", [=]() { %s(%s); }, %s)'
-                   % (kernel, kernel, kernel, args, config))
+        # the kernel too: it may be a launcher's local function pointer
+        out.append('emu_launch((const void *)%s, "%s", [emu_k = %s%s]() { emu_k(%s); }, %s)'
+                   % (kernel, kernel, kernel, ", " + captures if captures else "", names,
+                      config))
         pos = k
     out.append(src[pos:])
     return "".join(out)
