@@ -69,7 +69,10 @@ int main(int argc, char **argv) {
     size_t P = (size_t)12 * C * C * L + (size_t)V * C;
     float *p = buf(P), *g = buf(P), *m = buf(P), *v = buf(P);
     for (size_t i = 0; i < P; i++) v[i] = v[i] * v[i];
-    TIME("adamw (all params)", 1, be->adamw(p, NULL, g, 1.0f, m, v, P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.5f, NULL));
+    gptc_adamw_piece all = {p, NULL, g, m, v, P, 0.1f};
+    gptc_adamw_step h = {.gscale = 1.0f, .lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                         .bc1 = 0.5f, .bc2 = 0.5f};
+    TIME("adamw (all params)", 1, be->adamw(&all, 1, &h, NULL));
     TIME("grad norm (all params)", 1, be->sum_squares(g, P, NULL));
     printf("%-28s %34.2f ms/step (per micro-batch of %d tokens, + optimizer)\n", "total", g_total, N);
     return 0;

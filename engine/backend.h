@@ -55,6 +55,24 @@ static inline gptc_act *gptc_act_at(const gptc_act *base, size_t i, gptc_precisi
     return (char *)base + i * gptc_act_bytes(p);
 }
 
+/* A piece of an AdamW step: n consecutive elements of tensors of one weight decay. */
+typedef struct {
+    float *p;        /* [n] fp32 parameters (the master weights) */
+    gptc_act *p_act; /* [n] act: the copy compute reads, written as the new p rounded; NULL
+                      * or p itself: none of its own (fp32) */
+    const float *g;  /* [n] gradient */
+    float *m, *v;    /* [n] first and second moments */
+    size_t n;
+    float decay;     /* 0 for tensors that take none */
+} gptc_adamw_piece;
+
+/* An AdamW step's constants. bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. The gradient is taken
+ * as g * gscale (the clipping coefficient, 1 for none: the same float product a pass
+ * scaling g first would store, without that pass over the gradients). */
+typedef struct {
+    float gscale, lr, beta1, beta2, eps, bc1, bc2;
+} gptc_adamw_step;
+
 typedef struct gptc_backend {
     const char *name;
     /* 1 when buffers live in device memory, which the host must not touch: communication
@@ -238,14 +256,12 @@ typedef struct gptc_backend {
     /* The optimizer's ops work on fp32 buffers only.
      * Sum of squares of x[n], accumulated in double, returned to the host. */
     double (*sum_squares)(const float *x, size_t n, gptc_stream *s);
-    /* AdamW (PyTorch semantics) on n elements; decay is 0 for tensors that take none.
-     * bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. The gradient is g * gscale (the clipping
-     * coefficient, 1 for none: the same float product a pass scaling g first would store,
-     * without that pass over the gradients). When p_act is not NULL and not p, it also
-     * writes act p_act[n] = the new p rounded (the parameter copy compute reads). */
-    void (*adamw)(float *p, gptc_act *p_act, const float *g, float gscale, float *m, float *v,
-                  size_t n, float lr, float beta1, float beta2, float eps, float decay,
-                  float bc1, float bc2, gptc_stream *s);
+    /* AdamW (PyTorch semantics) over n_pieces pieces (gptc_adamw_piece) with one step's
+     * constants: one call for a whole optimizer step, so that a GPU updates every
+     * tensor in a launch or a few rather than one launch a tensor. Each piece is updated
+     * as if alone; pieces do not overlap. */
+    void (*adamw)(const gptc_adamw_piece *pieces, int n_pieces, const gptc_adamw_step *h,
+                  gptc_stream *s);
 } gptc_backend;
 
 const gptc_backend *cpu_backend(void);

@@ -325,13 +325,17 @@ static double t_sum_squares(const float *x, size_t n, gptc_stream *s) {
     return r;
 }
 
-static void t_adamw(float *p, gptc_act *p_act, const float *g, float gscale, float *m, float *v,
-                    size_t n, float lr, float beta1, float beta2, float eps, float decay,
-                    float bc1, float bc2, gptc_stream *s) {
+static void t_adamw(const gptc_adamw_piece *pieces, int n_pieces, const gptc_adamw_step *h,
+                    gptc_stream *s) {
     op_start t0 = begin("adamw", s);
-    g_inner->adamw(p, p_act, g, gscale, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2, s);
-    /* p, g, m, v in; p, m, v (and the act copy) out */
-    done("adamw", t0, moves(f32(7.0 * n) + (p_act && p_act != p ? act(n) : 0)), s);
+    g_inner->adamw(pieces, n_pieces, h, s);
+    /* per piece: p, g, m, v in; p, m, v (and the act copy) out */
+    double bytes = 0;
+    for (int k = 0; k < n_pieces; k++) {
+        const gptc_adamw_piece *q = &pieces[k];
+        bytes += f32(7.0 * q->n) + (q->p_act && q->p_act != q->p ? act(q->n) : 0);
+    }
+    done("adamw", t0, moves(bytes), s);
 }
 
 const gptc_backend *timed_backend(const gptc_backend *inner) {

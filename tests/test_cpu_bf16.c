@@ -307,6 +307,15 @@ static void test_attention(int B, int T, int C, int NH) {
     expect_rounded("attention bwd", dqkv, rdqkv, nqkv);
 }
 
+/* One AdamW piece of n elements through the backend: decay 0.1, t such that bc1 = 0.5 and
+ * bc2 = 0.3 */
+static void adamw1(float *p, gptc_act *pa, const float *g, float gscale, float *m, float *v,
+                   size_t n) {
+    gptc_adamw_step h = {.gscale = gscale, .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f,
+                         .eps = 1e-8f, .bc1 = 0.5f, .bc2 = 0.3f};
+    be->adamw(&(gptc_adamw_piece){p, pa, g, m, v, n, 0.1f}, 1, &h, NULL);
+}
+
 static void test_adamw_to_act(size_t n) {
     float *p = f_randn(n, 1, 71), *g = f_randn(n, 1, 72), *m = f_randn(n, 0.1f, 73);
     float *v = f_randn(n, 0.1f, 74);
@@ -314,9 +323,9 @@ static void test_adamw_to_act(size_t n) {
     float *rp = f_copy(p, n), *rm = f_copy(m, n), *rv = f_copy(v, n);
     uint16_t *pa = act_sentinel(n);
     be->set_precision(GPTC_BF16);
-    be->adamw(p, pa, g, 1.0f, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, NULL);
+    adamw1(p, pa, g, 1.0f, m, v, n);
     be->set_precision(GPTC_FP32);
-    be->adamw(rp, NULL, g, 1.0f, rm, rv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, NULL);
+    adamw1(rp, NULL, g, 1.0f, rm, rv, n);
     expect_same("adamw p", p, rp, n);
     expect_same("adamw m", m, rm, n);
     expect_same("adamw v", v, rv, n);
@@ -339,16 +348,16 @@ static void test_adamw_to_act(size_t n) {
     expect_same("fp32 to_act copies", fa, src, n);
     expect_same("fp32 to_act in place", fb, src, n);
     float *p2 = f_copy(rp, n), *m2 = f_copy(rm, n), *v2 = f_copy(rv, n), *pc = f_randn(n, 1, 77);
-    be->adamw(p2, pc, g, 1.0f, m2, v2, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, NULL);
-    be->adamw(rp, rp, g, 1.0f, rm, rv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, NULL);
+    adamw1(p2, pc, g, 1.0f, m2, v2, n);
+    adamw1(rp, rp, g, 1.0f, rm, rv, n);
     expect_same("fp32 adamw p_act (a copy)", pc, p2, n);
     expect_same("fp32 adamw p_act == p", rp, p2, n);
 
     /* gscale (the clipping coefficient) is a pass scaling g first, folded in: bit for bit */
     float *gs = f_copy(g, n);
     for (size_t i = 0; i < n; i++) gs[i] *= 0.37f;
-    be->adamw(p2, NULL, gs, 1.0f, m2, v2, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, NULL);
-    be->adamw(rp, NULL, g, 0.37f, rm, rv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, NULL);
+    adamw1(p2, NULL, gs, 1.0f, m2, v2, n);
+    adamw1(rp, NULL, g, 0.37f, rm, rv, n);
     expect_same("adamw gscale p", rp, p2, n);
     expect_same("adamw gscale m", rm, m2, n);
     expect_same("adamw gscale v", rv, v2, n);

@@ -963,6 +963,14 @@ static void test_cross_entropy_whole(int N, int Vl, int v_valid) {
     ce_case_free(&c);
 }
 
+/* One AdamW step of the constants every test below uses (t = 3, gscale 0.37: a clipped
+ * step's gradient, scaled as the update reads it) over pieces, on be */
+static void adamw_call(const gptc_backend *be, const gptc_adamw_piece *pieces, int n) {
+    gptc_adamw_step h = {.gscale = 0.37f, .lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f,
+                         .eps = 1e-8f, .bc1 = 1 - powf(0.9f, 3), .bc2 = 1 - powf(0.95f, 3)};
+    be->adamw(pieces, n, &h, NULL);
+}
+
 /* offset 1: p alone one float into its allocation; one misaligned buffer must be
  * enough to send the update down the scalar path. Under bf16 the update also writes the
  * parameter copy p_act (poisoned first): the new p rounded. Under fp32 p_act is NULL,
@@ -976,11 +984,8 @@ static void test_adamw(size_t n, int offset) {
     float *p = p0 + offset, *d_p0 = to_gpu(p0, n + offset), *d_p = d_p0 + offset;
     float *d_g = to_gpu(g, n), *d_m = to_gpu(m, n), *d_v = to_gpu(v, n);
     gptc_act *d_pact = bf16 ? act_poisoned(n) : offset ? (gptc_act *)d_p : NULL;
-    float bc1 = 1 - powf(0.9f, 3), bc2 = 1 - powf(0.95f, 3);
-    /* gscale 0.37: a clipped step's gradient, scaled as the update reads it */
-    cpu->adamw(p, NULL, g, 0.37f, m, v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2, NULL);
-    gpu->adamw(d_p, d_pact, d_g, 0.37f, d_m, d_v, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, bc1, bc2,
-               NULL);
+    adamw_call(cpu, &(gptc_adamw_piece){p, NULL, g, m, v, n, 0.1f}, 1);
+    adamw_call(gpu, &(gptc_adamw_piece){d_p, d_pact, d_g, d_m, d_v, n, 0.1f}, 1);
     char name[64];
     snprintf(name, sizeof name, "adamw p n=%zu%s", n, offset ? " unaligned" : "");
     compare(name, d_p, p, n, 1e-6);
@@ -992,6 +997,58 @@ static void test_adamw(size_t n, int offset) {
     }
     free(p0), free(g), free(m), free(v);
     gpu->release(d_p0), gpu->release(d_g), gpu->release(d_m), gpu->release(d_v);
+}
+
+/* A whole step in one call, as the optimizer makes it: 53 pieces cut from one allocation
+ * of each buffer (the GPU launches 48 pieces at a time: two launches), of 0 to about 2000
+ * elements, every other one decayed, some starting off 16 bytes (the scalar path beside
+ * vector ones in a launch), with gaps between them that no piece may touch; under bf16
+ * each with its own part of the parameter copy. */
+static void test_adamw_pieces(void) {
+    enum { NP = 53 };
+    int bf16 = act_bf16();
+    size_t at[NP], len[NP], total = 0;
+    for (int k = 0; k < NP; k++) {
+        len[k] = k == 7 ? 0 : (size_t)(37 * k * k) % 2011 + (k % 5 == 0 ? 1 : 4);
+        at[k] = total + (k % 3 == 1); /* a float of gap before every third piece */
+        total = at[k] + len[k];
+    }
+    total += 1;
+    float *p = host_randn(total, 1, 64), *g = host_randn(total, 1, 65);
+    float *m = host_randn(total, 0.1f, 66), *v = host_randn(total, 0.1f, 67); /* [total] */
+    for (size_t i = 0; i < total; i++) v[i] = v[i] * v[i];
+    float *d_p = to_gpu(p, total), *d_g = to_gpu(g, total), *d_m = to_gpu(m, total);
+    float *d_v = to_gpu(v, total);
+    gptc_act *d_pact = bf16 ? act_poisoned(total) : NULL; /* act [total] */
+    gptc_adamw_piece hp[NP], dp[NP];
+    for (int k = 0; k < NP; k++) {
+        float decay = k % 2 ? 0.0f : 0.1f;
+        hp[k] = (gptc_adamw_piece){p + at[k], NULL, g + at[k], m + at[k], v + at[k], len[k], decay};
+        dp[k] = (gptc_adamw_piece){d_p + at[k], bf16 ? act_at(d_pact, at[k]) : NULL, d_g + at[k],
+                                   d_m + at[k], d_v + at[k], len[k], decay};
+    }
+    adamw_call(cpu, hp, NP);
+    adamw_call(gpu, dp, NP);
+    compare("adamw 53 pieces p", d_p, p, total, 1e-6); /* the gaps: untouched on both */
+    compare("adamw 53 pieces m", d_m, m, total, 1e-6);
+    compare("adamw 53 pieces v", d_v, v, total, 1e-6);
+    if (bf16) {
+        /* the gaps' copies stay poisoned: compared as the pieces' only */
+        float *got = malloc(total * sizeof(float)); /* [total] */
+        act_download(got, d_pact, total);
+        int bad = 0;
+        for (int k = 0; k < NP; k++)
+            for (size_t i = at[k]; i < at[k] + len[k]; i++) bad += got[i] != bf16_round(p[i]);
+        for (int k = 0; k < NP; k++)
+            if (k % 3 == 1) bad += !isnan(got[at[k] - 1]);
+        printf("%s %-28s %d elements wrong\n", bad ? "FAIL" : "ok  ", "adamw 53 pieces p_act",
+               bad);
+        g_failures += bad != 0;
+        free(got);
+        gpu->release(d_pact);
+    }
+    free(p), free(g), free(m), free(v);
+    gpu->release(d_p), gpu->release(d_g), gpu->release(d_m), gpu->release(d_v);
 }
 
 /* The attention and the layernorm alone: on a device that allows less shared memory per
@@ -1354,6 +1411,7 @@ int main(int argc, char **argv) {
     test_cross_entropy_whole(37, 104, 97); /* fp32: the three kernels */
     test_adamw(quick ? 10007 : 100003, 0);
     test_adamw(1003, 1);
+    test_adamw_pieces();
     test_to_act(1003, 0);
     test_to_act(1003, 1);
     test_bias_backward(37, 101);
@@ -1401,6 +1459,7 @@ int main(int argc, char **argv) {
     test_cross_entropy_whole(5, 101, 97);      /* rows of no whole 16-byte groups: the three */
     test_adamw(quick ? 10007 : 100003, 0);
     test_adamw(1003, 1);
+    test_adamw_pieces();
     gpu->set_precision(GPTC_FP32);
     if (g_failures) {
         printf("%d comparison(s) failed\n", g_failures);

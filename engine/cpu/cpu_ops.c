@@ -835,9 +835,12 @@ void cpu_cross_entropy(float *losses, gptc_act *logits, float *mx, float *stats,
     if (bf16()) pack(logits, l, nl);
 }
 
-void cpu_adamw(float *p, gptc_act *p_act, const float *g, float gscale, float *m, float *v,
-               size_t n, float lr, float beta1, float beta2, float eps, float decay, float bc1,
-               float bc2, gptc_stream *s) {
-    f32_adamw(p, g, gscale, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2);
-    if (p_act && p_act != p) cpu_to_act(p_act, p, n, s);
+void cpu_adamw(const gptc_adamw_piece *pieces, int n_pieces, const gptc_adamw_step *h,
+               gptc_stream *s) {
+    for (int k = 0; k < n_pieces; k++) {
+        const gptc_adamw_piece *q = &pieces[k];
+        f32_adamw(q->p, q->g, h->gscale, q->m, q->v, q->n, h->lr, h->beta1, h->beta2, h->eps,
+                  q->decay, h->bc1, h->bc2);
+        if (q->p_act && q->p_act != q->p) cpu_to_act(q->p_act, q->p, q->n, s);
+    }
 }

@@ -67,8 +67,7 @@ void cpu_cross_entropy(float *losses, gptc_act *logits, float *mx, float *stats,
                        const int32_t *targets, int N, int Vl, int v_valid, float dloss,
                        gptc_stream *s);
 double cpu_sum_squares(const float *x, size_t n, gptc_stream *s);
-void cpu_adamw(float *p, gptc_act *p_act, const float *g, float gscale, float *m, float *v,
-               size_t n, float lr, float beta1, float beta2, float eps, float decay, float bc1,
-               float bc2, gptc_stream *s);
+void cpu_adamw(const gptc_adamw_piece *pieces, int n_pieces, const gptc_adamw_step *h,
+               gptc_stream *s);
 
 #endif

@@ -335,13 +335,11 @@ static double cu_sum_squares(const float *x, size_t n, gptc_stream *s) {
     cuda_check(cudaStreamSynchronize(cu(s)), "sum_squares");
     return *g.sumsq_host;
 }
-/* the parameter copy is written only where it is a bf16 buffer of its own: under fp32
- * the copy compute reads is p itself */
-static void cu_adamw(float *p, gptc_act *p_act, const float *gr, float gscale, float *m,
-                     float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                     float decay, float bc1, float bc2, gptc_stream *s) {
-    uint16_t *copy = g_precision == GPTC_BF16 && p_act != (gptc_act *)p ? p_act : NULL;
-    cuda_adamw(p, copy, gr, gscale, m, v, n, lr, beta1, beta2, eps, decay, bc1, bc2, cu(s));
+/* a piece's parameter copy is written only where it is a bf16 buffer of its own: under
+ * fp32 the copy compute reads is p itself */
+static void cu_adamw(const gptc_adamw_piece *pieces, int n_pieces, const gptc_adamw_step *h,
+                     gptc_stream *s) {
+    cuda_adamw(pieces, n_pieces, h, g_precision == GPTC_BF16, cu(s));
     check_launch("adamw");
 }
 

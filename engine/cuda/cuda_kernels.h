@@ -127,10 +127,11 @@ void cuda_cross_entropy(float *losses, gptc_act *logits, float *mx, float *stats
 size_t cuda_sum_squares_partials(void);
 void cuda_sum_squares(double *out, double *partial, const float *x, size_t n, cudaStream_t s);
 
-/* p_act: NULL, or a bf16 copy (uint16_t bits) of p to write (the fp32 copy is p itself) */
-void cuda_adamw(float *p, uint16_t *p_act, const float *g, float gscale, float *m, float *v,
-                size_t n, float lr, float beta1, float beta2, float eps, float decay,
-                float bc1, float bc2, cudaStream_t s);
+/* The backend's adamw: a launch for every ADAM_MAX_PIECES pieces (optimizer.cu). bf16: a
+ * piece's p_act, unless NULL or p, is a bf16 copy (uint16_t bits) of p to write; else
+ * p_act is not written (the fp32 copy is p itself). */
+void cuda_adamw(const gptc_adamw_piece *pieces, int n_pieces, const gptc_adamw_step *h,
+                int bf16, cudaStream_t s);
 
 /* Fills x[n] with a NaN bit pattern (tests poison outputs before an op). */
 void cuda_fill_nan(float *x, size_t n, cudaStream_t s);

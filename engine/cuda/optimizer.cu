@@ -1,7 +1,10 @@
 /* The optimizer step (AdamW) and the gradient-norm reduction (sum of squares). */
 #include "engine/cuda/cuda_common.cuh"
 
+#include <string.h>
+
 #define ADAM_THREADS 256
+#define ADAM_MAX_PIECES 48 /* pieces a launch: its parameters stay under 4 KiB */
 #define SUMSQ_THREADS 256
 #define SUMSQ_PARTIALS 1024 /* blocks of the first pass, one double each */
 
@@ -20,17 +23,19 @@ static __device__ __forceinline__ float adamw_one(float p, float g, float *m, fl
     return p * shrink - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
 }
 
-/* Grid-stride; float4 body when p, g, m, v are all 16-byte aligned, scalar tail. g is
- * taken times gscale (the clipping coefficient) as it is read. The bf16 parameter copy
- * p_act (when not NULL) is written element by element (8 bytes per float4: its alignment
- * does not matter). */
-__global__ void adamw_kernel(float *p /* [n] */, uint16_t *p_act /* [n] or NULL */,
-                             const float *g /* [n] */, float gscale, float *m /* [n] */,
-                             float *v /* [n] */, size_t n, float beta1, float beta2,
-                             float eps, float step_size, float bc2_sqrt, float shrink,
-                             int vec) {
-    size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t stride = (size_t)gridDim.x * blockDim.x, done = 0;
+/* Elements i0, i0 + stride, ... of one piece: a float4 body when p, g, m, v are all
+ * 16-byte aligned (vec), and a scalar tail. g is taken times gscale (the clipping
+ * coefficient) as it is read. The bf16 parameter copy p_act (when not NULL) is written
+ * element by element (8 bytes per float4: its alignment does not matter). */
+static __device__ __forceinline__ void adamw_span(float *p /* [n] */,
+                                                  uint16_t *p_act /* [n] or NULL */,
+                                                  const float *g /* [n] */, float gscale,
+                                                  float *m /* [n] */, float *v /* [n] */,
+                                                  size_t n, int vec, size_t i0, size_t stride,
+                                                  float beta1, float beta2, float eps,
+                                                  float step_size, float bc2_sqrt,
+                                                  float shrink) {
+    size_t done = 0;
     if (vec) {
         size_t n4 = n / 4;
         for (size_t i = i0; i < n4; i += stride) {
@@ -66,6 +71,32 @@ __global__ void adamw_kernel(float *p /* [n] */, uint16_t *p_act /* [n] or NULL 
         m[i] = mi;
         v[i] = vi;
     }
+}
+
+/* Up to ADAM_MAX_PIECES pieces of an AdamW step, passed by value (kernel parameters, under
+ * the 4 KiB every device takes): the blocks from first_block[k] to first_block[k + 1]
+ * update piece k, a grid-stride loop of their own over it */
+typedef struct {
+    float *p[ADAM_MAX_PIECES];          /* [n[k]] each */
+    uint16_t *p_act[ADAM_MAX_PIECES];   /* [n[k]] each, or NULL */
+    const float *g[ADAM_MAX_PIECES];    /* [n[k]] each */
+    float *m[ADAM_MAX_PIECES], *v[ADAM_MAX_PIECES]; /* [n[k]] each */
+    size_t n[ADAM_MAX_PIECES];
+    float shrink[ADAM_MAX_PIECES];      /* 1 - lr decay */
+    int vec[ADAM_MAX_PIECES];           /* p, g, m, v 16-byte aligned */
+    unsigned int first_block[ADAM_MAX_PIECES + 1];
+    int count;
+} adam_batch;
+
+__global__ void adamw_kernel(adam_batch b, float gscale, float beta1, float beta2, float eps,
+                             float step_size, float bc2_sqrt) {
+    int k = 0; /* this block's piece: the same for all its threads */
+    while (k + 1 < b.count && blockIdx.x >= b.first_block[k + 1]) k++;
+    unsigned int blocks = b.first_block[k + 1] - b.first_block[k];
+    size_t i0 = (size_t)(blockIdx.x - b.first_block[k]) * blockDim.x + threadIdx.x;
+    adamw_span(b.p[k], b.p_act[k], b.g[k], gscale, b.m[k], b.v[k], b.n[k], b.vec[k], i0,
+               (size_t)blocks * blockDim.x, beta1, beta2, eps, step_size, bc2_sqrt,
+               b.shrink[k]);
 }
 
 /* ------------------------------------------------------------------ sum of squares */
@@ -110,15 +141,31 @@ __global__ void sum_squares_final_kernel(double *out /* [1] */,
 
 extern "C" {
 
-void cuda_adamw(float *p, uint16_t *p_act, const float *g, float gscale, float *m, float *v,
-                size_t n, float lr, float beta1, float beta2, float eps, float decay,
-                float bc1, float bc2, cudaStream_t s) {
-    if (n == 0) return;
-    float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), shrink = 1.0f - lr * decay;
-    int vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
-    unsigned int grid = grid_for(vec ? n / 4 + 1 : n, ADAM_THREADS);
-    adamw_kernel<<<grid, ADAM_THREADS, 0, s>>>(p, p_act, g, gscale, m, v, n, beta1, beta2, eps,
-                                               step_size, bc2_sqrt, shrink, vec);
+void cuda_adamw(const gptc_adamw_piece *pieces, int n_pieces, const gptc_adamw_step *h,
+                int bf16, cudaStream_t s) {
+    float step_size = h->lr / h->bc1, bc2_sqrt = sqrtf(h->bc2);
+    int k = 0; /* the next piece to put in a launch */
+    while (k < n_pieces) {
+        adam_batch b;
+        memset(&b, 0, sizeof b);
+        unsigned int blocks = 0;
+        for (; k < n_pieces && b.count < ADAM_MAX_PIECES; k++) {
+            const gptc_adamw_piece *q = &pieces[k];
+            if (q->n == 0) continue;
+            int i = b.count++, vec = aligned16(q->p) && aligned16(q->g) && aligned16(q->m) &&
+                                     aligned16(q->v);
+            b.p[i] = q->p;
+            b.p_act[i] = bf16 && q->p_act != (gptc_act *)q->p ? (uint16_t *)q->p_act : NULL;
+            b.g[i] = q->g, b.m[i] = q->m, b.v[i] = q->v, b.n[i] = q->n, b.vec[i] = vec;
+            b.shrink[i] = 1.0f - h->lr * q->decay;
+            b.first_block[i] = blocks;
+            blocks += grid_for(vec ? q->n / 4 + 1 : q->n, ADAM_THREADS);
+        }
+        if (b.count == 0) continue;
+        b.first_block[b.count] = blocks;
+        adamw_kernel<<<blocks, ADAM_THREADS, 0, s>>>(b, h->gscale, h->beta1, h->beta2, h->eps,
+                                                     step_size, bc2_sqrt);
+    }
 }
 
 size_t cuda_sum_squares_partials(void) { return SUMSQ_PARTIALS; }
