@@ -18,8 +18,8 @@ refuses to start), the contention probe and NVML power from tests/fake_nvml.c, w
 report must hold every op with a device time; and one rank timed from the fake CUPTI's
 activity records (GPTC_EMU_CUPTI=1), through engine/cuda/timer_cupti.c. Then two
 refusals, each one line and a nonzero exit: the fp32 attention at hs 128 on a 99 KiB
-device, and a GPU of compute capability 7.5 (for which the build has no kernels) at the
-start of a 2-rank run.
+device, a GPU of compute capability 7.5 (for which the build has no kernels), and a
+misspelt GPTC_ATTENTION_DQ or GPTC_TIMER, at the start of a 2-rank run.
 
     test_cuda_fake_train.py GPTC_TRAIN_EMU FAKE_NVML_SO [--quick]
 
@@ -237,6 +237,7 @@ def main():
           f"{untimed - plain_untimed} ops, left untimed")
     check_small_smem_refusal(emu)
     check_old_gpu_refusal(emu)
+    check_variable_refusals(emu)
     print(f"PASS: {len(LAYOUTS) + 4 + len(bf16_runs)} runs of the CUDA host code on the fake runtime match the CPU run")
 
 
@@ -344,6 +345,17 @@ def check_old_gpu_refusal(emu):
                         {"GPTC_EMU_CC": "75"},
                         ["train.device = cuda", "compute capability 7.5",
                          "cannot run this build's kernels", "no kernel image"])
+
+
+def check_variable_refusals(emu):
+    """A variant variable with a value it does not take (a misspelling would otherwise run
+    the default kernels without a word): the line names the variable, its value and the
+    choices."""
+    check_start_refusal(emu, "emu_dq_misspelt", "GPTC_ATTENTION_DQ=atomics", 64,
+                        {"GPTC_ATTENTION_DQ": "atomics"},
+                        ["GPTC_ATTENTION_DQ = atomics", "kernel, fused, atomic"])
+    check_start_refusal(emu, "emu_timer_misspelt", "GPTC_TIMER=event", 64,
+                        {"GPTC_TIMER": "event"}, ["GPTC_TIMER = event", "events"])
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@
 #include "engine/cuda/mma.cuh"
 
 #include <stdio.h>
+#include <string.h>
 
 #define AB_TILE 64     /* rows of a block, and rows of a streamed tile */
 #define AB_THREADS 128 /* 4 warps x 16 rows */
@@ -1174,7 +1175,38 @@ static const char *ab_what(char *what, const char *role, int hs) {
     return what;
 }
 
+/* The variant variables above and the values they take (the first, "", is unset) */
+static const struct {
+    const char *name, *values[4];
+} ab_env_vars[] = {
+    {"GPTC_ATTENTION_FWD", {"", "plain", "pipelined", NULL}},
+    {"GPTC_ATTENTION_FWD_ROWS", {"", "64", "128", NULL}},
+    {"GPTC_ATTENTION_DQ", {"", "kernel", "fused", "atomic"}},
+    {"GPTC_ATTENTION_BIAS", {"", "0", "1", NULL}},
+};
+
 extern "C" {
+
+int cuda_attention_bf16_check_env(char *err, size_t errlen) {
+    for (size_t i = 0; i < sizeof ab_env_vars / sizeof ab_env_vars[0]; i++) {
+        const char *v = getenv(ab_env_vars[i].name);
+        if (!v) continue;
+        int known = 0;
+        char choices[64] = "";
+        for (int j = 0; j < 4 && ab_env_vars[i].values[j]; j++) {
+            known |= strcmp(v, ab_env_vars[i].values[j]) == 0;
+            if (j > 0)
+                snprintf(choices + strlen(choices), sizeof choices - strlen(choices), "%s%s",
+                         j > 1 ? ", " : "", ab_env_vars[i].values[j]);
+        }
+        if (!known) {
+            snprintf(err, errlen, "%s = %s: give one of %s (or leave it unset)",
+                     ab_env_vars[i].name, v, choices);
+            return -1;
+        }
+    }
+    return 0;
+}
 
 size_t cuda_attention_bf16_smem(int hs) {
     int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());

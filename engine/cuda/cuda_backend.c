@@ -505,6 +505,14 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
         snprintf(err, errlen, "train.device = cuda: could not start the compute stream's host worker");
         return NULL;
     }
+    /* a misspelt variant would otherwise run the default without a word */
+    if (cuda_attention_bf16_check_env(err, errlen) != 0) return NULL;
+    const char *timer = getenv("GPTC_TIMER");
+    if (timer && timer[0] && strcmp(timer, "events") != 0) {
+        snprintf(err, errlen, "GPTC_TIMER = %s: give events (or leave it unset for CUPTI)",
+                 timer);
+        return NULL;
+    }
     if (cuda_matmul_init(err, errlen) != 0) return NULL;
     started = 1;
     return &CUDA;

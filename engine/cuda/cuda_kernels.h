@@ -88,6 +88,9 @@ const char *cuda_attention_bf16_fwd_name(int hs);
  * parts summed in order) or "atomic" (GPTC_ATTENTION_DQ=atomic: added by atomics); and 1
  * when the kernels add the qkv bias gradient themselves (GPTC_ATTENTION_BIAS=1) */
 const char *cuda_attention_bf16_dq_name(int hs);
+/* 0 when every variant variable (GPTC_ATTENTION_FWD, _FWD_ROWS, _DQ, _BIAS) is unset or
+ * holds a value it takes; else -1 and err names the variable, its value and the choices */
+int cuda_attention_bf16_check_env(char *err, size_t errlen);
 int cuda_attention_bf16_bias_fused(void);
 /* floats of the backward's scratch: D [B,NH,T], and with dq from the dk/dv kernel its
  * parts: about B T C T / 128 more (GPTC_ATTENTION_DQ=fused), or B T C rounded up to whole
