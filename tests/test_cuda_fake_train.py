@@ -19,7 +19,8 @@ report must hold every op with a device time; and one rank timed from the fake C
 activity records (GPTC_EMU_CUPTI=1), through engine/cuda/timer_cupti.c. Then two
 refusals, each one line and a nonzero exit: the fp32 attention at hs 128 on a 99 KiB
 device, a GPU of compute capability 7.5 (for which the build has no kernels), and a
-misspelt GPTC_ATTENTION_DQ or GPTC_TIMER, at the start of a 2-rank run.
+misspelt GPTC_ATTENTION_DQ, GPTC_TIMER or GPTC_ATTENTION_GROUP, at the start of a 2-rank
+run.
 
     test_cuda_fake_train.py GPTC_TRAIN_EMU FAKE_NVML_SO [--quick]
 
@@ -356,6 +357,9 @@ def check_variable_refusals(emu):
                         ["GPTC_ATTENTION_DQ = atomics", "kernel, fused, atomic"])
     check_start_refusal(emu, "emu_timer_misspelt", "GPTC_TIMER=event", 64,
                         {"GPTC_TIMER": "event"}, ["GPTC_TIMER = event", "events"])
+    check_start_refusal(emu, "emu_group_not_a_count", "GPTC_ATTENTION_GROUP=8k", 64,
+                        {"GPTC_ATTENTION_GROUP": "8k"},
+                        ["GPTC_ATTENTION_GROUP = 8k", "positive count"])
 
 
 if __name__ == "__main__":

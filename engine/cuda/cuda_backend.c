@@ -507,6 +507,16 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
     }
     /* a misspelt variant would otherwise run the default without a word */
     if (cuda_attention_bf16_check_env(err, errlen) != 0) return NULL;
+    const char *group = getenv("GPTC_ATTENTION_GROUP");
+    if (group && group[0]) {
+        char *end;
+        long n = strtol(group, &end, 10);
+        if (*end || n < 1) {
+            snprintf(err, errlen, "GPTC_ATTENTION_GROUP = %s: give a positive count of (batch, "
+                     "head) pairs (or leave it unset for the L2's)", group);
+            return NULL;
+        }
+    }
     const char *timer = getenv("GPTC_TIMER");
     if (timer && timer[0] && strcmp(timer, "events") != 0) {
         snprintf(err, errlen, "GPTC_TIMER = %s: give events (or leave it unset for CUPTI)",
