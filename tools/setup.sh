@@ -38,19 +38,20 @@ if [ "$mode" = demo ]; then
 else
   ctest --test-dir build --output-on-failure
   [ "${GPTC_SKIP_SANITIZERS:-0}" = 1 ] && exit 0
-  # Once more under AddressSanitizer + UBSan (everything; Open MPI's own allocations
-  # make leak checking useless for MPI programs, so leaks are checked on the unit tests
-  # that do not start MPI), and the threaded tests and the kernels' racecheck (tests/cuda_emu) under ThreadSanitizer.
+  # Once more under AddressSanitizer + UBSan, and the threaded tests and the kernels'
+  # racecheck (tests/cuda_emu) under ThreadSanitizer.
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DGPTC_SANITIZE=address -DGPTC_CUDA=OFF
   cmake --build build-asan -j"$(nproc)"
-  # (not test_bench_smoke: it checks the benchmarks' Python scripts, which the Release run
-  # did, and an ASan gptc-train is covered by every other test)
+  # the unit tests that start no MPI run with the leak checker too (Open MPI's own
+  # allocations make it useless for MPI programs); every other test runs without it, but
+  # not test_bench_smoke, which checks the benchmarks' Python scripts (the Release run did)
+  # while an ASan gptc-train is in every other test
+  leak_checked='test_gradcheck|test_cpu_math|test_tokens|test_checkpoint|test_schedule|test_cpu_stream|test_power|test_cuda_emu|test_cuda_ops_emu|test_cuda_ops_emu_rows128|test_cuda_ops_emu_attn_bias|test_cuda_ops_emu_dq_fused|test_cuda_ops_emu_dq_fused_bias|test_cuda_ops_emu_dq_atomic|test_cuda_ops_emu_fwd_pipelined|test_timing_device'
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure -E '^test_bench_smoke$'
+    ctest --test-dir build-asan --output-on-failure -E "^(test_bench_smoke|$leak_checked)\$"
   ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure \
-      -R '^(test_gradcheck|test_cpu_math|test_tokens|test_checkpoint|test_schedule|test_cpu_stream|test_power|test_cuda_emu|test_cuda_ops_emu|test_cuda_ops_emu_rows128|test_cuda_ops_emu_attn_bias|test_cuda_ops_emu_dq_fused|test_cuda_ops_emu_dq_fused_bias|test_cuda_ops_emu_dq_atomic|test_cuda_ops_emu_fwd_pipelined|test_timing_device)$'
+    ctest --test-dir build-asan --output-on-failure -R "^($leak_checked)\$"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DGPTC_SANITIZE=thread -DGPTC_CUDA=OFF
   cmake --build build-tsan -j"$(nproc)" --target test_cpu_stream test_tokens test_cuda_emu \
     test_cuda_ops_emu gptc-train-emu gptc-train-emu-nccl
