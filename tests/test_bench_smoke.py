@@ -23,6 +23,7 @@ VARIANTS = {"bf16_dq_atomic": ["GPTC_ATTENTION_DQ"],
             "bf16_dq_fused": ["GPTC_ATTENTION_DQ"],
             "bf16_rows128": ["GPTC_ATTENTION_FWD_ROWS"],
             "bf16_fwd_pipelined": ["GPTC_ATTENTION_FWD"],
+            "bf16_fwd_wide": ["GPTC_ATTENTION_FWD"],
             "bf16_attn_bias": ["GPTC_ATTENTION_BIAS"],
             "bf16_gemm_candidates8": ["GPTC_GEMM_CANDIDATES"]}
 
@@ -65,8 +66,9 @@ def bench_gpt2():
     best = rows.get("bf16_best_b8")
     if bool(won) != bool(best):
         fail(f"bench_gpt2: variants above the bf16 row {won}, best row {best}")
-    part = {"bf16_dq_atomic": "dq", "bf16_dq_fused": "dq", "bf16_rows128": "fwd", "bf16_fwd_pipelined": "fwd",
-            "bf16_attn_bias": "bias", "bf16_gemm_candidates8": "gemm"}
+    part = {"bf16_dq_atomic": "dq", "bf16_dq_fused": "dq", "bf16_rows128": "fwd",
+            "bf16_fwd_pipelined": "fwd", "bf16_fwd_wide": "fwd", "bf16_attn_bias": "bias",
+            "bf16_gemm_candidates8": "gemm"}
     best_of = {}  # part: (speed-up, variable), the first of equal speed-ups as bench_gpt2
     for t in won:
         if rows[t]["speedup_vs_bf16"] > best_of.get(part[t], (0, None))[0]:
@@ -111,12 +113,12 @@ def bench_kernel_attention():
     ran = {(row["impl"], row["precision"], row["direction"])
            for row in rows_of(os.path.join(out, "attention.jsonl")) if "ms" in row}
     for impl in ("gptc", "gptc-plain", "gptc-rows128", "gptc-pipelined", "gptc-biaspass",
-                 "gptc-biasfused", "gptc-dqfused", "gptc-dqatomic"):
+                 "gptc-biasfused", "gptc-dqfused", "gptc-dqatomic", "gptc-wide"):
         for d in ("forward", "backward", "forward+backward"):
             if (impl, "bf16", d) not in ran:
                 fail(f"bench_kernel_attention: no {impl} bf16 {d} row")
     table = open(os.path.join(out, "attention.md")).read()
-    for col in ("| pipelined ms |", "| dq atomic ms |"):
+    for col in ("| pipelined ms |", "| wide ms |", "| dq atomic ms |"):
         if col not in table:
             fail(f"bench_kernel_attention: the table has no '{col}' column")
     print(f"ok   bench_kernel_attention on the emulator: {len(ran)} gptc rows, every variant")

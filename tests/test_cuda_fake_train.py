@@ -124,13 +124,15 @@ def main():
     # dk/dv kernel and the qkv bias added by the kernels, in training
     variants = {"GPTC_ATTENTION_FWD": "pipelined", "GPTC_ATTENTION_DQ": "fused",
                 "GPTC_ATTENTION_BIAS": "1"}
-    # and one rank with dq added by atomics (against the same CPU run as the first)
+    # and one rank with dq added by atomics and the forward in flash attention 2's shape
+    # (against the same CPU run as the first)
     bf16_runs = [("emu_bf16", 1, [], None,
                   "forward plain, dq by its own kernel, qkv bias by a pass"),
                  ("emu_bf16_tp2", 2, ["--parallel.tp=2"], variants,
                   "forward pipelined, dq from the dk/dv kernel, qkv bias by the kernels"),
-                 ("emu_bf16_dq_atomic", 1, [], {"GPTC_ATTENTION_DQ": "atomic"},
-                  "forward plain, dq from the dk/dv kernel by atomics, qkv bias by a pass")]
+                 ("emu_bf16_wide_dq_atomic", 1, [],
+                  {"GPTC_ATTENTION_DQ": "atomic", "GPTC_ATTENTION_FWD": "wide"},
+                  "forward wide, dq from the dk/dv kernel by atomics, qkv bias by a pass")]
     if "--quick" in sys.argv:
         bf16_runs = bf16_runs[:1]
     refs = {}  # the CPU's bf16 runs by layout

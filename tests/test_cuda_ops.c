@@ -1163,6 +1163,28 @@ static void test_attention_fwd_pipelined(void) {
                                  shapes[i][4]);
 }
 
+/* The bf16 attention forward in flash attention 2's shape (GPTC_ATTENTION_FWD=wide, hs 64,
+ * which test_cuda_ops_emu_fwd_wide and test_cuda_ops_fwd_wide set): the kernel is
+ * selected; against the CPU on rows128's shapes and on T where the block's last stage of
+ * 128 keys has its second half partly past T (T 129, 200), wholly past it (T 37, 100), or
+ * is whole (T 256), with one to three stages a block (T 300, 384), plain loads too; the
+ * op table at bf16; and hs 128, which keeps the plain kernel. */
+static void test_attention_fwd_wide(void) {
+    const char *name = cuda_attention_bf16_fwd_name(64);
+    int chosen = strcmp(name, "wide") == 0 &&
+                 strcmp(cuda_attention_bf16_fwd_name(128), "plain") == 0;
+    printf("%s %-28s hs 64: %s\n", chosen ? "ok  " : "FAIL", "wide forward selected", name);
+    g_failures += !chosen;
+    test_attention_rows128();
+    test_attention_bf16(1, 129, 2, 64, 0);
+    test_attention_bf16(1, 300, 1, 64, 0);
+    test_attention_bf16(1, 384, 1, 64, 1);
+    test_attention_bf16(1, 100, 1, 128, 0);
+    cpu->set_precision(GPTC_FP32), gpu->set_precision(GPTC_BF16);
+    test_attention(1, 130, 128, 2);
+    gpu->set_precision(GPTC_FP32);
+}
+
 /* The bf16 attention backward adding the qkv bias gradient itself (GPTC_ATTENTION_BIAS=1,
  * which test_cuda_ops_emu_attn_bias and test_cuda_ops_attn_bias set): the hs 64 dk/dv
  * kernel with the staged epilogue on rows128's shapes, the hs 128 kernel, and the run-time
@@ -1294,7 +1316,7 @@ static void test_gemm_candidates(int from_cache) {
  * test_gemm_candidates alone; "attention_rows128": test_attention_rows128 alone;
  * "attention_bias": test_attention_bias alone; "attention_dq_fused":
  * test_attention_dq_fused alone; "attention_fwd_pipelined": test_attention_fwd_pipelined
- * alone. */
+ * alone; "attention_fwd_wide": test_attention_fwd_wide alone. */
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     int small_smem = argc > 1 && strcmp(argv[1], "small_smem") == 0;
@@ -1336,6 +1358,7 @@ int main(int argc, char **argv) {
     int attn_bias = argc > 1 && strcmp(argv[1], "attention_bias") == 0;
     int dq_fused = argc > 1 && strcmp(argv[1], "attention_dq_fused") == 0;
     int fwd_pipe = argc > 1 && strcmp(argv[1], "attention_fwd_pipelined") == 0;
+    int fwd_wide = argc > 1 && strcmp(argv[1], "attention_fwd_wide") == 0;
     char err[256];
     if (cuda_device_count() == 0) {
         printf("skipped: no GPU visible (test_cuda_ops needs one)\n");
@@ -1354,9 +1377,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (small_smem || no_gelu || candidates || rows128 || attn_bias || dq_fused || fwd_pipe ||
-        cache_write || cache_read) {
+        fwd_wide || cache_write || cache_read) {
         if (small_smem) test_small_smem_device();
         else if (fwd_pipe) test_attention_fwd_pipelined();
+        else if (fwd_wide) test_attention_fwd_wide();
         else if (no_gelu) test_no_gelu_epilogue();
         else if (rows128) test_attention_rows128();
         else if (attn_bias) test_attention_bias();

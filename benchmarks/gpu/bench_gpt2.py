@@ -12,6 +12,7 @@ they run, so that a budget that ends early cuts the least needed:
   atomics), GPTC_ATTENTION_DQ=fused (the same by parts summed in order),
   GPTC_ATTENTION_FWD_ROWS=128 (the attention forward with 128 queries a block),
   GPTC_ATTENTION_FWD=pipelined (its next key tile's scores under this tile's softmax),
+  GPTC_ATTENTION_FWD=wide (flash attention 2's shape: 128 queries by 128 keys a block),
   GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias gradient),
   GPTC_GEMM_CANDIDATES=8 (each GEMM's first 8 cuBLASLt candidates timed, the fastest kept);
   gptc bf16 at twice and four times M (bf16's own largest is the last that fits);
@@ -224,7 +225,8 @@ def main():
         bf = row if "ms_per_step" in row else None
     # The variants that are not the default until a GPU run says they are faster, each at
     # this micro-batch beside the bf16 row, each with the part of the step it replaces:
-    # the attention forward's 128-query blocks, or its pipelined key tiles; the attention
+    # the attention forward's 128-query blocks, its pipelined key tiles, or 128-query blocks
+    # streaming 128 keys a stage (flash attention 2's shape); the attention
     # backward's dq from its dk/dv kernel (5 tile products a pair instead of 7), added by
     # fp32 atomics into one dq (as flash attention 2) or by a pass over fp32 parts; its
     # qkv bias gradient taken while it holds dqkv (one pass less, but its hs 64 dk/dv
@@ -233,6 +235,7 @@ def main():
                 ("bf16_dq_fused", "dq", {"GPTC_ATTENTION_DQ": "fused"}),
                 ("bf16_rows128", "fwd", {"GPTC_ATTENTION_FWD_ROWS": "128"}),
                 ("bf16_fwd_pipelined", "fwd", {"GPTC_ATTENTION_FWD": "pipelined"}),
+                ("bf16_fwd_wide", "fwd", {"GPTC_ATTENTION_FWD": "wide"}),
                 ("bf16_attn_bias", "bias", {"GPTC_ATTENTION_BIAS": "1"}),
                 # each GEMM's first 8 cuBLASLt candidates timed at its first call and the
                 # fastest kept (off by default: runs may then differ in the last bits); its

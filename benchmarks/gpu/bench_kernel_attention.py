@@ -17,6 +17,9 @@ forward+backward:
   gptc-pipelined: the same, bf16 at hs 64, with GPTC_ATTENTION_FWD=pipelined: the forward
     takes the next key tile's scores while it works through this tile's softmax and P V
     (the same results bit for bit); the backward is the same kernels as gptc's.
+  gptc-wide: the same, bf16 at hs 64, with GPTC_ATTENTION_FWD=wide: the forward in flash
+    attention 2's shape, 128 queries by 128 keys a block (one softmax rescaling per 128
+    keys); the backward is the same kernels as gptc's.
   gptc-biaspass, gptc-biasfused: the same, bf16 at hs 64, the backward also taking the
     qkv bias gradient as training's does (GPTC_BENCH_QKV_BIAS=1): by a pass of
     cuda_bias_backward after the kernels (the default), or by the kernels themselves
@@ -258,7 +261,9 @@ def write_table(rows):
                 "the (b, h) pairs: GPTC_ATTENTION_GROUP past B * NH). gptc rows128 ms: bf16 "
                 "at hs 64 with GPTC_ATTENTION_FWD_ROWS=128 (the forward with 128 queries a "
                 "block). pipelined ms: bf16 at hs 64 with GPTC_ATTENTION_FWD=pipelined (the "
-                "forward's next scores under this tile's softmax). bias pass / bias fused ms: "
+                "forward's next scores under this tile's softmax). wide ms: bf16 at hs 64 with "
+                "GPTC_ATTENTION_FWD=wide (128 queries by 128 keys a block). "
+                "bias pass / bias fused ms: "
                 "bf16 at hs 64, the backward also taking "
                 "the qkv bias gradient, by a pass after the kernels or by the kernels "
                 "(GPTC_ATTENTION_BIAS=1). dq fused ms: bf16 at hs 64 with "
@@ -266,15 +271,16 @@ def write_table(rows):
                 "dq atomic ms: the same with GPTC_ATTENTION_DQ=atomic (the parts added by "
                 "atomics).\n\n")
         f.write("| shape B,T,NH,hs | precision | direction | gptc ms | gptc plain ms | "
-                "gptc rows128 ms | pipelined ms | bias pass ms | bias fused ms | dq fused ms | "
-                "dq atomic ms | torch ms | ratio | gptc TFLOP/s | torch TFLOP/s | "
-                "torch backend | note |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+                "gptc rows128 ms | pipelined ms | wide ms | bias pass ms | bias fused ms | "
+                "dq fused ms | dq atomic ms | torch ms | ratio | gptc TFLOP/s | "
+                "torch TFLOP/s | torch backend | note |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for k in keys:
             g, t = ok.get(("gptc",) + k), ok.get(("torch",) + k)
             gp = ok.get(("gptc-plain",) + k)
             g128 = ok.get(("gptc-rows128",) + k)
             gpl = ok.get(("gptc-pipelined",) + k)
+            gwd = ok.get(("gptc-wide",) + k)
             gbp, gbf = ok.get(("gptc-biaspass",) + k), ok.get(("gptc-biasfused",) + k)
             gdq, gda = ok.get(("gptc-dqfused",) + k), ok.get(("gptc-dqatomic",) + k)
             errs = [f"{r['impl']}: {r['error']}" for r in rows if "error" in r and
@@ -283,6 +289,7 @@ def write_table(rows):
             f.write(f"| {k[0]},{k[1]},{k[2]},{k[3]} | {k[4]} | {k[5]} | "
                     f"{fmt(g and g['ms'], '.3f')} | {fmt(gp and gp['ms'], '.3f')} | "
                     f"{fmt(g128 and g128['ms'], '.3f')} | {fmt(gpl and gpl['ms'], '.3f')} | "
+                    f"{fmt(gwd and gwd['ms'], '.3f')} | "
                     f"{fmt(gbp and gbp['ms'], '.3f')} | "
                     f"{fmt(gbf and gbf['ms'], '.3f')} | {fmt(gdq and gdq['ms'], '.3f')} | "
                     f"{fmt(gda and gda['ms'], '.3f')} | "
@@ -318,9 +325,10 @@ def main():
             run_rows("gptc-rows128", "gptc_rows128_bf16", shape,
                      [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
                      {"GPTC_ATTENTION_FWD_ROWS": "128"})
-            run_rows("gptc-pipelined", "gptc_pipelined_bf16", shape,
-                     [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
-                     {"GPTC_ATTENTION_FWD": "pipelined"})
+            for impl, how in (("gptc-pipelined", "pipelined"), ("gptc-wide", "wide")):
+                run_rows(impl, impl.replace("-", "_") + "_bf16", shape,
+                         [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
+                         {"GPTC_ATTENTION_FWD": how})
             for impl, fused in (("gptc-biaspass", "0"), ("gptc-biasfused", "1")):
                 run_rows(impl, impl.replace("-", "_") + "_bf16", shape,
                          [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,

@@ -375,7 +375,7 @@ static __device__ __forceinline__ void softmax_tile(float s[8][4], float m[2], f
  * serves two products, a key tile serves 128 queries, and a warp has two independent
  * chains of products to issue. m-tile i's diagonal is key tile mt qt + i; the key tile
  * after it (the last, for i = 0 of 2) lies wholly past its queries and is skipped. */
-static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs, mt) */,
+static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs, mt, 0) */,
                                                 uint16_t *out /* [B,T,C] */,
                                                 float *lse /* [B,NH,T] */,
                                                 const uint16_t *qkv /* [B,T,3C] */, int T, int C,
@@ -521,7 +521,7 @@ static __device__ __forceinline__ void fwd_pipe_step(const fwd_pipe *f, int kt, 
  * The K and V tiles have two buffers each and load one tile apart (K tile kt + 2 with V
  * tile kt + 1), so the shared memory is attn_fwd's; each warp holds two tiles' scores.
  * Same products in the same order, the same results bit for bit. */
-static __device__ __forceinline__ void attn_fwd_pipe(uint16_t *sm /* ab_fwd_smem(hs, 1) */,
+static __device__ __forceinline__ void attn_fwd_pipe(uint16_t *sm /* ab_fwd_smem(hs, 1, 0) */,
                                                      uint16_t *out /* [B,T,C] */,
                                                      float *lse /* [B,NH,T] */,
                                                      const uint16_t *qkv /* [B,T,3C] */, int T,
@@ -566,6 +566,216 @@ static __device__ __forceinline__ void attn_fwd_pipe(uint16_t *sm /* ab_fwd_smem
         if (q < T && t == 0) lse[(size_t)bh * T + q] = m[r] + log2f(l[r]);
     }
     store_acc(orow[0], orow[1], o, 1.0f / l[0], 1.0f / l[1], hs);
+}
+
+/* The online softmax of softmax_tile over a 128-key stage, two halves of 64 keys: s[h] is
+ * half h's 16 x 64 scores of this warp's m-tile, on[h] whether the half lies at or before
+ * the m-tile's diagonal (an off half is left out and zeroed), diag[h] whether it is the
+ * diagonal (masked: keys past the query or past T). One maximum, one rescaling of o and l
+ * for the 128 keys. */
+static __device__ __forceinline__ void softmax_wide(float s[2][8][4], const int on[2],
+                                                    const int diag[2], float m[2], float l[2],
+                                                    float o[AB_MAX_HS / 8][4], const int tq[2],
+                                                    int k0, int T, float sl2, int hs) {
+    int t = threadIdx.x & 3;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        if (!diag[hf]) continue;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int u = k0 + 64 * hf + 8 * j + 2 * t + (e & 1);
+                if (u > tq[e >> 1] || u >= T) s[hf][j][e] = -INFINITY;
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            if (!on[hf]) continue;
+#pragma unroll
+            for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[hf][j][2 * r], s[hf][j][2 * r + 1]));
+        }
+        float mn = fmaxf(m[r], quad_max(mx) * sl2);
+        float ref = mn == -INFINITY ? 0.0f : mn; /* no key yet: all terms stay 0 */
+        float alpha = exp2_ftz(m[r] - ref), ls = 0.0f;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float pr = on[hf] ? exp2_ftz(fmaf(s[hf][j][2 * r + e], sl2, -ref)) : 0.0f;
+                    s[hf][j][2 * r + e] = pr;
+                    ls += pr;
+                }
+        l[r] = l[r] * alpha + quad_sum(ls);
+        m[r] = mn;
+#pragma unroll
+        for (int jd = 0; jd < AB_MAX_HS / 8; jd++)
+            if (8 * jd < ab_cols(hs)) o[jd][2 * r] *= alpha, o[jd][2 * r + 1] *= alpha;
+    }
+}
+
+/* Issues the copies of 128-key stage kt (K rows 128 kt .., both halves, then V's) into
+ * stage st of KV [2][K0, K1, V0, V1][64][p] and commits them as one group. A half wholly
+ * past T loads nothing (from row 128 kt, which is before T). */
+static __device__ __forceinline__ void load_wide_stage(uint16_t *KV, const uint16_t *base,
+                                                       int C, size_t ld, int kt, int st, int T,
+                                                       int hs, int vec) {
+    int tile = AB_TILE * ab_pitch(hs), k0 = 2 * kt * AB_TILE;
+    uint16_t *dst = KV + 4 * st * tile;
+#pragma unroll
+    for (int kv = 0; kv < 2; kv++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            int rows = T - k0 - hf * AB_TILE, from = rows > 0 ? k0 + hf * AB_TILE : k0;
+            load_tile(dst + (2 * kv + hf) * tile, base + (size_t)(kv + 1) * C + (size_t)from * ld,
+                      ld, rows > 0 ? rows : 0, hs, vec);
+        }
+    cp_async_commit();
+}
+
+/* The forward in flash attention 2's shape for hs 64 (GPTC_ATTENTION_FWD=wide): a block of
+ * 128 queries, warp w owning rows 16 w and 64 + 16 w of its two m-tiles (as attn_fwd at
+ * mt = 2), streams 128 keys a stage (two halves of 64, double-buffered), so that a warp
+ * takes 2 x 2 x 8 score tiles' products, one softmax rescaling and one pair of barriers
+ * per 128 keys, where attn_fwd takes them per 64. The Q fragments are read from shared
+ * memory at every stage rather than held (the registers go to the wider scores). m-tile
+ * i's diagonal is half i of the block's last stage; half 1 of it lies past m-tile 0's
+ * queries and is left out. The same products and roundings as attn_fwd's, in the same
+ * order per 64 keys, but the softmax's maximum is taken over 128 keys: its results agree
+ * with attn_fwd's to rounding, not bit for bit. */
+static __device__ __forceinline__ void attn_fwd_wide(uint16_t *sm /* ab_fwd_smem(hs, 2, 1) */,
+                                                     uint16_t *out /* [B,T,C] */,
+                                                     float *lse /* [B,NH,T] */,
+                                                     const uint16_t *qkv /* [B,T,3C] */, int T,
+                                                     int C, int NH, float sl2, int vec,
+                                                     int pairs, int hs) {
+    int p = ab_pitch(hs), tile = AB_TILE * p;
+    uint16_t *Qs = sm;            /* [128][p] this block's queries */
+    uint16_t *KV = Qs + 2 * tile; /* [2 stages][K0, K1, V0, V1][64][p] */
+
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int bh, rank;
+    if (!attention_block(pairs, &bh, &rank)) return;
+    int b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - rank, q0 = qt * 2 * AB_TILE;
+    size_t ld = 3 * (size_t)C;
+    const uint16_t *base = qkv + (size_t)b * T * ld + (size_t)h * hs; /* q of row 0 */
+    int nk = qt + 1, kmax = (T + 2 * AB_TILE - 1) / (2 * AB_TILE);
+    if (nk > kmax) nk = kmax;
+
+    for (int i = 0; i < 2; i++) {
+        int rows = T - q0 - i * AB_TILE; /* an m-tile wholly past T reads nothing, from row q0 */
+        load_tile(Qs + i * tile, base + (size_t)(rows > 0 ? q0 + i * AB_TILE : q0) * ld, ld,
+                  rows > 0 ? rows : 0, hs, vec);
+    }
+    load_wide_stage(KV, base, C, ld, 0, 0, T, hs, vec); /* one group with Q */
+
+    float o[2][AB_MAX_HS / 8][4], m[2][2], l[2][2];
+    int tq[2][2]; /* this lane's queries: rows g and g + 8 of m-tile i */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        zero_acc(o[i], hs);
+        m[i][0] = m[i][1] = -INFINITY;
+        l[i][0] = l[i][1] = 0.0f;
+        tq[i][0] = q0 + i * AB_TILE + 16 * warp + g;
+        tq[i][1] = tq[i][0] + 8;
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        int next = kt + 1 < nk;
+        const uint16_t *Ks = KV + 4 * (kt & 1) * tile, *Vs = Ks + 2 * tile;
+        if (next) load_wide_stage(KV, base, C, ld, kt + 1, (kt + 1) & 1, T, hs, vec);
+        tile_landed(next);
+        /* half hf of this stage for m-tile i: at or before its diagonal, or the diagonal
+         * (the same for the whole warp: the products never diverge) */
+        int on[2][2], diag[2][2]; /* [half][m-tile] */
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                on[hf][i] = 2 * kt + hf <= 2 * qt + i;
+                diag[hf][i] = 2 * kt + hf == 2 * qt + i;
+            }
+
+        float s[2][2][8][4]; /* [half][m-tile] */
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    s[hf][i][j][0] = s[hf][i][j][1] = s[hf][i][j][2] = s[hf][i][j][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < AB_MAX_HS / 16; ks++) {
+            if (16 * ks >= hs) break;
+            uint32_t qf[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++) frag_a(qf[i], Qs + i * tile, p, 16 * warp, 16 * ks);
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    if (!on[hf][1]) continue; /* m-tile 1 is on wherever m-tile 0 is */
+                    uint32_t b0[2], b1[2];
+                    frag_b_nk(b0, b1, Ks + hf * tile, p, 16 * jj, 16 * ks);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        if (!on[hf][i]) continue;
+                        mma_bf16_16816(s[hf][i][2 * jj], qf[i], b0);
+                        mma_bf16_16816(s[hf][i][2 * jj + 1], qf[i], b1);
+                    }
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float si[2][8][4];
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) si[hf][j][e] = s[hf][i][j][e];
+            int oni[2] = {on[0][i], on[1][i]}, dgi[2] = {diag[0][i], diag[1][i]};
+            softmax_wide(si, oni, dgi, m[i], l[i], o[i], tq[i], 2 * kt * AB_TILE, T, sl2, hs);
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[hf][i][j][e] = si[hf][j][e];
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            if (!on[hf][1]) continue;
+            tile_sv2(o, s[hf], on[hf], 2, Vs + hf * tile, hs);
+        }
+        __syncthreads(); /* this stage's readers are done: the next iteration refills it */
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        uint16_t *orow[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int q = tq[i][r];
+            orow[r] = q < T ? out + ((size_t)b * T + q) * C + (size_t)h * hs : NULL;
+            if (q < T && t == 0) lse[(size_t)bh * T + q] = m[i][r] + log2f(l[i][r]);
+        }
+        store_acc(orow[0], orow[1], o[i], 1.0f / l[i][0], 1.0f / l[i][1], hs);
+    }
+}
+
+/* hs 64 in flash attention 2's shape (GPTC_ATTENTION_FWD=wide): 2 blocks an SM, as its
+ * registers (up to 255) and shared memory (8 tiles and Q's 2) allow */
+__global__ void __launch_bounds__(AB_THREADS, 2)
+attention_bf16_fwd64_wide_kernel(uint16_t *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
+                                 const uint16_t *qkv /* [B,T,3C] */, int T, int C, int NH,
+                                 float sl2, int vec, int pairs) {
+    extern __shared__ float4 ab_smem[];
+    attn_fwd_wide((uint16_t *)ab_smem, out, lse, qkv, T, C, NH, sl2, vec, pairs, 64);
 }
 
 /* hs 64 with the key tiles pipelined (GPTC_ATTENTION_FWD=pipelined); 3 blocks an SM, as
@@ -1075,8 +1285,10 @@ typedef void (*ab_bwd_fn)(ab_bwd_args);
 /* bytes of a [64][hs] tile */
 static size_t ab_tile_bytes(int hs) { return (size_t)AB_TILE * ab_pitch(hs) * sizeof(uint16_t); }
 
-/* mt query tiles and two stages of a key and a value tile */
-static size_t ab_fwd_smem(int hs, int mt) { return (size_t)(mt + 4) * ab_tile_bytes(hs); }
+/* mt query tiles and two stages of a key and a value tile (wide: of two each) */
+static size_t ab_fwd_smem(int hs, int mt, int wide) {
+    return (size_t)(mt + (wide ? 8 : 4)) * ab_tile_bytes(hs);
+}
 
 /* 1 when the environment variable name is set to value: the variants below are chosen
  * this way, so that a benchmark compares them in one build */
@@ -1087,18 +1299,28 @@ static int ab_env_is(const char *name, const char *value) {
 
 /* The forward at hs 64, by the variants not yet on by default (a GPU run is to say which
  * is fastest; bench_gpt2 compares them): GPTC_ATTENTION_FWD=pipelined, attn_fwd_pipe;
- * else GPTC_ATTENTION_FWD_ROWS=128, two m-tiles a warp (a block of 128 queries); else the
+ * GPTC_ATTENTION_FWD=wide, attn_fwd_wide (128 queries by 128 keys); else
+ * GPTC_ATTENTION_FWD_ROWS=128, two m-tiles a warp (a block of 128 queries); else the
  * plain kernel. Any other head size: the plain kernel. */
-typedef enum { AB_FWD_PLAIN, AB_FWD_ROWS128, AB_FWD_PIPE } ab_fwd_kind;
+typedef enum { AB_FWD_PLAIN, AB_FWD_ROWS128, AB_FWD_PIPE, AB_FWD_WIDE } ab_fwd_kind;
 static ab_fwd_kind ab_fwd_variant(int hs) {
     if (hs != 64) return AB_FWD_PLAIN;
     if (ab_env_is("GPTC_ATTENTION_FWD", "pipelined")) return AB_FWD_PIPE;
+    if (ab_env_is("GPTC_ATTENTION_FWD", "wide")) return AB_FWD_WIDE;
     if (ab_env_is("GPTC_ATTENTION_FWD_ROWS", "128")) return AB_FWD_ROWS128;
     return AB_FWD_PLAIN;
 }
 
-/* m-tiles a warp of the forward takes */
-static int ab_fwd_mt(int hs) { return ab_fwd_variant(hs) == AB_FWD_ROWS128 ? 2 : 1; }
+/* m-tiles a warp of the forward takes (a block's queries: 64 of them each) */
+static int ab_fwd_mt(int hs) {
+    ab_fwd_kind k = ab_fwd_variant(hs);
+    return k == AB_FWD_ROWS128 || k == AB_FWD_WIDE ? 2 : 1;
+}
+
+/* the forward's shared memory at head size hs, for the variant that runs */
+static size_t ab_fwd_smem_now(int hs) {
+    return ab_fwd_smem(hs, ab_fwd_mt(hs), ab_fwd_variant(hs) == AB_FWD_WIDE);
+}
 
 /* 1 when the backward kernels add the qkv bias gradient while they hold dqkv
  * (GPTC_ATTENTION_BIAS=1), else 0: one pass of cuda_bias_backward over dqkv after them.
@@ -1179,7 +1401,7 @@ static const char *ab_what(char *what, const char *role, int hs) {
 static const struct {
     const char *name, *values[4];
 } ab_env_vars[] = {
-    {"GPTC_ATTENTION_FWD", {"", "plain", "pipelined", NULL}},
+    {"GPTC_ATTENTION_FWD", {"", "plain", "pipelined", "wide"}},
     {"GPTC_ATTENTION_FWD_ROWS", {"", "64", "128", NULL}},
     {"GPTC_ATTENTION_DQ", {"", "kernel", "fused", "atomic"}},
     {"GPTC_ATTENTION_BIAS", {"", "0", "1", NULL}},
@@ -1210,7 +1432,7 @@ int cuda_attention_bf16_check_env(char *err, size_t errlen) {
 
 size_t cuda_attention_bf16_smem(int hs) {
     int nst = ab_bwd_stages(hs, (size_t)cuda_smem_optin());
-    size_t need = ab_fwd_smem(hs, ab_fwd_mt(hs));
+    size_t need = ab_fwd_smem_now(hs);
     size_t kv = ab_dkdv_smem(hs, nst, ab_dq_mode(hs, nst) != AB_DQ_KERNEL);
     if (kv > need) need = kv;
     if (ab_dq_smem(hs, nst) > need) need = ab_dq_smem(hs, nst);
@@ -1218,7 +1440,7 @@ size_t cuda_attention_bf16_smem(int hs) {
 }
 
 const char *cuda_attention_bf16_fwd_name(int hs) {
-    static const char *const names[] = {"plain", "rows128", "pipelined"};
+    static const char *const names[] = {"plain", "rows128", "pipelined", "wide"};
     return names[ab_fwd_variant(hs)];
 }
 
@@ -1236,12 +1458,14 @@ void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv,
     int hs = C / NH, vec = ab_vec(qkv, NULL);
     float sl2 = attention_sl2(hs);
     int mt = ab_fwd_mt(hs);
-    size_t smem = ab_fwd_smem(hs, mt);
-    ab_fwd_fn fwd = mt == 2                           ? attention_bf16_fwd64x2_kernel
-                    : ab_fwd_variant(hs) == AB_FWD_PIPE ? attention_bf16_fwd64_pipe_kernel
-                    : hs == 64                        ? attention_bf16_fwd64_kernel
-                    : hs == 128 ? attention_bf16_fwd128_kernel
-                                : attention_bf16_fwd_any_kernel;
+    size_t smem = ab_fwd_smem_now(hs);
+    ab_fwd_kind kind = ab_fwd_variant(hs);
+    ab_fwd_fn fwd = kind == AB_FWD_WIDE      ? attention_bf16_fwd64_wide_kernel
+                    : kind == AB_FWD_ROWS128 ? attention_bf16_fwd64x2_kernel
+                    : kind == AB_FWD_PIPE    ? attention_bf16_fwd64_pipe_kernel
+                    : hs == 64               ? attention_bf16_fwd64_kernel
+                    : hs == 128              ? attention_bf16_fwd128_kernel
+                                             : attention_bf16_fwd_any_kernel;
     char what[80];
     if (!cuda_smem_ready((const void *)fwd, smem, ab_what(what, "forward", hs), s)) return;
     dim3 grid = attention_grid(B, NH, T, hs, mt * AB_TILE, sizeof(uint16_t));

@@ -81,7 +81,7 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
 size_t cuda_attention_bf16_smem(int hs);
 /* which forward kernel runs at head size hs: "plain", or a variant its environment
  * variable chose ("rows128": GPTC_ATTENTION_FWD_ROWS=128; "pipelined":
- * GPTC_ATTENTION_FWD=pipelined; hs 64 only) */
+ * GPTC_ATTENTION_FWD=pipelined; "wide": GPTC_ATTENTION_FWD=wide; hs 64 only) */
 const char *cuda_attention_bf16_fwd_name(int hs);
 /* the same for the backward's dq: "kernel" (its own kernel), or from the dk/dv kernel
  * (hs 64, on a device with two stages' shared memory) by "fused" (GPTC_ATTENTION_DQ=fused:
