@@ -1142,17 +1142,23 @@ static void check_fwd_pipelined_bits(int B, int T, int NH, int hs, int offset) {
     free(qkv);
 }
 
+/* The forward variant its environment variable names runs at hs 64 (want), and the plain
+ * kernel at hs 128, which has no variant */
+static void check_fwd_selected(const char *want) {
+    const char *name = cuda_attention_bf16_fwd_name(64);
+    int chosen = strcmp(name, want) == 0 && strcmp(cuda_attention_bf16_fwd_name(128), "plain") == 0;
+    printf("%s %-28s hs 64: %s (want %s)\n", chosen ? "ok  " : "FAIL", "forward variant selected",
+           name, want);
+    g_failures += !chosen;
+}
+
 /* The bf16 attention forward with the key tiles pipelined (GPTC_ATTENTION_FWD=pipelined,
  * hs 64, which test_cuda_ops_emu_fwd_pipelined and test_cuda_ops_fwd_pipelined set): the
  * kernel is selected; rows128's shapes against the CPU (one to five key tiles a block,
  * the last partly or wholly past T, plain loads); the plain kernel's bits on them; and hs
  * 128, which keeps the plain kernel. */
 static void test_attention_fwd_pipelined(void) {
-    const char *name = cuda_attention_bf16_fwd_name(64);
-    int chosen = strcmp(name, "pipelined") == 0 &&
-                 strcmp(cuda_attention_bf16_fwd_name(128), "plain") == 0;
-    printf("%s %-28s hs 64: %s\n", chosen ? "ok  " : "FAIL", "pipelined forward selected", name);
-    g_failures += !chosen;
+    check_fwd_selected("pipelined");
     test_attention_rows128();
     test_attention_bf16(1, 300, 1, 64, 0);
     test_attention_bf16(1, 100, 1, 128, 0);
@@ -1170,11 +1176,7 @@ static void test_attention_fwd_pipelined(void) {
  * is whole (T 256), with one to three stages a block (T 300, 384), plain loads too; the
  * op table at bf16; and hs 128, which keeps the plain kernel. */
 static void test_attention_fwd_wide(void) {
-    const char *name = cuda_attention_bf16_fwd_name(64);
-    int chosen = strcmp(name, "wide") == 0 &&
-                 strcmp(cuda_attention_bf16_fwd_name(128), "plain") == 0;
-    printf("%s %-28s hs 64: %s\n", chosen ? "ok  " : "FAIL", "wide forward selected", name);
-    g_failures += !chosen;
+    check_fwd_selected("wide");
     test_attention_rows128();
     test_attention_bf16(1, 129, 2, 64, 0);
     test_attention_bf16(1, 300, 1, 64, 0);
