@@ -318,49 +318,104 @@ static __device__ __forceinline__ void tile_landed(int next_issued) {
 
 /* ------------------------------------------------------------------ forward */
 
-/* The online softmax of a warp's 16 x 64 scores s against the key tile from key k0, for
- * this lane's rows g and g + 8 (queries tq[0], tq[1]), whose running maximum m, sum l and
- * accumulators o it updates: the causal mask on the diagonal tile (the only one with
- * keys past a query, or past T), then per row the new maximum, o and l rescaled, and the
- * probabilities in place of the scores (fp32: P V rounds them as its operand). The scores
- * stay unscaled: sl2 > 0 keeps their maximum, and the exponent takes them times sl2 in
- * one fused multiply-add (base 2, sl2 = log2(e) / sqrt(hs)). */
-static __device__ __forceinline__ void softmax_tile(float s[8][4], float m[2], float l[2],
+/* The online softmax of a warp's scores against nh halves of 64 keys from key k0 (nh 1: a
+ * key tile; 2: the 128 keys of attn_fwd_wide's stage), s[h] the 16 x 64 scores of half h,
+ * for this lane's rows g and g + 8 (queries tq[0], tq[1]), whose running maximum m, sum l
+ * and accumulators o it updates: the causal mask on the diagonal half (diag[h]: the only
+ * one with keys past a query, or past T), then per row one new maximum over the halves
+ * that are on (on[h]: at or before the diagonal; an off half is left out and zeroed), o
+ * and l rescaled once, and the probabilities in place of the scores (fp32: P V rounds them
+ * as its operand). The scores stay unscaled: sl2 > 0 keeps their maximum, and the exponent
+ * takes them times sl2 in one fused multiply-add (base 2, sl2 = log2(e) / sqrt(hs)). */
+static __device__ __forceinline__ void softmax_keys(float s[][8][4], int nh, const int on[],
+                                                    const int diag[], float m[2], float l[2],
                                                     float o[AB_MAX_HS / 8][4], const int tq[2],
-                                                    int k0, int diagonal, int T, float sl2,
-                                                    int hs) {
+                                                    int k0, int T, float sl2, int hs) {
     int t = threadIdx.x & 3;
-    if (diagonal) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        if (hf >= nh || !diag[hf]) continue;
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int u = k0 + 8 * j + 2 * t + (e & 1);
-                if (u > tq[e >> 1] || u >= T) s[j][e] = -INFINITY;
+                int u = k0 + AB_TILE * hf + 8 * j + 2 * t + (e & 1);
+                if (u > tq[e >> 1] || u >= T) s[hf][j][e] = -INFINITY;
             }
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+        for (int hf = 0; hf < 2; hf++) {
+            if (hf >= nh || !on[hf]) continue;
+#pragma unroll
+            for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[hf][j][2 * r], s[hf][j][2 * r + 1]));
+        }
         float mn = fmaxf(m[r], quad_max(mx) * sl2);
         float ref = mn == -INFINITY ? 0.0f : mn; /* no key yet: all terms stay 0 */
         float alpha = exp2_ftz(m[r] - ref), ls = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int hf = 0; hf < 2; hf++) {
+            if (hf >= nh) break;
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float pr = exp2_ftz(fmaf(s[j][2 * r + e], sl2, -ref));
-                s[j][2 * r + e] = pr;
-                ls += pr;
-            }
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float pr = on[hf] ? exp2_ftz(fmaf(s[hf][j][2 * r + e], sl2, -ref)) : 0.0f;
+                    s[hf][j][2 * r + e] = pr;
+                    ls += pr;
+                }
+        }
         l[r] = l[r] * alpha + quad_sum(ls);
         m[r] = mn;
 #pragma unroll
         for (int jd = 0; jd < AB_MAX_HS / 8; jd++)
             if (8 * jd < ab_cols(hs)) o[jd][2 * r] *= alpha, o[jd][2 * r + 1] *= alpha;
     }
+}
+
+/* softmax_keys over one key tile from k0, the diagonal one or not */
+static __device__ __forceinline__ void softmax_tile(float s[8][4], float m[2], float l[2],
+                                                    float o[AB_MAX_HS / 8][4], const int tq[2],
+                                                    int k0, int diagonal, int T, float sl2,
+                                                    int hs) {
+    const int on[1] = {1}, diag[1] = {diagonal};
+    softmax_keys((float (*)[8][4])s, 1, on, diag, m, l, o, tq, k0, T, sl2, hs);
+}
+
+/* Q's rows q0 .. q0 + 64 mt - 1 of this (batch, head) into Qs [64 mt][p] (base: its q of
+ * row 0, row pitch ld), those past T zero-filled; an m-tile wholly past T reads nothing,
+ * from row q0 */
+static __device__ __forceinline__ void load_query_tiles(uint16_t *Qs, const uint16_t *base,
+                                                        size_t ld, int q0, int mt, int T, int hs,
+                                                        int vec) {
+    int tile = AB_TILE * ab_pitch(hs);
+    for (int i = 0; i < mt; i++) {
+        int rows = T - q0 - i * AB_TILE;
+        load_tile(Qs + i * tile, base + (size_t)(rows > 0 ? q0 + i * AB_TILE : q0) * ld, ld,
+                  rows > 0 ? rows : 0, hs, vec);
+    }
+}
+
+/* The forward's result for this lane's two rows of one m-tile, queries tq[0] and tq[1]:
+ * out = o / l where the query is before T, and (the quad's first lane) its base-2 lse
+ * = m + log2 l */
+static __device__ __forceinline__ void store_rows(uint16_t *out /* [B,T,C] */,
+                                                  float *lse /* [B,NH,T] */,
+                                                  const float o[AB_MAX_HS / 8][4],
+                                                  const float m[2], const float l[2],
+                                                  const int tq[2], int bh, int T, int C, int NH,
+                                                  int hs) {
+    int b = bh / NH, h = bh % NH;
+    uint16_t *orow[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int q = tq[r];
+        orow[r] = q < T ? out + ((size_t)b * T + q) * C + (size_t)h * hs : NULL;
+        if (q < T && (threadIdx.x & 3) == 0) lse[(size_t)bh * T + q] = m[r] + log2f(l[r]);
+    }
+    store_acc(orow[0], orow[1], o, 1.0f / l[0], 1.0f / l[1], hs);
 }
 
 /* Block (bh, y): batch b = bh / NH, head h = bh % NH, query tile NT-1-y of 64 mt rows
@@ -385,7 +440,7 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs, 
     uint16_t *Qs = sm;             /* [64 mt][p] this block's queries */
     uint16_t *KV = Qs + mt * tile; /* [2 stages][K, V][64][p] the streamed key and value tiles */
 
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int bh, rank;
     if (!attention_block(pairs, &bh, &rank)) return;
     int b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - rank, q0 = qt * mt * AB_TILE;
@@ -395,11 +450,7 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs, 
     int nk = mt * (qt + 1), kmax = (T + AB_TILE - 1) / AB_TILE;
     if (nk > kmax) nk = kmax;
 
-    for (int i = 0; i < mt; i++) { /* mt * 64 rows, those past T zero-filled */
-        int rows = T - q0 - i * AB_TILE; /* an m-tile wholly past T reads nothing, from row q0 */
-        load_tile(Qs + i * tile, base + (size_t)(rows > 0 ? q0 + i * AB_TILE : q0) * ld, ld,
-                  rows > 0 ? rows : 0, hs, vec);
-    }
+    load_query_tiles(Qs, base, ld, q0, mt, T, hs, vec);
     load_key_stage(KV, base, C, ld, 0, 0, T, hs, vec); /* one group with Q */
 
     uint32_t qf[2][AB_MAX_HS / 16][4];
@@ -463,14 +514,7 @@ static __device__ __forceinline__ void attn_fwd(uint16_t *sm /* ab_fwd_smem(hs, 
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         if (i >= mt) break;
-        uint16_t *orow[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int q = tq[i][r];
-            orow[r] = q < T ? out + ((size_t)b * T + q) * C + (size_t)h * hs : NULL;
-            if (q < T && t == 0) lse[(size_t)bh * T + q] = m[i][r] + log2f(l[i][r]);
-        }
-        store_acc(orow[0], orow[1], o[i], 1.0f / l[i][0], 1.0f / l[i][1], hs);
+        store_rows(out, lse, o[i], m[i], l[i], tq[i], bh, T, C, NH, hs);
     }
 }
 
@@ -529,7 +573,7 @@ static __device__ __forceinline__ void attn_fwd_pipe(uint16_t *sm /* ab_fwd_smem
                                                      int pairs, int hs) {
     int p = ab_pitch(hs), tile = AB_TILE * p;
     uint16_t *Qs = sm; /* [64][p] this block's queries */
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int bh, rank;
     if (!attention_block(pairs, &bh, &rank)) return;
     int b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - rank, q0 = qt * AB_TILE;
@@ -558,65 +602,7 @@ static __device__ __forceinline__ void attn_fwd_pipe(uint16_t *sm /* ab_fwd_smem
         if (kt + 1 < f.nk) fwd_pipe_step(&f, kt + 1, s1, s0, m, l, o);
     }
 
-    uint16_t *orow[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int q = f.tq[r];
-        orow[r] = q < T ? out + ((size_t)b * T + q) * C + (size_t)h * hs : NULL;
-        if (q < T && t == 0) lse[(size_t)bh * T + q] = m[r] + log2f(l[r]);
-    }
-    store_acc(orow[0], orow[1], o, 1.0f / l[0], 1.0f / l[1], hs);
-}
-
-/* The online softmax of softmax_tile over a 128-key stage, two halves of 64 keys: s[h] is
- * half h's 16 x 64 scores of this warp's m-tile, on[h] whether the half lies at or before
- * the m-tile's diagonal (an off half is left out and zeroed), diag[h] whether it is the
- * diagonal (masked: keys past the query or past T). One maximum, one rescaling of o and l
- * for the 128 keys. */
-static __device__ __forceinline__ void softmax_wide(float s[2][8][4], const int on[2],
-                                                    const int diag[2], float m[2], float l[2],
-                                                    float o[AB_MAX_HS / 8][4], const int tq[2],
-                                                    int k0, int T, float sl2, int hs) {
-    int t = threadIdx.x & 3;
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        if (!diag[hf]) continue;
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int u = k0 + 64 * hf + 8 * j + 2 * t + (e & 1);
-                if (u > tq[e >> 1] || u >= T) s[hf][j][e] = -INFINITY;
-            }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            if (!on[hf]) continue;
-#pragma unroll
-            for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[hf][j][2 * r], s[hf][j][2 * r + 1]));
-        }
-        float mn = fmaxf(m[r], quad_max(mx) * sl2);
-        float ref = mn == -INFINITY ? 0.0f : mn; /* no key yet: all terms stay 0 */
-        float alpha = exp2_ftz(m[r] - ref), ls = 0.0f;
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float pr = on[hf] ? exp2_ftz(fmaf(s[hf][j][2 * r + e], sl2, -ref)) : 0.0f;
-                    s[hf][j][2 * r + e] = pr;
-                    ls += pr;
-                }
-        l[r] = l[r] * alpha + quad_sum(ls);
-        m[r] = mn;
-#pragma unroll
-        for (int jd = 0; jd < AB_MAX_HS / 8; jd++)
-            if (8 * jd < ab_cols(hs)) o[jd][2 * r] *= alpha, o[jd][2 * r + 1] *= alpha;
-    }
+    store_rows(out, lse, o, m, l, f.tq, bh, T, C, NH, hs);
 }
 
 /* Issues the copies of 128-key stage kt (K rows 128 kt .., both halves, then V's) into
@@ -658,7 +644,7 @@ static __device__ __forceinline__ void attn_fwd_wide(uint16_t *sm /* ab_fwd_smem
     uint16_t *Qs = sm;            /* [128][p] this block's queries */
     uint16_t *KV = Qs + 2 * tile; /* [2 stages][K0, K1, V0, V1][64][p] */
 
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int bh, rank;
     if (!attention_block(pairs, &bh, &rank)) return;
     int b = bh / NH, h = bh % NH, qt = gridDim.y - 1 - rank, q0 = qt * 2 * AB_TILE;
@@ -667,11 +653,7 @@ static __device__ __forceinline__ void attn_fwd_wide(uint16_t *sm /* ab_fwd_smem
     int nk = qt + 1, kmax = (T + 2 * AB_TILE - 1) / (2 * AB_TILE);
     if (nk > kmax) nk = kmax;
 
-    for (int i = 0; i < 2; i++) {
-        int rows = T - q0 - i * AB_TILE; /* an m-tile wholly past T reads nothing, from row q0 */
-        load_tile(Qs + i * tile, base + (size_t)(rows > 0 ? q0 + i * AB_TILE : q0) * ld, ld,
-                  rows > 0 ? rows : 0, hs, vec);
-    }
+    load_query_tiles(Qs, base, ld, q0, 2, T, hs, vec);
     load_wide_stage(KV, base, C, ld, 0, 0, T, hs, vec); /* one group with Q */
 
     float o[2][AB_MAX_HS / 8][4], m[2][2], l[2][2];
@@ -739,7 +721,7 @@ static __device__ __forceinline__ void attn_fwd_wide(uint16_t *sm /* ab_fwd_smem
 #pragma unroll
                     for (int e = 0; e < 4; e++) si[hf][j][e] = s[hf][i][j][e];
             int oni[2] = {on[0][i], on[1][i]}, dgi[2] = {diag[0][i], diag[1][i]};
-            softmax_wide(si, oni, dgi, m[i], l[i], o[i], tq[i], 2 * kt * AB_TILE, T, sl2, hs);
+            softmax_keys(si, 2, oni, dgi, m[i], l[i], o[i], tq[i], 2 * kt * AB_TILE, T, sl2, hs);
 #pragma unroll
             for (int hf = 0; hf < 2; hf++)
 #pragma unroll
@@ -756,16 +738,7 @@ static __device__ __forceinline__ void attn_fwd_wide(uint16_t *sm /* ab_fwd_smem
     }
 
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        uint16_t *orow[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int q = tq[i][r];
-            orow[r] = q < T ? out + ((size_t)b * T + q) * C + (size_t)h * hs : NULL;
-            if (q < T && t == 0) lse[(size_t)bh * T + q] = m[i][r] + log2f(l[i][r]);
-        }
-        store_acc(orow[0], orow[1], o[i], 1.0f / l[i][0], 1.0f / l[i][1], hs);
-    }
+    for (int i = 0; i < 2; i++) store_rows(out, lse, o[i], m[i], l[i], tq[i], bh, T, C, NH, hs);
 }
 
 /* hs 64 in flash attention 2's shape (GPTC_ATTENTION_FWD=wide): 2 blocks an SM, as its
@@ -944,6 +917,13 @@ static __device__ __forceinline__ void tile_dsk(float acc[AB_MAX_HS / 8][4], con
     }
 }
 
+/* The [64][hs] slot of a.dq_part that key tile kt gives query tile qt of pair bh, of nt
+ * tiles a pair (ab_bwd_args): by pair, or by atomics the query tile's one slot */
+static __device__ __forceinline__ size_t dq_slot(int bh, int nt, int qt, int kt, int atomic) {
+    return atomic ? (size_t)bh * nt + qt
+                  : (size_t)bh * (nt * (nt + 1) / 2) + qt * (qt + 1) / 2 + kt;
+}
+
 /* p[0] += x, p[1] += y as atomics whose results nobody reads: one 8-byte vector
  * reduction on sm_90, which has them (p global and 8-byte aligned), two 4-byte ones
  * before. The float2 atomicAdd would be an atom, which returns the old values into
@@ -1061,13 +1041,10 @@ static __device__ __forceinline__ void attn_bwd_dkdv(uint16_t *sm /* ab_dkdv_sme
             __syncthreads(); /* every warp's keys of dS^T are in dss */
             float dq[AB_MAX_HS / 8][4];
             tile_dsk(dq, dss, 16 * warp, Ks, hs);
-            if (fuse_dq == AB_DQ_ATOMIC) {
-                size_t slot = (size_t)bh * ntiles + qt;
-                add_part(a.dq_part + slot * AB_TILE * hs, dq, 16 * warp, T - q0, hs);
-            } else {
-                size_t pair = (size_t)bh * (ntiles * (ntiles + 1) / 2) + qt * (qt + 1) / 2 + ktile;
-                store_part(a.dq_part + pair * AB_TILE * hs, dq, 16 * warp, T - q0, hs);
-            }
+            int atomic = fuse_dq == AB_DQ_ATOMIC;
+            float *slot = a.dq_part + dq_slot(bh, ntiles, qt, ktile, atomic) * AB_TILE * hs;
+            if (atomic) add_part(slot, dq, 16 * warp, T - q0, hs);
+            else store_part(slot, dq, 16 * warp, T - q0, hs);
         }
         __syncthreads(); /* this stage's readers are done (and dss's, with fuse_dq) */
         if (next && nst == 1)
@@ -1253,9 +1230,7 @@ __global__ void __launch_bounds__(AB_THREADS) attention_bf16_dq_sum_kernel(ab_bw
     int hs = a.C / a.NH, p = ab_pitch(hs), nt = gridDim.y, qt = nt - 1 - rank, q0 = qt * AB_TILE;
     int nrows = a.T - q0 < AB_TILE ? a.T - q0 : AB_TILE, nc = hs / 4;
     size_t slot = (size_t)AB_TILE * hs;
-    size_t first = a.dq_atomic ? (size_t)bh * nt + qt
-                               : (size_t)bh * (nt * (nt + 1) / 2) + qt * (qt + 1) / 2;
-    const float *part = a.dq_part + first * slot;
+    const float *part = a.dq_part + dq_slot(bh, nt, qt, 0, a.dq_atomic) * slot;
     int nparts = a.dq_atomic ? 1 : qt + 1;
     for (int u = threadIdx.x; u < nrows * nc; u += AB_THREADS) {
         int r = u / nc, c = 4 * (u % nc);
