@@ -1,8 +1,8 @@
-/* The reference of the bf16 attention kernels (attention_bf16.cu) for test_cuda_ops (on
- * a GPU and on the emulator): exact causal attention, in double, of the inputs as the
- * kernels see them (q, k, v and dout rounded to bf16), so that what remains between a
- * kernel and this is only the rounding the kernel does inside (P and dS to bf16, fp32
- * sums), which the test's tolerances are derived from. Every output is overwritten. */
+/* The reference of the bf16 attention kernels (attention_bf16_fwd.cu, _bwd.cu) for
+ * test_cuda_ops (on a GPU and on the emulator): exact causal attention, in double, of the
+ * inputs as the kernels see them (q, k, v and dout rounded to bf16), so that what remains
+ * between a kernel and this is only the rounding the kernel does inside (P and dS to bf16,
+ * fp32 sums), which the test's tolerances are derived from. Every output is overwritten. */
 #ifndef GPTC_TEST_ATTENTION_BF16_REF_H
 #define GPTC_TEST_ATTENTION_BF16_REF_H
 

@@ -678,12 +678,12 @@ static void test_attention_unaligned(int B, int T, int C, int NH) {
     gpu->release(d_lse), gpu->release(d_scratch);
 }
 
-/* The bf16 attention kernels (attention_bf16.cu), called through their launchers on the
- * backend's compute stream with bf16 buffers, against exact attention of the bf16 inputs
- * (attention_bf16_ref, in double), and against the fp32 kernels on the same values, which
- * they must not equal. What is left between kernel and reference is the kernels' own
- * rounding of P (out, dv) and dS (dq, dk) to bf16, each element off by at most
- * u = 2^-8 relatively, and the rounding of the stored out and dqkv (u/2 of each element);
+/* The bf16 attention kernels (attention_bf16_fwd.cu, _bwd.cu), called through their
+ * launchers on the backend's compute stream with bf16 buffers, against exact attention of
+ * the bf16 inputs (attention_bf16_ref, in double), and against the fp32 kernels on the
+ * same values, which they must not equal. What is left between kernel and reference is
+ * the kernels' own rounding of P (out, dv) and dS (dq, dk) to bf16, each element off by
+ * at most u = 2^-8 relatively, and the rounding of the stored out and dqkv (u/2 of each element);
  * the fp32 sums, exp2f and lse add ~1e-6. An output element is sum_u w_u x_u with weights
  * P or dS, so rounding the weights moves it by at most u sum_u |w_u| |x_u|: for out that
  * is u max|v|, about u max|out| (row 0's output is v_0, and max|v| is within 2 max|out|

@@ -230,7 +230,7 @@ def main():
     # backward's dq from its dk/dv kernel (5 tile products a pair instead of 7), added by
     # fp32 atomics into one dq (as flash attention 2) or by a pass over fp32 parts; its
     # qkv bias gradient taken while it holds dqkv (one pass less, but its hs 64 dk/dv
-    # kernel spills more); attention_bf16.cu; and cuBLASLt's algorithms
+    # kernel spills more); attention_bf16_*.cu; and cuBLASLt's algorithms
     variants = (("bf16_dq_atomic", "dq", {"GPTC_ATTENTION_DQ": "atomic"}),
                 ("bf16_dq_fused", "dq", {"GPTC_ATTENTION_DQ": "fused"}),
                 ("bf16_rows128", "fwd", {"GPTC_ATTENTION_FWD_ROWS": "128"}),

@@ -12,7 +12,7 @@ forward+backward:
     plain order, without the grouping of (b, h) pairs for the L2 (attention_grid in
     engine/cuda/cuda_common.cuh), so the table shows what the grouping gains.
   gptc-rows128: the same, bf16 at hs 64, with GPTC_ATTENTION_FWD_ROWS=128: the forward
-    with 128 queries a block, two m-tiles a warp (attention_bf16.cu); the backward is
+    with 128 queries a block, two m-tiles a warp (attention_bf16_fwd.cu); the backward is
     the same kernels as gptc's.
   gptc-pipelined: the same, bf16 at hs 64, with GPTC_ATTENTION_FWD=pipelined: the forward
     takes the next key tile's scores while it works through this tile's softmax and P V

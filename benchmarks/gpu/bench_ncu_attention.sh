@@ -4,7 +4,7 @@
 # head shape (B 8, T 1024, NH 12, hs 64), with the sections that say why a kernel runs at
 # the speed bench_kernel_attention measures: speed of light, occupancy and launch
 # statistics (registers, shared memory), warp stall reasons, issue slots, pipe and memory
-# use. Tuning attention.cu and attention_bf16.cu starts from this report.
+# use. Tuning attention.cu and attention_bf16_*.cu starts from this report.
 #
 # Output in $GPTC_BENCH_OUT: ncu_attention.txt (ncu's text report), which is also printed,
 # ncu_attention_stalls.txt (the bf16 kernels' warp stall reasons and instruction mix),

@@ -16,7 +16,7 @@
  * of it for t < T, so dqkv needs no clearing; the price is computing S and dP twice
  * (7 tile products per tile pair instead of 5 with an atomicAdd dq).
  *
- * Tiling (the layout of attention_bf16.cu, on CUDA cores): a block is 4 warps (128
+ * Tiling (the layout of attention_bf16.cuh, on CUDA cores): a block is 4 warps (128
  * threads) and 64 rows of its own (queries in the forward and in dq, keys in dk/dv),
  * 16 per warp; the other side streams through shared memory in tiles of 64 rows. Every
  * tile is stored once, row-major as in global memory: [64][p], p = hsmax + 4 (68 for
@@ -442,7 +442,7 @@ attention_fwd128_kernel(float *out /* [B,T,C] */, float *lse /* [B,NH,T] */,
 /* ------------------------------------------------------------------ backward */
 
 /* D[b,h,t] = sum_i dout[b,t,h*hs+i] * out[b,t,h*hs+i] (act: fp32 here, bf16 for
- * attention_bf16.cu, through cuda_attention_dot): one warp per (b, t, h), with
+ * attention_bf16_bwd.cu, through cuda_attention_dot): one warp per (b, t, h), with
  * consecutive warps on consecutive heads of a row so the reads coalesce. */
 __global__ void attention_bwd_dot_kernel(float *D /* [B,NH,T] */,
                                          const gptc_act *dout /* [B,T,C] */,

@@ -260,7 +260,7 @@ static size_t cu_attention_scratch_floats(int B, int T, int C, int NH) {
     return g_precision == GPTC_BF16 ? cuda_attention_bf16_scratch_floats(B, T, C, NH)
                                     : cu_attention_state_floats(B, T, NH);
 }
-/* bf16: the tensor-core kernels on bf16 storage (attention_bf16.cu); fp32: attention.cu */
+/* bf16: the tensor-core kernels on bf16 storage (attention_bf16_fwd.cu, attention_bf16_bwd.cu); fp32: attention.cu */
 static void cu_attention_forward(gptc_act *out, float *att, const gptc_act *qkv, int B, int T,
                                  int C, int NH, gptc_stream *s) {
     if (g_precision == GPTC_BF16)

@@ -201,7 +201,7 @@ static inline unsigned int grid_for(size_t units, int per_block) {
 }
 
 /* log2(e) / sqrt(hs), the attention scores' factor into the log2 domain, for the forward
- * and the backward of attention.cu and attention_bf16.cu alike: the backward's
+ * and the backward of attention.cu and attention_bf16_*.cu alike: the backward's
  * P = exp2(s sl2 - lse) must undo the forward's lse with the same rounding, and
  * log2(e) / sqrtf(hs) and log2(e) * (1 / sqrtf(hs)), which they used, differ in the last
  * bit at hs 48 and 100 (an error of |s sl2| 2^-24 in P's exponent) */

@@ -63,11 +63,11 @@ size_t cuda_attention_smem(int hs);
 void cuda_attention_dot(float *D, const gptc_act *dout, const gptc_act *out, int B, int T,
                         int C, int NH, gptc_precision p, cudaStream_t s);
 
-/* The same ops for train.precision = bf16 (attention_bf16.cu), with the same buffers and
- * sizes, qkv, out, dout and dqkv in bf16 storage (uint16_t bits): tensor-core products of
- * bf16 operands with fp32 accumulation, the probabilities and their gradients rounded to
- * bf16 as operands; softmax, lse and D in fp32. Head size C / NH must be a multiple of 8
- * up to 128 (otherwise a launch error, as above). */
+/* The same ops for train.precision = bf16 (attention_bf16_fwd.cu and _bwd.cu), with the
+ * same buffers and sizes, qkv, out, dout and dqkv in bf16 storage (uint16_t bits):
+ * tensor-core products of bf16 operands with fp32 accumulation, the probabilities and their
+ * gradients rounded to bf16 as operands; softmax, lse and D in fp32. Head size C / NH must
+ * be a multiple of 8 up to 128 (otherwise a launch error, as above). */
 void cuda_attention_forward_bf16(uint16_t *out, float *lse, const uint16_t *qkv, int B, int T,
                                  int C, int NH, cudaStream_t s);
 /* dbias [3C] (or NULL) += the column sums of dqkv as stored, added by the kernels that
