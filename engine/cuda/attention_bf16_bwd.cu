@@ -116,7 +116,6 @@ static __device__ __forceinline__ void load_query_stage(uint16_t *QdO /* [Q, dO]
     load_row_vec(stats + AB_TILE, D_bh + q0, T - q0);
 }
 
-
 /* what every backward kernel reads and writes, passed by value (kernel parameters) */
 typedef struct {
     uint16_t *dqkv;        /* [B,T,3C] */

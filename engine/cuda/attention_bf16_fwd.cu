@@ -4,7 +4,6 @@
  * 128 x 128 shape). The scheme they share, and the tile helpers: attention_bf16.cuh. */
 #include "engine/cuda/attention_bf16.cuh"
 
-
 /* tile_sv for the forward's mt m-tiles (1 or 2) at once, m-tile i only where on[i]: each
  * V fragment loaded once serves every m-tile's product */
 static __device__ __forceinline__ void tile_sv2(float acc[2][AB_MAX_HS / 8][4],
