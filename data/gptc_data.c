@@ -275,7 +275,12 @@ int main(int argc, char **argv) {
     }
     memcpy(tmp, o.out, len);
     memcpy(tmp + len, ".tmp", 5);
-    if (out_is_input(&o, tmp)) {
+    /* as the trainer's train.save: rename() would put the file in place of a device or a
+     * FIFO (as root, of /dev/null itself) */
+    char err[2048];
+    int refused = output_path_check("--out", o.out, 1, err, sizeof err) != 0;
+    if (refused) fprintf(stderr, "gptc-data: %s\n", err);
+    if (refused || out_is_input(&o, tmp)) {
         free(tmp);
         free(o.inputs);
         return 1;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -578,6 +579,15 @@ static void test_cli(const char *bin) {
     check(fa && fread(back, 1, sizeof a - 1, fa) == sizeof a - 1 && memcmp(back, a, sizeof a - 1) == 0,
           "cli: --out over its own input changed %s", pa);
     if (fa) fclose(fa);
+
+    /* --out a FIFO (or a device: rename() would put the file in its place): refused, the
+     * FIFO left as it was */
+    const char *fifo = tmp_path("out.fifo");
+    check(mkfifo(fifo, 0600) == 0, "cli: mkfifo %s failed", fifo);
+    snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' 2> /dev/null", bin, fifo, pa);
+    check(run(cmd) != 0, "cli: --out onto a FIFO was accepted");
+    struct stat st;
+    check(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "cli: --out replaced the FIFO %s", fifo);
 
     /* an input named as --out's temporary file, which the run truncates at its start */
     const char *as_tmp = tmp_path("corpus.tmp");
