@@ -106,6 +106,43 @@ static char *mapping_name(hid_t dcpl, size_t i, int file) {
     return s;
 }
 
+/* The external files that hold bytes of dataset dname (of the file at path) exist and
+ * are long enough; 0, or -1 with err set */
+static int check_external(hid_t dcpl, int count, const char *path, const char *dname,
+                          const char *what, hsize_t bytes, char *err, size_t errlen) {
+    char dir[4096];
+    dir_of(path, dir, sizeof dir);
+    for (int i = 0; i < count && bytes > 0; i++) {
+        char name[4096], found[4096 + 64];
+        off_t offset = 0;
+        hsize_t size = 0;
+        if (H5Pget_external(dcpl, (unsigned)i, sizeof name, name, &offset, &size) < 0) {
+            set_err(err, errlen, "%s %s: cannot read external file %d of %s", what, path, i,
+                    dname);
+            return -1;
+        }
+        name[sizeof name - 1] = '\0';
+        hsize_t need = size == H5F_UNLIMITED || size > bytes ? bytes : size;
+        bytes -= need;
+        if (!under_env("HDF5_EXTFILE_PREFIX", dir, name, found, sizeof found))
+            snprintf(found, sizeof found, "%s", name);
+        struct stat st;
+        if (stat(found, &st) != 0 || !S_ISREG(st.st_mode)) {
+            set_err(err, errlen, "%s %s: %s is stored in the external file %s, which cannot "
+                    "be found (relative names are from the working directory): its tokens "
+                    "would read as 0", what, path, dname, name);
+            return -1;
+        }
+        if ((hsize_t)st.st_size < (hsize_t)offset + need) {
+            set_err(err, errlen, "%s %s: the external file %s holds %lld bytes, %s needs "
+                    "%llu from it at offset %lld: the rest would read as 0", what, path, found,
+                    (long long)st.st_size, dname, (unsigned long long)need, (long long)offset);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Source dataset dname of file fname (mapping i, vspace's part of /tokens) opens, and
  * srcspace's selection lies within its extent. 0, or -1 with err set. */
 static int check_source(hid_t own_file, const char *path, const char *what, size_t i,
@@ -142,9 +179,17 @@ static int check_source(hid_t own_file, const char *path, const char *what, size
              H5Sget_select_bounds(srcspace, start, end) >= 0;
         for (int d = 0; ok && d < rank; d++) ok = end[d] < dims[d];
     }
-    if (space >= 0) H5Sclose(space);
-    if (sd >= 0) H5Dclose(sd);
-    if (sf != own_file) H5Fclose(sf);
+    /* a source that is itself virtual (or /tokens mapping itself, which HDF5 follows
+     * until the stack runs out) is not followed here, so its own sources are unchecked:
+     * refused; a source in external files gets their check */
+    hid_t sdcpl = sd >= 0 ? H5Dget_create_plist(sd) : -1;
+    int nested = sdcpl >= 0 && H5Pget_layout(sdcpl) == H5D_VIRTUAL;
+    int n_ext = sdcpl >= 0 && !nested ? H5Pget_external_count(sdcpl) : 0;
+    hid_t stype = n_ext > 0 ? H5Dget_type(sd) : -1;
+    hsize_t ext_bytes = stype >= 0 && space >= 0
+                            ? (hsize_t)H5Sget_simple_extent_npoints(space) * H5Tget_size(stype)
+                            : 0;
+    int rc = sd >= 0 && ok ? 0 : -1;
     if (sd < 0)
         set_err(err, errlen, "%s %s: the virtual dataset's source %s has no dataset %s "
                 "(mapping %zu): its tokens would read as 0", what, path, fname, dname, i);
@@ -152,7 +197,24 @@ static int check_source(hid_t own_file, const char *path, const char *what, size
         set_err(err, errlen, "%s %s: the virtual dataset's source %s:%s (mapping %zu) is "
                 "smaller than the part mapped from it: the rest would read as 0", what, path,
                 fname, dname, i);
-    return sd >= 0 && ok ? 0 : -1;
+    else if (nested) {
+        set_err(err, errlen, "%s %s: the virtual dataset's source %s:%s (mapping %zu) is "
+                "itself a virtual dataset, whose sources are not checked (or /tokens itself): "
+                "map /tokens from the datasets that hold the tokens", what, path, fname, dname,
+                i);
+        rc = -1;
+    } else if (n_ext > 0) {
+        char ctx[4096 + 128]; /* the file the user named comes first in the message */
+        snprintf(ctx, sizeof ctx, "%s %s: the virtual dataset's source", what, path);
+        rc = check_external(sdcpl, n_ext, sf == own_file ? path : found, dname, ctx, ext_bytes,
+                            err, errlen);
+    }
+    if (stype >= 0) H5Tclose(stype);
+    if (sdcpl >= 0) H5Pclose(sdcpl);
+    if (space >= 0) H5Sclose(space);
+    if (sd >= 0) H5Dclose(sd);
+    if (sf != own_file) H5Fclose(sf);
+    return rc;
 }
 
 typedef struct {
@@ -255,40 +317,6 @@ static int check_virtual(hid_t file, hid_t dcpl, const char *path, const char *w
     return rc;
 }
 
-static int check_external(hid_t dcpl, int count, const char *path, const char *what,
-                          hsize_t bytes, char *err, size_t errlen) {
-    char dir[4096];
-    dir_of(path, dir, sizeof dir);
-    for (int i = 0; i < count && bytes > 0; i++) {
-        char name[4096], found[4096 + 64];
-        off_t offset = 0;
-        hsize_t size = 0;
-        if (H5Pget_external(dcpl, (unsigned)i, sizeof name, name, &offset, &size) < 0) {
-            set_err(err, errlen, "%s %s: cannot read external file %d of /tokens", what, path, i);
-            return -1;
-        }
-        name[sizeof name - 1] = '\0';
-        hsize_t need = size == H5F_UNLIMITED || size > bytes ? bytes : size;
-        bytes -= need;
-        if (!under_env("HDF5_EXTFILE_PREFIX", dir, name, found, sizeof found))
-            snprintf(found, sizeof found, "%s", name);
-        struct stat st;
-        if (stat(found, &st) != 0 || !S_ISREG(st.st_mode)) {
-            set_err(err, errlen, "%s %s: /tokens is stored in the external file %s, which "
-                    "cannot be found (relative names are from the working directory): its "
-                    "tokens would read as 0", what, path, name);
-            return -1;
-        }
-        if ((hsize_t)st.st_size < (hsize_t)offset + need) {
-            set_err(err, errlen, "%s %s: the external file %s holds %lld bytes, /tokens "
-                    "needs %llu from it at offset %lld: the rest would read as 0", what, path,
-                    found, (long long)st.st_size, (unsigned long long)need, (long long)offset);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 int h5_check_sources(hid_t file, hid_t dset, const char *path, const char *what, char *err,
                      size_t errlen) {
     hid_t dcpl = H5Dget_create_plist(dset);
@@ -303,7 +331,8 @@ int h5_check_sources(hid_t file, hid_t dset, const char *path, const char *what,
         rc = check_virtual(file, dcpl, path, what, (hsize_t)n, err, errlen);
     } else {
         int ext = H5Pget_external_count(dcpl);
-        if (ext > 0) rc = check_external(dcpl, ext, path, what, (hsize_t)n * elem, err, errlen);
+        if (ext > 0) rc = check_external(dcpl, ext, path, "/tokens", what, (hsize_t)n * elem, err,
+                                errlen);
     }
     if (type >= 0) H5Tclose(type);
     if (space >= 0) H5Sclose(space);

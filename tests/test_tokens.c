@@ -769,6 +769,20 @@ static void test_sources(void) {
                         (const char *const[]){"vds_gap.h5", "maps no source to token 60",
                                               "of 110", NULL});
 
+    /* /tokens mapped from itself (HDF5 would recurse until the stack ran out), and a
+     * source that is itself virtual, here with a source missing: its sources are not
+     * checked, so it is refused */
+    expect_create_error("vds mapped from itself", write_vds_self("vds_loop.h5", "tokens"), 9, 0,
+                        (const char *const[]){"vds_loop.h5", "itself a virtual dataset", NULL});
+    const char *nested[] = {"vds_gone.h5"}, *nested_dset[] = {"tokens"};
+    hsize_t nested_len[] = {100}, nested_at[] = {0};
+    expect_create_error("vds over a vds",
+                        write_vds("vds_nested.h5", 100, 1, nested, nested_dset, nested_len,
+                                  nested_at),
+                        9, 0,
+                        (const char *const[]){"vds_nested.h5", "vds_gone.h5:tokens",
+                                              "itself a virtual dataset", NULL});
+
     const char *ext = write_external("ext.h5", "ext.bin", 50, 50);
     l = loader_create(ext, 9, 2, 0, 2, 0, 0, 0, err, sizeof err);
     check(l != NULL, "external file: %s", err);
@@ -777,6 +791,19 @@ static void test_sources(void) {
                                                                   50, 30), 9, 0,
                         (const char *const[]){"ext_short.h5", "ext_short.bin", "holds 76 bytes",
                                               "needs 100", NULL});
+    /* a virtual dataset over that external one: its external file is checked too */
+    const char *over_ext[] = {"ext_short.h5"};
+    hsize_t ext_len[] = {50};
+    expect_create_error("vds over a short external file",
+                        write_vds("vds_ext.h5", 50, 1, over_ext, nested_dset, ext_len, nested_at),
+                        9, 0,
+                        (const char *const[]){"vds_ext.h5", "source", "ext_short.bin",
+                                              "holds 76 bytes", "needs 100", NULL});
+    l = loader_create(write_vds("vds_ext_ok.h5", 50, 1, (const char *const[]){"ext.h5"},
+                                nested_dset, ext_len, nested_at),
+                      9, 2, 0, 2, 0, 0, 0, err, sizeof err);
+    check(l != NULL, "vds over an external file: %s", err);
+    loader_destroy(l);
 }
 
 int main(int argc, char **argv) {
