@@ -62,9 +62,20 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     log_set_rank(rank);
 
-    int help = 0;
+    int help = 0, help0;
     for (int i = 1; i < argc; i++)
         help |= strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+    /* a rank given --help alone (mpirun A : B) would leave the others waiting for it in
+     * the config check: all print the help or none does */
+    help0 = help;
+    MPI_Bcast(&help0, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    char err[1024] = "";
+    snprintf(err, sizeof(err), "--help %s (give every rank the same arguments)",
+             help ? "here, but not on rank 0" : "on rank 0, but not here");
+    if (train_refused(help != help0, err, rank, world)) {
+        MPI_Finalize();
+        return 1;
+    }
     if (help) {
         if (rank == 0) {
             gptc_config defaults;
@@ -83,7 +94,7 @@ int main(int argc, char **argv) {
     /* Every rank parses its own inputs. They should be the same, but a launcher may give
      * each rank its own (mpirun A : B, a pipe only one rank reads): a rank refused alone
      * reports, and every rank exits with it. */
-    char err[1024] = "";
+    err[0] = '\0';
     gptc_config cfg;
     grid g;
     config_defaults(&cfg);

@@ -62,6 +62,13 @@ def check_ranks_disagree(a, b):
     expect_refused("rank 0 alone has an unknown key",
                    mpmd([(a, ["--parallel.dp=2", "--train.bogus=1"]), (a, ["--parallel.dp=2"])]),
                    ["unknown key train.bogus"])
+    # --help on one rank only: it had printed and left, the other waiting for it
+    expect_refused("rank 1 alone asks for --help",
+                   mpmd([(a, ["--parallel.dp=2"]), (a, ["--help"])], timeout=60),
+                   ["rank 1:", "--help here, but not on rank 0"])
+    expect_refused("rank 0 alone asks for --help",
+                   mpmd([(a, ["-h"]), (a, ["--parallel.dp=2"])], timeout=60),
+                   ["rank 1:", "--help on rank 0, but not here"])
     expect_refused("rank 1 alone has another seed",
                    mpmd([(a, ["--parallel.dp=2"]), (a, ["--parallel.dp=2", "--train.seed=5"])]),
                    ["rank 1:", "train.seed = 5 here", "train.seed = 1337 on rank 0"])
