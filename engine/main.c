@@ -1,6 +1,7 @@
 /* gptc-train: mpirun -np N gptc-train CONFIG.ini [--section.key=value ...] */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,10 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     log_set_rank(rank);
+    /* stdout piped into a reader that goes away (| head, a closed ssh session's tee) ends
+     * no run: the lines are lost, as to a closed stdout, while training, its checkpoints
+     * and train.log_file go on */
+    signal(SIGPIPE, SIG_IGN);
 
     int help = 0, help0;
     for (int i = 1; i < argc; i++)

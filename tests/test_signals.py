@@ -1,6 +1,7 @@
 """SIGTERM (as Slurm sends before a time limit) or SIGINT: every rank finishes the step in
 flight, a checkpoint of that step is written, all exit 0, and resuming from it gives the
-losses of a run of the same layout that never stopped, bit for bit.
+losses of a run of the same layout that never stopped, bit for bit. A reader of stdout
+that goes away (| head -1) stops nothing.
 
 The signal goes out once step 3 is logged, and the ranks run on while the test is
 scheduled, pgrep runs and the signal lands: on a loaded 2-core machine that took more
@@ -81,6 +82,28 @@ def check_timed_stop(name, ranks, done):
     print(f"ok   {name}: report and trace of the {len(done)} steps before the stop")
 
 
+def check_reader_gone():
+    """stdout piped into a reader that leaves after one line (| head -1): SIGPIPE ends no
+    run; every step is logged and the checkpoint written."""
+    log, ck = f"{D}/pipe.jsonl", f"{D}/pipe.h5"
+    steps = 20
+    args = [a for a in BASE if not a.startswith("--train.steps=")]
+    p = subprocess.Popen([TRAIN, *args, f"--train.steps={steps}", f"--train.log_file={log}",
+                          f"--train.save={ck}"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env(1))
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    rc = p.wait(timeout=120)
+    if rc != 0:
+        fail(f"reader gone: exit {rc} ({'SIGPIPE' if rc == -signal.SIGPIPE else 'error'})\n"
+             f"{err[-1500:]}")
+    if len(read_metrics(log)) != steps or not os.path.exists(ck):
+        fail(f"reader gone: {len(read_metrics(log))} of {steps} steps logged, checkpoint "
+             f"{'written' if os.path.exists(ck) else 'missing'}")
+    print(f"ok   reader of stdout gone after one line: all {steps} steps ran, checkpoint written")
+
+
 def main():
     write_tokens(f"{D}/tok.h5", np.random.default_rng(2).integers(0, 64, 20000), 64)
     full = {}
@@ -117,6 +140,7 @@ def main():
                      f"against {a['grad_norm']!r}")
         print(f"ok   {name}: {signal.Signals(sig).name} to {ranks} rank(s) stopped after step {k}, "
               f"checkpoint written, resume matches the uninterrupted run")
+    check_reader_gone()
     print("PASS: signals stop cleanly and resume exactly")
 
 
