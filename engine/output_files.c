@@ -19,6 +19,42 @@
 #include "engine/config.h"
 #include "engine/log.h"
 
+/* 1 when the file at fp has HDF5's signature where HDF5 looks for it: at byte 0, 512,
+ * 1024, 2048, ... (after a user block) */
+static int has_hdf5_signature(FILE *fp, long size) {
+    static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    for (long at = 0; at + 8 <= size; at = at ? 2 * at : 512) {
+        unsigned char head[8];
+        if (fseek(fp, at, SEEK_SET) != 0 || fread(head, 1, 8, fp) != 8) return 0;
+        if (memcmp(head, sig, 8) == 0) return 1;
+    }
+    return 0;
+}
+
+/* An existing file an output would overwrite must be one of its own kind: a checkpoint
+ * (replaced) an HDF5 file, a stream (metrics, trace, report: JSON, appended to or
+ * rewritten) one that starts with '{'; an empty file is either. Else a typo or a swapped
+ * pair of paths would destroy the file (a checkpoint given as train.log_file). 0, or -1
+ * with err set. */
+static int existing_is_own_kind(const char *key, const char *path, int replaced, char *err,
+                                size_t n) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return 0; /* the write check that follows names the trouble */
+    long size = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
+    int c = EOF, hdf5 = size > 0 && has_hdf5_signature(fp, size);
+    if (size > 0 && !hdf5 && fseek(fp, 0, SEEK_SET) == 0) {
+        do c = fgetc(fp);
+        while (c == ' ' || c == '\t' || c == '\n' || c == '\r');
+    }
+    fclose(fp);
+    if (size <= 0 || (replaced ? hdf5 : !hdf5 && (c == '{' || c == EOF))) return 0;
+    snprintf(err, n, "%s %s: exists and is %s, which this run would overwrite (name a new "
+             "file, or remove this one)", key, path,
+             hdf5 ? "an HDF5 file, not JSON"
+                  : replaced ? "not an HDF5 file (a checkpoint)" : "not JSON (no '{' first)");
+    return -1;
+}
+
 /* Refuses an output path (key names it) that rank 0, which writes them all, could not write
  * at the end of a long run, or would block on: checkpoints, the trace and the report are
  * written after the last step. replaced: the file is written beside and renamed over the
@@ -53,6 +89,7 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
         }
         return 0;
     }
+    if (exists && existing_is_own_kind(key, path, replaced, err, n) != 0) return -1;
     if (!exists && lstat(path, &st) == 0) {
         snprintf(err, n, "%s %s: is a symbolic link %s", key, path,
                  why == ELOOP ? "in a loop of links" : "to nowhere");

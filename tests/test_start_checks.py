@@ -120,12 +120,31 @@ def check_outputs(a):
         ("tp * pp overflows an int", ["--parallel.tp=65536", "--parallel.pp=65536"],
          ["parallel.tp * parallel.pp = 4294967296"]),
     ]
+    # an existing file of another kind than the output would overwrite it: a checkpoint
+    # given as the metrics file, trace or report, a text file as the checkpoint
+    with open(f"{D}/notes.txt", "w") as f:
+        f.write("my notes\n")
+    cases += [
+        ("metrics onto a checkpoint", [f"--train.log_file={a}/ck.h5"],
+         ["train.log_file", "ck.h5", "an HDF5 file"]),
+        ("trace onto a checkpoint", kernel + [f"--profile.trace={a}/ck.h5"],
+         ["profile.trace", "an HDF5 file"]),
+        ("report onto a text file", kernel + [f"--profile.report={D}/notes.txt"],
+         ["profile.report", "notes.txt", "not JSON"]),
+        ("save onto a text file", [f"--train.save={D}/notes.txt"],
+         ["train.save", "notes.txt", "not an HDF5 file"]),
+    ]
+    with open(f"{a}/ck.h5", "rb") as f:
+        ck_bytes = f.read()
     for name, args, want in cases:
         try:
             r = run_train([f"{a}/cfg.ini"] + args, timeout=60)
         except subprocess.TimeoutExpired:
             fail(f"{name}: hang")
         expect_refused(name, r, want)
+    with open(f"{a}/ck.h5", "rb") as f, open(f"{D}/notes.txt") as g:
+        if f.read() != ck_bytes or g.read() != "my notes\n":
+            fail("a refused run changed the checkpoint or the text file it would overwrite")
     r = run_train([f"{a}/cfg.ini", "--train.log_file=/dev/null"], timeout=60)
     if r.returncode:
         fail(f"metrics to /dev/null refused:\n{r.stderr[-800:]}")
