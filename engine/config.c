@@ -215,7 +215,7 @@ int config_set(gptc_config *c, const char *section, const char *key, const char 
         /* strtoull takes "-1" (after blanks too) for 2^64 - 1 */
         if (*skip_space(value) == '-') end = (char *)value;
         unsigned long long u = end ? 0 : strtoull(value, &end, 10);
-        if (end == value || *end || errno) {
+        if (end == value || *skip_space(end) || errno) {
             snprintf(err, errlen, "config: %s.%s = '%s' is not a non-negative integer", section, key, value);
             return -1;
         }
@@ -229,9 +229,16 @@ int config_set(gptc_config *c, const char *section, const char *key, const char 
         snprintf(err, errlen, "config: %s.%s = '%s' is not a decimal number", section, key, value);
         return -1;
     }
+    /* blanks before and after, as strtod takes before; an underflow (ERANGE with a finite
+     * result, 1e-320) is the tiny number it is, and the range check judges it */
     double d = strtod(value, &end);
-    if (end == value || *end || errno || !isfinite(d)) {
+    if (end == value || *skip_space(end)) {
         snprintf(err, errlen, "config: %s.%s = '%s' is not a number", section, key, value);
+        return -1;
+    }
+    if (!isfinite(d)) {
+        snprintf(err, errlen, "config: %s.%s = '%s' is not a finite number", section, key,
+                 value);
         return -1;
     }
     if ((k->type == K_INT || k->type == K_LONG) && d != floor(d)) {
@@ -304,6 +311,11 @@ static int parse_header(ini_parser *x, char *s) {
     if (!close || (*rest && *rest != ';' && *rest != '#'))
         return syntax_error(x, "a section header is [name] alone on its line");
     x->section = trim(s + 1, close);
+    if (!section_known(x->section)) { /* else a misspelt empty section passes unnoticed */
+        snprintf(x->err, x->errlen, "config: %s line %ld: unknown section [%s]", x->where,
+                 x->line, x->section);
+        return -1;
+    }
     return 0;
 }
 

@@ -21,6 +21,8 @@ CASES = [
     ("unknown key", ["--train.stpes=3"], ["train.stpes", "unknown key"]),
     ("unknown section", ["--trian.steps=3"], ["[trian]", "unknown section"]),
     ("not a number", ["--train.lr=fast"], ["train.lr", "not a number"]),
+    ("infinite number", ["--train.lr=1e309"], ["train.lr", "not a finite number"]),
+    ("nan", ["--train.grad_clip=nan"], ["train.grad_clip", "not a finite number"]),
     ("not an integer", ["--train.global_batch=2.5"], ["train.global_batch", "not an integer"]),
     ("out of range", ["--train.beta2=1.5"], ["train.beta2", "out of range"]),
     # one notation for every number: strtod alone would take 0x10 for 16, strtoull(.., 0)
@@ -320,6 +322,8 @@ def main():
         f.write("[train]\nsteps = 1\n[model]\nn_layer = 2\n[train]\nsteps = 2\n")
     with open(f"{D}/nosection.ini", "w") as f:
         f.write("steps = 2\n[train]\n")
+    with open(f"{D}/emptysection.ini", "w") as f:  # misspelt, and no key to be refused by
+        f.write("[train]\nsteps = 2\n[dtaa]\n")
     late = rng.integers(0, 50, 500)
     late[450] = 50
     write_tokens(f"{D}/latetok.h5", late, 50)
@@ -354,6 +358,8 @@ def main():
         ("config is /dev/full", ["/dev/full"] + BASE, ["/dev/full", "larger than 1 MiB"], None),
         ("key set twice in the config", [f"{D}/twice.ini"] + BASE,
          ["twice.ini", "line 6", "train.steps is set twice", "first on line 2"], None),
+        ("unknown section without keys", [f"{D}/emptysection.ini"] + BASE,
+         ["emptysection.ini", "line 3", "unknown section [dtaa]"], None),
         ("key before any section", [f"{D}/nosection.ini"] + BASE,
          ["nosection.ini", "line 1", "before any [section]"], None),
         # a data or checkpoint error every rank meets: one line, from the lowest rank
