@@ -10,6 +10,7 @@
 
 #include "engine/config.h"
 #include "engine/log.h"
+#include "engine/output_files.h"
 
 /* Drops the lines of the metrics log at path whose step is first or later (a resumed
  * run writes them anew); lines it cannot read as a step are kept. 0, or -1 with err. */
@@ -58,8 +59,11 @@ FILE *metrics_open(const char *path, long first, char *err, size_t n) {
     struct stat st; /* a terminal or /dev/null has no earlier lines to drop */
     int regular = stat(path, &st) != 0 || S_ISREG(st.st_mode);
     if (first > 1 && regular && trim_log(path, first, err, n) != 0) return NULL;
-    FILE *f = fopen(path, first > 1 ? "a" : "w");
-    if (!f) snprintf(err, n, "train.log_file %s: %s", path, strerror(errno));
+    FILE *f = output_stream_open(path, first > 1);
+    char why[128];
+    if (!f)
+        snprintf(err, n, "train.log_file %s: %s", path,
+                 output_stream_error(errno, why, sizeof why));
     return f;
 }
 

@@ -81,8 +81,9 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
     }
     if (exists && !S_ISREG(st.st_mode)) {
         /* a stream may go to a terminal, /dev/null or a FIFO (/dev/stdout in a pipe; its
-         * reader is the user's: opening it waits for one, as tee does, and a probe here
-         * would end the reader's input); a checkpoint must be a file */
+         * reader is the user's: a probe here would end the reader's input, and
+         * output_stream_open refuses a FIFO with no reader when it opens it); a
+         * checkpoint must be a file */
         if (replaced || !(S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
             snprintf(err, n, "%s %s: is not a regular file", key, path);
             return -1;
@@ -114,6 +115,27 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
     }
     close(fd);
     return 0;
+}
+
+FILE *output_stream_open(const char *path, int append) {
+    int fd = open(path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_NONBLOCK, 0644);
+    if (fd < 0) return NULL;
+    int flags = fcntl(fd, F_GETFL); /* blocking again: a slow reader slows the writes */
+    FILE *f = flags >= 0 && fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == 0
+                  ? fdopen(fd, append ? "a" : "w")
+                  : NULL;
+    if (!f) {
+        int e = errno;
+        close(fd);
+        errno = e;
+    }
+    return f;
+}
+
+const char *output_stream_error(int errnum, char *buf, size_t n) {
+    if (errnum == ENXIO) snprintf(buf, n, "a FIFO with no reader (start its reader first)");
+    else snprintf(buf, n, "%s", strerror(errnum));
+    return buf;
 }
 
 /* 1 when a and b name one file: one regular file's inode where both exist (two streams to

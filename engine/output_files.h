@@ -3,11 +3,20 @@
 #define GPTC_OUTPUT_FILES_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 /* 0 when rank 0 will be able to write path (the value of key; empty: nothing to check)
  * at the end of a long run, else -1 with err naming key and the cause. replaced: the file
  * is written beside path and renamed over it (a checkpoint). */
 int output_path_check(const char *key, const char *path, int replaced, char *err, size_t n);
+
+/* fopen(path, append ? "a" : "w") for a stream output (metrics, trace, report), except
+ * that a FIFO with no reader fails at once, errno ENXIO (output_stream_error says so),
+ * where fopen would wait for a reader forever; one with a reader is written as a file. */
+FILE *output_stream_open(const char *path, int append);
+
+/* buf[n] = why output_stream_open failed, from its errno */
+const char *output_stream_error(int errnum, char *buf, size_t n);
 
 /* A file a run names: key (e.g. "train.save") = path, and whether the run writes it. */
 typedef struct {

@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine/report.h"
 
+#include <errno.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "engine/log.h"
+#include "engine/output_files.h"
 #include "engine/timing.h"
 #include "parallel/comm.h"
 
@@ -472,9 +474,11 @@ static void print_device(const merged_device *d, int n, const merged_kernel *k, 
 
 static int write_file(const char *path, const char *what, const char *a, const char *b,
                       const char *c, char *err, size_t errlen) {
-    FILE *f = fopen(path, "w");
+    FILE *f = output_stream_open(path, 0);
     if (!f) {
-        snprintf(err, errlen, "profile.%s %s: cannot write", what, path);
+        char why[128];
+        snprintf(err, errlen, "profile.%s %s: cannot write: %s", what, path,
+                 output_stream_error(errno, why, sizeof why));
         return -1;
     }
     fputs(a, f);

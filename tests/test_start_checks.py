@@ -145,6 +145,27 @@ def check_outputs(a):
     with open(f"{a}/ck.h5", "rb") as f, open(f"{D}/notes.txt") as g:
         if f.read() != ck_bytes or g.read() != "my notes\n":
             fail("a refused run changed the checkpoint or the text file it would overwrite")
+    # a FIFO: with no reader it is refused at once (opening it had waited forever); with
+    # one, the reader gets the lines
+    expect_refused("metrics to a FIFO with no reader", run_train(
+        [f"{a}/cfg.ini", f"--train.log_file={D}/fifo"], timeout=60),
+        ["train.log_file", "fifo", "no reader"])
+    r = run_train([f"{a}/cfg.ini", "--train.log_file=", "--profile.timing=kernel",
+                   f"--profile.trace={D}/fifo"], timeout=60)
+    lines = gptc_lines(r.stderr)
+    if r.returncode == 0 or len(lines) != 1 or "no reader" not in lines[0]:
+        fail(f"trace to a FIFO with no reader: exit {r.returncode}, lines {lines}")
+    print(f"ok   trace to a FIFO with no reader: {lines[0]}")
+    # the reader's end open before the run (no race with its start); the two lines wait in
+    # the FIFO's buffer until read
+    fd = os.open(f"{D}/fifo", os.O_RDONLY | os.O_NONBLOCK)
+    r = run_train([f"{a}/cfg.ini", f"--train.log_file={D}/fifo"], timeout=60)
+    got = os.read(fd, 1 << 16).decode().splitlines()
+    os.close(fd)
+    if r.returncode or len(got) != 2 or not got[0].startswith('{"step": 1'):
+        fail(f"metrics to a FIFO with a reader: exit {r.returncode}, the reader got {got}\n"
+             f"{r.stderr[-800:]}")
+    print("ok   metrics to a FIFO with a reader: it gets each step's line")
     r = run_train([f"{a}/cfg.ini", "--train.log_file=/dev/null"], timeout=60)
     if r.returncode:
         fail(f"metrics to /dev/null refused:\n{r.stderr[-800:]}")
