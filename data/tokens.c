@@ -472,6 +472,22 @@ int loader_check(batch_loader *l, long first, long last, char *err, size_t errle
     return 0;
 }
 
+int loader_fingerprint(batch_loader *l, uint64_t fp[3], char *err, size_t errlen) {
+    enum { SPANS = 64, SPAN = 256 };
+    long n = tokens_count(l->file), len = n < SPAN ? n : SPAN;
+    uint64_t h = 14695981039346656037ull; /* FNV-1a over the tokens' values */
+    int32_t buf[SPAN];
+    for (long k = 0; k < SPANS; k++) {
+        if (tokens_read(l->file, (n - len) / (SPANS - 1) * k, len, buf, err, errlen)) return -1;
+        for (long i = 0; i < len; i++) {
+            h ^= (uint32_t)buf[i];
+            h *= 1099511628211ull;
+        }
+    }
+    fp[0] = (uint64_t)n, fp[1] = (uint64_t)tokens_vocab(l->file), fp[2] = h;
+    return 0;
+}
+
 /* Waits out any read in flight and takes its result if it is the step asked for.
  * Returns 1 when inputs/targets were filled (rc in *rc), 0 when the caller must read. */
 static int take_prefetch(batch_loader *l, long step, int32_t *inputs, int32_t *targets,

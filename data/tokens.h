@@ -56,6 +56,11 @@ int loader_get(batch_loader *l, long step, int32_t *inputs, int32_t *targets,
  * that a token >= the vocab limit stops the run at its start, not at the step that
  * meets it. Returns 0, or -1 with err naming the file and position. */
 int loader_check(batch_loader *l, long first, long last, char *err, size_t errlen);
+/* fp[3] = the file's token count, its vocab_size and a hash of 64 spans of up to 256
+ * tokens spread evenly over it: what ranks compare to tell that they read the same data
+ * (node-local copies under one name may differ), without reading it all. Call before
+ * the first loader_get. Returns 0, or -1 with err. */
+int loader_fingerprint(batch_loader *l, uint64_t fp[3], char *err, size_t errlen);
 void loader_destroy(batch_loader *l);
 
 #endif

@@ -5,6 +5,7 @@
 #define GPTC_RUN_PLAN_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "engine/checkpoint.h"
 #include "engine/config.h"
@@ -29,6 +30,9 @@ int plan_shape(const gptc_config *c, const ckpt_meta *meta, gpt_shape *s, char *
  * open its file does). */
 void plan_same_init(const char *path, const ckpt_meta *meta, int has_optim, long optim_t,
                     int world, char *err, size_t n);
+/* Collective: this rank's data.path fingerprint (loader_fingerprint; NULL: take part only,
+ * as a rank whose loader failed does) against rank 0's; -1 with err naming what differs. */
+int plan_same_data(const char *path, const uint64_t *fp, int world, char *err, size_t n);
 /* Rows, sequence length and micro-batches, from train.* and the layout. */
 int plan_batch(const gptc_config *c, const grid *g, const gpt_shape *s, batch_plan *p,
                char *err, size_t n);

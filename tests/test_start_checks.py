@@ -91,6 +91,27 @@ def check_ranks_disagree(a, b):
                              (b, ["--parallel.dp=2", "--train.init=ck.h5", "--train.steps=3"])]),
                        ["rank 1:", "train.init ck.h5", want, "on rank 0"])
     os.remove(f"{b}/ck.h5")
+    # each rank reads tok.h5 from its own directory (a node's own disk): of another length,
+    # or as long with other tokens, it is refused (the ranks trained on different data)
+    rng = np.random.default_rng(4)
+    toks = rng.integers(0, 64, 2000)
+    write_tokens(f"{a}/tok.h5", toks, 64)
+    other = toks.copy()
+    other[1234] = (other[1234] + 1) % 64
+    for name, b_toks, want in (("longer", np.concatenate([toks, toks[:10]]),
+                                ["tokens = 2010 here, but 2000 on rank 0"]),
+                               ("of other tokens", other, ["differ from rank 0's"])):
+        write_tokens(f"{b}/tok.h5", b_toks, 64)
+        expect_refused(f"rank 1's token file is {name}",
+                       mpmd([(a, ["--parallel.dp=2", "--data.path=tok.h5"]),
+                             (b, ["--parallel.dp=2", "--data.path=tok.h5"])]),
+                       ["rank 1:", "data.path tok.h5", *want])
+    write_tokens(f"{b}/tok.h5", toks, 64)
+    r = mpmd([(a, ["--parallel.dp=2", "--data.path=tok.h5"]),
+              (b, ["--parallel.dp=2", "--data.path=tok.h5"])])
+    if r.returncode:
+        fail(f"the same tokens in two directories do not train:\n{r.stderr[-1500:]}")
+    print("ok   two copies of the same token file train")
     r = mpmd([(a, ["--parallel.dp=2", "--train.init=ck.h5"]),
               (a, ["--parallel.dp=2", "--train.init=ck.h5"])])
     if r.returncode:
