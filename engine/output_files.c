@@ -51,7 +51,7 @@ static int existing_is_own_kind(const char *key, const char *path, int replaced,
     snprintf(err, n, "%s %s: exists and is %s, which this run would overwrite (name a new "
              "file, or remove this one)", key, path,
              hdf5 ? "an HDF5 file, not JSON"
-                  : replaced ? "not an HDF5 file (a checkpoint)" : "not JSON (no '{' first)");
+                  : replaced ? "not an HDF5 file" : "not JSON (no '{' first)");
     return -1;
 }
 

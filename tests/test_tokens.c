@@ -589,6 +589,20 @@ static void test_cli(const char *bin) {
     struct stat st;
     check(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "cli: --out replaced the FIFO %s", fifo);
 
+    /* --out onto an existing file that is not HDF5 (a typo for an input): refused, the
+     * file kept; onto an earlier output (HDF5) it is replaced, as reruns want */
+    const char *notes = tmp_path("notes.txt");
+    write_text(notes, "mine\n", 5);
+    snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' 2> /dev/null", bin, notes, pa);
+    check(run(cmd) != 0, "cli: --out onto a text file was accepted");
+    FILE *fn = fopen(notes, "rb");
+    char kept[8] = "";
+    check(fn && fread(kept, 1, 5, fn) == 5 && memcmp(kept, "mine\n", 5) == 0,
+          "cli: --out onto a text file changed it");
+    if (fn) fclose(fn);
+    snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' > /dev/null", bin, out, pa);
+    check(run(cmd) == 0, "cli: --out onto an earlier output was refused");
+
     /* an input named as --out's temporary file, which the run truncates at its start */
     const char *as_tmp = tmp_path("corpus.tmp");
     write_text(as_tmp, a, sizeof a - 1);
