@@ -359,6 +359,8 @@ def check_variable_refusals(emu):
                         ["GPTC_ATTENTION_DQ = atomics", "kernel, fused, atomic"])
     check_start_refusal(emu, "emu_timer_misspelt", "GPTC_TIMER=event", 64,
                         {"GPTC_TIMER": "event"}, ["GPTC_TIMER = event", "events"])
+    check_start_refusal(emu, "emu_comm_misspelt", "GPTC_COMM=MPI", 64, {"GPTC_COMM": "MPI"},
+                        ["GPTC_COMM = MPI", "give mpi"])
     check_start_refusal(emu, "emu_group_not_a_count", "GPTC_ATTENTION_GROUP=8k", 64,
                         {"GPTC_ATTENTION_GROUP": "8k"},
                         ["GPTC_ATTENTION_GROUP = 8k", "positive count"])

@@ -517,6 +517,13 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
             return NULL;
         }
     }
+    /* comm.c's decide_backend forces host-staged MPI on "mpi" and takes NCCL otherwise */
+    const char *force = getenv("GPTC_COMM");
+    if (force && force[0] && strcmp(force, "mpi") != 0) {
+        snprintf(err, errlen, "GPTC_COMM = %s: give mpi (host-staged MPI instead of NCCL), or "
+                 "leave it unset", force);
+        return NULL;
+    }
     const char *timer = getenv("GPTC_TIMER");
     if (timer && timer[0] && strcmp(timer, "events") != 0) {
         snprintf(err, errlen, "GPTC_TIMER = %s: give events (or leave it unset for CUPTI)",
