@@ -106,10 +106,17 @@ static char *mapping_name(hid_t dcpl, size_t i, int file) {
     return s;
 }
 
-/* The external files that hold bytes of dataset dname (of the file at path) exist and
- * are long enough; 0, or -1 with err set */
-static int check_external(hid_t dcpl, int count, const char *path, const char *dname,
-                          const char *what, hsize_t bytes, char *err, size_t errlen) {
+/* The external files that hold dataset dset (dname of the file at path, dcpl its creation
+ * properties), when it has any, exist and hold its whole extent; 0, or -1 with err set */
+static int check_external(hid_t dset, hid_t dcpl, const char *path, const char *dname,
+                          const char *what, char *err, size_t errlen) {
+    int count = H5Pget_external_count(dcpl);
+    if (count <= 0) return 0;
+    hid_t space = H5Dget_space(dset), type = H5Dget_type(dset);
+    hssize_t n = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;
+    hsize_t bytes = n > 0 && type >= 0 ? (hsize_t)n * H5Tget_size(type) : 0;
+    if (type >= 0) H5Tclose(type);
+    if (space >= 0) H5Sclose(space);
     char dir[4096];
     dir_of(path, dir, sizeof dir);
     for (int i = 0; i < count && bytes > 0; i++) {
@@ -184,11 +191,6 @@ static int check_source(hid_t own_file, const char *path, const char *what, size
      * refused; a source in external files gets their check */
     hid_t sdcpl = sd >= 0 ? H5Dget_create_plist(sd) : -1;
     int nested = sdcpl >= 0 && H5Pget_layout(sdcpl) == H5D_VIRTUAL;
-    int n_ext = sdcpl >= 0 && !nested ? H5Pget_external_count(sdcpl) : 0;
-    hid_t stype = n_ext > 0 ? H5Dget_type(sd) : -1;
-    hsize_t ext_bytes = stype >= 0 && space >= 0
-                            ? (hsize_t)H5Sget_simple_extent_npoints(space) * H5Tget_size(stype)
-                            : 0;
     int rc = sd >= 0 && ok ? 0 : -1;
     if (sd < 0)
         set_err(err, errlen, "%s %s: the virtual dataset's source %s has no dataset %s "
@@ -203,13 +205,11 @@ static int check_source(hid_t own_file, const char *path, const char *what, size
                 "map /tokens from the datasets that hold the tokens", what, path, fname, dname,
                 i);
         rc = -1;
-    } else if (n_ext > 0) {
+    } else if (sdcpl >= 0) {
         char ctx[4096 + 128]; /* the file the user named comes first in the message */
         snprintf(ctx, sizeof ctx, "%s %s: the virtual dataset's source", what, path);
-        rc = check_external(sdcpl, n_ext, sf == own_file ? path : found, dname, ctx, ext_bytes,
-                            err, errlen);
+        rc = check_external(sd, sdcpl, sf == own_file ? path : found, dname, ctx, err, errlen);
     }
-    if (stype >= 0) H5Tclose(stype);
     if (sdcpl >= 0) H5Pclose(sdcpl);
     if (space >= 0) H5Sclose(space);
     if (sd >= 0) H5Dclose(sd);
@@ -330,9 +330,7 @@ int h5_check_sources(hid_t file, hid_t dset, const char *path, const char *what,
     } else if (H5Pget_layout(dcpl) == H5D_VIRTUAL) {
         rc = check_virtual(file, dcpl, path, what, (hsize_t)n, err, errlen);
     } else {
-        int ext = H5Pget_external_count(dcpl);
-        if (ext > 0) rc = check_external(dcpl, ext, path, "/tokens", what, (hsize_t)n * elem, err,
-                                errlen);
+        rc = check_external(dset, dcpl, path, "/tokens", what, err, errlen);
     }
     if (type >= 0) H5Tclose(type);
     if (space >= 0) H5Sclose(space);
