@@ -75,8 +75,9 @@ int main(int argc, char **argv) {
     help0 = help;
     MPI_Bcast(&help0, 1, MPI_INT, 0, MPI_COMM_WORLD);
     char err[1024] = "";
-    snprintf(err, sizeof(err), "--help %s (give every rank the same arguments)",
-             help ? "here, but not on rank 0" : "on rank 0, but not here");
+    if (help != help0)
+        snprintf(err, sizeof(err), "--help %s (give every rank the same arguments)",
+                 help ? "here, but not on rank 0" : "on rank 0, but not here");
     if (train_refused(help != help0, err, rank, world)) {
         MPI_Finalize();
         return 1;
@@ -99,7 +100,6 @@ int main(int argc, char **argv) {
     /* Every rank parses its own inputs. They should be the same, but a launcher may give
      * each rank its own (mpirun A : B, a pipe only one rank reads): a rank refused alone
      * reports, and every rank exits with it. */
-    err[0] = '\0';
     gptc_config cfg;
     grid g;
     config_defaults(&cfg);

@@ -85,21 +85,22 @@ void plan_same_init(const char *path, const ckpt_meta *meta, int has_optim, long
  * NULL where this rank has none, having failed before) against rank 0's. Collective;
  * returns -1 with err set when they differ, else 0. */
 int plan_same_data(const char *path, const uint64_t *fp, int world, char *err, size_t n) {
-    uint64_t mine[4] = {fp != NULL, fp ? fp[0] : 0, fp ? fp[1] : 0, fp ? fp[2] : 0};
-    uint64_t root[4];
+    static const char *const name[2] = {"tokens", "vocab_size"};
+    uint64_t mine[4] = {fp != NULL}, root[4]; /* valid, then fp[0 .. 2] */
+    if (fp) memcpy(mine + 1, fp, 3 * sizeof(*fp));
     memcpy(root, mine, sizeof(root));
     if (world > 1) MPI_Bcast(root, 4, MPI_UINT64_T, 0, MPI_COMM_WORLD);
     if (!fp || !root[0]) return 0; /* a failed rank speaks for itself */
-    if (mine[1] != root[1] || mine[2] != root[2])
-        snprintf(err, n, "data.path %s: %s = %llu here, but %llu on rank 0 (every rank must "
-                 "read the same tokens)", path, mine[1] != root[1] ? "tokens" : "vocab_size",
-                 (unsigned long long)(mine[1] != root[1] ? mine[1] : mine[2]),
-                 (unsigned long long)(mine[1] != root[1] ? root[1] : root[2]));
-    else if (mine[3] != root[3])
-        snprintf(err, n, "data.path %s: its tokens differ from rank 0's file of that name (as "
-                 "many, other values; every rank must read the same tokens)", path);
-    else
-        return 0;
+    for (int i = 0; i < 2; i++)
+        if (mine[1 + i] != root[1 + i]) {
+            snprintf(err, n, "data.path %s: %s = %llu here, but %llu on rank 0 (every rank must "
+                     "read the same tokens)", path, name[i], (unsigned long long)mine[1 + i],
+                     (unsigned long long)root[1 + i]);
+            return -1;
+        }
+    if (mine[3] == root[3]) return 0;
+    snprintf(err, n, "data.path %s: its tokens differ from rank 0's file of that name (as "
+             "many, other values; every rank must read the same tokens)", path);
     return -1;
 }
 

@@ -483,11 +483,12 @@ int train_run(const gptc_config *c, const grid *g) {
                              c->shuffle, c->seed, err, sizeof(err));
     rc = r.loader ? 0 : -1;
     if (rc == 0) rc = loader_check(r.loader, first, c->steps, err, sizeof(err));
-    uint64_t fp[3];
-    if (rc == 0) rc = loader_fingerprint(r.loader, fp, err, sizeof(err));
-    /* every rank takes part, its own loader failed or not */
-    if (plan_same_data(c->data_path, rc == 0 ? fp : NULL, g->world, err, sizeof(err)) != 0)
-        rc = -1;
+    if (g->world > 1) { /* every rank takes part, its own loader failed or not */
+        uint64_t fp[3];
+        if (rc == 0) rc = loader_fingerprint(r.loader, fp, err, sizeof(err));
+        if (plan_same_data(c->data_path, rc == 0 ? fp : NULL, g->world, err, sizeof(err)) != 0)
+            rc = -1;
+    }
     if (rc == 0)
         rc = gpt_create(&r.model, &shape, bp.mb, bp.T, bp.n_micro, be, &r.tpc, &place, err,
                         sizeof(err));
