@@ -121,14 +121,14 @@ int timing_on(void) { return T.on; }
 void timing_set_origin(double origin_ms) { T.origin_ms = origin_ms; }
 double timing_origin_ms(void) { return T.origin_ms; }
 
-void timing_scale_times(double factor) {
+void timing_map_times(double factor, double shift_us) {
     for (size_t i = 0; i < T.n_trace; i++) {
-        T.trace[i].start_us *= factor;
-        T.trace[i].end_us *= factor;
+        T.trace[i].start_us = T.trace[i].start_us * factor + shift_us;
+        T.trace[i].end_us = T.trace[i].end_us * factor + shift_us;
     }
     for (int i = 0; i < T.n_steps; i++) {
-        T.steps[i].start_us *= factor;
-        T.steps[i].end_us *= factor;
+        T.steps[i].start_us = T.steps[i].start_us * factor + shift_us;
+        T.steps[i].end_us = T.steps[i].end_us * factor + shift_us;
     }
 }
 

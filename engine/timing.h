@@ -59,9 +59,10 @@ int timing_on(void);
  * its own clock, so that their traces line up. */
 void timing_set_origin(double origin_ms);
 double timing_origin_ms(void);
-/* Multiplies every time kept for the trace (records, step spans; all since the origin) by
- * factor: a clock's drift from rank 0's, measured over the run (engine/trainer.c). */
-void timing_scale_times(double factor);
+/* Maps every time u kept for the trace (records, step spans; all in us since the origin)
+ * to u * factor + shift_us: a clock's drift from rank 0's, measured over the run, taken
+ * out (engine/trainer.c). */
+void timing_map_times(double factor, double shift_us);
 void timing_set_context(int layer, int micro, timing_phase phase);
 /* Names the matrix products issued next by their role in the model ("qkv", "attn_proj",
  * "fc", "fc_proj", "lm_head"), so that the report tells their shapes apart; their records

@@ -178,17 +178,27 @@ static int agree(run_state *r, int rc) {
 }
 
 /* Clocks drift apart (tens of ppm between nodes: a millisecond or more an hour), so the
- * offset to rank 0's clock taken at the time origin (offset0_ms, within rtt0_ms / 2) no
- * longer holds for a long run's last steps. Taken again at the end, a change larger than
- * the two measurements' error is a drift, taken as linear: this rank's trace and step
- * times are scaled about the origin onto rank 0's timeline. Durations change by the
- * drift rate alone (ppm), so the statistics stay as they are. Collective. */
-static void align_clocks(run_state *r, double offset0_ms, double rtt0_ms) {
-    double rtt = 0, offset = comm_clock_offset_ms(&r->world, &rtt);
-    double elapsed = timing_now_ms() - timing_origin_ms(); /* this rank's clock */
+ * offset to rank 0's clock taken before the time origin (offset0_ms at at0_ms on this
+ * rank's clock, within rtt0_ms / 2) no longer holds for a long run's last steps. Taken
+ * again at the end, a change larger than the two measurements' error is a drift, taken as
+ * linear between the two measurements' instants: this rank's trace and step times are
+ * mapped onto rank 0's timeline. The rate is the change over the time between those
+ * instants, not up to now: on a loaded node the later round trips of one measurement
+ * take hundreds of ms (test_timing's drift case saw a collective 24 ms off when the rate
+ * was taken over the time up to the measurement's end). Durations change by the rate
+ * alone (ppm), so the statistics stay as they are. Collective. */
+static void align_clocks(run_state *r, double offset0_ms, double rtt0_ms, double at0_ms) {
+    double rtt = 0, at = 0, offset = comm_clock_offset_ms(&r->world, &rtt, &at);
+    double elapsed = at - at0_ms; /* this rank's clock, between the two measurements */
     double drift = offset - offset0_ms, error = (rtt0_ms + rtt) / 2;
     int apply = elapsed > 0 && fabs(drift) > error;
-    if (apply) timing_scale_times(1.0 - drift / elapsed);
+    if (apply) {
+        /* a time u since the origin L0 = timing_origin_ms() is local t = L0 + u, at which
+         * this clock is offset0 + rate (t - at0) ahead of rank 0's; the origin on rank
+         * 0's clock is L0 - offset0 (trainer's start) */
+        double rate = drift / elapsed;
+        timing_map_times(1.0 - rate, -rate * (timing_origin_ms() - at0_ms) * 1e3);
+    }
     double most = comm_max_double(&r->world, fabs(drift));
     double ppm = comm_max_double(&r->world, elapsed > 0 ? 1e6 * fabs(drift) / elapsed : 0);
     double worst_error = comm_max_double(&r->world, error), n_applied[1] = {apply};
@@ -548,14 +558,16 @@ int train_run(const gptc_config *c, const grid *g) {
     current_step = first;
     long last_run = first - 1; /* the last step that ran */
     int stopped = 0;
-    double clock0_ms = 0, rtt0_ms = 0; /* the clock offset to rank 0 at the time origin */
+    /* the clock offset to rank 0 at the time origin: measured at at0_ms (this rank's clock) */
+    double clock0_ms = 0, rtt0_ms = 0, at0_ms = 0;
     if (kernel_timing) {
         /* one time origin for all ranks, so their traces line up: rank 0's clock now, in
          * each rank's clock. A barrier would not do: ranks leave it up to a scheduler's
          * time slice apart (milliseconds on a loaded node). */
-        double rtt = 0, offset = g->world > 1 ? comm_clock_offset_ms(&r.world, &rtt) : 0;
+        double rtt = 0, at = 0;
+        double offset = g->world > 1 ? comm_clock_offset_ms(&r.world, &rtt, &at) : 0;
         double origin[2] = {g->rank == 0 ? timing_now_ms() : 0, rtt / 2}; /* [0] rank 0's */
-        clock0_ms = offset, rtt0_ms = rtt;
+        clock0_ms = offset, rtt0_ms = rtt, at0_ms = at;
         if (g->world > 1) {
             comm_sum_doubles(&r.world, origin, 1);
             origin[1] = comm_max_double(&r.world, origin[1]);
@@ -657,7 +669,7 @@ int train_run(const gptc_config *c, const grid *g) {
     if (c->save[0] && first > c->steps && fresh && !stopped &&
         save_checkpoint(&r, first - 1, t, err, sizeof(err)) != 0)
         goto fail;
-    if (kernel_timing && g->world > 1) align_clocks(&r, clock0_ms, rtt0_ms);
+    if (kernel_timing && g->world > 1) align_clocks(&r, clock0_ms, rtt0_ms, at0_ms);
     if (kernel_timing && report_write(&r.world, c->report, c->trace, err, sizeof(err)) != 0) goto fail;
     if (timed_steps > 0)
         log_info("done: %ld steps, final loss %.6f, mean %.1f ms/step, %.0f tok/s (steps after the "

@@ -1021,12 +1021,12 @@ int comm_max_int(comm_group *g, int x) {
     return max;
 }
 
-double comm_clock_offset_ms(comm_group *g, double *rtt_ms) {
+double comm_clock_offset_ms(comm_group *g, double *rtt_ms, double *at_ms) {
     /* up to 64 round trips per rank, fewer once one took under 20 us: on a loaded node a
      * rank may wait a time slice for its peer, and only the fastest trip counts */
     enum { MAX_ROUNDS = 64, TAG = 7341 };
     const double good_ms = 0.02, done = -1; /* done: the rank's last message */
-    double offset = 0, best = INFINITY;
+    double offset = 0, best = INFINITY, at = timing_now_ms();
     for (int r = 1; r < g->size; r++) { /* one rank at a time, so that rank 0 answers at once */
         if (g->rank == r) {
             for (int i = 0; i < MAX_ROUNDS && best > good_ms; i++) {
@@ -1041,7 +1041,8 @@ double comm_clock_offset_ms(comm_group *g, double *rtt_ms) {
                 double t1 = timing_now_ms();
                 if (t1 - t0 < best) {
                     best = t1 - t0;
-                    offset = (t0 + t1) / 2 - t_root;
+                    at = (t0 + t1) / 2;
+                    offset = at - t_root;
                 }
             }
             ok(g, "MPI_Send", MPI_Send(&done, 1, MPI_DOUBLE, 0, TAG, g->comm));
@@ -1058,6 +1059,7 @@ double comm_clock_offset_ms(comm_group *g, double *rtt_ms) {
         end_job_if_failed(g);
     }
     if (rtt_ms) *rtt_ms = g->rank == 0 ? 0 : best;
+    if (at_ms) *at_ms = at;
     return offset;
 }
 

@@ -134,8 +134,10 @@ int comm_max_int(comm_group *g, int x);
 
 /* This rank's clock (timing_now_ms) minus rank 0's of g, in ms, estimated NTP-style
  * from round trips with rank 0: the one with the shortest round trip, *rtt_ms, gives the
- * estimate, which is then off by at most half of it (0 and 0 on rank 0). Collective. */
-double comm_clock_offset_ms(comm_group *g, double *rtt_ms);
+ * estimate, which is then off by at most half of it (0 and 0 on rank 0), and holds at
+ * *at_ms on this rank's clock, the middle of that trip (the rounds after it may take
+ * hundreds of ms on a loaded node, in which a drifting clock moves on). Collective. */
+double comm_clock_offset_ms(comm_group *g, double *rtt_ms, double *at_ms);
 
 /* For the watchdog thread (engine/watchdog.h): the first asynchronous error of a live
  * NCCL group as a message (NULL when none), and aborting every NCCL group. */

@@ -185,18 +185,21 @@ def check_clocks(name, events):
     return pairs, err_us
 
 
-def check_drift():
+def check_drift(name, pin):
     """Rank 1's clock running 9% fast (GPTC_TEST_CLOCK_PPM: a drift far beyond a real
     one, so that a short run shows it well above the offsets' error even on a loaded
     machine, where a round trip can take a millisecond): measured again at the end of the
     run, the drift is taken out of its trace, so that the two ranks' k-th instances of each
     collective still overlap, up to the error of the offsets measured at the start and at
-    the end."""
-    name = "drift"
-    args = BASE + ["--parallel.dp=2", "--overlap.dp=bucket", "--train.steps=24",
-                   "--profile.timing=kernel", f"--profile.trace={D}/{name}.trace.json"]
+    the end. pin: both ranks on one core (taskset), where each round trip of the clock
+    measurement waits for a time slice (milliseconds), as on a busy node: the rate must be
+    taken between the measurements' round trips, not their ends, hundreds of ms later.
+    There the error is milliseconds, so the run is longer, for a drift 20 times that."""
+    args = BASE + ["--parallel.dp=2", "--overlap.dp=bucket", f"--train.steps={80 if pin else 24}",
+                   "--profile.timing=kernel", f"--profile.trace={D}/drift{int(pin)}.trace.json"]
     ranks = [["env", f"GPTC_TEST_CLOCK_PPM={ppm}", TRAIN, *args] for ppm in (0, 90000)]
-    cmd = [*MPIRUN, "-np", "1", *ranks[0], ":", "-np", "1", *ranks[1]]
+    cmd = (["taskset", "-c", str(min(os.sched_getaffinity(0)))] if pin else []) + \
+        [*MPIRUN, "-np", "1", *ranks[0], ":", "-np", "1", *ranks[1]]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env(2))
     if r.returncode:
         fail(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}")
@@ -210,14 +213,14 @@ def check_drift():
         fail(f"{name}: a drift of {drift_us:.0f} us is too small against the error "
              f"{err_us:.0f} us to test the correction (a longer run?)")
     STDOUT[name] = r.stdout
-    with open(f"{D}/{name}.trace.json") as f:
+    with open(f"{D}/drift{int(pin)}.trace.json") as f:
         events = json.load(f)["traceEvents"]
     worst, pairs = collective_gap(name, events)
     if pairs == 0 or worst > err_us:
         fail(f"{name}: of {pairs} collectives, one ends {worst:.1f} us before its peer's begins "
              f"on the other rank; after a drift of {drift_us:.0f} us, the trace was said to "
              f"be aligned within {err_us:.1f} us")
-    print(f"ok   clock drift: rank 1 ran 9% fast, {drift_us:.0f} us over the run; its {pairs} "
+    print(f"ok   {name}: rank 1 ran 9% fast, {drift_us:.0f} us over the run; its {pairs} "
           f"collectives overlap rank 0's within {err_us:.1f} us after the correction")
 
 
@@ -560,7 +563,8 @@ def main():
     pairs, err_us = check_clocks("dp2-zero1", ev)
     print(f"ok   dp2 ZeRO-1, bucket: {next(iter(gathers.values()))} all-gathers in every step of "
           f"both ranks; {pairs} collectives overlap across ranks within {err_us:.1f} us")
-    check_drift()
+    check_drift("clock drift", pin=False)
+    check_drift("clock drift, both ranks on one core", pin=True)
 
     # tp2 chunked: each row chunk's all-reduce runs while the next chunk is multiplied
     os.environ["GPTC_TEST_COMM_DELAY_US"] = "300"
