@@ -217,9 +217,18 @@ static long write_tokens(const options *o, const char *tmp) {
         fprintf(stderr, "gptc-data: %s: cannot write the vocab_size attribute\n", tmp);
         rc = -1;
     }
-    if (w.dset >= 0) H5Dclose(w.dset);
+    /* the last chunks leave HDF5's cache at these closes: on a full disk they fail here
+     * (errno says why), where every write before them succeeded */
+    errno = 0;
+    if (w.dset >= 0 && H5Dclose(w.dset) < 0 && rc == 0) {
+        fprintf(stderr, "gptc-data: %s: writing the tokens failed%s%s\n", tmp,
+                errno ? ": " : "", errno ? strerror(errno) : "");
+        rc = -1;
+    }
+    errno = 0;
     if (w.file >= 0 && H5Fclose(w.file) < 0 && rc == 0) {
-        fprintf(stderr, "gptc-data: %s: closing the file failed\n", tmp);
+        fprintf(stderr, "gptc-data: %s: closing the file failed%s%s\n", tmp,
+                errno ? ": " : "", errno ? strerror(errno) : "");
         rc = -1;
     }
     free(w.block);
@@ -297,8 +306,8 @@ int main(int argc, char **argv) {
     if (n < 0) {
         remove(tmp);
         rc = 1;
-    } else if (rename(tmp, o.out) != 0) {
-        fprintf(stderr, "gptc-data: cannot rename %s to %s: %s\n", tmp, o.out, strerror(errno));
+    } else if (output_replace(tmp, o.out, err, sizeof err) != 0) {
+        fprintf(stderr, "gptc-data: --out %s: %s\n", o.out, err);
         remove(tmp);
         rc = 1;
     } else {

@@ -8,7 +8,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "data/tokens.h"
 #include "data/h5_sources.h"
-#include "engine/h5_filters.h"
+#include "engine/h5_checks.h"
 
 #include <errno.h>
 #include <hdf5.h>
@@ -103,17 +103,18 @@ static int read_length(token_file *f, char *err, size_t errlen) {
         return -1;
     }
     f->n = (long)dim;
-    /* a dataset made and never written (h5py's create_dataset with a shape and no data)
-     * reads as its fill value, zeros: a run would train on them without a word. Virtual
-     * datasets and external files have no storage of their own to ask about. */
-    hid_t dcpl = H5Dget_create_plist(f->dset);
-    int own = dcpl >= 0 && H5Pget_layout(dcpl) != H5D_VIRTUAL && H5Pget_external_count(dcpl) == 0;
-    if (dcpl >= 0) H5Pclose(dcpl);
-    H5D_space_status_t status;
-    if (own && f->n > 0 && H5Dget_space_status(f->dset, &status) >= 0 &&
-        status == H5D_SPACE_STATUS_NOT_ALLOCATED) {
-        set_err(err, errlen, "data.path %s: /tokens was created but never written (no storage: "
-                "every token would read as 0)", f->path);
+    /* a dataset made and never written, or written in part (h5py's create_dataset with a
+     * shape and no data, a writer killed part way), reads as its fill value, zeros: a run
+     * would train on them without a word */
+    long long unwritten, total;
+    if (h5_unwritten(f->dset, &unwritten, &total)) {
+        if (unwritten == total)
+            set_err(err, errlen, "data.path %s: /tokens was created but never written (no "
+                    "storage: every token would read as 0)", f->path);
+        else
+            set_err(err, errlen, "data.path %s: /tokens was written only in part (%lld of its "
+                    "%lld chunks never were: their tokens would read as 0)", f->path, unwritten,
+                    total);
         return -1;
     }
     return 0;

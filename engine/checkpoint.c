@@ -26,7 +26,8 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "engine/checkpoint.h"
-#include "engine/h5_filters.h"
+#include "engine/h5_checks.h"
+#include "engine/output_files.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -678,16 +679,6 @@ int ckpt_set_optim_t(ckpt_file *f, long t, char *err, size_t errlen)
     return rc;
 }
 
-static int fsync_path(const char *p, int flags)
-{
-    int fd = open(p, flags);
-    if (fd < 0)
-        return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
 int ckpt_commit(ckpt_file *f, char *err, size_t errlen)
 {
     if (require_writing(f, err, errlen) < 0) {
@@ -715,26 +706,14 @@ int ckpt_commit(ckpt_file *f, char *err, size_t errlen)
         ckpt_abort(f);
         return -1;
     }
-    const char *step = NULL;
-    if (fsync_path(f->tmp_path, O_RDONLY) != 0)
-        step = "cannot fsync";
-    else if (rename(f->tmp_path, f->path) != 0)
-        step = "cannot rename into place";
-    if (step) {
-        set_err(err, errlen, "%s: %s temporary file %s: %s", f->path, step, f->tmp_path,
-                strerror(errno));
-        ckpt_abort(f);
+    char what[1200]; /* two paths of up to 511 characters and a cause */
+    if (output_replace(f->tmp_path, f->path, what, sizeof what) != 0) {
+        set_err(err, errlen, "%s: %s", f->path, what);
+        ckpt_abort(f); /* the temporary file, if the rename did not take it */
         return -1;
     }
-    /* The rename is durable only once the directory entry is on disk. */
-    int rc = 0;
-    if (fsync_path(f->dir, O_RDONLY | O_DIRECTORY) != 0) {
-        set_err(err, errlen, "%s: cannot fsync directory %s: %s", f->path, f->dir,
-                strerror(errno));
-        rc = -1;
-    }
     free_handle(f);
-    return rc;
+    return 0;
 }
 
 void ckpt_abort(ckpt_file *f)
@@ -897,9 +876,21 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
     }
     int rc = check_dataset(f, d, dpath, &s, err, errlen);
     char filter[96];
+    long long unwritten, total;
     if (rc == 0 && h5_missing_filter(d, filter, sizeof filter)) {
         set_err(err, errlen, "%s: dataset %s was written with the HDF5 filter %s, which this "
                 "HDF5 library cannot decode", f->path, dpath, filter);
+        rc = -1;
+    }
+    /* its values would read as zeros: weights or moments lost without a word */
+    if (rc == 0 && h5_unwritten(d, &unwritten, &total)) {
+        if (unwritten == total)
+            set_err(err, errlen, "%s: dataset %s was created but never written (it would read "
+                    "as zeros)", f->path, dpath);
+        else
+            set_err(err, errlen, "%s: dataset %s was written only in part (%lld of its %lld "
+                    "chunks never were: they would read as zeros)", f->path, dpath, unwritten,
+                    total);
         rc = -1;
     }
     if (rc == 0 && transfer_slab(d, &s, dst, NULL) < 0) {

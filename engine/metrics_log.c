@@ -42,10 +42,13 @@ static int trim_log(const char *path, long first, char *err, size_t n) {
         }
         fputs(line, out);
     }
-    int bad = ferror(in) || fclose(out) != 0;
+    int bad = ferror(in) || ferror(out), e = errno;
+    if (fclose(out) != 0 && !bad) bad = 1, e = errno;
     fclose(in);
-    if (bad || rename(tmp, path) != 0) {
-        snprintf(err, n, "train.log_file %s: cannot rewrite it: %s", path, strerror(errno));
+    char why[CFG_STR_MAX + 96];
+    if (bad) snprintf(why, sizeof why, "%s", strerror(e));
+    if (bad || output_replace(tmp, path, why, sizeof why) != 0) {
+        snprintf(err, n, "train.log_file %s: cannot rewrite it: %s", path, why);
         unlink(tmp);
         return -1;
     }
@@ -81,19 +84,46 @@ static const char *json_number(char *buf, const char *fmt, double v) {
     return buf;
 }
 
+/* Writes s[len] to fd whole or not at all: a write cut short (a full disk) is taken back,
+ * so that a later line, written once there is room again, does not carry on a torn one
+ * (which broke the file's JSON). A FIFO or terminal has no offset to take it back to; a
+ * line shorter than PIPE_BUF (4096) goes into a pipe whole anyway. */
+static int write_whole_line(int fd, const char *s, size_t len) {
+    off_t start = lseek(fd, 0, SEEK_END); /* where O_APPEND puts the line; -1: a FIFO */
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = write(fd, s + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w > 0) {
+            done += (size_t)w;
+            continue;
+        }
+        int e = w < 0 ? errno : ENOSPC;
+        if (done > 0 && start >= 0 && ftruncate(fd, start) != 0)
+            e = errno; /* the torn line stays: the caller says the file is damaged */
+        errno = e;
+        return -1;
+    }
+    return 0;
+}
+
 int metrics_write(FILE *f, long step, double loss, double grad_norm, double lr, double iter_ms,
                   double tokens_per_s, int skipped, const power_sample *power) {
-    char a[64], b[64], c[64], d[64];
-    fprintf(f, "{\"step\": %ld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, "
-               "\"iter_ms\": %.3f, \"tokens_per_s\": %s",
-            step, json_number(a, "%.9g", loss), json_number(b, "%.9g", grad_norm),
-            json_number(c, "%.9g", lr), iter_ms, json_number(d, "%.1f", tokens_per_s));
-    if (skipped) fputs(", \"skipped\": true", f);
+    char a[64], b[64], c[64], d[64], line[1024]; /* at most about 420 characters */
+    int len = snprintf(line, sizeof line,
+                       "{\"step\": %ld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %s, "
+                       "\"iter_ms\": %.3f, \"tokens_per_s\": %s%s",
+                       step, json_number(a, "%.9g", loss), json_number(b, "%.9g", grad_norm),
+                       json_number(c, "%.9g", lr), iter_ms, json_number(d, "%.1f", tokens_per_s),
+                       skipped ? ", \"skipped\": true" : "");
     if (power) { /* rank 0's GPU readings of the step; a failed reading is null */
         const char *key[3] = {"energy_j", "power_w", "sm_clock_mhz"};
         double v[3] = {power->energy_j, power->power_w, power->sm_clock_mhz};
-        for (int i = 0; i < 3; i++) fprintf(f, ", \"%s\": %s", key[i], json_number(a, "%.3f", v[i]));
+        for (int i = 0; i < 3; i++)
+            len += snprintf(line + len, sizeof line - (size_t)len, ", \"%s\": %s", key[i],
+                            json_number(a, "%.3f", v[i]));
     }
-    fputs("}\n", f);
-    return fflush(f) != 0 || ferror(f) ? -1 : 0;
+    len += snprintf(line + len, sizeof line - (size_t)len, "}\n");
+    /* the stream is written past stdio, one write() a line: nothing of it is buffered */
+    return write_whole_line(fileno(f), line, (size_t)len);
 }

@@ -16,7 +16,8 @@ FILE *metrics_open(const char *path, long first, char *err, size_t n);
 /* One step's line; a number that is not finite is written as null (JSON has no NaN), a
  * step whose update was skipped says "skipped": true, and power (NULL when profile.power
  * is off) adds energy_j, power_w and sm_clock_mhz. 0, or -1 (errno set) when it could not
- * be written (a full disk). */
+ * be written (a full disk): then none of it is in the file, which stays one JSON object a
+ * line. f is written with write(2), not through its stdio buffer. */
 int metrics_write(FILE *f, long step, double loss, double grad_norm, double lr, double iter_ms,
                   double tokens_per_s, int skipped, const power_sample *power);
 

@@ -1,7 +1,7 @@
 /* The files a run writes besides its metrics: every output path checked before step 1,
  * and the checkpoints of train.save (the versions train.keep holds, and what an
  * interrupted save left behind). Rank 0 calls these; it writes them all. */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "engine/output_files.h"
 
 #include <dirent.h>
@@ -136,6 +136,73 @@ const char *output_stream_error(int errnum, char *buf, size_t n) {
     if (errnum == ENXIO) snprintf(buf, n, "a FIFO with no reader (start its reader first)");
     else snprintf(buf, n, "%s", strerror(errnum));
     return buf;
+}
+
+int output_replace(const char *tmp, const char *path, char *why, size_t n) {
+    const char *step = NULL;
+    int fd = open(tmp, O_RDONLY);
+    if (fd < 0 || fsync(fd) != 0) step = "cannot fsync";
+    if (fd >= 0) close(fd);
+    if (!step && rename(tmp, path) != 0) step = "cannot rename into place";
+    if (step) {
+        snprintf(why, n, "%s temporary file %s: %s", step, tmp, strerror(errno));
+        return -1;
+    }
+    /* the rename is durable only once the directory entry is on disk */
+    char *copy = strdup(path);
+    const char *dir = copy ? dirname(copy) : ".";
+    fd = open(dir, O_RDONLY | O_DIRECTORY);
+    int rc = fd >= 0 && fsync(fd) == 0 ? 0 : -1;
+    if (rc) snprintf(why, n, "cannot fsync directory %s: %s", dir, strerror(errno));
+    if (fd >= 0) close(fd);
+    free(copy);
+    return rc;
+}
+
+/* removes o's temporary file, if any (gone after a rename; else a partial copy) */
+static void whole_free(output_whole *o) {
+    if (o->tmp) unlink(o->tmp);
+    free(o->path);
+    free(o->tmp);
+    *o = (output_whole){0};
+}
+
+int output_whole_open(output_whole *o, const char *path, char *why, size_t n) {
+    *o = (output_whole){0};
+    struct stat st;
+    int in_place = stat(path, &st) == 0 && !S_ISREG(st.st_mode);
+    o->path = in_place ? strdup(path) : realpath(path, NULL);
+    if (!o->path && errno == ENOENT) o->path = strdup(path); /* not yet made */
+    size_t len = o->path ? strlen(o->path) + 32 : 0;
+    o->tmp = in_place || !o->path ? NULL : malloc(len);
+    if (!o->path || (!in_place && !o->tmp)) {
+        snprintf(why, n, "%s", strerror(errno));
+        whole_free(o);
+        return -1;
+    }
+    if (o->tmp) snprintf(o->tmp, len, "%s.tmp.%ld", o->path, (long)getpid());
+    o->f = output_stream_open(o->tmp ? o->tmp : o->path, 0);
+    if (!o->f) {
+        output_stream_error(errno, why, n);
+        whole_free(o);
+        return -1;
+    }
+    return 0;
+}
+
+int output_whole_close(output_whole *o, char *why, size_t n) {
+    errno = 0;
+    int bad = fflush(o->f) != 0 || ferror(o->f), e = errno;
+    if (fclose(o->f) != 0 && !bad) bad = 1, e = errno;
+    int rc = 0;
+    if (bad) {
+        snprintf(why, n, "%s", e ? strerror(e) : "write error");
+        rc = -1;
+    } else if (o->tmp) {
+        rc = output_replace(o->tmp, o->path, why, n);
+    }
+    whole_free(o);
+    return rc;
 }
 
 /* 1 when a and b name one file: one regular file's inode where both exist (two streams to

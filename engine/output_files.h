@@ -18,6 +18,30 @@ FILE *output_stream_open(const char *path, int append);
 /* buf[n] = why output_stream_open failed, from its errno */
 const char *output_stream_error(int errnum, char *buf, size_t n);
 
+/* Puts the finished file tmp in place of path, durably: fsyncs tmp, renames it over path,
+ * fsyncs path's directory. 0, or -1 with why = "cannot fsync temporary file TMP: cause",
+ * "cannot rename into place temporary file TMP: cause" (tmp is then left for the caller
+ * to remove) or "cannot fsync directory DIR: cause" (path is then the new file). */
+int output_replace(const char *tmp, const char *path, char *why, size_t n);
+
+/* An output written whole at the end of a run (the timing report, the trace). A regular
+ * file, or a name not yet taken, is written as PATH.tmp.<pid> beside it and put in its
+ * place by output_whole_close, so that a full disk or a kill leaves the earlier file as it
+ * was, never a torn one; a symbolic link's target is the file replaced. A FIFO or a device
+ * (a reader, /dev/stdout) is written in place, as output_stream_open does. */
+typedef struct {
+    FILE *f;
+    char *path; /* the file replaced (a link's target) */
+    char *tmp;  /* NULL: written in place */
+} output_whole;
+
+/* 0 with o->f open for writing, or -1 with why[n] */
+int output_whole_open(output_whole *o, const char *path, char *why, size_t n);
+
+/* Flushes, checks and closes o->f and puts the file in place: 0, or -1 with why[n] (the
+ * cause of a failed write: "No space left on device"), the temporary file removed. */
+int output_whole_close(output_whole *o, char *why, size_t n);
+
 /* A file a run names: key (e.g. "train.save") = path, and whether the run writes it. */
 typedef struct {
     const char *key, *path;

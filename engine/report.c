@@ -472,21 +472,20 @@ static void print_device(const merged_device *d, int n, const merged_kernel *k, 
 
 /* ------------------------------------------------------------------ writing */
 
+/* path = a b c, replacing the earlier file only once the new one is whole (output_whole) */
 static int write_file(const char *path, const char *what, const char *a, const char *b,
                       const char *c, char *err, size_t errlen) {
-    FILE *f = output_stream_open(path, 0);
-    if (!f) {
-        char why[128];
-        snprintf(err, errlen, "profile.%s %s: cannot write: %s", what, path,
-                 output_stream_error(errno, why, sizeof why));
+    output_whole o;
+    char why[512];
+    if (output_whole_open(&o, path, why, sizeof why) != 0) {
+        snprintf(err, errlen, "profile.%s %s: cannot write: %s", what, path, why);
         return -1;
     }
-    fputs(a, f);
-    fputs(b, f);
-    fputs(c, f);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) {
-        snprintf(err, errlen, "profile.%s %s: write failed", what, path);
+    fputs(a, o.f);
+    fputs(b, o.f);
+    fputs(c, o.f);
+    if (output_whole_close(&o, why, sizeof why) != 0) {
+        snprintf(err, errlen, "profile.%s %s: write failed: %s", what, path, why);
         return -1;
     }
     return 0;

@@ -133,7 +133,7 @@ typedef struct {
     gpt_model model;
     batch_loader *loader;
     FILE *log;
-    int log_failed; /* a line of the metrics log could not be written (said once) */
+    long log_lost; /* lines of the metrics log that could not be written (the first said) */
     int32_t *inputs, *targets; /* [B/dp, T] each, this rank's rows of the step */
     long *kept;                /* [keep + 1] steps whose checkpoints are kept, oldest first */
     int n_kept;
@@ -152,6 +152,9 @@ static void run_free(run_state *r) {
     gpt_destroy(&r->model);
     if (r->loader) loader_destroy(r->loader);
     if (r->log) fclose(r->log);
+    if (r->log_lost)
+        log_info("warning: train.log_file %s: %ld step line(s) could not be written and are "
+                 "missing from it\n", r->c->log_file, r->log_lost);
     free(r->inputs);
     free(r->targets);
     free(r->kept);
@@ -355,12 +358,11 @@ static double unsigned_nan(double x) { return isnan(x) ? fabs(x) : x; }
  * goes on, since the checkpoints matter more than the lines, but not in silence. */
 static void log_metrics(run_state *r, long step, double loss, double norm, double lr, double ms,
                         double tps, int skipped, const power_sample *pw) {
-    if (metrics_write(r->log, step, loss, norm, lr, ms, tps, skipped, pw) == 0 || r->log_failed)
+    if (metrics_write(r->log, step, loss, norm, lr, ms, tps, skipped, pw) == 0 || r->log_lost++)
         return;
-    r->log_failed = 1;
     log_info("warning: train.log_file %s: the line of step %ld could not be written (%s); "
-             "training goes on, but its metrics may be lost\n", r->c->log_file, step,
-             strerror(errno));
+             "training goes on, and the lines that cannot be written are left out (their "
+             "count comes at the end)\n", r->c->log_file, step, strerror(errno));
 }
 
 int train_refused(int failed, const char *err, int rank, int world) {

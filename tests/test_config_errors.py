@@ -78,6 +78,9 @@ CASES = [
      ["train.comm_timeout_s", "out of range"]),
     ("data without /tokens", [f"--data.path={D}/notokens.h5"], ["data.path", "notokens.h5", "tokens"]),
     ("tokens never written", [f"--data.path={D}/unwritten.h5"], ["data.path", "unwritten.h5", "never written"]),
+    # the chunks past the first were never written: they read as zeros
+    ("tokens written in part", [f"--data.path={D}/parttok.h5"],
+     ["data.path", "parttok.h5", "written only in part", "4 of its 5 chunks"]),
     ("tokens compressed with h5py's lzf", [f"--data.path={D}/lzftok.h5"],
      ["data.path", "lzftok.h5", "filter lzf", "cannot decode"]),
     ("checkpoint tensor compressed with h5py's lzf", [f"--train.init={D}/lzf.h5"],
@@ -94,6 +97,11 @@ CASES = [
     ("checkpoint with a NaN", [f"--train.init={D}/nan.h5"], ["train.init", "ln_f.weight"]),
     ("checkpoint whose /model is a dataset", [f"--train.init={D}/modelds.h5"],
      ["train.init", "/model is not a group"]),
+    # a tensor made and never written, or written in part (a writer killed part way)
+    ("checkpoint tensor never written", [f"--train.init={D}/unwrittends.h5"],
+     ["train.init", "unwrittends.h5", "/model/ln_f.weight", "never written"]),
+    ("checkpoint tensor written in part", [f"--train.init={D}/partds.h5"],
+     ["train.init", "partds.h5", "/model/wte", "written only in part", "6 of its 7 chunks"]),
     # optimizer state that cannot be resumed, refused rather than dropped or run into NaN
     ("checkpoint /optim without t", [f"--train.init={D}/optnot.h5", "--train.steps=3"],
      ["train.init", "optnot.h5", "/optim has no attribute t"]),
@@ -168,6 +176,30 @@ def check_help():
     if r.returncode:
         fail("--data.shuffle=TRUE --profile.nvtx=Off refused: " + r.stderr)
     print("ok   --help after other arguments; booleans in any case")
+
+
+def check_whole_chunks():
+    """Datasets written whole in chunks that do not divide their extent (HDF5 says
+    PART_ALLOCATED of them: the unwritten-chunk check counts the chunks instead) load and
+    train, tokens and checkpoint tensors alike, as do chunks written whole with zeros."""
+    import h5py
+    import shutil
+    tokens = np.random.default_rng(3).integers(0, 50, 500)
+    tokens[:140] = 0  # two chunks of zeros, written
+    with h5py.File(f"{D}/chunked.h5", "w") as f:
+        f.create_dataset("tokens", data=tokens.astype(np.uint16), chunks=(70,), compression="gzip")
+        f.attrs["vocab_size"] = np.int64(50)
+    shutil.copy(f"{D}/ck.h5", f"{D}/chunkedck.h5")
+    with h5py.File(f"{D}/chunkedck.h5", "r+") as f:
+        wte = f["model/wte"][:]
+        del f["model/wte"]
+        f["model"].create_dataset("wte", data=wte, chunks=(7, 5))
+    r = run_train(BASE + ["--train.steps=1", f"--data.path={D}/chunked.h5",
+                          f"--train.init={D}/chunkedck.h5"])
+    if r.returncode:
+        fail(f"tokens and a tensor in chunks that do not divide them: exit {r.returncode}\n"
+             f"{r.stderr}")
+    print("ok   tokens and a tensor written whole in chunks that do not divide them train")
 
 
 def check_config_pipe():
@@ -276,6 +308,10 @@ def main():
     with h5py.File(f"{D}/unwritten.h5", "w") as f:  # a shape and no data: reads as zeros
         f.create_dataset("tokens", (500,), dtype=np.uint16)
         f.attrs["vocab_size"] = np.int64(50)
+    with h5py.File(f"{D}/parttok.h5", "w") as f:  # 5 chunks, the first written
+        t = f.create_dataset("tokens", (500,), dtype=np.uint16, chunks=(100,))
+        t[:100] = rng.integers(0, 50, 100)
+        f.attrs["vocab_size"] = np.int64(50)
     write_tokens(f"{D}/short.h5", np.arange(10) % 50, 50)
     bad = rng.integers(0, 50, 500)
     bad[7] = 55
@@ -295,6 +331,13 @@ def main():
         ("float64", lambda f: (f["model"].__delitem__("wte"),
                                f["model"].create_dataset("wte", data=np.zeros((50, 32), np.float64)))),
         ("nan", lambda f: f["model"]["ln_f.weight"].__setitem__(0, np.float32("nan"))),
+        ("unwrittends", lambda f: (f["model"].__delitem__("ln_f.weight"),
+                                   f["model"].create_dataset("ln_f.weight", (32,), np.float32))),
+        # 7 chunks of 8 rows, the first written
+        ("partds", lambda f: (f["model"].__delitem__("wte"),
+                              f["model"].create_dataset("wte", (50, 32), np.float32, chunks=(8, 32)),
+                              f["model"]["wte"].__setitem__(slice(0, 8),
+                                                            np.zeros((8, 32), np.float32)))),
         # h5py brings its lzf filter; libhdf5 does not, and a read fails with no reason
         ("lzf", lambda f: (f["model"].__delitem__("ln_f.bias"),
                            f["model"].create_dataset("ln_f.bias", data=np.zeros(32, np.float32),
@@ -341,6 +384,7 @@ def main():
             change(f)
 
     check_outputs_over_inputs()
+    check_whole_chunks()
     cases = [(name, BASE + extra, words, None) for name, extra, words in CASES] + [
         ("missing config file", [f"{D}/missing.ini"], ["missing.ini"], None),
         ("ini syntax error", [f"{D}/bad.ini"], ["bad.ini", "line 3"], None),

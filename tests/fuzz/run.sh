@@ -21,7 +21,8 @@ hdf5_lib=$(pkg-config --libs hdf5 2>/dev/null || echo "-L/usr/lib/x86_64-linux-g
 flags=(-std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -I. $hdf5_inc)
 clang "${flags[@]}" tests/fuzz/fuzz_config.c engine/config.c -lm -o "$out/fuzz_config"
 clang "${flags[@]}" tests/fuzz/fuzz_kernel_name.c engine/kernel_name.c -o "$out/fuzz_kernel_name"
-clang "${flags[@]}" tests/fuzz/fuzz_h5.c data/tokens.c data/h5_sources.c engine/checkpoint.c engine/h5_filters.c $hdf5_lib -lpthread -lm \
+clang "${flags[@]}" tests/fuzz/fuzz_h5.c data/tokens.c data/h5_sources.c engine/checkpoint.c engine/h5_checks.c \
+  engine/output_files.c engine/log.c $hdf5_lib -lpthread -lm \
   -o "$out/fuzz_h5"
 
 # seed corpora: the shipped config, a token file and a checkpoint written by gptc itself

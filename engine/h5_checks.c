@@ -1,0 +1,50 @@
+/* engine/h5_checks.h */
+#include "engine/h5_checks.h"
+
+#include <stdio.h>
+
+int h5_missing_filter(hid_t dset, char *name, size_t n) {
+    hid_t dcpl = H5Dget_create_plist(dset);
+    if (dcpl < 0) return 0;
+    int missing = 0, filters = H5Pget_nfilters(dcpl);
+    for (int i = 0; i < filters && !missing; i++) {
+        unsigned int flags = 0, config = 0;
+        size_t n_values = 0;
+        char fname[64] = "";
+        H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &n_values, NULL,
+                                         sizeof fname, fname, &config);
+        /* "optional" (h5py's lzf is) lets a write skip the filter, not a read: the chunks
+         * it did filter need it */
+        if (id >= 0 && H5Zfilter_avail(id) <= 0) {
+            snprintf(name, n, "%s (id %d)", fname[0] ? fname : "unnamed filter", (int)id);
+            missing = 1;
+        }
+    }
+    H5Pclose(dcpl);
+    return missing;
+}
+
+int h5_unwritten(hid_t dset, long long *unwritten, long long *total) {
+    *unwritten = *total = 0;
+    hid_t dcpl = H5Dget_create_plist(dset), space = H5Dget_space(dset);
+    H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
+    int own = dcpl >= 0 && space >= 0 && layout != H5D_VIRTUAL &&
+              H5Pget_external_count(dcpl) == 0 && H5Sget_simple_extent_npoints(space) > 0;
+    if (own && layout == H5D_CHUNKED) {
+        /* H5Dget_space_status says PART_ALLOCATED for whole datasets whose extent is no
+         * multiple of the chunk, so the chunks are counted */
+        hsize_t dims[H5S_MAX_RANK], chunk[H5S_MAX_RANK], have = 0;
+        int nd = H5Sget_simple_extent_dims(space, dims, NULL);
+        long long want = nd >= 0 && H5Pget_chunk(dcpl, nd, chunk) == nd ? 1 : 0;
+        for (int i = 0; i < nd && want; i++) want *= (long long)((dims[i] + chunk[i] - 1) / chunk[i]);
+        if (want > 0 && H5Dget_num_chunks(dset, space, &have) >= 0 && (long long)have < want)
+            *unwritten = want - (long long)have, *total = want;
+    } else if (own && layout == H5D_CONTIGUOUS) {
+        H5D_space_status_t status;
+        if (H5Dget_space_status(dset, &status) >= 0 && status == H5D_SPACE_STATUS_NOT_ALLOCATED)
+            *unwritten = *total = 1;
+    }
+    if (space >= 0) H5Sclose(space);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    return *unwritten > 0;
+}

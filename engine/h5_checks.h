@@ -1,0 +1,23 @@
+/* Checks of an HDF5 dataset before it is read, for what a read would hide. */
+#ifndef GPTC_H5_CHECKS_H
+#define GPTC_H5_CHECKS_H
+
+#include <hdf5.h>
+#include <stddef.h>
+
+/* The HDF5 filters (compression and the like) a dataset was written with that this build
+ * of libhdf5 cannot decode: h5py's lzf, say, which h5py brings and libhdf5 does not. A read
+ * of such a dataset fails with no reason given; this names it.
+ * 1 when dset needs a filter this library lacks, with name[n] = "its name (id N)"; else 0. */
+int h5_missing_filter(hid_t dset, char *name, size_t n);
+
+/* Storage a dataset was made with and never given: it reads as the fill value (zeros) without
+ * an error, so a training run would take zeros for tokens or weights without a word (a
+ * writer killed part way, h5py's create_dataset with a shape and no data). 1 when dset has
+ * storage of its own (not virtual, no external files: those are checked where they are
+ * read) and part of it was never written, with *unwritten of *total chunks (1 of 1 for a
+ * contiguous dataset) never allocated; else 0. A chunk written whole with zeros counts as
+ * written. */
+int h5_unwritten(hid_t dset, long long *unwritten, long long *total);
+
+#endif
