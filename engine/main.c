@@ -55,6 +55,30 @@ static int differs_from_rank0(const gptc_config *c, int rank, int world, char *e
     return bad;
 }
 
+/* OpenMP's threads a rank (the CPU backend's, and the reference ops'): OMP_NUM_THREADS, if
+ * set and not empty, must be a number from 1 to OMP_MAX, or a list of them (one a nesting
+ * level). libgomp takes a bad value with a warning of its own and runs with its default,
+ * and a huge one crashed the run at its first parallel loop (it could not make the
+ * threads). 0, or -1 with err. */
+enum { OMP_MAX = 4096 };
+static int check_omp_threads(char *err, size_t n) {
+    const char *v = getenv("OMP_NUM_THREADS");
+    if (!v || !*v) return 0;
+    for (const char *p = v;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        size_t digits = strspn(p, "0123456789");
+        long x = digits > 0 && digits < 6 ? strtol(p, NULL, 10) : 0;
+        p += digits;
+        while (*p == ' ' || *p == '\t') p++;
+        if (x < 1 || x > OMP_MAX || (*p && *p != ',')) {
+            snprintf(err, n, "OMP_NUM_THREADS = %.64s: give a number of threads from 1 to %d "
+                     "(or a list of them, one a nesting level)", v, OMP_MAX);
+            return -1;
+        }
+        if (!*p++) return 0;
+    }
+}
+
 int main(int argc, char **argv) {
     int provided, world, rank;
     ckpt_library_init();
@@ -103,7 +127,8 @@ int main(int argc, char **argv) {
     gptc_config cfg;
     grid g;
     config_defaults(&cfg);
-    int rc = config_load(&cfg, path, argc - first_override, argv + first_override, err, sizeof(err));
+    int rc = check_omp_threads(err, sizeof(err));
+    if (rc == 0) rc = config_load(&cfg, path, argc - first_override, argv + first_override, err, sizeof(err));
     if (rc == 0) rc = grid_layout(&g, world, rank, cfg.tp, cfg.pp, cfg.dp, err, sizeof(err));
     if (train_refused(rc != 0, err, rank, world) ||
         train_refused(differs_from_rank0(&cfg, rank, world, err, sizeof(err)), err, rank, world)) {

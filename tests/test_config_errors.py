@@ -8,7 +8,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import TRAIN, env, fail, gpu_present, run_train, write_tokens  # noqa: E402
+from gptc_testlib import MPIRUN, TRAIN, env, fail, gpu_present, run_train, write_tokens  # noqa: E402
 
 D = tempfile.mkdtemp(prefix="gptc_cfg_")
 MODEL = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=32", "--model.n_ctx=16",
@@ -202,6 +202,23 @@ def check_whole_chunks():
     print("ok   tokens and a tensor written whole in chunks that do not divide them train")
 
 
+def check_omp_threads():
+    """OMP_NUM_THREADS that libgomp cannot use: a huge one crashed the run at its first
+    parallel loop (signal 11, no word), a malformed one ran on libgomp's default after a
+    warning of its own. Refused by name, also when one rank alone has it."""
+    import subprocess
+    for v in ("99999999", "abc", "0", "2,"):
+        r = run_train(BASE, timeout=120, extra_env={"OMP_NUM_THREADS": v})
+        check(f"OMP_NUM_THREADS={v}", None, ["OMP_NUM_THREADS", f"= {v}:", "from 1 to 4096"], r=r)
+    r = run_train(BASE + ["--train.steps=1"], timeout=120, extra_env={"OMP_NUM_THREADS": "2,1"})
+    if r.returncode:
+        fail(f"OMP_NUM_THREADS=2,1 (a thread count a nesting level) refused:\n{r.stderr}")
+    cmd = [*MPIRUN, "-np", "1", TRAIN, *BASE, ":", "-np", "1", "env", "OMP_NUM_THREADS=abc",
+           TRAIN, *BASE]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env(2))
+    check("OMP_NUM_THREADS=abc on rank 1 alone", None, ["rank 1", "OMP_NUM_THREADS = abc"], r=r)
+
+
 def check_config_pipe():
     """A config file that is a pipe (bash's <(...)) is read like a regular one."""
     import shlex
@@ -385,6 +402,7 @@ def main():
 
     check_outputs_over_inputs()
     check_whole_chunks()
+    check_omp_threads()
     cases = [(name, BASE + extra, words, None) for name, extra, words in CASES] + [
         ("missing config file", [f"{D}/missing.ini"], ["missing.ini"], None),
         ("ini syntax error", [f"{D}/bad.ini"], ["bad.ini", "line 3"], None),
