@@ -764,7 +764,7 @@ static int read_root_attrs(const ckpt_file *f, ckpt_meta *meta, char *err, size_
 }
 
 /* has_optim: /optim is a group carrying attribute t. */
-static int read_optim_t(const ckpt_file *f, int *has_optim, long *optim_t, char *err,
+static int read_optim_t(const ckpt_file *f, long step, int *has_optim, long *optim_t, char *err,
                         size_t errlen)
 {
     int has = 0;
@@ -783,6 +783,14 @@ static int read_optim_t(const ckpt_file *f, int *has_optim, long *optim_t, char 
             rc = read_int_attr(f, g, "/optim ", "t", &t, err, errlen);
             if (rc == 0 && t < 0) {
                 set_err(err, errlen, "%s: /optim attribute t = %ld is negative", f->path, t);
+                rc = -1;
+            }
+            /* t counts the updates taken, at most one a step (fewer where nan_policy = skip
+             * left one out); more would resume the bias correction where no run was */
+            if (rc == 0 && t > step) {
+                set_err(err, errlen, "%s: /optim attribute t = %ld is more than the "
+                        "checkpoint's step %ld (the optimizer takes at most one update a step)",
+                        f->path, t, step);
                 rc = -1;
             }
             has = rc == 0;
@@ -834,7 +842,7 @@ ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *op
         return NULL;
     }
     if (read_root_attrs(f, meta, err, errlen) < 0 ||
-        read_optim_t(f, has_optim, optim_t, err, errlen) < 0) {
+        read_optim_t(f, meta->step, has_optim, optim_t, err, errlen) < 0) {
         ckpt_close(f);
         return NULL;
     }

@@ -19,13 +19,21 @@ void log_info(const char *fmt, ...) {
 }
 
 void log_error(const char *fmt, ...) {
-    char line[2048];
+    char line[2048], out[4 * sizeof line]; /* out: line, its control characters escaped */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
+    /* an error is one line, also when a path it names holds a newline (a file name may) */
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)line; *p; p++) {
+        if (*p == '\n') out[o++] = '\\', out[o++] = 'n';
+        else if (*p < 0x20 && *p != '\t') o += (size_t)snprintf(out + o, 5, "\\x%02x", *p);
+        else out[o++] = (char)*p;
+    }
+    out[o] = 0;
     /* one write, so lines from several ranks do not interleave mid-line */
-    fprintf(stderr, "gptc: error: %s\n", line);
+    fprintf(stderr, "gptc: error: %s\n", out);
     fflush(stderr);
 }
 

@@ -647,7 +647,7 @@ int train_run(const gptc_config *c, const grid *g) {
         last_loss = loss;
         double tps = tokens_per_step / (ms / 1000.0);
         log_info("step %5ld/%ld | loss %.6f | lr %.3e | grad norm %.4f | %8.1f ms | %8.0f tok/s\n",
-                 step, c->steps, loss, lr, norm, ms, tps);
+                 step, c->steps, unsigned_nan(loss), lr, unsigned_nan(norm), ms, tps);
         if (r.log) log_metrics(&r, step, loss, norm, lr, ms, tps, skipped, c->power ? &pw : NULL);
         /* a signal on any rank stops every rank after this same step */
         int stop = g_stop_signal != 0;
@@ -676,10 +676,10 @@ int train_run(const gptc_config *c, const grid *g) {
     if (timed_steps > 0)
         log_info("done: %ld steps, final loss %.6f, mean %.1f ms/step, %.0f tok/s (steps after the "
                  "first); wall clock %.1f ms/step with the per-step bookkeeping\n",
-                 last_run - first + 1, last_loss, total_ms / timed_steps,
+                 last_run - first + 1, unsigned_nan(last_loss), total_ms / timed_steps,
                  tokens_per_step * timed_steps / (total_ms / 1000.0), total_wall_ms / timed_steps);
     else if (first <= c->steps)
-        log_info("done: %ld steps, final loss %.6f\n", last_run - first + 1, last_loss);
+        log_info("done: %ld steps, final loss %.6f\n", last_run - first + 1, unsigned_nan(last_loss));
     else
         log_info("done: no step to run (train.steps = %ld)%s\n", c->steps,
                  c->save[0] && !fresh ? "; nothing written to train.save" : "");

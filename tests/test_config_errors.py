@@ -107,6 +107,9 @@ CASES = [
      ["train.init", "optnot.h5", "/optim has no attribute t"]),
     ("checkpoint /optim t < 0", [f"--train.init={D}/optneg.h5", "--train.steps=3"],
      ["train.init", "optneg.h5", "/optim attribute t = -5"]),
+    # the step-1 checkpoint's optimizer cannot have taken 5 updates
+    ("checkpoint /optim t > step", [f"--train.init={D}/optbig.h5", "--train.steps=3"],
+     ["train.init", "optbig.h5", "/optim attribute t = 5", "checkpoint's step 1"]),
     ("checkpoint v < 0", [f"--train.init={D}/vneg.h5", "--train.steps=3"],
      ["train.init", "vneg.h5", "/optim/v/wte", "negative"]),
     # a token far past what the first steps read: still refused before the first step
@@ -394,6 +397,7 @@ def main():
     for name, change in [
         ("optnot", lambda f: f["optim"].attrs.__delitem__("t")),
         ("optneg", lambda f: f["optim"].attrs.__setitem__("t", np.int64(-5))),
+        ("optbig", lambda f: f["optim"].attrs.__setitem__("t", np.int64(5))),
         ("vneg", lambda f: f["optim/v/wte"].__setitem__((0, 0), np.float32(-1))),
     ]:
         shutil.copy(f"{D}/ck1.h5", f"{D}/{name}.h5")
@@ -405,6 +409,9 @@ def main():
     check_omp_threads()
     cases = [(name, BASE + extra, words, None) for name, extra, words in CASES] + [
         ("missing config file", [f"{D}/missing.ini"], ["missing.ini"], None),
+        # still one line: the newline in the name is escaped
+        ("missing config file with a newline in its name", [f"{D}/no\nsuch.ini"],
+         ["no\\nsuch.ini", "No such file"], None),
         ("ini syntax error", [f"{D}/bad.ini"], ["bad.ini", "line 3"], None),
         ("section header without ]", [f"{D}/header.ini"], ["header.ini", "line 3", "syntax error"],
          None),

@@ -54,6 +54,10 @@ def main():
     r = run_train(BASE + ["--train.nan_policy=skip", f"--train.log_file={D}/skip.jsonl"])
     if r.returncode != 0 or "update skipped" not in r.stdout:
         fail(f"skip: exit {r.returncode}, or no skipped update reported\n{r.stderr[-1000:]}")
+    # printf's sign of a NaN is noise to a reader (and to a grep for "nan")
+    signed = [x for x in r.stdout.splitlines() if "-nan" in x]
+    if signed:
+        fail(f"skip: a NaN printed with a sign: {signed[0]}")
     print("ok   skip: bad updates left out, the run finished")
     # strict JSON, as jq and other languages' parsers read it: no NaN, no -nan
     rows = [json.loads(x, parse_constant=lambda c: fail(f"metrics hold {c}"))
