@@ -3,6 +3,7 @@ moments, many times; whatever is at train.save always loads and training resumes
 And a save that runs out of room (a full disk: a file-size limit, and a full tmpfs where
 root can mount one) ends the run with one line and exit 1, the checkpoint before it
 untouched."""
+import contextlib
 import hashlib
 import json
 import os
@@ -103,66 +104,63 @@ def check_full_outputs():
       written it, and exited 0);
     - the metrics file stays one JSON object a line: a line with no room is left out whole,
       and the run says how many were (a torn line stayed, and a later one carried on it)."""
-    small = f"{D}/outputs"
-    os.makedirs(small)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", small],
-                      capture_output=True).returncode != 0:
-        print("skip outputs on a full file system: cannot mount a tmpfs here (needs root)")
-        return
+    with small_tmpfs("outputs", "400k") as small:
+        if small:
+            outputs_on_full_tmpfs(small)
+
+
+def outputs_on_full_tmpfs(small):
+    tiny = ["--model.n_layer=1", "--model.n_head=2", "--model.d_model=32",
+            "--model.n_ctx=16", "--model.vocab_size=256", f"--data.path={D}/tok256o.h5",
+            "--train.global_batch=4", "--train.seq_len=16"]
+    write_tokens(f"{D}/tok256o.h5", np.random.default_rng(9).integers(0, 256, 2000), 256)
+    prof = ["--profile.timing=kernel", f"--profile.report={small}/r.json",
+            f"--profile.trace={small}/t.json"]
+    text = f"{D}/corpus.txt"
+    with open(text, "w") as f:
+        f.write("the quick brown fox jumps over the lazy dog\n" * 2000)  # 88 KB
+    gptc_data = [os.path.join(os.path.dirname(TRAIN), "gptc-data"), "--out", f"{small}/tok.h5",
+                 text]
+    r = run_train(tiny + ["--train.steps=2"] + prof)
+    d = subprocess.run(gptc_data, capture_output=True, text=True, timeout=120)
+    if r.returncode or d.returncode:
+        fail(f"cannot write the first outputs on the tmpfs:\n{r.stderr[-800:]}{d.stderr}")
+    before = {x: sha256(f"{small}/{x}") for x in ("r.json", "t.json", "tok.h5")}
+    st = os.statvfs(small)  # leave one page free: a few metrics lines fit, no report
+    with open(f"{small}/filler", "wb") as f:
+        f.write(b"\0" * (st.f_bavail * st.f_frsize - 4096))
+    r = run_train(tiny + ["--train.steps=20"] + prof)
+    errors = [x for x in r.stderr.splitlines() if x.strip()]
+    if r.returncode != 1 or len(errors) != 1 or "profile.report" not in errors[0] or \
+            "No space left on device" not in errors[0]:
+        fail(f"report on a full disk: exit {r.returncode} (want 1 and one line naming "
+             f"profile.report and the cause):\n{r.stderr[-1500:]}")
+    d = subprocess.run(gptc_data, capture_output=True, text=True, timeout=120)
+    if d.returncode != 1 or "No space left on device" not in d.stderr:
+        fail(f"gptc-data --out on a full disk: exit {d.returncode}, stderr:\n{d.stderr}")
+    changed = [x for x, h in before.items() if sha256(f"{small}/{x}") != h]
+    left = [x for x in os.listdir(small) if ".tmp" in x]
+    if changed or left:
+        fail(f"on a full disk the outputs {changed} changed, or {left} were left behind")
+    print(f"ok   report, trace and gptc-data's --out on a full disk: exit 1, the earlier "
+          f"files unchanged: {errors[0]}")
+    log, steps = f"{small}/m.jsonl", 60
+    r = run_train(tiny + [f"--train.steps={steps}", f"--train.log_file={log}"])
+    with open(log) as f:
+        lines = f.read().splitlines()
     try:
-        tiny = ["--model.n_layer=1", "--model.n_head=2", "--model.d_model=32",
-                "--model.n_ctx=16", "--model.vocab_size=256", f"--data.path={D}/tok256o.h5",
-                "--train.global_batch=4", "--train.seq_len=16"]
-        write_tokens(f"{D}/tok256o.h5", np.random.default_rng(9).integers(0, 256, 2000), 256)
-        prof = ["--profile.timing=kernel", f"--profile.report={small}/r.json",
-                f"--profile.trace={small}/t.json"]
-        text = f"{D}/corpus.txt"
-        with open(text, "w") as f:
-            f.write("the quick brown fox jumps over the lazy dog\n" * 2000)  # 88 KB
-        gptc_data = [os.path.join(os.path.dirname(TRAIN), "gptc-data"), "--out", f"{small}/tok.h5",
-                     text]
-        r = run_train(tiny + ["--train.steps=2"] + prof)
-        d = subprocess.run(gptc_data, capture_output=True, text=True, timeout=120)
-        if r.returncode or d.returncode:
-            fail(f"cannot write the first outputs on the tmpfs:\n{r.stderr[-800:]}{d.stderr}")
-        before = {x: sha256(f"{small}/{x}") for x in ("r.json", "t.json", "tok.h5")}
-        st = os.statvfs(small)  # leave one page free: a few metrics lines fit, no report
-        with open(f"{small}/filler", "wb") as f:
-            f.write(b"\0" * (st.f_bavail * st.f_frsize - 4096))
-        r = run_train(tiny + ["--train.steps=20"] + prof)
-        errors = [x for x in r.stderr.splitlines() if x.strip()]
-        if r.returncode != 1 or len(errors) != 1 or "profile.report" not in errors[0] or \
-                "No space left on device" not in errors[0]:
-            fail(f"report on a full disk: exit {r.returncode} (want 1 and one line naming "
-                 f"profile.report and the cause):\n{r.stderr[-1500:]}")
-        d = subprocess.run(gptc_data, capture_output=True, text=True, timeout=120)
-        if d.returncode != 1 or "No space left on device" not in d.stderr:
-            fail(f"gptc-data --out on a full disk: exit {d.returncode}, stderr:\n{d.stderr}")
-        changed = [x for x, h in before.items() if sha256(f"{small}/{x}") != h]
-        left = [x for x in os.listdir(small) if ".tmp" in x]
-        if changed or left:
-            fail(f"on a full disk the outputs {changed} changed, or {left} were left behind")
-        print(f"ok   report, trace and gptc-data's --out on a full disk: exit 1, the earlier "
-              f"files unchanged: {errors[0]}")
-        log, steps = f"{small}/m.jsonl", 60
-        r = run_train(tiny + [f"--train.steps={steps}", f"--train.log_file={log}"])
-        with open(log) as f:
-            lines = f.read().splitlines()
-        try:
-            logged = [json.loads(x)["step"] for x in lines]
-        except ValueError as e:
-            fail(f"metrics on a full disk: a line is no JSON object ({e}): {lines[-2:]}")
-        lost = steps - len(logged)
-        said = f"{lost} step line(s) could not be written"
-        if r.returncode or logged != list(range(1, len(logged) + 1)) or lost <= 0 or \
-                said not in r.stdout + r.stderr:
-            fail(f"metrics on a full disk: exit {r.returncode}, steps {logged[:3]}..{logged[-3:]} "
-                 f"of {steps} (want 1.. in order, some lost, and '{said}' said):\n"
-                 f"{r.stderr[-1500:]}")
-        print(f"ok   metrics on a full disk: steps 1 to {len(logged)} whole, {lost} lines left "
-              f"out and counted")
-    finally:
-        subprocess.run(["umount", small], capture_output=True)
+        logged = [json.loads(x)["step"] for x in lines]
+    except ValueError as e:
+        fail(f"metrics on a full disk: a line is no JSON object ({e}): {lines[-2:]}")
+    lost = steps - len(logged)
+    said = f"{lost} step line(s) could not be written"
+    if r.returncode or logged != list(range(1, len(logged) + 1)) or lost <= 0 or \
+            said not in r.stdout + r.stderr:
+        fail(f"metrics on a full disk: exit {r.returncode}, steps {logged[:3]}..{logged[-3:]} "
+             f"of {steps} (want 1.. in order, some lost, and '{said}' said):\n"
+             f"{r.stderr[-1500:]}")
+    print(f"ok   metrics on a full disk: steps 1 to {len(logged)} whole, {lost} lines left "
+          f"out and counted")
 
 
 def sha256(path):
@@ -208,13 +206,9 @@ def check_full_tmpfs():
     (a small model's datasets sit in its caches until then): HDF5 1.10 then keeps the
     file half closed, and its exit handler crashed the process (signal 11) until
     ckpt_library_init. Needs root to mount a small tmpfs; says so and skips without."""
-    small = f"{D}/small"
-    os.makedirs(small)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700k", "tmpfs", small],
-                      capture_output=True).returncode != 0:
-        print("skip a full file system: cannot mount a tmpfs here (needs root)")
-        return
-    try:
+    with small_tmpfs("small", "700k") as small:
+        if not small:
+            return
         tiny = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=32",
                 "--model.n_ctx=16", "--model.vocab_size=256", f"--data.path={D}/tok256.h5",
                 "--train.global_batch=4", "--train.micro_batch=2", "--train.seq_len=16"]
@@ -228,6 +222,21 @@ def check_full_tmpfs():
             lambda: run_train(tiny + [f"--train.init={ck}", "--train.steps=4",
                                       "--train.save_every=1", f"--train.save={ck}"]),
             "No space left on device")
+
+
+@contextlib.contextmanager
+def small_tmpfs(name, size):
+    """A tmpfs of size mounted at D/name for the with block, or None where it cannot be
+    mounted (it needs root), which is said"""
+    small = f"{D}/{name}"
+    os.makedirs(small)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", small],
+                      capture_output=True).returncode != 0:
+        print(f"skip the full file system {name}: cannot mount a tmpfs here (needs root)")
+        yield None
+        return
+    try:
+        yield small
     finally:
         subprocess.run(["umount", small], capture_output=True)
 
