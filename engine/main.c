@@ -81,6 +81,7 @@ static int check_omp_threads(char *err, size_t n) {
 
 int main(int argc, char **argv) {
     int provided, world, rank;
+    train_catch_stop_signals();
     ckpt_library_init();
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_size(MPI_COMM_WORLD, &world);

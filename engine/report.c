@@ -326,10 +326,14 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
             printf("  %s communication alone: %.2f ms, exposed %.2f ms (%.0f%% hidden)\n",
                    timing_par_name(par), pol->par_comm[par], pol->par_exposed[par],
                    100.0 * (pol->par_comm[par] - pol->par_exposed[par]) / pol->par_comm[par]);
-    if (probe->n)
+    if (probe->n && pol->n)
         printf("contention probe (%ld serialized step rows): iter %.2f ms, ideal max(compute, comm) "
                "%.2f ms; the policies gain %.2fx over serialized steps\n",
-               probe->n, probe->iter, probe->ideal, pol->iter > 0 ? probe->iter / pol->iter : 0.0);
+               probe->n, probe->iter, probe->ideal, probe->iter / pol->iter);
+    else if (probe->n) /* every step a probe (or a warm-up): no gain to give */
+        printf("contention probe (%ld serialized step rows): iter %.2f ms, ideal max(compute, comm) "
+               "%.2f ms; no step ran with the policies to compare\n",
+               probe->n, probe->iter, probe->ideal);
     if (dropped)
         printf("%ld record(s) dropped untimed: more ops in a step than the timing has room for\n",
                dropped);
@@ -506,6 +510,14 @@ static void put_number(text *t, const char *key, double v) {
     else put(t, ", \"%s\": null", key);
 }
 
+/* "key": v in ms to 4 decimals, null where there is none (NaN); the first of an object
+ * (after its "{") has no comma */
+static void put_number4(text *t, const char *key, double v) {
+    const char *sep = t->n > 0 && t->s[t->n - 1] == '{' ? "" : ", ";
+    if (isfinite(v)) put(t, "%s\"%s\": %.4f", sep, key, v);
+    else put(t, "%s\"%s\": null", sep, key);
+}
+
 static void steps_text(text *t, int rank) {
     const timing_step_summary *s = timing_steps();
     for (int i = 0; i < timing_n_steps(); i++) {
@@ -649,29 +661,40 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                        "  \"untimed_records\": {\"compute\": %ld, \"comm\": %ld},\n"
                        "  \"warmup_steps\": %d,\n  \"steps\": [\n%s  ],\n  \"kernels\": [\n",
                 size, dropped, omitted, untimed[0], untimed[1], timing_warmup(), steps);
+            /* means over the steps run with the policies: null where none did (each a probe
+             * or a warm-up), not a 0 that reads as a measurement */
+            double have = pol.n ? 0.0 : NAN;
             put(&tail, "  ],\n  \"probe_kernels\": [\n%s  ],\n  \"device_kernels\": [\n%s  ],\n"
-                       "  \"overlap\": {\"policy_steps\": %ld, "
-                       "\"probe_steps\": %ld, \"iter_ms\": %.4f, \"compute_ms\": %.4f, \"comm_ms\": %.4f, "
-                       "\"exposed_comm_ms\": %.4f, \"hidden_comm_ms\": %.4f, \"idle_ms\": %.4f, ",
-                pj.s ? pj.s : "", dj.s ? dj.s : "", pol.n, probe.n, pol.iter, pol.compute,
-                pol.comm, pol.exposed, pol.comm - pol.exposed, idle_ms(&pol));
-            put(&tail, "\"by_parallelism\": {");
-            for (int par = TP_DP; par < TIMING_PARS; par++)
-                put(&tail, "%s\"%s\": {\"comm_ms\": %.4f, \"exposed_comm_ms\": %.4f, "
-                           "\"hidden_comm_ms\": %.4f}", par > TP_DP ? ", " : "",
-                    timing_par_name(par), pol.par_comm[par], pol.par_exposed[par],
-                    pol.par_comm[par] - pol.par_exposed[par]);
+                       "  \"overlap\": {\"policy_steps\": %ld, \"probe_steps\": %ld",
+                pj.s ? pj.s : "", dj.s ? dj.s : "", pol.n, probe.n);
+            put_number4(&tail, "iter_ms", pol.iter + have);
+            put_number4(&tail, "compute_ms", pol.compute + have);
+            put_number4(&tail, "comm_ms", pol.comm + have);
+            put_number4(&tail, "exposed_comm_ms", pol.exposed + have);
+            put_number4(&tail, "hidden_comm_ms", pol.comm - pol.exposed + have);
+            put_number4(&tail, "idle_ms", idle_ms(&pol) + have);
+            put(&tail, ", \"by_parallelism\": {");
+            for (int par = TP_DP; par < TIMING_PARS; par++) {
+                put(&tail, "%s\"%s\": {", par > TP_DP ? ", " : "", timing_par_name(par));
+                put_number4(&tail, "comm_ms", pol.par_comm[par] + have);
+                put_number4(&tail, "exposed_comm_ms", pol.par_exposed[par] + have);
+                put_number4(&tail, "hidden_comm_ms", pol.par_comm[par] - pol.par_exposed[par] + have);
+                put(&tail, "}");
+            }
             put(&tail, "}, ");
             /* the step's work, and the products' rate over the whole step */
-            char tf[32];
-            put(&tail, "\"flops_per_step\": %.17g, \"tflops\": %s, \"bytes_per_step\": %.17g, "
-                       "\"comm_bytes_per_step\": %.17g, ",
-                work.flops,
+            char tf[32], fl[32], by[32], cb[32];
+            put(&tail, "\"flops_per_step\": %s, \"tflops\": %s, \"bytes_per_step\": %s, "
+                       "\"comm_bytes_per_step\": %s, ",
+                num(fl, "%.17g", work.flops + have, "null"),
                 num(tf, "%.6g", pol.iter > 0 ? work.flops / pol.iter / 1e9 : NAN, "null"),
-                work.bytes, work.comm_bytes);
+                num(by, "%.17g", work.bytes + have, "null"),
+                num(cb, "%.17g", work.comm_bytes + have, "null"));
+            char g[32];
             if (probe.n)
-                put(&tail, "\"serialized_iter_ms\": %.4f, \"ideal_iter_ms\": %.4f, \"gain\": %.4f}\n}\n",
-                    probe.iter, probe.ideal, pol.iter > 0 ? probe.iter / pol.iter : 0.0);
+                put(&tail, "\"serialized_iter_ms\": %.4f, \"ideal_iter_ms\": %.4f, \"gain\": %s}\n}\n",
+                    probe.iter, probe.ideal,
+                    num(g, "%.4f", pol.n && pol.iter > 0 ? probe.iter / pol.iter : NAN, "null"));
             else
                 put(&tail, "\"serialized_iter_ms\": null, \"ideal_iter_ms\": null, \"gain\": null}\n}\n");
             rc = write_file(report_path, "report", head.s, kj.s ? kj.s : "", tail.s, err, errlen);

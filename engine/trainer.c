@@ -44,10 +44,11 @@ static volatile sig_atomic_t g_stop_signal = 0;
 
 static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-static void catch_stop_signals(void) {
+void train_catch_stop_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART; /* a read or write in flight goes on: the flag is looked at later */
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -484,9 +485,11 @@ int train_run(const gptc_config *c, const grid *g) {
                  err, sizeof(err)) != 0)
         goto fail;
     int sharded = strcmp(c->dp_shard, "optimizer") == 0 && g->dp > 1;
+    /* floats a bucket, at least one: a bucket_mb under 4 bytes' worth gave 0, which
+     * cut_buckets reads as no limit (one bucket, the largest) */
+    size_t bucket_floats = (size_t)(c->dp_bucket_mb * 1048576.0 / sizeof(float));
     gpt_placement place = {g->pp, g->pp_rank, c->virtual_stages, r.ppc.slots,
-                           (size_t)(c->dp_bucket_mb * 1048576.0 / sizeof(float)),
-                           sharded ? g->dp : 1};
+                           bucket_floats > 0 ? bucket_floats : 1, sharded ? g->dp : 1};
     dp_init(&r.dpc, g->dp, g->dp_rank, sharded, strcmp(c->overlap_dp, "bucket") == 0, &r.dp,
             g->dp > 1 ? &r.dp_lane : NULL);
 
@@ -556,7 +559,6 @@ int train_run(const gptc_config *c, const grid *g) {
                        strcmp(c->lr_schedule, "cosine") == 0, c->beta1, c->beta2, c->eps,
                        c->weight_decay, c->grad_clip};
     int skip_bad = strcmp(c->nan_policy, "skip") == 0;
-    catch_stop_signals();
     current_step = first;
     long last_run = first - 1; /* the last step that ran */
     int stopped = 0;
@@ -585,7 +587,12 @@ int train_run(const gptc_config *c, const grid *g) {
      * run too and so counts in the timing's overhead */
     double total_wall_ms = 0;
     long timed_steps = 0;
-    for (long step = first; step <= c->steps; step++) {
+    /* a signal in the start-up (MPI's, loading train.init, checking the data: seconds in a
+     * large run) stops every rank before the first step, as one in a step does after it */
+    stopped = g_stop_signal != 0;
+    if (g->world > 1) stopped = comm_max_int(&r.world, stopped);
+    if (stopped) log_info("stopped by a signal before step %ld: no step ran\n", first);
+    for (long step = first; step <= c->steps && !stopped; step++) {
         double w0 = timing_now_ms();
         current_step = step;
         watchdog_beat();
@@ -678,9 +685,9 @@ int train_run(const gptc_config *c, const grid *g) {
                  "first); wall clock %.1f ms/step with the per-step bookkeeping\n",
                  last_run - first + 1, unsigned_nan(last_loss), total_ms / timed_steps,
                  tokens_per_step * timed_steps / (total_ms / 1000.0), total_wall_ms / timed_steps);
-    else if (first <= c->steps)
+    else if (last_run >= first)
         log_info("done: %ld steps, final loss %.6f\n", last_run - first + 1, unsigned_nan(last_loss));
-    else
+    else if (first > c->steps) /* (one stopped before its first step has said so) */
         log_info("done: no step to run (train.steps = %ld)%s\n", c->steps,
                  c->save[0] && !fresh ? "; nothing written to train.save" : "");
     run_free(&r);

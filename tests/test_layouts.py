@@ -3,6 +3,7 @@ d_model 64, 4 heads) for 4 steps from the same seed, under mpirun; losses and gr
 must match the single-rank run to 1e-5 relative. Also: a checkpoint written under one
 layout resumes under another with the losses of the uninterrupted single-rank run."""
 import os
+import re
 import sys
 import tempfile
 
@@ -100,6 +101,24 @@ LAYOUTS = [
 ]
 
 
+def check_smallest_buckets():
+    """overlap.dp_bucket_mb at its smallest (1e-6, under one float's 4 bytes) cuts as many
+    buckets as 4e-6 (one float): it was rounded to 0 floats, read as no limit, one bucket"""
+    counts = []
+    for mb in ("1e-6", "4e-6"):
+        r = run_train(model(256) + [f"--data.path={D}/tok256.h5", "--train.steps=1",
+                                    "--parallel.dp=2", "--overlap.dp=bucket",
+                                    f"--overlap.dp_bucket_mb={mb}", "--train.global_batch=8",
+                                    "--train.seq_len=32"], np_ranks=2, timeout=300)
+        m = re.search(r"data parallel: (\d+) buckets", r.stdout)
+        if r.returncode or not m:
+            fail(f"dp_bucket_mb = {mb}: exit {r.returncode}, no bucket count:\n{r.stderr[-1500:]}")
+        counts.append(int(m.group(1)))
+    if counts[0] != counts[1] or counts[0] < 2:
+        fail(f"dp_bucket_mb = 1e-6 cut {counts[0]} buckets, 4e-6 cut {counts[1]}")
+    print(f"ok   dp_bucket_mb at its smallest: {counts[0]} buckets, as at one float")
+
+
 def main():
     rng = np.random.default_rng(7)
     for vocab in (256, 251):  # 251 is prime: no tp divides it
@@ -166,6 +185,7 @@ def main():
                          "the single-rank run's", ("model", "optim/m", "optim/v"))
     print(f"ok   pp4 and single-rank final checkpoints hold the same tensors "
           f"(normwise {err:.1e})")
+    check_smallest_buckets()
     print("PASS: all layouts match the single-rank run")
 
 

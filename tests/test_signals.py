@@ -104,6 +104,56 @@ def check_reader_gone():
     print(f"ok   reader of stdout gone after one line: all {steps} steps ran, checkpoint written")
 
 
+def catches_sigterm(pid):
+    """1 when process pid has a handler of its own for SIGTERM (/proc's SigCgt mask)"""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(x.split()[1], 16) for x in f if x.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return 0
+    return caught >> (signal.SIGTERM - 1) & 1
+
+
+def check_stop_in_start():
+    """A signal in the start-up stops every rank before the first step: exit 0, one line,
+    no step run. Here rank 1 waits to read its config from a FIFO (as a rank may wait on a
+    slow file system, or load a large train.init, for seconds); SIGTERM then killed it
+    outright (exit 143), and mpirun the others."""
+    fifos = [f"{D}/start{k}.ini" for k in (0, 1)]
+    for f in fifos:
+        os.mkfifo(f)
+    log = f"{D}/start.jsonl"
+    args = BASE + ["--parallel.dp=2", f"--train.log_file={log}"]
+    cmd = [*MPIRUN, "-np", "1", TRAIN, fifos[0], *args, ":", "-np", "1", TRAIN, fifos[1], *args]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env(2))
+    rank1, deadline = None, time.time() + 60
+    while rank1 is None and time.time() < deadline and p.poll() is None:
+        for pid in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
+                                  text=True).stdout.split():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    mine = fifos[1].encode() in f.read().split(b"\0")
+            except OSError:
+                continue
+            if mine and catches_sigterm(pid):
+                rank1 = int(pid)
+        time.sleep(0.02)
+    if rank1 is None:
+        p.kill()
+        fail("stop in start-up: rank 1 never set its SIGTERM handler")
+    os.kill(rank1, signal.SIGTERM)
+    for f in fifos:  # only now the configs: the ranks read them and go on to step 1
+        with open(f, "w") as w:
+            w.write("[train]\nsteps = 5\n")
+    out, err = p.communicate(timeout=120)
+    steps = read_metrics(log) if os.path.exists(log) else []
+    if p.returncode != 0 or "stopped by a signal before step 1" not in out or steps:
+        fail(f"stop in start-up: exit {p.returncode}, {len(steps)} steps logged (want 0, "
+             f"exit 0 and the stop said):\n{out[-800:]}\n{err[-1500:]}")
+    print("ok   SIGTERM to rank 1 in its start-up: every rank stopped before step 1, exit 0")
+
+
 def main():
     write_tokens(f"{D}/tok.h5", np.random.default_rng(2).integers(0, 64, 20000), 64)
     full = {}
@@ -141,6 +191,7 @@ def main():
         print(f"ok   {name}: {signal.Signals(sig).name} to {ranks} rank(s) stopped after step {k}, "
               f"checkpoint written, resume matches the uninterrupted run")
     check_reader_gone()
+    check_stop_in_start()
     print("PASS: signals stop cleanly and resume exactly")
 
 

@@ -509,6 +509,19 @@ def main():
     want = sum(r["iter_ms"] - r["compute_ms"] - r["exposed_comm_ms"] for r in rows) / len(rows)
     if abs(ov["idle_ms"] - max(want, 0.0)) > 1e-3 or "nothing timed in flight" not in STDOUT["probe"]:
         fail(f"probe: overlap.idle_ms {ov['idle_ms']}, the steps give {want:.4f}")
+    # every step a probe: none ran with the policies, so their means, the work a step and
+    # the gain are null (they were 0.0: a gain of 0.00x), and the table says so
+    _, rep, _ = timed("allprobe", 2, ["--parallel.dp=2", "--overlap.dp=bucket",
+                                      "--profile.contention_probe=1"])
+    ov = rep["overlap"]
+    kept = [k for k in ("iter_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "idle_ms",
+                        "flops_per_step", "tflops", "gain") if ov[k] is not None]
+    kept += [f"by_parallelism.{p}" for p, v in ov["by_parallelism"].items()
+             if any(x is not None for x in v.values())]
+    if ov["policy_steps"] != 0 or ov["probe_steps"] != 2 * STEPS or kept or \
+            "no step ran with the policies" not in STDOUT["allprobe"]:
+        fail(f"every step a probe: {kept} not null, or the table does not say so: {ov}")
+    print("ok   every step a probe: the policies' means, work and gain are null")
     # profile.warmup = 1: the first step stays in the trace and the steps list (marked), and
     # out of every kernel count, mean and the overlap summary
     ev, rep, _ = timed("warmup", 2, ["--parallel.dp=2", "--overlap.dp=bucket",

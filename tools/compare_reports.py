@@ -96,6 +96,8 @@ def main():
     ap.add_argument("--top", type=int, default=25, help="op rows (default 25)")
     ap.add_argument("--names", nargs=2, metavar=("A_NAME", "B_NAME"), default=("A", "B"))
     args = ap.parse_args()
+    if args.top < 0:  # a negative slice would drop rows from the end
+        ap.error(f"--top {args.top}: give a count of rows, 0 or more")
     try:
         a, b = load(args.a), load(args.b)
     except ValueError as e:
