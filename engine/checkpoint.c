@@ -808,6 +808,9 @@ static int read_optim_t(const ckpt_file *f, long step, int *has_optim, long *opt
 ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *optim_t,
                      char *err, size_t errlen)
 {
+    ckpt_meta own; /* where the caller does not want it: read_optim_t needs its step */
+    if (!meta)
+        meta = &own;
     quiet_hdf5();
     struct stat st;
     if (!path || !*path) {
