@@ -24,26 +24,39 @@ int h5_missing_filter(hid_t dset, char *name, size_t n) {
     return missing;
 }
 
+/* A chunked dataset's chunks never written: 1 with *unwritten of *total, or 0 where this
+ * HDF5 cannot count them (H5Dget_num_chunks came in 1.10.5). Counted, as
+ * H5Dget_space_status says PART_ALLOCATED of whole datasets whose extent is no multiple of
+ * the chunk. */
+static int count_unwritten_chunks(hid_t dset, hid_t dcpl, hid_t space, long long *unwritten,
+                                  long long *total) {
+#if H5_VERSION_GE(1, 10, 5)
+    hsize_t dims[H5S_MAX_RANK], chunk[H5S_MAX_RANK], have = 0;
+    int nd = H5Sget_simple_extent_dims(space, dims, NULL);
+    long long want = nd >= 0 && H5Pget_chunk(dcpl, nd, chunk) == nd ? 1 : 0;
+    for (int i = 0; i < nd && want; i++) want *= (long long)((dims[i] + chunk[i] - 1) / chunk[i]);
+    if (want <= 0 || H5Dget_num_chunks(dset, space, &have) < 0) return 0;
+    if ((long long)have < want) *unwritten = want - (long long)have, *total = want;
+    return 1;
+#else
+    (void)dset, (void)dcpl, (void)space, (void)unwritten, (void)total;
+    return 0;
+#endif
+}
+
 int h5_unwritten(hid_t dset, long long *unwritten, long long *total) {
     *unwritten = *total = 0;
     hid_t dcpl = H5Dget_create_plist(dset), space = H5Dget_space(dset);
     H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
     int own = dcpl >= 0 && space >= 0 && layout != H5D_VIRTUAL &&
               H5Pget_external_count(dcpl) == 0 && H5Sget_simple_extent_npoints(space) > 0;
-    if (own && layout == H5D_CHUNKED) {
-        /* H5Dget_space_status says PART_ALLOCATED for whole datasets whose extent is no
-         * multiple of the chunk, so the chunks are counted */
-        hsize_t dims[H5S_MAX_RANK], chunk[H5S_MAX_RANK], have = 0;
-        int nd = H5Sget_simple_extent_dims(space, dims, NULL);
-        long long want = nd >= 0 && H5Pget_chunk(dcpl, nd, chunk) == nd ? 1 : 0;
-        for (int i = 0; i < nd && want; i++) want *= (long long)((dims[i] + chunk[i] - 1) / chunk[i]);
-        if (want > 0 && H5Dget_num_chunks(dset, space, &have) >= 0 && (long long)have < want)
-            *unwritten = want - (long long)have, *total = want;
-    } else if (own && layout == H5D_CONTIGUOUS) {
-        H5D_space_status_t status;
-        if (H5Dget_space_status(dset, &status) >= 0 && status == H5D_SPACE_STATUS_NOT_ALLOCATED)
-            *unwritten = *total = 1;
-    }
+    int counted = own && layout == H5D_CHUNKED &&
+                  count_unwritten_chunks(dset, dcpl, space, unwritten, total);
+    /* else: contiguous storage is all there or none (compact always is) */
+    H5D_space_status_t status;
+    if (own && !counted && layout != H5D_COMPACT && H5Dget_space_status(dset, &status) >= 0 &&
+        status == H5D_SPACE_STATUS_NOT_ALLOCATED)
+        *unwritten = *total = 1;
     if (space >= 0) H5Sclose(space);
     if (dcpl >= 0) H5Pclose(dcpl);
     return *unwritten > 0;
