@@ -117,7 +117,30 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
     return 0;
 }
 
+/* The descriptor path names when it is one of this process's open files: /dev/stdout,
+ * /dev/stderr, /dev/fd/N, /proc/self/fd/N; else -1. Opened anew, such a path is a second
+ * open file with an offset of its own: into a file the shell redirected stdout to, it
+ * truncated the run's lines (O_TRUNC) or wrote over them, and the lines after it wrote
+ * over it. A dup shares the one offset. */
+static int own_descriptor(const char *path) {
+    if (strcmp(path, "/dev/stdout") == 0) return STDOUT_FILENO;
+    if (strcmp(path, "/dev/stderr") == 0) return STDERR_FILENO;
+    const char *n = strncmp(path, "/dev/fd/", 8) == 0           ? path + 8
+                    : strncmp(path, "/proc/self/fd/", 14) == 0 ? path + 14
+                                                                : NULL;
+    if (!n || !*n || strlen(n) > 6 || strspn(n, "0123456789") != strlen(n)) return -1;
+    return atoi(n);
+}
+
 FILE *output_stream_open(const char *path, int append) {
+    int own = own_descriptor(path);
+    if (own >= 0) {
+        fflush(stdout); /* what the run printed goes first */
+        int fd = dup(own);
+        FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+        if (!f && fd >= 0) close(fd);
+        return f;
+    }
     int fd = open(path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_NONBLOCK, 0644);
     if (fd < 0) return NULL;
     int flags = fcntl(fd, F_GETFL); /* blocking again: a slow reader slows the writes */
@@ -140,12 +163,12 @@ const char *output_stream_error(int errnum, char *buf, size_t n) {
 
 int output_replace(const char *tmp, const char *path, char *why, size_t n) {
     const char *step = NULL;
-    int fd = open(tmp, O_RDONLY);
-    if (fd < 0 || fsync(fd) != 0) step = "cannot fsync";
+    int fd = open(tmp, O_RDONLY), e = 0;
+    if (fd < 0 || fsync(fd) != 0) step = "cannot fsync", e = errno;
     if (fd >= 0) close(fd);
-    if (!step && rename(tmp, path) != 0) step = "cannot rename into place";
+    if (!step && rename(tmp, path) != 0) step = "cannot rename into place", e = errno;
     if (step) {
-        snprintf(why, n, "%s temporary file %s: %s", step, tmp, strerror(errno));
+        snprintf(why, n, "%s temporary file %s: %s", step, tmp, strerror(e));
         return -1;
     }
     /* the rename is durable only once the directory entry is on disk */
@@ -170,7 +193,11 @@ static void whole_free(output_whole *o) {
 int output_whole_open(output_whole *o, const char *path, char *why, size_t n) {
     *o = (output_whole){0};
     struct stat st;
-    int in_place = stat(path, &st) == 0 && !S_ISREG(st.st_mode);
+    /* /dev/stdout is a link, through /proc, to whatever stdout is: a file the shell
+     * redirected it to is written through stdout's descriptor (output_stream_open), not
+     * replaced under the shell */
+    int in_place = strncmp(path, "/dev/", 5) == 0 || strncmp(path, "/proc/", 6) == 0 ||
+                   (stat(path, &st) == 0 && !S_ISREG(st.st_mode));
     o->path = in_place ? strdup(path) : realpath(path, NULL);
     if (!o->path && errno == ENOENT) o->path = strdup(path); /* not yet made */
     size_t len = o->path ? strlen(o->path) + 32 : 0;

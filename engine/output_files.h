@@ -12,7 +12,10 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
 
 /* fopen(path, append ? "a" : "w") for a stream output (metrics, trace, report), except
  * that a FIFO with no reader fails at once, errno ENXIO (output_stream_error says so),
- * where fopen would wait for a reader forever; one with a reader is written as a file. */
+ * where fopen would wait for a reader forever; one with a reader is written as a file.
+ * /dev/stdout, /dev/stderr, /dev/fd/N and /proc/self/fd/N are written through a dup of
+ * that descriptor, after stdout is flushed: into a file the shell redirected stdout to,
+ * the output lands between the run's lines, not over them. */
 FILE *output_stream_open(const char *path, int append);
 
 /* buf[n] = why output_stream_open failed, from its errno */
@@ -28,7 +31,8 @@ int output_replace(const char *tmp, const char *path, char *why, size_t n);
  * file, or a name not yet taken, is written as PATH.tmp.<pid> beside it and put in its
  * place by output_whole_close, so that a full disk or a kill leaves the earlier file as it
  * was, never a torn one; a symbolic link's target is the file replaced. A FIFO or a device
- * (a reader, /dev/stdout) is written in place, as output_stream_open does. */
+ * (a reader, /dev/stdout) is written in place, as output_stream_open does, and so is any
+ * path under /dev or /proc. */
 typedef struct {
     FILE *f;
     char *path; /* the file replaced (a link's target) */

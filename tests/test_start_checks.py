@@ -205,6 +205,37 @@ def check_outputs(a):
             "2 step line(s) could not be written" not in warned[1]:
         fail(f"metrics to /dev/full: exit {r.returncode}, warnings {warned}\n{r.stderr[-800:]}")
     print(f"ok   metrics to /dev/full: {warned[0]}")
+    check_stdout_file(a)
+
+
+def check_stdout_file(a):
+    """An output to /dev/stdout while the shell sends stdout to a file: the file holds the
+    run's lines and the output between them, each whole. /dev/stdout opened anew was a
+    second open file: the metrics' O_TRUNC cut the lines before it, the report was
+    written over from its start by the table printed after it."""
+    import json
+    for name, extra in (("metrics", ["--train.log_file=/dev/stdout"]),
+                        ("report", ["--profile.timing=kernel", "--profile.report=/dev/stdout"])):
+        path = f"{D}/{name}.stdout"
+        with open(path, "w") as out:
+            r = subprocess.run([TRAIN, f"{a}/cfg.ini", *extra], stdout=out,
+                               stderr=subprocess.PIPE, text=True, timeout=60, env=env())
+        with open(path) as f:
+            lines = f.read().splitlines()
+        metrics = [json.loads(x) for x in lines if x.startswith('{"step"')]
+        said = [x for x in lines if x.startswith("step ") or x.startswith("done:")]
+        whole = name == "metrics" and [m["step"] for m in metrics] == [1, 2]
+        if name == "report" and "{" in lines and "}" in lines:
+            try:
+                whole = "kernels" in json.loads("\n".join(lines[lines.index("{"):
+                                                                lines.index("}") + 1]))
+            except ValueError:
+                whole = False
+        if r.returncode or not whole or len(said) != 3 or "[train]" not in lines:
+            fail(f"{name} to /dev/stdout sent to a file: exit {r.returncode}, the file holds "
+                 f"{len(lines)} lines, {len(said)} step and done lines:\n" + "\n".join(lines[:40]))
+    print("ok   metrics and report to /dev/stdout sent to a file: the run's lines and the "
+          "output, each whole")
 
 
 def main():
