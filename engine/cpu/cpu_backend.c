@@ -6,17 +6,52 @@
 #include "engine/cpu/cpu_blas.h"
 #include "engine/cpu/cpu_ops.h"
 
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
+
+/* Bytes the CPU backend holds in this process, and the most it may: the machine's memory
+ * and swap. Linux overcommits, so an allocation past that succeeded, the memset below woke
+ * the OOM killer, and the run ended without a word (gpt2-124m's activations on the CPU);
+ * refused here instead, the caller says what for. */
+static atomic_size_t cpu_held;
+
+static size_t cpu_limit(void) {
+    /* a test's small machine: the sum of the allocations is what is checked */
+    const char *test = getenv("GPTC_TEST_CPU_MEMORY_BYTES");
+    if (test && *test) return (size_t)strtoull(test, NULL, 10);
+    struct sysinfo si;
+    if (sysinfo(&si) != 0) return SIZE_MAX;
+    return ((size_t)si.totalram + (size_t)si.totalswap) * (size_t)si.mem_unit;
+}
+
+enum { CPU_HEADER = 64 }; /* before each block: its size; 64 bytes keep it aligned */
 
 static void *cpu_alloc(size_t bytes) {
+    size_t want = CPU_HEADER + (bytes ? bytes : 64);
+    if (want < bytes || atomic_fetch_add(&cpu_held, want) + want > cpu_limit()) {
+        atomic_fetch_sub(&cpu_held, want);
+        return NULL;
+    }
     /* 64-byte alignment keeps AVX-512 loads in the BLAS and loops aligned */
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
-    memset(p, 0, bytes);
-    return p;
+    if (posix_memalign(&p, 64, want) != 0) {
+        atomic_fetch_sub(&cpu_held, want);
+        return NULL;
+    }
+    *(size_t *)p = want;
+    memset((char *)p + CPU_HEADER, 0, bytes);
+    return (char *)p + CPU_HEADER;
 }
-static void cpu_release(void *p) { free(p); }
+static void cpu_release(void *p) {
+    if (!p) return;
+    char *block = (char *)p - CPU_HEADER;
+    atomic_fetch_sub(&cpu_held, *(size_t *)block);
+    free(block);
+}
+static void cpu_release_host(void *p) { free(p); }
 static void cpu_zero(void *p, size_t bytes, gptc_stream *s) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes, gptc_stream *s) {
     memcpy(dst, src, bytes);
@@ -55,7 +90,7 @@ static const gptc_backend CPU = {
     .copy_from_host = cpu_copy,
     .copy_to_host = cpu_copy,
     .alloc_host = cpu_alloc_host,
-    .release_host = cpu_release,
+    .release_host = cpu_release_host,
     .copy_async = cpu_copy_async,
     .synchronize = cpu_stream_synchronize,
     .stream_create = cpu_stream_create,
