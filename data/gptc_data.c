@@ -34,7 +34,7 @@ static const char USAGE[] =
     "  concatenated in the order given, '-' reads stdin.\n"
     "  --vocab N   vocab_size attribute to store (default 256; every byte must be < N).\n"
     "              Tokens are stored as uint16 when N <= 65536, else uint32.\n"
-    "  --out PATH  output HDF5 file (written to PATH.tmp, then renamed).\n"
+    "  --out PATH  output HDF5 file (written to PATH.tmp.<pid>, then renamed).\n"
     "  --help      this text.\n";
 
 typedef struct {
@@ -276,14 +276,16 @@ int main(int argc, char **argv) {
         return p > 0 ? 0 : 2;
     }
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    size_t len = strlen(o.out);
-    char *tmp = malloc(len + 5);
+    /* the process's own name, as the trainer's checkpoints: a fixed PATH.tmp was truncated
+     * and renamed away when it was a user's file, and two conversions to one --out wrote
+     * into one temporary file */
+    size_t len = strlen(o.out) + 32;
+    char *tmp = malloc(len);
     if (!tmp) {
         fprintf(stderr, "gptc-data: out of memory\n");
         return 1;
     }
-    memcpy(tmp, o.out, len);
-    memcpy(tmp + len, ".tmp", 5);
+    snprintf(tmp, len, "%s.tmp.%ld", o.out, (long)getpid());
     /* as the trainer's train.save: rename() would put the file in place of a device or a
      * FIFO (as root, of /dev/null itself) */
     char err[2048];

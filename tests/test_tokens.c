@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "data/tokens.h"
 
+#include <dirent.h>
 #include <hdf5.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -37,6 +38,18 @@ static const char *tmp_path(const char *name) {
     }
     snprintf(made[n_made], sizeof made[0], "%s/%s", tmpdir, name);
     return made[n_made++];
+}
+
+/* 1 when tmpdir holds a temporary file of gptc-data's output base (base.tmp.<pid>) */
+static int tmp_left(const char *base) {
+    char prefix[320];
+    snprintf(prefix, sizeof prefix, "%s.tmp.", base);
+    DIR *d = opendir(tmpdir);
+    int found = 0;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        found |= strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    if (d) closedir(d);
+    return found;
 }
 
 static void cleanup(void) {
@@ -522,11 +535,18 @@ static void test_cli(const char *bin) {
     char cmd[2048];
 
     const char *out = tmp_path("text.h5");
-    tmp_path("text.h5.tmp");
+    /* a user's file of the name a fixed temporary file had: truncated and renamed away */
+    const char *users = tmp_path("text.h5.tmp");
+    write_text(users, "mine\n", 5);
     snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' '%s' > /dev/null", bin, out, pa, pb);
     check(run(cmd) == 0, "cli: %s failed", cmd);
-    check(access(made[n_made - 1], F_OK) != 0, "cli: the .tmp file was left behind");
+    check(!tmp_left("text.h5"), "cli: the temporary file was left behind");
     check_converted("cli bytes", out, want, n, 256, 2);
+    unsigned char mine[8] = {0};
+    FILE *fu = fopen(users, "rb");
+    check(fu && fread(mine, 1, sizeof mine, fu) == 5 && memcmp(mine, "mine\n", 5) == 0,
+          "cli: a user's text.h5.tmp was changed");
+    if (fu) fclose(fu);
     char err[512] = "";
     batch_loader *l = loader_create(out, 8, 2, 0, 2, 256, 0, 0, err, sizeof err);
     check(l != NULL, "cli: loader on the output failed: %s", err);
@@ -569,7 +589,7 @@ static void test_cli(const char *bin) {
     check(run(cmd) != 0, "cli: an unknown option was accepted");
     snprintf(cmd, sizeof cmd, "'%s' --help > /dev/null", bin);
     check(run(cmd) == 0, "cli: --help failed");
-    check(access(tmp_path("bad.h5.tmp"), F_OK) != 0, "cli: a failed run left bad.h5.tmp");
+    check(!tmp_left("bad.h5"), "cli: a failed run left a temporary bad.h5.tmp.<pid>");
 
     /* --out naming an input, by another path: refused, the input untouched */
     snprintf(cmd, sizeof cmd, "cd '%s' && '%s' --out ./a.txt '%s' 2> /dev/null", tmpdir, bin, pa);
@@ -603,11 +623,12 @@ static void test_cli(const char *bin) {
     snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' > /dev/null", bin, out, pa);
     check(run(cmd) == 0, "cli: --out onto an earlier output was refused");
 
-    /* an input named as --out's temporary file, which the run truncates at its start */
+    /* an input named as a fixed temporary file of --out would be (PATH.tmp), which the run
+     * truncated at its start: converted, and untouched */
     const char *as_tmp = tmp_path("corpus.tmp");
     write_text(as_tmp, a, sizeof a - 1);
-    snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' 2> /dev/null", bin, tmp_path("corpus"), as_tmp);
-    check(run(cmd) != 0, "cli: an input named as --out's temporary file was accepted");
+    snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' > /dev/null", bin, tmp_path("corpus"), as_tmp);
+    check(run(cmd) == 0, "cli: an input named corpus.tmp, --out corpus, was refused");
     fa = fopen(as_tmp, "rb");
     check(fa && fread(back, 1, sizeof a - 1, fa) == sizeof a - 1 && memcmp(back, a, sizeof a - 1) == 0,
           "cli: an input named as --out's temporary file was changed");
@@ -616,11 +637,10 @@ static void test_cli(const char *bin) {
     /* stopped by SIGINT while it waits for input (its temporary file already made): the
      * temporary file goes with it */
     const char *stopped = tmp_path("stopped.h5");
-    const char *stopped_tmp = tmp_path("stopped.h5.tmp");
     snprintf(cmd, sizeof cmd, "sleep 1 | timeout -s INT 0.3 '%s' --out '%s' - 2> /dev/null", bin,
              stopped);
     check(run(cmd) != 0, "cli: a run stopped by SIGINT exited 0");
-    check(access(stopped_tmp, F_OK) != 0, "cli: a run stopped by SIGINT left %s", stopped_tmp);
+    check(!tmp_left("stopped.h5"), "cli: a run stopped by SIGINT left its temporary file");
     check(access(stopped, F_OK) != 0, "cli: a run stopped by SIGINT wrote %s", stopped);
 }
 
