@@ -71,6 +71,8 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.steps < 3:
+        ap.error("need --steps >= 3 (the first 2 are not timed)")
     work = tempfile.mkdtemp(prefix="gptc_scaling_")
     tokens = os.path.join(work, "tokens.h5")
     with h5py.File(tokens, "w") as f:

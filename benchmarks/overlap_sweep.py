@@ -530,6 +530,11 @@ def main():
             ap.error(f"unknown layout {l}")
     if a.steps < 3 or a.timeline_step > a.steps:
         ap.error("need --steps >= 3 and --timeline-step <= --steps")
+    try:  # the plots at the end need it: say so before a sweep of minutes, not after
+        import matplotlib  # noqa: F401
+    except ImportError:
+        ap.error("needs matplotlib for its figures (Debian: apt-get install python3-matplotlib, "
+                 "then run it with /usr/bin/python3)")
     if not a.plot_only:
         t0 = time.time()
         sweep(a)

@@ -21,6 +21,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     a = ap.parse_args()
+    if a.ranks < 1 or a.reps < 1 or a.steps < 3:
+        ap.error("need --ranks >= 1, --reps >= 1 and --steps >= 3 (the first 2 are not timed)")
     work = tempfile.mkdtemp(prefix="gptc_overhead_")
     tok = os.path.join(work, "tok.h5")
     with h5py.File(tok, "w") as f:

@@ -43,6 +43,11 @@ def parse_args():
     args = ap.parse_args()
     if args.steps <= WARMUP_STEPS:
         ap.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps")
+    if min(args.n_layer, args.n_head, args.d_model, args.seq, args.batch, args.vocab,
+           args.threads) < 1 or args.d_model % args.n_head:
+        ap.error("need positive sizes and --d_model a multiple of --n_head")
+    if args.n_ctx and args.n_ctx < args.seq:
+        ap.error(f"--n_ctx {args.n_ctx} is shorter than --seq {args.seq}")
     return args
 
 

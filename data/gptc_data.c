@@ -68,7 +68,7 @@ static int parse_args(int argc, char **argv, options *o) {
             fputs(USAGE, stdout);
             return 1;
         } else if (strcmp(a, "--out") == 0 || strcmp(a, "--vocab") == 0) {
-            if (i + 1 >= argc) {
+            if (i + 1 >= argc || !argv[i + 1][0]) {
                 fprintf(stderr, "gptc-data: %s needs a value (see --help)\n", a);
                 return -1;
             }

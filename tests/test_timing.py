@@ -349,8 +349,18 @@ def check_compare_reports(a, b):
     if bad.returncode != 1 or not bad.stderr.startswith(f"compare_reports: {D}/tok.h5: "):
         fail(f"compare_reports took a token file for a report: exit {bad.returncode}, "
              f"{bad.stderr!r}")
+    # a field of the wrong type: one line, no traceback, no half of the tables
+    next(k for k in rb["kernels"] if k["kind"] == "compute")["mean_us"] = "x"
+    with open(f"{D}/typo.report.json", "w") as f:
+        json.dump(rb, f)
+    bad = subprocess.run([sys.executable, tool, a, f"{D}/typo.report.json"], capture_output=True,
+                         text=True)
+    if bad.returncode != 1 or bad.stdout or len(bad.stderr.splitlines()) != 1 or \
+            "not a gptc timing report" not in bad.stderr:
+        fail(f"compare_reports on a report with a mean of the wrong type: exit "
+             f"{bad.returncode}, stdout {len(bad.stdout)} chars, stderr {bad.stderr!r}")
     print("ok   tools/compare_reports.py: the two dp2 runs' step and all-reduce figures side "
-          "by side; a file that is no report refused")
+          "by side; a file that is no report, or one with a field of the wrong type, refused")
 
 
 def main():

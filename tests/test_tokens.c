@@ -585,6 +585,9 @@ static void test_cli(const char *bin) {
     check(run(cmd) != 0, "cli: a byte >= --vocab was accepted");
     snprintf(cmd, sizeof cmd, "'%s' --out '%s' 2> /dev/null", bin, bad);
     check(run(cmd) != 0, "cli: no inputs was accepted");
+    snprintf(cmd, sizeof cmd, "'%s' --out '' '%s' 2>&1 | grep -q '^gptc-data: --out needs a value'",
+             bin, pa);
+    check(run(cmd) == 0, "cli: --out '' was not refused as a missing value");
     snprintf(cmd, sizeof cmd, "'%s' --bogus 2> /dev/null", bin);
     check(run(cmd) != 0, "cli: an unknown option was accepted");
     snprintf(cmd, sizeof cmd, "'%s' --help > /dev/null", bin);

@@ -17,6 +17,7 @@ reports have device kernels (CUPTI), last the kernels behind the ops the same wa
 Only the Python standard library: it runs wherever the reports are."""
 import argparse
 import json
+import signal
 import sys
 
 
@@ -25,8 +26,12 @@ def load(path):
     try:
         with open(path) as f:
             r = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: {e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (a gptc timing report is JSON)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror}") from None
     if not isinstance(r, dict) or "kernels" not in r or "overlap" not in r:
         raise ValueError(f"{path}: not a gptc timing report (no kernels or overlap)")
     return r
@@ -90,7 +95,8 @@ def step_rows(a, b):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # | head: end quietly, as other tools do
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--top", type=int, default=25, help="op rows (default 25)")
@@ -104,13 +110,27 @@ def main():
         print(f"compare_reports: {e}", file=sys.stderr)
         return 1
     na, nb = args.names
+    # every figure first, so that a report with a field of the wrong type fails in one line
+    # before any of the tables is printed
+    try:
+        steps, oa, ob, da, db = step_rows(a, b), ops(a), ops(b), device(a), device(b)
+        names = by_change(oa, ob)
+        pairs = by_change(da, db) if da and db else []
+        for label, x, y, spec in steps:
+            num(x, spec), num(y, spec), num(ratio(x, y), ".3f")
+        for r in list(oa.values()) + list(ob.values()):
+            num(r[0], ".1f"), num(r[1], ".2f"), num(r[2], ".2f")
+        for r in (a, b):
+            int(r["ranks"]), int(r["overlap"]["policy_steps"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        print(f"compare_reports: {args.a} or {args.b}: not a gptc timing report as this tool "
+              f"reads it ({type(e).__name__}: {e})", file=sys.stderr)
+        return 1
     print(f"{na}: {args.a} ({a['ranks']} rank(s), {a['overlap']['policy_steps']} step row(s))  ")
     print(f"{nb}: {args.b} ({b['ranks']} rank(s), {b['overlap']['policy_steps']} step row(s))\n")
     print(f"| per step and rank | {na} | {nb} | {nb} / {na} |\n|---|---|---|---|")
-    for label, x, y, spec in step_rows(a, b):
+    for label, x, y, spec in steps:
         print(f"| {label} | {num(x, spec)} | {num(y, spec)} | {num(ratio(x, y), '.3f')} |")
-    oa, ob = ops(a), ops(b)
-    names = by_change(oa, ob)
     print(f"\nOps, the largest change in time per step first ({min(args.top, len(names))} of "
           f"{len(names)}):\n")
     print(f"| op | {na} us/step | {nb} us/step | change us/step | {na} mean us | {nb} mean us | "
@@ -122,9 +142,7 @@ def main():
               f"{num(x and x[1], '.2f')} | {num(y and y[1], '.2f')} | "
               f"{num(ratio(x and x[1], y and y[1]), '.3f')} | {num(x and x[2], '.2f')} | "
               f"{num(y and y[2], '.2f')} |")
-    da, db = device(a), device(b)
-    if da and db:
-        pairs = by_change(da, db)
+    if pairs:
         print(f"\nDevice kernels behind the ops (CUPTI), the largest change in time per step "
               f"first ({min(args.top, len(pairs))} of {len(pairs)}):\n")
         print(f"| op | kernel | {na} us/step | {nb} us/step | change us/step | {na} mean us | "
