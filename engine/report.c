@@ -273,7 +273,7 @@ static void print_row(const char *name, const char *kind, const merged_kernel *x
     kernel_means m = means_of(x);
     kernel_rates r = rates_of(x);
     char a[32], b[32], c[32], d[32], e[32], f[32], g[32];
-    printf("%-20s %-7s %8ld %11.2f %10.1f %8s %8s %11s %11s %8s %10s %8s\n", name, kind,
+    printf("%-26s %-7s %8ld %11.2f %10.1f %8s %8s %11s %11s %8s %10s %8s\n", name, kind,
            x->count, x->sum / 1e3, m.mean, num(f, "%.2f", r.tflops, "-"),
            num(g, "%.1f", r.gbps, "-"), num(a, "%.1f", m.iso, "-"), num(b, "%.1f", m.ovl, "-"),
            num(c, "%.2f", m.slow, "-"), num(d, "%.1f", probe_mean, "-"),
@@ -289,7 +289,7 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
     if (timing_warmup() > 0)
         printf("# the run's first %d step(s) left out as warm-up (profile.warmup): they are "
                "in the trace only\n", timing_warmup());
-    printf("%-20s %-7s %8s %11s %10s %8s %8s %11s %11s %8s %10s %8s\n", "kernel", "kind",
+    printf("%-26s %-7s %8s %11s %10s %8s %8s %11s %11s %8s %10s %8s\n", "kernel", "kind",
            "count", "total ms", "mean us", "TFLOP/s", "GB/s", "isolated", "overlapped",
            "slowdown", "probe us", "vs probe");
     for (int i = 0; i < n; i++) {
