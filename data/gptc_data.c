@@ -296,6 +296,9 @@ int main(int argc, char **argv) {
         free(o.inputs);
         return 1;
     }
+    /* the temporary files of conversions killed mid-way (SIGKILL: the others remove their
+     * own), whose process is gone, as the trainer's saves do */
+    save_dir_tidy(o.out, 1, 1, NULL, NULL);
     g_tmp = tmp;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

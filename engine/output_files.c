@@ -281,7 +281,7 @@ static void remove_if_stale(const char *dir, const char *base, const char *entry
     if (pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
         char full[2 * CFG_STR_MAX];
         snprintf(full, sizeof(full), "%s/%s", dir, entry);
-        if (unlink(full) == 0) log_info("removed %s, left by an interrupted save\n", full);
+        if (unlink(full) == 0) log_info("removed %s, left by a write that was killed\n", full);
     }
 }
 
