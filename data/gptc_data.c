@@ -305,6 +305,7 @@ int main(int argc, char **argv) {
     sa.sa_handler = remove_tmp_and_die;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    signal(SIGXFSZ, SIG_IGN); /* past RLIMIT_FSIZE: EFBIG, reported, not a silent kill */
     long n = write_tokens(&o, tmp);
     g_tmp = NULL;
     int rc = 0;

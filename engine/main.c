@@ -91,6 +91,9 @@ int main(int argc, char **argv) {
      * no run: the lines are lost, as to a closed stdout, while training, its checkpoints
      * and train.log_file go on */
     signal(SIGPIPE, SIG_IGN);
+    /* past RLIMIT_FSIZE a write fails with EFBIG, which the outputs report in one line (the
+     * signal killed the rank instead: no word, a torn metrics line, a temporary left) */
+    signal(SIGXFSZ, SIG_IGN);
 
     int help = 0, help0;
     for (int i = 1; i < argc; i++)

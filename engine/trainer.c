@@ -52,6 +52,13 @@ void train_catch_stop_signals(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* a launcher may pass them on blocked: they then stayed pending to the last step. Before
+     * MPI starts its threads, which inherit this mask */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigprocmask(SIG_UNBLOCK, &stop, NULL);
 }
 
 /* The compute backend of train.device, and NVML when profile.power is on. Collective: a

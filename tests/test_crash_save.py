@@ -185,10 +185,11 @@ def expect_failed_save(name, ckpt, run, cause):
 
 
 def check_full_disk(ckpt):
-    """Writes past RLIMIT_FSIZE fail with EFBIG (SIGXFSZ ignored, as a full disk fails
-    with ENOSPC): HDF5 then fails to write the temporary checkpoint."""
+    """Writes past RLIMIT_FSIZE fail with EFBIG (gptc-train ignores SIGXFSZ itself: the
+    signal killed it, exit 153 and no word, until it did), as a full disk fails with ENOSPC:
+    HDF5 then fails to write the temporary checkpoint."""
     def limit():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # as a shell leaves it
         resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))  # MPI start-up needs a few MB
 
     with h5py.File(ckpt, "r") as f:

@@ -27,15 +27,17 @@ BASE = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.
         "--train.lr_schedule=cosine", "--train.warmup_steps=3"]
 
 
-def interrupted(name, ranks, sig, extra=()):
-    """Starts a run, signals every rank once step 3 is logged; returns the metrics."""
+def interrupted(name, ranks, sig, extra=(), blocked=False):
+    """Starts a run, signals every rank once step 3 is logged; returns the metrics.
+    blocked: the run starts with sig blocked, as a launcher may pass it on."""
     log = f"{D}/{name}.jsonl"
     args = BASE + [f"--train.log_file={log}", f"--train.save={D}/{name}.h5", *extra]
     if ranks > 1:
         args.append(f"--parallel.dp={ranks}")
     cmd = ([*MPIRUN, "-np", str(ranks)] if ranks > 1 else []) + [TRAIN, *args]
+    block = (lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {sig})) if blocked else None
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env(ranks))
+                         env=env(ranks), preexec_fn=block)
     deadline = time.time() + 120
     while time.time() < deadline:
         if os.path.exists(log) and len(read_metrics(log)) >= 3:
@@ -192,6 +194,9 @@ def main():
               f"checkpoint written, resume matches the uninterrupted run")
     check_reader_gone()
     check_stop_in_start()
+    # SIGTERM blocked by the launcher: it stayed pending, and the run went on to its end
+    done = interrupted("blocked1", 1, signal.SIGTERM, blocked=True)
+    print(f"ok   SIGTERM, blocked when the run started, stopped it after step {done[-1]['step']}")
     print("PASS: signals stop cleanly and resume exactly")
 
 
