@@ -504,17 +504,11 @@ static void put_work(text *t, const merged_kernel *x) {
         num(a, "%.6g", r.tflops, "null"), num(b, "%.6g", r.gbps, "null"));
 }
 
-/* a reading that failed is null */
-static void put_number(text *t, const char *key, double v) {
-    if (isfinite(v)) put(t, ", \"%s\": %.3f", key, v);
-    else put(t, ", \"%s\": null", key);
-}
-
-/* "key": v in ms to 4 decimals, null where there is none (NaN); the first of an object
- * (after its "{") has no comma */
-static void put_number4(text *t, const char *key, double v) {
+/* "key": v to the given decimals, null where there is none (a reading that failed, a
+ * mean of no steps: NaN); the first of an object (after its "{") has no comma */
+static void put_number(text *t, const char *key, double v, int decimals) {
     const char *sep = t->n > 0 && t->s[t->n - 1] == '{' ? "" : ", ";
-    if (isfinite(v)) put(t, "%s\"%s\": %.4f", sep, key, v);
+    if (isfinite(v)) put(t, "%s\"%s\": %.*f", sep, key, decimals, v);
     else put(t, "%s\"%s\": null", sep, key);
 }
 
@@ -530,9 +524,9 @@ static void steps_text(text *t, int rank) {
             put(t, ", \"%s_comm_ms\": %.4f, \"%s_exposed_comm_ms\": %.4f", timing_par_name(par),
                 s[i].par_comm_ms[par], timing_par_name(par), s[i].par_exposed_ms[par]);
         if (s[i].has_power) {
-            put_number(t, "energy_j", s[i].energy_j);
-            put_number(t, "power_w", s[i].power_w);
-            put_number(t, "sm_clock_mhz", s[i].sm_clock_mhz);
+            put_number(t, "energy_j", s[i].energy_j, 3);
+            put_number(t, "power_w", s[i].power_w, 3);
+            put_number(t, "sm_clock_mhz", s[i].sm_clock_mhz, 3);
         }
         put(t, "},\n");
     }
@@ -667,18 +661,18 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             put(&tail, "  ],\n  \"probe_kernels\": [\n%s  ],\n  \"device_kernels\": [\n%s  ],\n"
                        "  \"overlap\": {\"policy_steps\": %ld, \"probe_steps\": %ld",
                 pj.s ? pj.s : "", dj.s ? dj.s : "", pol.n, probe.n);
-            put_number4(&tail, "iter_ms", pol.iter + have);
-            put_number4(&tail, "compute_ms", pol.compute + have);
-            put_number4(&tail, "comm_ms", pol.comm + have);
-            put_number4(&tail, "exposed_comm_ms", pol.exposed + have);
-            put_number4(&tail, "hidden_comm_ms", pol.comm - pol.exposed + have);
-            put_number4(&tail, "idle_ms", idle_ms(&pol) + have);
+            put_number(&tail, "iter_ms", pol.iter + have, 4);
+            put_number(&tail, "compute_ms", pol.compute + have, 4);
+            put_number(&tail, "comm_ms", pol.comm + have, 4);
+            put_number(&tail, "exposed_comm_ms", pol.exposed + have, 4);
+            put_number(&tail, "hidden_comm_ms", pol.comm - pol.exposed + have, 4);
+            put_number(&tail, "idle_ms", idle_ms(&pol) + have, 4);
             put(&tail, ", \"by_parallelism\": {");
             for (int par = TP_DP; par < TIMING_PARS; par++) {
                 put(&tail, "%s\"%s\": {", par > TP_DP ? ", " : "", timing_par_name(par));
-                put_number4(&tail, "comm_ms", pol.par_comm[par] + have);
-                put_number4(&tail, "exposed_comm_ms", pol.par_exposed[par] + have);
-                put_number4(&tail, "hidden_comm_ms", pol.par_comm[par] - pol.par_exposed[par] + have);
+                put_number(&tail, "comm_ms", pol.par_comm[par] + have, 4);
+                put_number(&tail, "exposed_comm_ms", pol.par_exposed[par] + have, 4);
+                put_number(&tail, "hidden_comm_ms", pol.par_comm[par] - pol.par_exposed[par] + have, 4);
                 put(&tail, "}");
             }
             put(&tail, "}, ");
