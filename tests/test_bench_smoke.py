@@ -19,12 +19,12 @@ from gptc_testlib import BUILD, env, fail  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 D = tempfile.mkdtemp(prefix="gptc_bench_smoke_")
-VARIANTS = {"bf16_dq_atomic": ["GPTC_ATTENTION_DQ"],
+VARIANTS = {"bf16_attn_bias_pass": ["GPTC_ATTENTION_BIAS"],
+            "bf16_rows64": ["GPTC_ATTENTION_FWD_ROWS"],
+            "bf16_dq_atomic": ["GPTC_ATTENTION_DQ"],
             "bf16_dq_fused": ["GPTC_ATTENTION_DQ"],
-            "bf16_rows128": ["GPTC_ATTENTION_FWD_ROWS"],
             "bf16_fwd_pipelined": ["GPTC_ATTENTION_FWD"],
             "bf16_fwd_wide": ["GPTC_ATTENTION_FWD"],
-            "bf16_attn_bias": ["GPTC_ATTENTION_BIAS"],
             "bf16_gemm_candidates8": ["GPTC_GEMM_CANDIDATES"]}
 
 
@@ -66,8 +66,8 @@ def bench_gpt2():
     best = rows.get("bf16_best_b8")
     if bool(won) != bool(best):
         fail(f"bench_gpt2: variants above the bf16 row {won}, best row {best}")
-    part = {"bf16_dq_atomic": "dq", "bf16_dq_fused": "dq", "bf16_rows128": "fwd",
-            "bf16_fwd_pipelined": "fwd", "bf16_fwd_wide": "fwd", "bf16_attn_bias": "bias",
+    part = {"bf16_attn_bias_pass": "bias", "bf16_rows64": "fwd", "bf16_dq_atomic": "dq",
+            "bf16_dq_fused": "dq", "bf16_fwd_pipelined": "fwd", "bf16_fwd_wide": "fwd",
             "bf16_gemm_candidates8": "gemm"}
     best_of = {}  # part: (speed-up, variable), the first of equal speed-ups as bench_gpt2
     for t in won:
@@ -112,7 +112,7 @@ def bench_kernel_attention():
         fail(f"bench_kernel_attention: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
     ran = {(row["impl"], row["precision"], row["direction"])
            for row in rows_of(os.path.join(out, "attention.jsonl")) if "ms" in row}
-    for impl in ("gptc", "gptc-plain", "gptc-rows128", "gptc-pipelined", "gptc-biaspass",
+    for impl in ("gptc", "gptc-plain", "gptc-rows64", "gptc-pipelined", "gptc-biaspass",
                  "gptc-biasfused", "gptc-dqfused", "gptc-dqatomic", "gptc-wide"):
         for d in ("forward", "backward", "forward+backward"):
             if (impl, "bf16", d) not in ran:

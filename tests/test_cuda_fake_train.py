@@ -120,18 +120,21 @@ def main():
     h64 = ["--model.d_model=128", "--model.n_head=2"]
     # Each against the CPU's bf16 run of the same layout: TP rounds its partial sums, so
     # layouts differ by more than devices do (test_bf16)
-    # tp2 with the attention variants not on by default: the pipelined forward, dq from the
-    # dk/dv kernel and the qkv bias added by the kernels, in training
+    # tp2 with the attention variants not on by default: the pipelined forward and dq from
+    # the dk/dv kernel, with the qkv bias added by the kernels (the default, named), in
+    # training
     variants = {"GPTC_ATTENTION_FWD": "pipelined", "GPTC_ATTENTION_DQ": "fused",
                 "GPTC_ATTENTION_BIAS": "1"}
-    # and one rank with dq added by atomics and the forward in flash attention 2's shape
-    # (against the same CPU run as the first)
+    # and one rank with dq added by atomics, the forward in flash attention 2's shape and
+    # the qkv bias by a pass (the default before an H100 run), against the same CPU run as
+    # the first
     bf16_runs = [("emu_bf16", 1, [], None,
-                  "forward plain, dq by its own kernel, qkv bias by a pass"),
+                  "forward rows128, dq by its own kernel, qkv bias by the kernels"),
                  ("emu_bf16_tp2", 2, ["--parallel.tp=2"], variants,
                   "forward pipelined, dq from the dk/dv kernel, qkv bias by the kernels"),
                  ("emu_bf16_wide_dq_atomic", 1, [],
-                  {"GPTC_ATTENTION_DQ": "atomic", "GPTC_ATTENTION_FWD": "wide"},
+                  {"GPTC_ATTENTION_DQ": "atomic", "GPTC_ATTENTION_FWD": "wide",
+                   "GPTC_ATTENTION_BIAS": "0"},
                   "forward wide, dq from the dk/dv kernel by atomics, qkv bias by a pass")]
     if "--quick" in sys.argv:
         bf16_runs = bf16_runs[:1]

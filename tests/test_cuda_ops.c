@@ -1087,9 +1087,9 @@ static void test_small_smem_device(void) {
     }
 }
 
-/* The bf16 attention forward with 128 queries a block, two m-tiles a warp (hs 64 under
- * GPTC_ATTENTION_FWD_ROWS=128, which test_cuda_ops_emu_rows128 and
- * test_cuda_ops_rows128 set): a second m-tile wholly past T (T 37, 64, 130), partly past
+/* The bf16 attention forward with 128 queries a block, two m-tiles a warp (hs 64's
+ * default, which test_cuda_ops_emu_rows128 and test_cuda_ops_rows128 name by
+ * GPTC_ATTENTION_FWD_ROWS=128): a second m-tile wholly past T (T 37, 64, 130), partly past
  * it (65, 100, 200), tiles exact (128, 256), several q-tiles, batches and heads, plain
  * loads. */
 static void test_attention_rows128(void) {
@@ -1187,11 +1187,22 @@ static void test_attention_fwd_wide(void) {
     gpu->set_precision(GPTC_FP32);
 }
 
-/* The bf16 attention backward adding the qkv bias gradient itself (GPTC_ATTENTION_BIAS=1,
- * which test_cuda_ops_emu_attn_bias and test_cuda_ops_attn_bias set): the hs 64 dk/dv
- * kernel with the staged epilogue on rows128's shapes, the hs 128 kernel, and the run-time
- * hs one with plain loads; check_qkv_bias compares each sum with the dqkv stored. */
+/* The bf16 attention backward adding the qkv bias gradient itself (the default, which
+ * test_cuda_ops_emu_attn_bias and test_cuda_ops_attn_bias name by GPTC_ATTENTION_BIAS=1):
+ * the hs 64 dk/dv kernel with the staged epilogue on rows128's shapes, the hs 128 kernel,
+ * and the run-time hs one with plain loads; check_qkv_bias compares each sum with the dqkv
+ * stored. The _plain_pass tests run the same with GPTC_ATTENTION_FWD_ROWS=64 and
+ * GPTC_ATTENTION_BIAS=0: the 64-query forward and the bias by a pass, the defaults before
+ * an H100 run chose these; that the variables chose what runs is checked first. */
 static void test_attention_bias(void) {
+    const char *rows = getenv("GPTC_ATTENTION_FWD_ROWS"), *bias = getenv("GPTC_ATTENTION_BIAS");
+    const char *want_fwd = rows && strcmp(rows, "64") == 0 ? "plain" : "rows128";
+    int want_fused = !(bias && strcmp(bias, "0") == 0);
+    check_fwd_selected(want_fwd);
+    int fused = cuda_attention_bf16_bias_fused();
+    printf("%s %-28s %s (want %s)\n", fused == want_fused ? "ok  " : "FAIL", "qkv bias gradient",
+           fused ? "by the kernels" : "by a pass", want_fused ? "by the kernels" : "by a pass");
+    g_failures += fused != want_fused;
     test_attention_rows128();
     test_attention_bf16(1, 200, 1, 128, 0);
     test_attention_bf16(1, 100, 2, 120, 1);
@@ -1199,8 +1210,8 @@ static void test_attention_bias(void) {
 
 /* The bf16 attention backward with dq from the dk/dv kernel (hs 64), by parts
  * (GPTC_ATTENTION_DQ=fused: test_cuda_ops_emu_dq_fused and test_cuda_ops_dq_fused set it)
- * or by atomics (GPTC_ATTENTION_DQ=atomic: the _dq_atomic tests), and in the _bias
- * variants GPTC_ATTENTION_BIAS=1 too: rows128's shapes through the launcher, whose
+ * or by atomics (GPTC_ATTENTION_DQ=atomic: the _dq_atomic tests), with the bias by a pass
+ * (GPTC_ATTENTION_BIAS=0) or, in the _bias variants, by the kernels: rows128's shapes through the launcher, whose
  * scratch is poisoned, so a part not written (or, by atomics, a dq not zeroed first)
  * fails; the op table at bf16, whose scratch the backend sizes; and hs 128 and 32, which
  * keep the dq kernel. */

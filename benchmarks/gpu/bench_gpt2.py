@@ -7,13 +7,13 @@ they run, so that a budget that ends early cuts the least needed:
   gptc fp32 at the largest micro-batch M of --batches that fits, timing off;
   the same with profile.timing = kernel (CUPTI) and with GPTC_TIMER=events: the overhead;
   gptc with train.precision = bf16 at M;
-  the bf16 variants not yet on by default, at M, each with its speed-up over the bf16 row:
-  GPTC_ATTENTION_DQ=atomic (the attention backward's dq from its dk/dv kernel, added by
+  the bf16 variants not on by default, at M, each with its speed-up over the bf16 row:
+  GPTC_ATTENTION_BIAS=0 (the qkv bias gradient by a pass after the attention backward, not
+  by its kernels: the default before an H100 run), GPTC_ATTENTION_FWD_ROWS=64 (the
+  attention forward with 64 queries a block, not 128: likewise), GPTC_ATTENTION_DQ=atomic (the attention backward's dq from its dk/dv kernel, added by
   atomics), GPTC_ATTENTION_DQ=fused (the same by parts summed in order),
-  GPTC_ATTENTION_FWD_ROWS=128 (the attention forward with 128 queries a block),
   GPTC_ATTENTION_FWD=pipelined (its next key tile's scores under this tile's softmax),
   GPTC_ATTENTION_FWD=wide (flash attention 2's shape: 128 queries by 128 keys a block),
-  GPTC_ATTENTION_BIAS=1 (the attention backward adding the qkv bias gradient),
   GPTC_GEMM_CANDIDATES=8 (each GEMM's first 8 cuBLASLt candidates timed, the fastest kept);
   gptc bf16 at twice and four times M (bf16's own largest is the last that fits);
   bf16_best_bL: the variants that beat the bf16 row, together, at that largest L, beside
@@ -223,20 +223,20 @@ def main():
         record(row)
         rows.append(row)
         bf = row if "ms_per_step" in row else None
-    # The variants that are not the default until a GPU run says they are faster, each at
-    # this micro-batch beside the bf16 row, each with the part of the step it replaces:
-    # the attention forward's 128-query blocks, its pipelined key tiles, or 128-query blocks
-    # streaming 128 keys a stage (flash attention 2's shape); the attention
-    # backward's dq from its dk/dv kernel (5 tile products a pair instead of 7), added by
-    # fp32 atomics into one dq (as flash attention 2) or by a pass over fp32 parts; its
-    # qkv bias gradient taken while it holds dqkv (one pass less, but its hs 64 dk/dv
-    # kernel spills more); attention_bf16_*.cu; and cuBLASLt's algorithms
-    variants = (("bf16_dq_atomic", "dq", {"GPTC_ATTENTION_DQ": "atomic"}),
+    # The variants that are not the default, each at this micro-batch beside the bf16 row,
+    # each with the part of the step it replaces: the defaults before an H100 run (the qkv
+    # bias gradient by a pass after the attention backward, not taken by its kernels while
+    # they hold dqkv; the attention forward with 64-query blocks, not 128); the forward's
+    # pipelined key tiles, or 128-query blocks streaming 128 keys a stage (flash attention
+    # 2's shape); the backward's dq from its dk/dv kernel (5 tile products a pair instead
+    # of 7), added by fp32 atomics into one dq (as flash attention 2) or by a pass over
+    # fp32 parts; attention_bf16_*.cu; and cuBLASLt's algorithms
+    variants = (("bf16_attn_bias_pass", "bias", {"GPTC_ATTENTION_BIAS": "0"}),
+                ("bf16_rows64", "fwd", {"GPTC_ATTENTION_FWD_ROWS": "64"}),
+                ("bf16_dq_atomic", "dq", {"GPTC_ATTENTION_DQ": "atomic"}),
                 ("bf16_dq_fused", "dq", {"GPTC_ATTENTION_DQ": "fused"}),
-                ("bf16_rows128", "fwd", {"GPTC_ATTENTION_FWD_ROWS": "128"}),
                 ("bf16_fwd_pipelined", "fwd", {"GPTC_ATTENTION_FWD": "pipelined"}),
                 ("bf16_fwd_wide", "fwd", {"GPTC_ATTENTION_FWD": "wide"}),
-                ("bf16_attn_bias", "bias", {"GPTC_ATTENTION_BIAS": "1"}),
                 # each GEMM's first 8 cuBLASLt candidates timed at its first call and the
                 # fastest kept (off by default: runs may then differ in the last bits); its
                 # log says, per product, which candidate won and by how much

@@ -11,9 +11,9 @@ forward+backward:
   gptc-plain: the same, bf16, with GPTC_ATTENTION_GROUP past B * NH: the blocks in the
     plain order, without the grouping of (b, h) pairs for the L2 (attention_grid in
     engine/cuda/cuda_common.cuh), so the table shows what the grouping gains.
-  gptc-rows128: the same, bf16 at hs 64, with GPTC_ATTENTION_FWD_ROWS=128: the forward
-    with 128 queries a block, two m-tiles a warp (attention_bf16_fwd.cu); the backward is
-    the same kernels as gptc's.
+  gptc-rows64: the same, bf16 at hs 64, with GPTC_ATTENTION_FWD_ROWS=64: the forward
+    with 64 queries a block, one m-tile a warp, not the default's 128 (two m-tiles a warp;
+    attention_bf16_fwd.cu); the backward is the same kernels as gptc's.
   gptc-pipelined: the same, bf16 at hs 64, with GPTC_ATTENTION_FWD=pipelined: the forward
     takes the next key tile's scores while it works through this tile's softmax and P V
     (the same results bit for bit); the backward is the same kernels as gptc's.
@@ -22,8 +22,8 @@ forward+backward:
     keys); the backward is the same kernels as gptc's.
   gptc-biaspass, gptc-biasfused: the same, bf16 at hs 64, the backward also taking the
     qkv bias gradient as training's does (GPTC_BENCH_QKV_BIAS=1): by a pass of
-    cuda_bias_backward after the kernels (the default), or by the kernels themselves
-    (GPTC_ATTENTION_BIAS=1); their backward times say which costs less.
+    cuda_bias_backward after the kernels (GPTC_ATTENTION_BIAS=0), or by the kernels
+    themselves (GPTC_ATTENTION_BIAS=1, the default); their backward times say which costs less.
   gptc-dqfused: the same, bf16 at hs 64, with GPTC_ATTENTION_DQ=fused: the backward's dk/dv
     kernel also takes dq's part of each tile pair (dS K), which a summing kernel adds up,
     instead of the dq kernel recomputing S, dP and dS (5 products a tile pair, not 7).
@@ -258,8 +258,8 @@ def write_table(rows):
                 f"FLOPs (T(T+1)/2 pairs; backward 2.5x forward); ratio = gptc ms / torch ms "
                 f"(above 1: gptc slower).\n\n")
         f.write("gptc plain ms: the same kernels in the plain block order (no L2 grouping of "
-                "the (b, h) pairs: GPTC_ATTENTION_GROUP past B * NH). gptc rows128 ms: bf16 "
-                "at hs 64 with GPTC_ATTENTION_FWD_ROWS=128 (the forward with 128 queries a "
+                "the (b, h) pairs: GPTC_ATTENTION_GROUP past B * NH). gptc rows64 ms: bf16 "
+                "at hs 64 with GPTC_ATTENTION_FWD_ROWS=64 (the forward with 64 queries a "
                 "block). pipelined ms: bf16 at hs 64 with GPTC_ATTENTION_FWD=pipelined (the "
                 "forward's next scores under this tile's softmax). wide ms: bf16 at hs 64 with "
                 "GPTC_ATTENTION_FWD=wide (128 queries by 128 keys a block). "
@@ -271,14 +271,14 @@ def write_table(rows):
                 "dq atomic ms: the same with GPTC_ATTENTION_DQ=atomic (the parts added by "
                 "atomics).\n\n")
         f.write("| shape B,T,NH,hs | precision | direction | gptc ms | gptc plain ms | "
-                "gptc rows128 ms | pipelined ms | wide ms | bias pass ms | bias fused ms | "
+                "gptc rows64 ms | pipelined ms | wide ms | bias pass ms | bias fused ms | "
                 "dq fused ms | dq atomic ms | torch ms | ratio | gptc TFLOP/s | "
                 "torch TFLOP/s | torch backend | note |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for k in keys:
             g, t = ok.get(("gptc",) + k), ok.get(("torch",) + k)
             gp = ok.get(("gptc-plain",) + k)
-            g128 = ok.get(("gptc-rows128",) + k)
+            g64 = ok.get(("gptc-rows64",) + k)
             gpl = ok.get(("gptc-pipelined",) + k)
             gwd = ok.get(("gptc-wide",) + k)
             gbp, gbf = ok.get(("gptc-biaspass",) + k), ok.get(("gptc-biasfused",) + k)
@@ -288,7 +288,7 @@ def write_table(rows):
             ratio = g["ms"] / t["ms"] if g and t else None
             f.write(f"| {k[0]},{k[1]},{k[2]},{k[3]} | {k[4]} | {k[5]} | "
                     f"{fmt(g and g['ms'], '.3f')} | {fmt(gp and gp['ms'], '.3f')} | "
-                    f"{fmt(g128 and g128['ms'], '.3f')} | {fmt(gpl and gpl['ms'], '.3f')} | "
+                    f"{fmt(g64 and g64['ms'], '.3f')} | {fmt(gpl and gpl['ms'], '.3f')} | "
                     f"{fmt(gwd and gwd['ms'], '.3f')} | "
                     f"{fmt(gbp and gbp['ms'], '.3f')} | "
                     f"{fmt(gbf and gbf['ms'], '.3f')} | {fmt(gdq and gdq['ms'], '.3f')} | "
@@ -322,9 +322,9 @@ def main():
                  [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
                  {"GPTC_ATTENTION_GROUP": str(1 << 30)})
         if shape[3] == 64:
-            run_rows("gptc-rows128", "gptc_rows128_bf16", shape,
+            run_rows("gptc-rows64", "gptc_rows64_bf16", shape,
                      [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,
-                     {"GPTC_ATTENTION_FWD_ROWS": "128"})
+                     {"GPTC_ATTENTION_FWD_ROWS": "64"})
             for impl, how in (("gptc-pipelined", "pipelined"), ("gptc-wide", "wide")):
                 run_rows(impl, impl.replace("-", "_") + "_bf16", shape,
                          [binary] + dims + ["bf16", str(WARMUP), str(ITERS)], ["bf16"], rows,

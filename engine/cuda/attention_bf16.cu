@@ -22,17 +22,18 @@ static int ab_env_is(const char *name, const char *value) {
     return v && strcmp(v, value) == 0;
 }
 
-/* The forward at hs 64, by the variants not yet on by default (a GPU run is to say which
- * is fastest; bench_gpt2 compares them): GPTC_ATTENTION_FWD=pipelined, attn_fwd_pipe;
- * GPTC_ATTENTION_FWD=wide, attn_fwd_wide (128 queries by 128 keys); else
- * GPTC_ATTENTION_FWD_ROWS=128, two m-tiles a warp (a block of 128 queries); else the
- * plain kernel. Any other head size: the plain kernel. */
+/* The forward at hs 64: GPTC_ATTENTION_FWD=pipelined, attn_fwd_pipe; GPTC_ATTENTION_FWD=wide,
+ * attn_fwd_wide (128 queries by 128 keys); else the plain kernel with two m-tiles a warp
+ * (a block of 128 queries), or with GPTC_ATTENTION_FWD_ROWS=64 one m-tile. 128 rows are the
+ * default since an H100 run (2026-11-27, benchmarks/gpu/results/2026-11-27-h100-run3.md):
+ * level with 64 alone (0.338 against 0.337 ms at B 32, 0.090 against 0.092 at B 8), part of
+ * the pair that took GPT-2 124M to 45.5% MFU. Any other head size: the plain kernel. */
 ab_fwd_kind ab_fwd_variant(int hs) {
     if (hs != 64) return AB_FWD_PLAIN;
     if (ab_env_is("GPTC_ATTENTION_FWD", "pipelined")) return AB_FWD_PIPE;
     if (ab_env_is("GPTC_ATTENTION_FWD", "wide")) return AB_FWD_WIDE;
-    if (ab_env_is("GPTC_ATTENTION_FWD_ROWS", "128")) return AB_FWD_ROWS128;
-    return AB_FWD_PLAIN;
+    if (ab_env_is("GPTC_ATTENTION_FWD_ROWS", "64")) return AB_FWD_PLAIN;
+    return AB_FWD_ROWS128;
 }
 
 /* m-tiles a warp of the forward takes (a block's queries: 64 of them each) */
@@ -46,11 +47,12 @@ size_t ab_fwd_smem_now(int hs) {
     return ab_fwd_smem(hs, ab_fwd_mt(hs), ab_fwd_variant(hs) == AB_FWD_WIDE);
 }
 
-/* 1 when the backward kernels add the qkv bias gradient while they hold dqkv
- * (GPTC_ATTENTION_BIAS=1), else 0: one pass of cuda_bias_backward over dqkv after them.
- * Off by default until a GPU run says whether the hs 64 dk/dv kernel's fused epilogue,
- * which spills more, costs less than the pass it saves; a benchmark compares both. */
-int ab_bias_fused(void) { return ab_env_is("GPTC_ATTENTION_BIAS", "1"); }
+/* 1 when the backward kernels add the qkv bias gradient while they hold dqkv (the
+ * default), 0 with GPTC_ATTENTION_BIAS=0: one pass of cuda_bias_backward over dqkv after
+ * them. On since an H100 run (2026-11-27, 2026-11-27-h100-run3.md): the backward with the
+ * bias 0.898 ms against 1.044 with the pass (B 32, hs 64), a GPT-2 124M step 1.019x faster,
+ * though its hs 64 dk/dv kernel spills more. */
+int ab_bias_fused(void) { return !ab_env_is("GPTC_ATTENTION_BIAS", "0"); }
 
 /* Where dq comes from (hs 64 with two stages only; every sm_80 and later has the shared
  * memory), instead of the dq kernel recomputing S, dP and dS (AB_DQ_KERNEL), so that a

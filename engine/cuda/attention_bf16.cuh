@@ -3,8 +3,9 @@
  * kernels and the same determinism: no atomics, every element of dqkv written once), with
  * the tile products as mma.sync m16n8k16 bf16 (fp32 accumulate, engine/cuda/mma.cuh);
  * the variants chosen by environment variables (ab_fwd_variant, ab_dq_mode,
- * ab_bias_fused) differ from this where they say so: GPTC_ATTENTION_DQ=atomic and
- * GPTC_ATTENTION_BIAS=1 add by atomics.
+ * ab_bias_fused) differ from this where they say so: GPTC_ATTENTION_DQ=atomic and the
+ * qkv bias gradient taken by the kernels (the default; GPTC_ATTENTION_BIAS=0 leaves it to
+ * cuda_bias_backward, which adds by atomics too) add by atomics.
  * qkv, out, dout and dqkv are bf16 storage (uint16_t bits, engine/bf16.h), read as they
  * are (their tiles enter shared memory as bf16, no conversion); lse and the scratch D
  * are fp32. Besides the stores of out and dqkv (each rounded once, from fp32

@@ -79,14 +79,16 @@ void cuda_attention_backward_bf16(uint16_t *dqkv, float *dbias, float *scratch,
                                   cudaStream_t s);
 /* as cuda_attention_smem, for these kernels (hs a multiple of 8 up to 128) */
 size_t cuda_attention_bf16_smem(int hs);
-/* which forward kernel runs at head size hs: "plain", or a variant its environment
- * variable chose ("rows128": GPTC_ATTENTION_FWD_ROWS=128; "pipelined":
- * GPTC_ATTENTION_FWD=pipelined; "wide": GPTC_ATTENTION_FWD=wide; hs 64 only) */
+/* which forward kernel runs at head size hs: "plain" (any hs but 64, or
+ * GPTC_ATTENTION_FWD_ROWS=64), "rows128" (hs 64's default: 128 queries a block), or a
+ * variant its environment variable chose ("pipelined": GPTC_ATTENTION_FWD=pipelined;
+ * "wide": GPTC_ATTENTION_FWD=wide; hs 64 only) */
 const char *cuda_attention_bf16_fwd_name(int hs);
 /* the same for the backward's dq: "kernel" (its own kernel), or from the dk/dv kernel
  * (hs 64, on a device with two stages' shared memory) by "fused" (GPTC_ATTENTION_DQ=fused:
  * parts summed in order) or "atomic" (GPTC_ATTENTION_DQ=atomic: added by atomics); and 1
- * when the kernels add the qkv bias gradient themselves (GPTC_ATTENTION_BIAS=1) */
+ * when the kernels add the qkv bias gradient themselves (the default; 0 under
+ * GPTC_ATTENTION_BIAS=0, a pass after them) */
 const char *cuda_attention_bf16_dq_name(int hs);
 /* 0 when every variant variable (GPTC_ATTENTION_FWD, _FWD_ROWS, _DQ, _BIAS) is unset or
  * holds a value it takes; else -1 and err names the variable, its value and the choices */
