@@ -15,14 +15,16 @@ they run, so that a budget that ends early cuts the least needed:
   GPTC_ATTENTION_FWD=pipelined (its next key tile's scores under this tile's softmax),
   GPTC_ATTENTION_FWD=wide (flash attention 2's shape: 128 queries by 128 keys a block),
   GPTC_GEMM_CANDIDATES=8 (each GEMM's first 8 cuBLASLt candidates timed, the fastest kept);
-  gptc bf16 at twice and four times M (bf16's own largest is the last that fits);
+  gptc bf16 at 2, 4 and 8 times M, up to the first that does not fit (bf16's own largest);
   bf16_best_bL: the variants that beat the bf16 row, together, at that largest L, beside
   the plain row there (what switching them on would give);
   bf16 with kernel timing (its log holds the per-op table of a bf16 step and the device
   kernels behind each op, bf16_report_bM.json both, the latter also as
   bf16_device_kernels_bM.md, and its trace gives bf16_steady_ops_bM.md, the same for the
   steps after the first);
-  PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at M.
+  PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at M;
+  then gptc fp32 and each PyTorch row that ran at 2, 4 and 8 times M, up to the first that
+  does not fit (fp32_b2M, torch_bf16_compile_b4M, ...): each at its largest micro-batch.
 MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
 the card's dense peak for the precision (H100/H200: fp32 67, bf16 989 TFLOP/s).
 gptc's ms/step is its own mean over the steps after the first. A timed row's overhead is
@@ -125,6 +127,30 @@ def torch_row(precision, compile_, micro, timeout=150):
     row = json.loads(lines[-1])
     row["row"] = tag
     return row
+
+
+# the climb past the first micro-batch M: each of gptc fp32, gptc bf16 and the PyTorch peers
+# is run again at these multiples of M until one fails (out of memory is that row's error),
+# so that each is reported at the largest micro-batch that fits (on an H100, gptc bf16's is
+# 4 M = 128; on an H200, 8 M might fit)
+CLIMB = (2, 4, 8)
+
+
+def climb(run, micro, rows, need_s=40):
+    """run(m) at each CLIMB multiple of micro while the budget has need_s seconds left,
+    recording each row into rows, until one fails; returns the last row that ran (None if
+    none did)"""
+    largest = None
+    for factor in CLIMB:
+        if left() < need_s:
+            break
+        row = run(factor * micro)
+        record(row)
+        rows.append(row)
+        if "error" in row:
+            break
+        largest = row
+    return largest
 
 
 def bf16_variant(tag, micro, env, bf):
@@ -255,17 +281,12 @@ def main():
     # four times fp32's (GPT-2 124M at micro-batch 128 needs about 54 GB, which an H100's 80
     # hold). Each precision at its largest is the figure asked for. Out of memory is
     # recorded as that row's error, and ends the climb.
-    largest = None  # bf16's largest micro-batch row past micro
-    for factor in (2, 4) if bf else ():
-        if left() < 40:
-            break
-        row = gptc("bf16", factor * micro, 6, [], precision="bf16")
-        row["row"] = f"bf16_b{factor * micro}"
-        record(row)
-        rows.append(row)
-        if "error" in row:
-            break
-        largest = row
+    def bf16_at(m):
+        row = gptc("bf16", m, 6, [], precision="bf16")
+        row["row"] = f"bf16_b{m}"
+        return row
+
+    largest = climb(bf16_at, micro, rows) if bf else None  # bf16's largest row past micro
     # the faster variants together at the largest micro-batch: the figure the defaults
     # would give if they were switched on, beside the plain row at the same micro-batch
     # (or at micro, where the climb did not get past it)
@@ -298,14 +319,31 @@ def main():
         device_kernels(report, os.path.join(OUT, f"bf16_device_kernels_b{micro}.md"))
     # the peers at this micro-batch (after gptc's own rows: when the budget runs short, the
     # figures a change is measured by come first)
-    for precision, compile_ in (("fp32", False), ("bf16", False), ("bf16", True)):
-        if BF16_ONLY and precision == "fp32":
-            continue
+    peers = [p for p in (("fp32", False), ("bf16", False), ("bf16", True))
+             if not (BF16_ONLY and p[0] == "fp32")]
+    ran = []  # the peers that ran at micro
+    for precision, compile_ in peers:
         if left() < 40:
             break
         row = torch_row(precision, compile_, micro)
         record(row)
         rows.append(row)
+        if "error" not in row:
+            ran.append((precision, compile_))
+    # then gptc fp32 and each peer that ran climb to their largest micro-batch, the least
+    # needed rows last
+    if not BF16_ONLY and "ms_per_step" in rows[0]:
+        def fp32_at(m):
+            row = gptc("fp32", m, 4, [])
+            row["row"] = f"fp32_b{m}"
+            return row
+        climb(fp32_at, micro, rows)
+    for precision, compile_ in ran:
+        def peer_at(m, precision=precision, compile_=compile_):
+            row = torch_row(precision, compile_, m)
+            row["row"] += f"_b{m}"
+            return row
+        climb(peer_at, micro, rows)
     base = next((r["tokens_per_s"] for r in rows if r.get("row") == "fp32" and "tokens_per_s" in r),
                 None)
     with open(os.path.join(OUT, "gpt2.md"), "w") as f:
