@@ -31,6 +31,25 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* adds p to found (unless found is NULL or holds it); 0, or -1 when out of memory */
+static int note_source(h5_source_files *found, const char *p) {
+    if (!found) return 0;
+    for (size_t i = 0; i < found->n; i++)
+        if (strcmp(found->paths[i], p) == 0) return 0;
+    char **grown = realloc(found->paths, (found->n + 1) * sizeof *grown);
+    if (!grown) return -1;
+    found->paths = grown;
+    if (!(grown[found->n] = malloc(strlen(p) + 1))) return -1;
+    strcpy(grown[found->n++], p);
+    return 0;
+}
+
+void h5_source_files_free(h5_source_files *found) {
+    for (size_t i = 0; i < found->n; i++) free(found->paths[i]);
+    free(found->paths);
+    found->paths = NULL, found->n = 0;
+}
+
 static int is_file(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
@@ -109,7 +128,8 @@ static char *mapping_name(hid_t dcpl, size_t i, int file) {
 /* The external files that hold dataset dset (dname of the file at path, dcpl its creation
  * properties), when it has any, exist and hold its whole extent; 0, or -1 with err set */
 static int check_external(hid_t dset, hid_t dcpl, const char *path, const char *dname,
-                          const char *what, char *err, size_t errlen) {
+                          const char *what, h5_source_files *found_files, char *err,
+                          size_t errlen) {
     int count = H5Pget_external_count(dcpl);
     if (count <= 0) return 0;
     hid_t space = H5Dget_space(dset), type = H5Dget_type(dset);
@@ -146,6 +166,10 @@ static int check_external(hid_t dset, hid_t dcpl, const char *path, const char *
                     (long long)st.st_size, dname, (unsigned long long)need, (long long)offset);
             return -1;
         }
+        if (note_source(found_files, found)) {
+            set_err(err, errlen, "%s %s: out of memory", what, path);
+            return -1;
+        }
     }
     return 0;
 }
@@ -154,7 +178,7 @@ static int check_external(hid_t dset, hid_t dcpl, const char *path, const char *
  * srcspace's selection lies within its extent. 0, or -1 with err set. */
 static int check_source(hid_t own_file, const char *path, const char *what, size_t i,
                         const char *fname, const char *dname, hid_t vspace, hid_t srcspace,
-                        char *err, size_t errlen) {
+                        h5_source_files *found_files, char *err, size_t errlen) {
     char found[4096];
     hid_t sf = own_file;
     if (strcmp(fname, ".") != 0) {
@@ -162,6 +186,10 @@ static int check_source(hid_t own_file, const char *path, const char *what, size
             set_err(err, errlen, "%s %s: /tokens is a virtual dataset whose source file %s "
                     "(mapping %zu) cannot be found: its tokens would read as 0", what, path,
                     fname, i);
+            return -1;
+        }
+        if (note_source(found_files, found)) {
+            set_err(err, errlen, "%s %s: out of memory", what, path);
             return -1;
         }
         sf = H5Fopen(found, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -208,7 +236,8 @@ static int check_source(hid_t own_file, const char *path, const char *what, size
     } else if (sdcpl >= 0) {
         char ctx[4096 + 128]; /* the file the user named comes first in the message */
         snprintf(ctx, sizeof ctx, "%s %s: the virtual dataset's source", what, path);
-        rc = check_external(sd, sdcpl, sf == own_file ? path : found, dname, ctx, err, errlen);
+        rc = check_external(sd, sdcpl, sf == own_file ? path : found, dname, ctx, found_files,
+                            err, errlen);
     }
     if (sdcpl >= 0) H5Pclose(sdcpl);
     if (space >= 0) H5Sclose(space);
@@ -265,7 +294,7 @@ static int add_blocks(hid_t vspace, block **bl, size_t *n, size_t *cap) {
 }
 
 static int check_virtual(hid_t file, hid_t dcpl, const char *path, const char *what, hsize_t n,
-                         char *err, size_t errlen) {
+                         h5_source_files *found, char *err, size_t errlen) {
     size_t count = 0;
     if (H5Pget_virtual_count(dcpl, &count) < 0) {
         set_err(err, errlen, "%s %s: cannot read the mappings of the virtual dataset /tokens",
@@ -292,7 +321,8 @@ static int check_virtual(hid_t file, hid_t dcpl, const char *path, const char *w
         } else if (unlimited || strchr(fname, '%') || strchr(dname, '%')) {
             listed = 0; /* printf-style or unlimited: HDF5 sizes it at open */
         } else {
-            rc = check_source(file, path, what, i, fname, dname, vspace, sspace, err, errlen);
+            rc = check_source(file, path, what, i, fname, dname, vspace, sspace, found, err,
+                              errlen);
             if (rc == 0 && listed && add_blocks(vspace, &bl, &nbl, &cap)) listed = 0;
         }
         free(fname), free(dname);
@@ -317,8 +347,8 @@ static int check_virtual(hid_t file, hid_t dcpl, const char *path, const char *w
     return rc;
 }
 
-int h5_check_sources(hid_t file, hid_t dset, const char *path, const char *what, char *err,
-                     size_t errlen) {
+int h5_check_sources(hid_t file, hid_t dset, const char *path, const char *what,
+                     h5_source_files *found, char *err, size_t errlen) {
     hid_t dcpl = H5Dget_create_plist(dset);
     hid_t space = H5Dget_space(dset), type = H5Dget_type(dset);
     hssize_t n = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;
@@ -328,9 +358,9 @@ int h5_check_sources(hid_t file, hid_t dset, const char *path, const char *what,
         set_err(err, errlen, "%s %s: cannot read how /tokens is stored", what, path);
         rc = -1;
     } else if (H5Pget_layout(dcpl) == H5D_VIRTUAL) {
-        rc = check_virtual(file, dcpl, path, what, (hsize_t)n, err, errlen);
+        rc = check_virtual(file, dcpl, path, what, (hsize_t)n, found, err, errlen);
     } else {
-        rc = check_external(dset, dcpl, path, "/tokens", what, err, errlen);
+        rc = check_external(dset, dcpl, path, "/tokens", what, found, err, errlen);
     }
     if (type >= 0) H5Tclose(type);
     if (space >= 0) H5Sclose(space);

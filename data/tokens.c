@@ -44,18 +44,112 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* A file as it was when opened. HDF5 reads what lies past a file's end as zeros, so a token
+ * file cut short or rewritten in place during a run would train on token 0 or on another
+ * file's tokens without a word: every read compares the files it comes from with these. */
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+} file_stamp;
+
+static file_stamp stamp_of(const struct stat *st) {
+    return (file_stamp){st->st_dev, st->st_ino, st->st_size, st->st_mtim};
+}
+
+static int same_stamp(file_stamp a, file_stamp b) {
+    return a.dev == b.dev && a.ino == b.ino && a.size == b.size &&
+           a.mtime.tv_sec == b.mtime.tv_sec && a.mtime.tv_nsec == b.mtime.tv_nsec;
+}
+
 struct token_file {
     char *path;
     hid_t file, dset;
     long n;       /* number of tokens */
     long vocab;   /* the file's vocab_size */
     long limit;   /* every token must be below it: vocab, or the model's if smaller */
+    int fd;       /* HDF5's descriptor of the file, -1 when its driver gives none */
+    file_stamp stamp; /* the file at open, by fd (a file renamed over its path is not it) */
+    h5_source_files sources;  /* the files besides it that /tokens is read from */
+    file_stamp *source_stamps; /* [sources.n] each at open, by its path */
 };
 
 static void close_ids(token_file *f) {
     if (f->dset >= 0) H5Dclose(f->dset);
     if (f->file >= 0) H5Fclose(f->file);
     f->dset = f->file = -1;
+}
+
+/* Stamps the file (by HDF5's descriptor, else by its path) and the sources found; 0, or -1
+ * with err set */
+static int stamp_files(token_file *f, char *err, size_t errlen) {
+    void *handle = NULL;
+    struct stat st;
+    /* the default (sec2) driver's handle is its int descriptor */
+    if (H5Fget_vfd_handle(f->file, H5P_DEFAULT, &handle) >= 0 && handle) f->fd = *(int *)handle;
+    if (f->fd >= 0 ? fstat(f->fd, &st) : stat(f->path, &st)) {
+        set_err(err, errlen, "data.path %s: cannot stat the file: %s", f->path, strerror(errno));
+        return -1;
+    }
+    f->stamp = stamp_of(&st);
+    if (f->sources.n == 0) return 0;
+    f->source_stamps = malloc(f->sources.n * sizeof *f->source_stamps);
+    if (!f->source_stamps) {
+        set_err(err, errlen, "data.path %s: out of memory", f->path);
+        return -1;
+    }
+    for (size_t i = 0; i < f->sources.n; i++) {
+        if (stat(f->sources.paths[i], &st)) {
+            set_err(err, errlen, "data.path %s: cannot stat its source file %s: %s", f->path,
+                    f->sources.paths[i], strerror(errno));
+            return -1;
+        }
+        f->source_stamps[i] = stamp_of(&st);
+    }
+    return 0;
+}
+
+/* "truncated from A to B bytes" or the like for a file stamped was, now as it is */
+static void describe_change(file_stamp was, const struct stat *now, char *buf, size_t len) {
+    if (!now)
+        snprintf(buf, len, "is gone");
+    else if (now->st_dev != was.dev || now->st_ino != was.ino)
+        snprintf(buf, len, "was replaced by another file");
+    else if (now->st_size < was.size)
+        snprintf(buf, len, "was cut from %lld to %lld bytes", (long long)was.size,
+                 (long long)now->st_size);
+    else if (now->st_size > was.size)
+        snprintf(buf, len, "grew from %lld to %lld bytes", (long long)was.size,
+                 (long long)now->st_size);
+    else
+        snprintf(buf, len, "was written to (same size, modified)");
+}
+
+/* 0 when the file and its sources are as they were at open; else -1 and err says which
+ * changed and how */
+static int check_unchanged(token_file *f, char *err, size_t errlen) {
+    static const char *const advice = "the tokens read may be zeros or another file's; "
+                                      "write a new file and rename it over the old one (as "
+                                      "gptc-data does) instead of changing it in place";
+    struct stat st;
+    char how[96];
+    int ok = f->fd >= 0 ? fstat(f->fd, &st) == 0 : stat(f->path, &st) == 0;
+    if (!ok || !same_stamp(f->stamp, stamp_of(&st))) {
+        describe_change(f->stamp, ok ? &st : NULL, how, sizeof how);
+        set_err(err, errlen, "data.path %s: the file changed during the run (it %s): %s",
+                f->path, how, advice);
+        return -1;
+    }
+    for (size_t i = 0; i < f->sources.n; i++) {
+        ok = stat(f->sources.paths[i], &st) == 0;
+        if (ok && same_stamp(f->source_stamps[i], stamp_of(&st))) continue;
+        describe_change(f->source_stamps[i], ok ? &st : NULL, how, sizeof how);
+        set_err(err, errlen, "data.path %s: its source file %s changed during the run (it %s): "
+                "%s", f->path, f->sources.paths[i], how, advice);
+        return -1;
+    }
+    return 0;
 }
 
 /* Names an HDF5 type in words for the "wrong element type" message. */
@@ -198,8 +292,8 @@ static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen
         return -1;
     }
     if (read_length(f, err, errlen) || check_element_type(f, err, errlen) ||
-        h5_check_sources(f->file, f->dset, f->path, "data.path", err, errlen) ||
-        read_vocab(f, model_vocab, err, errlen))
+        h5_check_sources(f->file, f->dset, f->path, "data.path", &f->sources, err, errlen) ||
+        read_vocab(f, model_vocab, err, errlen) || stamp_files(f, err, errlen))
         return -1;
     return 0;
 }
@@ -213,12 +307,14 @@ token_file *tokens_open(const char *path, long model_vocab, char *err, size_t er
         return NULL;
     }
     strcpy(f->path, path);
-    f->file = f->dset = -1;
+    f->file = f->dset = f->fd = -1;
     hdf5_enter();
     int rc = open_locked(f, model_vocab, err, errlen);
     if (rc) close_ids(f);
     hdf5_leave();
     if (rc) {
+        h5_source_files_free(&f->sources);
+        free(f->source_stamps);
         free(f->path);
         free(f);
         return NULL;
@@ -260,6 +356,8 @@ int tokens_read(token_file *f, long start, long count, int32_t *dst, char *err,
                 start, start + count);
         return -1;
     }
+    /* after the read: a change from before it, or during it, is seen */
+    if (check_unchanged(f, err, errlen)) return -1;
     for (long i = 0; i < count; i++) {
         if (u[i] >= (uint64_t)f->limit) {
             set_err(err, errlen, "data.path %s: token %lu at position %ld is >= %s vocab_size %ld",
@@ -276,6 +374,8 @@ void tokens_close(token_file *f) {
     hdf5_enter();
     close_ids(f);
     hdf5_leave();
+    h5_source_files_free(&f->sources);
+    free(f->source_stamps);
     free(f->path);
     free(f);
 }

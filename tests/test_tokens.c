@@ -6,6 +6,7 @@
 #include "data/tokens.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -853,6 +854,101 @@ static void test_sources(void) {
     loader_destroy(l);
 }
 
+/* err holds every one of want (NULL-terminated) */
+static int has_all(const char *err, const char *const *want) {
+    for (; *want; want++)
+        if (!strstr(err, *want)) return 0;
+    return 1;
+}
+
+/* tokens_read of the first 10 tokens of an open f: 0 and the ramp from base, or -1 and err
+ * naming every one of want */
+static void expect_read(const char *what, token_file *f, uint32_t base, const char *const *want) {
+    int32_t got[10];
+    char err[512] = "";
+    int rc = tokens_read(f, 0, 10, got, err, sizeof err);
+    if (!want) {
+        check(rc == 0 && got[0] == (int32_t)base && got[9] == (int32_t)base + 9,
+              "%s: read %d (%s), first token %d, want %u", what, rc, err, got[0], base);
+        return;
+    }
+    check(rc != 0 && has_all(err, want), "%s: read %d, error '%s'", what, rc, err);
+}
+
+/* A token file changed while open: HDF5 would read what a cut left out as zeros, so every
+ * read after the change is refused, saying which file changed and how; a file renamed over
+ * the path is not the open one, which reads on; the loader's prefetch passes the refusal
+ * to the next step. */
+static void test_file_changes(void) {
+    enum { N = 3000 };
+    char err[512] = "";
+    const char *cut = write_ramp("change_cut.h5", H5T_STD_U16LE, N, 1, 1 << 16);
+    token_file *f = tokens_open(cut, 0, err, sizeof err);
+    check(f != NULL, "file changes: open: %s", err);
+    if (!f) return;
+    expect_read("file changes: before the cut", f, 1, NULL);
+    struct stat st;
+    stat(cut, &st);
+    check(truncate(cut, st.st_size / 2) == 0, "file changes: truncate");
+    expect_read("file changes: cut", f, 1,
+                (const char *const[]){"change_cut.h5", "changed during the run", "was cut from",
+                                      "rename", NULL});
+    tokens_close(f);
+
+    /* written in place, same size: a later modification time */
+    const char *inplace = write_ramp("change_inplace.h5", H5T_STD_U16LE, N, 1, 1 << 16);
+    f = tokens_open(inplace, 0, err, sizeof err);
+    check(f != NULL, "file changes: open: %s", err);
+    if (!f) return;
+    FILE *fp = fopen(inplace, "r+b");
+    uint16_t one = 7;
+    if (fp) fseek(fp, -2, SEEK_END), fwrite(&one, sizeof one, 1, fp), fclose(fp);
+    struct timespec later[2] = {{0, UTIME_OMIT}, {0, 0}};
+    stat(inplace, &st);
+    later[1].tv_sec = st.st_mtim.tv_sec + 5;
+    utimensat(AT_FDCWD, inplace, later, 0);
+    expect_read("file changes: written in place", f, 1,
+                (const char *const[]){"change_inplace.h5", "was written to", NULL});
+    tokens_close(f);
+
+    /* a new file renamed over the path (as gptc-data writes): the open file reads on */
+    const char *renamed = write_ramp("change_renamed.h5", H5T_STD_U16LE, N, 1, 1 << 16);
+    f = tokens_open(renamed, 0, err, sizeof err);
+    check(f != NULL, "file changes: open: %s", err);
+    if (!f) return;
+    const char *other = write_ramp("change_other.h5", H5T_STD_U16LE, N, 500, 1 << 16);
+    check(rename(other, renamed) == 0, "file changes: rename");
+    expect_read("file changes: another file renamed over it", f, 1, NULL);
+    tokens_close(f);
+
+    /* an external file cut short */
+    const char *ext = write_external("change_ext.h5", "change_ext.bin", 50, 50);
+    f = tokens_open(ext, 0, err, sizeof err);
+    check(f != NULL, "file changes: open: %s", err);
+    if (!f) return;
+    expect_read("file changes: external, before", f, 1, NULL);
+    check(truncate(made[n_made - 2], 40) == 0, "file changes: truncate the external file");
+    expect_read("file changes: external file cut", f, 1,
+                (const char *const[]){"change_ext.h5", "source file", "change_ext.bin",
+                                      "was cut from 116 to 40 bytes", NULL});
+    tokens_close(f);
+
+    /* through the loader: step 1 reads, the file is cut while step 2 is prefetched or
+     * after, and step 2 is refused */
+    const char *lpath = write_ramp("change_loader.h5", H5T_STD_U16LE, N, 1, 1 << 16);
+    batch_loader *l = loader_create(lpath, 8, 2, 0, 2, 0, 0, 0, err, sizeof err);
+    check(l != NULL, "file changes: loader: %s", err);
+    if (!l) return;
+    int32_t in[16], tg[16]; /* [rows, T] */
+    check(loader_get(l, 1, in, tg, err, sizeof err) == 0, "file changes: step 1: %s", err);
+    stat(lpath, &st);
+    check(truncate(lpath, st.st_size / 2) == 0, "file changes: truncate");
+    int rc = loader_get(l, 2, in, tg, err, sizeof err);
+    check(rc != 0 && strstr(err, "changed during the run"), "file changes: loader step 2: %d '%s'",
+          rc, err);
+    loader_destroy(l);
+}
+
 int main(int argc, char **argv) {
     const char *base = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/test_tokens.XXXXXX", base && *base ? base : "/tmp");
@@ -873,6 +969,7 @@ int main(int argc, char **argv) {
         test_open_errors();
         test_bad_token();
         test_sources();
+        test_file_changes();
     }
     cleanup();
     if (failures) {
