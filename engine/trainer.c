@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "data/tokens.h"
 #include "engine/backend.h"
@@ -39,10 +41,36 @@
 enum { ERR_LEN = 1024 };
 
 /* SIGINT / SIGTERM (a Slurm time limit, a user's Ctrl-C): finish the step in flight, write
- * a checkpoint when train.save is set, and exit 0 on every rank. */
+ * a checkpoint when train.save is set, and exit 0 on every rank.
+ * A rank blocked where the flag is not looked at (its config read from a terminal or a
+ * FIFO, a write to a stdout nobody reads, a library's start that never returns) would
+ * never stop: a stop signal FORCE_AFTER_S seconds or more after the first takes the
+ * signal's default action (the rank ends, mpirun ends the others). One sooner is the same
+ * request delivered twice: a terminal's Ctrl-C reaches the ranks and mpirun forwards it. */
+enum { FORCE_AFTER_S = 3 };
 static volatile sig_atomic_t g_stop_signal = 0;
+static volatile sig_atomic_t g_stop_at_s = 0; /* CLOCK_MONOTONIC seconds of the first */
 
-static void on_stop_signal(int sig) { g_stop_signal = sig; }
+static void on_stop_signal(int sig) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (!g_stop_signal) {
+        g_stop_at_s = (sig_atomic_t)now.tv_sec;
+        g_stop_signal = sig;
+        return;
+    }
+    if (now.tv_sec - g_stop_at_s < FORCE_AFTER_S) return;
+    static const char msg[] = "gptc: a second stop signal: ending now, without finishing the "
+                              "step or writing a checkpoint\n";
+    ssize_t unused = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)unused;
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    raise(sig); /* pending until this handler returns, then the default action */
+}
 
 void train_catch_stop_signals(void) {
     struct sigaction sa;
@@ -50,6 +78,8 @@ void train_catch_stop_signals(void) {
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART; /* a read or write in flight goes on: the flag is looked at later */
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT); /* the handler is not re-entered by the other signal */
+    sigaddset(&sa.sa_mask, SIGTERM);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     /* a launcher may pass them on blocked: they then stayed pending to the last step. Before

@@ -27,9 +27,11 @@ BASE = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.
         "--train.lr_schedule=cosine", "--train.warmup_steps=3"]
 
 
-def interrupted(name, ranks, sig, extra=(), blocked=False):
+def interrupted(name, ranks, sig, extra=(), blocked=False, twice=False):
     """Starts a run, signals every rank once step 3 is logged; returns the metrics.
-    blocked: the run starts with sig blocked, as a launcher may pass it on."""
+    blocked: the run starts with sig blocked, as a launcher may pass it on. twice: each rank
+    gets the signal twice in a row, as a terminal's Ctrl-C reaches the ranks under mpirun
+    and mpirun forwards it: still one graceful stop."""
     log = f"{D}/{name}.jsonl"
     args = BASE + [f"--train.log_file={log}", f"--train.save={D}/{name}.h5", *extra]
     if ranks > 1:
@@ -52,8 +54,9 @@ def interrupted(name, ranks, sig, extra=(), blocked=False):
     if ranks > 1 and len(pids) != ranks:
         p.kill()
         fail(f"{name}: found {len(pids)} rank processes, expected {ranks}")
-    for pid in pids:
-        os.kill(pid, sig)
+    for _ in range(2 if twice else 1):
+        for pid in pids:
+            os.kill(pid, sig)
     out, err = p.communicate(timeout=120)
     if p.returncode != 0:
         fail(f"{name}: exit {p.returncode} after {signal.Signals(sig).name}\n{err[-2000:]}")
@@ -156,6 +159,36 @@ def check_stop_in_start():
     print("ok   SIGTERM to rank 1 in its start-up: every rank stopped before step 1, exit 0")
 
 
+def check_forced_stop():
+    """A rank blocked where the stop flag is not looked at (its config read from a FIFO no
+    one writes, as from a terminal) ignored every SIGTERM: a second one 3 s or more after
+    the first ends it by the signal, with a line saying so."""
+    fifo = f"{D}/never.ini"
+    os.mkfifo(fifo)
+    p = subprocess.Popen([TRAIN, fifo], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env(1))
+    deadline = time.time() + 60
+    while not catches_sigterm(p.pid) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    if p.poll() is not None:
+        fail(f"forced stop: the first SIGTERM ended the run (exit {p.returncode}): it should "
+             f"wait for its step")
+    time.sleep(3.2)
+    p.send_signal(signal.SIGTERM)
+    try:
+        out, err = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fail("forced stop: a second SIGTERM 3.7 s after the first did not end a rank blocked "
+             "reading its config")
+    if p.returncode != -signal.SIGTERM or "a second stop signal" not in err:
+        fail(f"forced stop: exit {p.returncode}, stderr {err[-500:]!r}")
+    print("ok   a rank blocked in its start-up: the first SIGTERM waits, a second 3.7 s later "
+          "ends it")
+
+
 def main():
     write_tokens(f"{D}/tok.h5", np.random.default_rng(2).integers(0, 64, 20000), 64)
     full = {}
@@ -169,10 +202,11 @@ def main():
         full[ranks] = read_metrics(f"{D}/full{ranks}.jsonl")
     for name, ranks, sig in (("term1", 1, signal.SIGTERM), ("int2", 2, signal.SIGINT),
                              ("term2", 2, signal.SIGTERM)):
+        # int2 as a Ctrl-C under mpirun: each rank gets it twice
         # term2 with kernel timing: its report and trace must cover the steps that ran
         timed = ["--profile.timing=kernel", f"--profile.report={D}/{name}.report.json",
                  f"--profile.trace={D}/{name}.trace.json"] if name == "term2" else []
-        done = interrupted(name, ranks, sig, timed)
+        done = interrupted(name, ranks, sig, timed, twice=name == "int2")
         if timed:
             check_timed_stop(name, ranks, done)
         k = done[-1]["step"]
@@ -194,6 +228,7 @@ def main():
               f"checkpoint written, resume matches the uninterrupted run")
     check_reader_gone()
     check_stop_in_start()
+    check_forced_stop()
     # SIGTERM blocked by the launcher: it stayed pending, and the run went on to its end
     done = interrupted("blocked1", 1, signal.SIGTERM, blocked=True)
     print(f"ok   SIGTERM, blocked when the run started, stopped it after step {done[-1]['step']}")
