@@ -537,8 +537,10 @@ batch_loader *loader_create(const char *path, int T, int B, int row_begin, int r
         loader_destroy(l);
         return NULL;
     }
-    if (pthread_create(&l->worker, NULL, prefetch_main, l) != 0) {
-        set_err(err, errlen, "data.path %s: cannot start the prefetch thread", path);
+    int e = pthread_create(&l->worker, NULL, prefetch_main, l);
+    if (e) {
+        set_err(err, errlen, "data.path %s: cannot start the prefetch thread: %s", path,
+                strerror(e));
         loader_destroy(l);
         return NULL;
     }

@@ -403,6 +403,15 @@ static void log_metrics(run_state *r, long step, double loss, double norm, doubl
              "count comes at the end)\n", r->c->log_file, step, strerror(errno));
 }
 
+/* Test-only: GPTC_TEST_THREAD_FAIL=R:what makes rank R's start of what ("watchdog": its
+ * thread; "lanes": the communication streams) fail as a thread limit (ulimit -u) does */
+static int test_thread_failure(const char *what, int rank) {
+    const char *v = getenv("GPTC_TEST_THREAD_FAIL");
+    char name[16];
+    int r;
+    return v && sscanf(v, "%d:%15s", &r, name) == 2 && r == rank && strcmp(name, what) == 0;
+}
+
 int train_refused(int failed, const char *err, int rank, int world) {
     int first = grid_first_failing(failed, rank, world);
     if (first == rank && first > 0) log_error("rank %d: %s", rank, err);
@@ -465,7 +474,7 @@ int train_run(const gptc_config *c, const grid *g) {
         goto fail;
     }
     be->set_precision(strcmp(c->precision, "bf16") == 0 ? GPTC_BF16 : GPTC_FP32);
-    int kernel_timing = strcmp(c->timing, "kernel") == 0;
+    int kernel_timing = strcmp(c->timing, "kernel") == 0, failed = 0;
     if (kernel_timing) {
         /* room for every op of a step: ~50 records per layer and micro-batch, plus the
          * loss, optimizer and bucket traffic, with a margin */
@@ -473,20 +482,24 @@ int train_run(const gptc_config *c, const grid *g) {
                           (size_t)shape.n_layer * 64 + 1024;
         if (timing_init(1, per_step) != 0) {
             snprintf(err, sizeof(err), "profile.timing = kernel: out of memory for %zu records", per_step);
-            goto fail;
+            failed = 1;
+        } else {
+            timing_set_warmup(c->prof_warmup);
+            be = timed_backend(be);
         }
-        timing_set_warmup(c->prof_warmup);
-        be = timed_backend(be);
     }
 
     /* From here on a rank may fail alone: it reports, and every rank agrees to stop. The
      * watchdog runs from here, so that a rank hanging in communicator set-up (NCCL's
      * init waits for every rank) ends the job too; step 0 is the set-up. */
     watchdog_set_comm_hooks(comm_poll_async_errors, comm_abort_all);
-    if (watchdog_start(c->comm_timeout_s, g->rank, &current_step) != 0) {
-        snprintf(err, sizeof(err), "could not start the watchdog thread");
-        goto fail;
-    }
+    int wd = 0;
+    if (!failed && test_thread_failure("watchdog", g->rank)) wd = EAGAIN;
+    else if (!failed) wd = watchdog_start(c->comm_timeout_s, g->rank, &current_step);
+    if (wd) snprintf(err, sizeof(err), "could not start the watchdog thread: %s", strerror(wd));
+    /* agreed before the communicators: the others would wait in their set-up for a rank
+     * that failed until their watchdogs ended the job (train.comm_timeout_s) */
+    if (train_refused(failed || wd != 0, err, g->rank, g->world)) goto refused;
     comm_options copt = {c->comm_max_ctas, strcmp(c->comm_cta_policy, "efficiency") == 0 ? 1
                                            : strcmp(c->comm_cta_policy, "zero") == 0     ? 2
                                                                                          : 0};
@@ -498,12 +511,23 @@ int train_run(const gptc_config *c, const grid *g) {
     }
     r.have_groups = 1;
     int high = strcmp(c->comm_priority, "high") == 0;
-    if ((g->tp > 1 && comm_lane_init(&r.tp_lane, be, high) != 0) ||
-        (g->pp > 1 && comm_lane_init(&r.pp_lane, be, high) != 0) ||
-        (g->dp > 1 && comm_lane_init(&r.dp_lane, be, high) != 0)) {
-        snprintf(err, sizeof(err), "could not create the communication streams");
-        goto fail;
+    errno = 0;
+    if (test_thread_failure("lanes", g->rank)) {
+        errno = EAGAIN, rc = -1;
+    } else {
+        rc = (g->tp > 1 && comm_lane_init(&r.tp_lane, be, high) != 0) ||
+                     (g->pp > 1 && comm_lane_init(&r.pp_lane, be, high) != 0) ||
+                     (g->dp > 1 && comm_lane_init(&r.dp_lane, be, high) != 0)
+                 ? -1
+                 : 0;
     }
+    if (rc) {
+        int e = errno; /* the CPU streams' thread creation sets it */
+        snprintf(err, sizeof(err), "could not create the communication streams%s%s",
+                 e ? ": " : "", e ? strerror(e) : "");
+    }
+    /* a rank that failed here alone would leave the others waiting in its first op */
+    if (agree(&r, rc)) goto fail;
     r.tpc = (tp_context){g->tp, g->tp_rank, g->tp > 1 ? &r.tp : NULL, c->sequence_parallel,
                          g->tp > 1 ? &r.tp_lane : NULL,
                          strcmp(c->overlap_tp, "chunked") == 0 ? c->tp_chunks : 1, NULL, NULL, 0};

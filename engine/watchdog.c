@@ -63,11 +63,9 @@ int watchdog_start(double timeout_s, int rank, long *step) {
     g_step = step;
     watchdog_beat();
     atomic_store(&g_running, 1);
-    if (pthread_create(&g_thread, NULL, watch, NULL) != 0) {
-        atomic_store(&g_running, 0);
-        return -1;
-    }
-    return 0;
+    int e = pthread_create(&g_thread, NULL, watch, NULL);
+    if (e) atomic_store(&g_running, 0);
+    return e;
 }
 
 void watchdog_stop(void) {

@@ -12,7 +12,7 @@ void watchdog_beat(void);
 /* What this rank is about to wait in, for the message (a string literal or a buffer
  * that stays valid); NULL when not in communication. */
 void watchdog_waiting(const char *what);
-/* Starts the thread (no-op for a single rank). */
+/* Starts the thread (no-op for a single rank): 0, or pthread_create's error number. */
 int watchdog_start(double timeout_s, int rank, long *step);
 void watchdog_stop(void);
 /* For a device communication library whose ops run asynchronously (NCCL): poll returns a

@@ -119,6 +119,26 @@ def check_ranks_disagree(a, b):
     print("ok   both ranks with the same inputs train")
 
 
+def check_thread_limit(a):
+    """One rank that cannot start a thread (ulimit -u: GPTC_TEST_THREAD_FAIL stands in, as
+    root ignores the limit) for its watchdog or its communication streams: every rank
+    stops at once with that rank's line and the reason. The others waited out
+    train.comm_timeout_s (60 s) in their communicator set-up or their first op."""
+    import time
+    for what, want in (("watchdog", "could not start the watchdog thread"),
+                       ("lanes", "could not create the communication streams")):
+        t0 = time.time()
+        cmd = [*MPIRUN, "-np", "2", "-wdir", a, "-x", f"GPTC_TEST_THREAD_FAIL=1:{what}",
+               TRAIN, "cfg.ini", "--parallel.dp=2", "--train.comm_timeout_s=60"]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=50, env=env(2))
+        except subprocess.TimeoutExpired:
+            fail(f"{what} failing on rank 1: the job was still running after 50 s")
+        took = time.time() - t0
+        expect_refused(f"rank 1 cannot start its {what} ({took:.1f} s)", r,
+                       ["rank 1", want, "Resource temporarily unavailable"])
+
+
 def check_outputs(a):
     os.mkfifo(f"{D}/fifo")
     os.symlink("/nonexistent/r.json", f"{D}/dangling.json")
@@ -249,6 +269,7 @@ def main():
     if r.returncode:
         fail(f"cannot write the checkpoint:\n{r.stderr}")
     check_ranks_disagree(a, b)
+    check_thread_limit(a)
     check_outputs(a)
     print("PASS: start-up checks refuse what one rank or one path would fail on")
 

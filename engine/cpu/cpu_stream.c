@@ -9,6 +9,7 @@
 #define _GNU_SOURCE /* gettid, for a per-thread nice value */
 #include "engine/backend.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -177,11 +178,13 @@ gptc_stream *cpu_stream_create(int high_priority) {
     pthread_cond_init(&s->work, NULL);
     pthread_cond_init(&s->idle, NULL);
     s->high_priority = high_priority;
-    if (pthread_create(&s->thread, NULL, worker_main, s) != 0) {
+    int e = pthread_create(&s->thread, NULL, worker_main, s);
+    if (e) {
         pthread_cond_destroy(&s->idle);
         pthread_cond_destroy(&s->work);
         pthread_mutex_destroy(&s->mu);
         free(s);
+        errno = e; /* the caller's message says why */
         return NULL;
     }
     return s;
