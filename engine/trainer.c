@@ -40,8 +40,11 @@
 
 enum { ERR_LEN = 1024 };
 
-/* SIGINT / SIGTERM (a Slurm time limit, a user's Ctrl-C): finish the step in flight, write
- * a checkpoint when train.save is set, and exit 0 on every rank.
+/* SIGINT, SIGTERM (a user's Ctrl-C, a batch system's time limit), SIGUSR1, SIGUSR2 (Slurm's
+ * --signal=USR1@60, sent ahead of the limit for a checkpoint) and SIGHUP (a closed
+ * terminal or ssh session; left ignored when the run inherits it ignored, as under nohup):
+ * finish the step in flight, write a checkpoint when train.save is set, and exit 0 on
+ * every rank. Their default action ended the rank with no checkpoint.
  * A rank blocked where the flag is not looked at (its config read from a terminal or a
  * FIFO, a write to a stdout nobody reads, a library's start that never returns) would
  * never stop: a stop signal FORCE_AFTER_S seconds or more after the first takes the
@@ -72,23 +75,39 @@ static void on_stop_signal(int sig) {
     raise(sig); /* pending until this handler returns, then the default action */
 }
 
+static const int STOP_SIGNALS[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP};
+enum { N_STOP_SIGNALS = sizeof STOP_SIGNALS / sizeof STOP_SIGNALS[0] };
+
 void train_catch_stop_signals(void) {
-    struct sigaction sa;
+    struct sigaction sa, was;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART; /* a read or write in flight goes on: the flag is looked at later */
-    sigemptyset(&sa.sa_mask);
-    sigaddset(&sa.sa_mask, SIGINT); /* the handler is not re-entered by the other signal */
-    sigaddset(&sa.sa_mask, SIGTERM);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    /* a launcher may pass them on blocked: they then stayed pending to the last step. Before
-     * MPI starts its threads, which inherit this mask */
     sigset_t stop;
     sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
+    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaddset(&stop, STOP_SIGNALS[i]);
+    sa.sa_mask = stop; /* the handler is not re-entered by another of them */
+    for (int i = 0; i < N_STOP_SIGNALS; i++) {
+        int sig = STOP_SIGNALS[i];
+        if (sig == SIGHUP && sigaction(sig, NULL, &was) == 0 && was.sa_handler == SIG_IGN)
+            continue; /* nohup: a hangup is to go unnoticed */
+        sigaction(sig, &sa, NULL);
+    }
+    /* a launcher may pass them on blocked: they then stayed pending to the last step. Before
+     * MPI starts its threads, which inherit this mask */
     sigprocmask(SIG_UNBLOCK, &stop, NULL);
+}
+
+/* " (SIGTERM)" for the stop signal this rank got, "" when another rank got it */
+static const char *stop_signal_name(void) {
+    switch (g_stop_signal) {
+    case SIGINT: return " (SIGINT)";
+    case SIGTERM: return " (SIGTERM)";
+    case SIGUSR1: return " (SIGUSR1)";
+    case SIGUSR2: return " (SIGUSR2)";
+    case SIGHUP: return " (SIGHUP)";
+    default: return "";
+    }
 }
 
 /* The compute backend of train.device, and NVML when profile.power is on. Collective: a
@@ -652,7 +671,8 @@ int train_run(const gptc_config *c, const grid *g) {
      * large run) stops every rank before the first step, as one in a step does after it */
     stopped = g_stop_signal != 0;
     if (g->world > 1) stopped = comm_max_int(&r.world, stopped);
-    if (stopped) log_info("stopped by a signal before step %ld: no step ran\n", first);
+    if (stopped)
+        log_info("stopped by a signal before step %ld: no step ran%s\n", first, stop_signal_name());
     for (long step = first; step <= c->steps && !stopped; step++) {
         double w0 = timing_now_ms();
         current_step = step;
@@ -725,8 +745,8 @@ int train_run(const gptc_config *c, const grid *g) {
         if (due && save_checkpoint(&r, step, t, err, sizeof(err)) != 0) goto fail;
         last_run = step;
         if (stop) { /* the report and trace still cover the steps that ran */
-            log_info("stopped by a signal after step %ld%s\n", step,
-                     c->save[0] ? " (checkpoint written; train.init it to resume)" : "");
+            log_info("stopped by a signal after step %ld%s%s\n", step, stop_signal_name(),
+                     c->save[0] ? ": checkpoint written, train.init it to resume" : "");
             stopped = 1;
             break;
         }

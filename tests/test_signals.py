@@ -159,6 +159,27 @@ def check_stop_in_start():
     print("ok   SIGTERM to rank 1 in its start-up: every rank stopped before step 1, exit 0")
 
 
+def check_nohup():
+    """Under nohup (SIGHUP inherited ignored) a hangup goes unnoticed: every step runs."""
+    log = f"{D}/nohup.jsonl"
+    steps = 30
+    args = [a for a in BASE if not a.startswith("--train.steps=")]
+    ignore = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)  # noqa: E731
+    p = subprocess.Popen([TRAIN, *args, f"--train.steps={steps}", f"--train.log_file={log}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(1),
+                         preexec_fn=ignore)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (os.path.exists(log) and read_metrics(log)):
+        time.sleep(0.02)
+    p.send_signal(signal.SIGHUP)
+    out, err = p.communicate(timeout=120)
+    n = len(read_metrics(log))
+    if p.returncode != 0 or n != steps or "stopped by a signal" in out:
+        fail(f"nohup: exit {p.returncode}, {n} of {steps} steps, after a SIGHUP it ignores\n"
+             f"{err[-800:]}")
+    print(f"ok   SIGHUP inherited ignored (nohup): all {steps} steps ran")
+
+
 def check_forced_stop():
     """A rank blocked where the stop flag is not looked at (its config read from a FIFO no
     one writes, as from a terminal) ignored every SIGTERM: a second one 3 s or more after
@@ -200,8 +221,10 @@ def main():
         if r.returncode:
             fail(f"uninterrupted run on {ranks} rank(s) failed: " + r.stderr[-2000:])
         full[ranks] = read_metrics(f"{D}/full{ranks}.jsonl")
+    # usr1: Slurm's --signal=USR1@60 ahead of a time limit; hup2: a closed terminal
     for name, ranks, sig in (("term1", 1, signal.SIGTERM), ("int2", 2, signal.SIGINT),
-                             ("term2", 2, signal.SIGTERM)):
+                             ("term2", 2, signal.SIGTERM), ("usr1", 1, signal.SIGUSR1),
+                             ("hup2", 2, signal.SIGHUP)):
         # int2 as a Ctrl-C under mpirun: each rank gets it twice
         # term2 with kernel timing: its report and trace must cover the steps that ran
         timed = ["--profile.timing=kernel", f"--profile.report={D}/{name}.report.json",
@@ -229,6 +252,7 @@ def main():
     check_reader_gone()
     check_stop_in_start()
     check_forced_stop()
+    check_nohup()
     # SIGTERM blocked by the launcher: it stayed pending, and the run went on to its end
     done = interrupted("blocked1", 1, signal.SIGTERM, blocked=True)
     print(f"ok   SIGTERM, blocked when the run started, stopped it after step {done[-1]['step']}")
