@@ -269,6 +269,8 @@ static void remove_tmp_and_die(int sig) {
 
 int main(int argc, char **argv) {
     options o;
+    /* with stdout closed, the output file would take its number and the summary line */
+    output_guard_std_fds();
     ckpt_library_init();
     int p = parse_args(argc, argv, &o);
     if (p != 0) {

@@ -20,4 +20,10 @@ int h5_missing_filter(hid_t dset, char *name, size_t n);
  * written. */
 int h5_unwritten(hid_t dset, long long *unwritten, long long *total);
 
+/* The innermost description on this thread's HDF5 error stack, where the last failed call
+ * found its fault ("unable to lock file, errno = 11, ..." where another program writes the
+ * file), into buf[n]; "" when the stack is empty. Read it before the next HDF5 call, with
+ * automatic printing off (which leaves the stack in place). */
+void h5_error_cause(char *buf, size_t n);
+
 #endif

@@ -18,13 +18,11 @@ void log_info(const char *fmt, ...) {
     fflush(stdout);
 }
 
-void log_error(const char *fmt, ...) {
+/* fprintf(stderr, "gptc: <kind>: <fmt's line>\n") as one line */
+static void log_line(const char *kind, const char *fmt, va_list ap) {
     char line[2048], out[4 * sizeof line]; /* out: line, its control characters escaped */
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    /* an error is one line, also when a path it names holds a newline (a file name may) */
+    /* one line, also when a path it names holds a newline (a file name may) */
     size_t o = 0;
     for (const unsigned char *p = (const unsigned char *)line; *p; p++) {
         if (*p == '\n') out[o++] = '\\', out[o++] = 'n';
@@ -33,8 +31,23 @@ void log_error(const char *fmt, ...) {
     }
     out[o] = 0;
     /* one write, so lines from several ranks do not interleave mid-line */
-    fprintf(stderr, "gptc: error: %s\n", out);
+    fprintf(stderr, "gptc: %s: %s\n", kind, out);
     fflush(stderr);
+}
+
+void log_warn(const char *fmt, ...) {
+    if (g_rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    log_line("warning", fmt, ap);
+    va_end(ap);
+}
+
+void log_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    log_line("error", fmt, ap);
+    va_end(ap);
 }
 
 void *log_calloc(size_t n, size_t size, const char *what) {

@@ -8,6 +8,9 @@ void log_set_rank(int rank);
 int log_rank(void);
 /* printf to stdout on rank 0 */
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "gptc: warning: ..." on stderr, rank 0's, one line (fmt without its newline): beside the
+ * errors, where a stdout that is gone or to a full disk does not take it along */
+void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "gptc: error: ..." on stderr, from whichever rank calls it */
 void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* calloc(n, size) of the host's small bookkeeping, where out of memory can only end the

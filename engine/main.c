@@ -9,6 +9,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/log.h"
+#include "engine/output_files.h"
 #include "engine/trainer.h"
 #include "parallel/grid.h"
 
@@ -81,6 +82,7 @@ static int check_omp_threads(char *err, size_t n) {
 
 int main(int argc, char **argv) {
     int provided, world, rank;
+    output_guard_std_fds();
     train_catch_stop_signals();
     ckpt_library_init();
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);

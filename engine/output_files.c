@@ -122,6 +122,18 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
  * open file with an offset of its own: into a file the shell redirected stdout to, it
  * truncated the run's lines (O_TRUNC) or wrote over them, and the lines after it wrote
  * over it. A dup shares the one offset. */
+static int g_std_closed[3]; /* descriptors 0-2 that were closed at the start */
+
+void output_guard_std_fds(void) {
+    for (int fd = 0; fd < 3; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        /* the lowest free number is fd itself */
+        int got = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+        g_std_closed[fd] = 1;
+        if (got >= 0 && got != fd) close(got);
+    }
+}
+
 static int own_descriptor(const char *path) {
     if (strcmp(path, "/dev/stdout") == 0) return STDOUT_FILENO;
     if (strcmp(path, "/dev/stderr") == 0) return STDERR_FILENO;
@@ -134,6 +146,10 @@ static int own_descriptor(const char *path) {
 
 FILE *output_stream_open(const char *path, int append) {
     int own = own_descriptor(path);
+    if (own >= 0 && own < 3 && g_std_closed[own]) {
+        errno = EBADF;
+        return NULL;
+    }
     if (own >= 0) {
         fflush(stdout); /* what the run printed goes first */
         int fd = dup(own);
@@ -157,6 +173,8 @@ FILE *output_stream_open(const char *path, int append) {
 
 const char *output_stream_error(int errnum, char *buf, size_t n) {
     if (errnum == ENXIO) snprintf(buf, n, "a FIFO with no reader (start its reader first)");
+    else if (errnum == EBADF)
+        snprintf(buf, n, "the descriptor is not open (the run started with it closed)");
     else snprintf(buf, n, "%s", strerror(errnum));
     return buf;
 }
@@ -301,7 +319,7 @@ void save_keep_version(const char *path, long step, int keep, long *kept, int *n
     versioned_name(path, step, name, sizeof(name));
     unlink(name);
     if (link(path, name) != 0) {
-        log_info("warning: could not keep %s: %s\n", name, strerror(errno));
+        log_warn("could not keep %s: %s", name, strerror(errno));
         return;
     }
     kept[(*n_kept)++] = step;

@@ -18,6 +18,12 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
  * the output lands between the run's lines, not over them. */
 FILE *output_stream_open(const char *path, int append);
 
+/* Opens /dev/null on each of descriptors 0, 1 and 2 that the process started with closed,
+ * and notes which: otherwise the next file opened (a log, a checkpoint) takes the number,
+ * and the run's lines, written to stdout, land in it. A later /dev/stdout (or its fd name)
+ * as an output path is then refused, EBADF. Call first in main. */
+void output_guard_std_fds(void);
+
 /* buf[n] = why output_stream_open failed, from its errno */
 const char *output_stream_error(int errnum, char *buf, size_t n);
 

@@ -132,7 +132,8 @@ static const gptc_backend *start_backend(const gptc_config *c, const grid *g,
             be = NULL;
     } else {
         be = cpu_backend();
-        if (!be) snprintf(err, n, "train.device = cpu: the CPU backend could not start (see above)");
+        /* the one reason it can fail: OpenBLAS did not load */
+        if (!be) snprintf(err, n, "train.device = cpu: %s", cpu_blas_error());
     }
     char bus[32];
     if (be && c->power &&
@@ -210,8 +211,8 @@ static void run_free(run_state *r) {
     if (r->loader) loader_destroy(r->loader);
     if (r->log) fclose(r->log);
     if (r->log_lost)
-        log_info("warning: train.log_file %s: %ld step line(s) could not be written and are "
-                 "missing from it\n", r->c->log_file, r->log_lost);
+        log_warn("train.log_file %s: %ld step line(s) could not be written and are missing "
+                 "from it", r->c->log_file, r->log_lost);
     free(r->inputs);
     free(r->targets);
     free(r->kept);
@@ -417,9 +418,9 @@ static void log_metrics(run_state *r, long step, double loss, double norm, doubl
                         double tps, int skipped, const power_sample *pw) {
     if (metrics_write(r->log, step, loss, norm, lr, ms, tps, skipped, pw) == 0 || r->log_lost++)
         return;
-    log_info("warning: train.log_file %s: the line of step %ld could not be written (%s); "
-             "training goes on, and the lines that cannot be written are left out (their "
-             "count comes at the end)\n", r->c->log_file, step, strerror(errno));
+    log_warn("train.log_file %s: the line of step %ld could not be written (%s); training "
+             "goes on, and the lines that cannot be written are left out (their count comes "
+             "at the end)", r->c->log_file, step, strerror(errno));
 }
 
 /* Test-only: GPTC_TEST_THREAD_FAIL=R:what makes rank R's start of what ("watchdog": its
@@ -629,8 +630,7 @@ int train_run(const gptc_config *c, const grid *g) {
     if (c->save[0] && g->rank == 0) save_dir_tidy(c->save, first, c->keep, r.kept, &r.n_kept);
     print_model(m, &bp, first, c->steps, c->precision);
     if (c->save_every > 0 && !c->save[0])
-        log_info("warning: train.save_every = %ld has no effect: train.save is empty\n",
-                 c->save_every);
+        log_warn("train.save_every = %ld has no effect: train.save is empty", c->save_every);
     if (g->dp > 1)
         log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)%s\n",
                  m->n_buckets, g->dp, c->dp_bucket_mb,

@@ -205,6 +205,21 @@ def check_whole_chunks():
     print("ok   tokens and a tensor written whole in chunks that do not divide them train")
 
 
+def check_locked_by_writer():
+    """A checkpoint or token file another program holds open for writing (HDF5's file lock):
+    the line names the lock, as HDF5's error stack does, where it said "truncated or
+    damaged?" for train.init and nothing for data.path"""
+    import shutil
+    import h5py
+    shutil.copy(f"{D}/ck.h5", f"{D}/lockedck.h5")
+    shutil.copy(f"{D}/tok.h5", f"{D}/lockedtok.h5")
+    with h5py.File(f"{D}/lockedck.h5", "r+"), h5py.File(f"{D}/lockedtok.h5", "r+"):
+        check("train.init held open by a writer", BASE + [f"--train.init={D}/lockedck.h5"],
+              ["train.init", "lockedck.h5", "unable to lock file", "open for writing"])
+        check("data.path held open by a writer", BASE + [f"--data.path={D}/lockedtok.h5"],
+              ["data.path", "lockedtok.h5", "unable to lock file", "open for writing"])
+
+
 def check_omp_threads():
     """OMP_NUM_THREADS that libgomp cannot use: a huge one crashed the run at its first
     parallel loop (signal 11, no word), a malformed one ran on libgomp's default after a
@@ -424,6 +439,7 @@ def main():
 
     check_outputs_over_inputs()
     check_whole_chunks()
+    check_locked_by_writer()
     check_omp_threads()
     check_memory_limit()
     cases = [(name, BASE + extra, words, None) for name, extra, words in CASES] + [

@@ -220,7 +220,9 @@ def check_outputs(a):
     # a log that stops taking lines (a full disk): training goes on, says so at the first
     # line lost, and counts them at the end (all of the 2 steps here)
     r = run_train([f"{a}/cfg.ini", "--train.log_file=/dev/full"], timeout=60)
-    warned = [x for x in r.stdout.splitlines() if "train.log_file /dev/full" in x]
+    # on stderr, beside the errors: a stdout that is gone takes no warning along
+    warned = [x for x in r.stderr.splitlines()
+              if x.startswith("gptc: warning: train.log_file /dev/full")]
     if r.returncode or len(warned) != 2 or "step 1 could not be written" not in warned[0] or \
             "2 step line(s) could not be written" not in warned[1]:
         fail(f"metrics to /dev/full: exit {r.returncode}, warnings {warned}\n{r.stderr[-800:]}")
@@ -256,6 +258,37 @@ def check_stdout_file(a):
                  f"{len(lines)} lines, {len(said)} step and done lines:\n" + "\n".join(lines[:40]))
     print("ok   metrics and report to /dev/stdout sent to a file: the run's lines and the "
           "output, each whole")
+    check_stdout_closed(a)
+
+
+def check_stdout_closed(a):
+    """A run started with stdout closed (1>&-): the first file it opened took descriptor 1,
+    so its lines went into that file, and /dev/stdout named it ("Invalid argument" for a
+    file open read-only). Now /dev/stdout is refused before training, and a run that
+    saves and logs metrics leaves both files whole, the run's lines in neither."""
+    import json
+    close1 = lambda: os.close(1)  # noqa: E731
+    r = subprocess.run([TRAIN, f"{a}/cfg.ini", "--train.log_file=/dev/stdout"],
+                       stderr=subprocess.PIPE, text=True, timeout=60, env=env(),
+                       preexec_fn=close1)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("gptc: error:")]
+    if r.returncode == 0 or len(lines) != 1 or "not open" not in lines[0]:
+        fail(f"metrics to /dev/stdout with stdout closed: exit {r.returncode}, {lines}")
+    print(f"ok   metrics to /dev/stdout with stdout closed: {lines[0]}")
+    log, ck = f"{D}/closed.jsonl", f"{D}/closed.h5"
+    r = subprocess.run([TRAIN, f"{a}/cfg.ini", f"--train.log_file={log}", f"--train.save={ck}"],
+                       stderr=subprocess.PIPE, text=True, timeout=60, env=env(),
+                       preexec_fn=close1)
+    with open(log) as f:
+        text = f.read()
+    import h5py
+    with h5py.File(ck) as f:
+        step = int(f.attrs["step"])
+    if r.returncode or "step " in text or "[train]" in text or step != 2 or \
+            [json.loads(x)["step"] for x in text.splitlines()] != [1, 2]:
+        fail(f"a run with stdout closed: exit {r.returncode}, checkpoint step {step}, the "
+             f"metrics file:\n{text[:600]}\n{r.stderr[-600:]}")
+    print("ok   a run with stdout closed: the metrics file and the checkpoint are whole")
 
 
 def main():

@@ -14,6 +14,7 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static sgemm_fn g_sgemm;
 static corename_fn g_corename;
 static int g_status = -1;
+static char g_why[512]; /* why the load failed */
 
 /* The newest kernel family of OpenBLAS 0.3.x that this CPU can run, or NULL to let
  * OpenBLAS decide. */
@@ -32,16 +33,20 @@ static void load(void) {
     if (core && !getenv("OPENBLAS_CORETYPE")) setenv("OPENBLAS_CORETYPE", core, 0);
     const char *candidates[] = {GPTC_OPENBLAS_PATH, "libopenblas.so.0", "libopenblas.so"};
     void *lib = NULL;
-    for (size_t i = 0; i < sizeof(candidates) / sizeof(candidates[0]) && !lib; i++)
+    char first[384] = ""; /* why the build's own OpenBLAS did not load */
+    for (size_t i = 0; i < sizeof(candidates) / sizeof(candidates[0]) && !lib; i++) {
         lib = dlopen(candidates[i], RTLD_NOW | RTLD_GLOBAL);
+        const char *e = lib ? NULL : dlerror();
+        if (i == 0 && e) snprintf(first, sizeof first, "%s", e);
+    }
     if (!lib) {
-        fprintf(stderr, "gptc: error: cannot load OpenBLAS (%s): %s\n", GPTC_OPENBLAS_PATH, dlerror());
+        snprintf(g_why, sizeof g_why, "cannot load OpenBLAS: %s", first);
         return;
     }
     g_sgemm = (sgemm_fn)dlsym(lib, "cblas_sgemm");
     g_corename = (corename_fn)dlsym(lib, "openblas_get_corename");
     if (!g_sgemm) {
-        fprintf(stderr, "gptc: error: %s has no cblas_sgemm\n", GPTC_OPENBLAS_PATH);
+        snprintf(g_why, sizeof g_why, "%s has no cblas_sgemm", GPTC_OPENBLAS_PATH);
         return;
     }
     g_status = 0;
@@ -51,6 +56,8 @@ int cpu_blas_init(void) {
     pthread_once(&g_once, load);
     return g_status;
 }
+
+const char *cpu_blas_error(void) { return g_why; }
 
 const char *cpu_blas_corename(void) {
     return g_corename ? g_corename() : "unknown";

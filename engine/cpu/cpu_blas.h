@@ -8,8 +8,10 @@
 
 #include <cblas.h>
 
-/* Loads OpenBLAS once (thread-safe); returns 0, or -1 with a message on stderr. */
+/* Loads OpenBLAS once (thread-safe); returns 0, or -1 (cpu_blas_error says why). */
 int cpu_blas_init(void);
+/* why cpu_blas_init failed, one line ("" before it, or when it did not) */
+const char *cpu_blas_error(void);
 /* The kernel family OpenBLAS runs, e.g. "SkylakeX" (after cpu_blas_init). */
 const char *cpu_blas_corename(void);
 /* cblas_sgemm, row-major; same arguments as CBLAS. */
