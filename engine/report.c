@@ -335,7 +335,7 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
                "%.2f ms; no step ran with the policies to compare\n",
                probe->n, probe->iter, probe->ideal);
     if (dropped)
-        printf("%ld record(s) dropped untimed: more ops in a step than the timing has room for\n",
+        printf("%ld record(s) dropped untimed: more ops in a step than the timing could hold\n",
                dropped);
     if (omitted)
         printf("%ld record(s) timed but left out of the trace: past its cap (2e6 records per rank)\n",

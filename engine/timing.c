@@ -1,11 +1,16 @@
 /* Per-kernel timing. Inside a step: one atomic increment and two clock readings per op.
  * After the step: interval unions, exposed communication and the isolated/overlapped
- * split of every kernel. */
+ * split of every kernel.
+ * A step's records grow past the capacity the trainer estimated (overlap.tp = chunked
+ * multiplies the ops by tp_chunks, and more with sequence parallelism): the threads that
+ * record hold a read lock, and the one that finds the arrays full takes the write lock to
+ * grow them, so that no op goes untimed (up to RECORDS_MAX a step). */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/timing.h"
 #include "engine/log.h"
 #include "engine/watchdog.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +39,9 @@ double timing_now_ms(void) {
 
 /* records kept for the trace over the whole run, all steps: ~100 MB on the host */
 #define TRACE_CAP_DEFAULT ((size_t)2000000)
+/* records of one step at most (~120 bytes each with the analysis scratch): past it an op
+ * is dropped, and counted */
+#define RECORDS_MAX ((size_t)1 << 22)
 
 typedef struct { double a, b; } span;
 
@@ -61,10 +69,14 @@ static struct {
     timing_record *rec;        /* [capacity] this step's records */
     int32_t *ops;              /* [capacity] device timer handle of rec, or -1 (host times) */
     size_t capacity;
+    pthread_rwlock_t grow;     /* read: writing a record; write: growing rec and ops */
+    int grow_failed;           /* out of memory once: no more growth, so that every record
+                                * below the capacity was written */
     atomic_size_t n;
     atomic_long dropped;
     long untimed[2];           /* [kind] records the device timer found no work of */
-    span *work, *merged_comp, *merged_comm, *merged_par; /* [capacity] each, analysis scratch */
+    span *work, *merged_comp, *merged_comm, *merged_par; /* [cap_scratch] each, analysis scratch */
+    size_t cap_scratch;
     timing_step_summary *steps; /* [cap_steps], n_steps used */
     int n_steps, cap_steps;
     timing_kernel_stats *kernels; /* [cap_kernels], n_kernels used */
@@ -85,7 +97,8 @@ int timing_init(int kernel_level, size_t capacity) {
     T.ctx = (timing_ctx){-1, -1, PH_FWD};
     T.trace_limit = TRACE_CAP_DEFAULT;
     if (!kernel_level) return 0;
-    T.capacity = capacity;
+    if (capacity < 1) capacity = 1;
+    T.capacity = T.cap_scratch = capacity;
     T.rec = calloc(capacity, sizeof(timing_record));
     T.ops = calloc(capacity, sizeof *T.ops);
     T.work = calloc(capacity, sizeof(span));
@@ -96,12 +109,14 @@ int timing_init(int kernel_level, size_t capacity) {
         timing_shutdown();
         return -1;
     }
+    pthread_rwlock_init(&T.grow, NULL);
     T.on = 1;
     T.origin_ms = timing_now_ms();
     return 0;
 }
 
 void timing_shutdown(void) {
+    if (T.on) pthread_rwlock_destroy(&T.grow);
     free(T.rec);
     free(T.ops);
     free(T.work);
@@ -167,33 +182,78 @@ const char *timing_matmul_gelu_name(int backward) {
     return ROLES[g_role][backward ? 4 : 3];
 }
 
+/* Grows rec and ops to hold index i (twice the capacity, or more); called without the
+ * read lock. Growth stops for good at RECORDS_MAX or at the first allocation that fails. */
+static void grow_records(size_t i) {
+    pthread_rwlock_wrlock(&T.grow);
+    if (i >= T.capacity && !T.grow_failed && i < RECORDS_MAX) {
+        size_t cap = 2 * T.capacity > i + 1 ? 2 * T.capacity : i + 1;
+        if (cap > RECORDS_MAX) cap = RECORDS_MAX;
+        timing_record *rec = realloc(T.rec, cap * sizeof *rec);
+        if (rec) T.rec = rec;
+        int32_t *ops = rec ? realloc(T.ops, cap * sizeof *ops) : NULL;
+        if (ops) T.ops = ops, T.capacity = cap;
+        else T.grow_failed = 1;
+    }
+    pthread_rwlock_unlock(&T.grow);
+}
+
+/* rec's slot for one more record of this step, with the read lock held (timing_put
+ * releases it), or -1 (no lock held) when the record is dropped */
+static long take_slot(void) {
+    size_t i = atomic_fetch_add(&T.n, 1);
+    pthread_rwlock_rdlock(&T.grow);
+    if (i >= T.capacity) {
+        pthread_rwlock_unlock(&T.grow);
+        grow_records(i);
+        pthread_rwlock_rdlock(&T.grow);
+    }
+    if (i < T.capacity) return (long)i;
+    pthread_rwlock_unlock(&T.grow);
+    atomic_fetch_add(&T.dropped, 1);
+    return -1;
+}
+
+static void timing_put(long i, timing_record r, int32_t op) {
+    T.rec[i] = r;
+    T.ops[i] = op;
+    pthread_rwlock_unlock(&T.grow);
+}
+
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
                       timing_ctx ctx, timing_work work, double start_ms, double end_ms) {
     if (!T.on) return;
-    size_t i = atomic_fetch_add(&T.n, 1);
-    if (i >= T.capacity) {
-        atomic_fetch_add(&T.dropped, 1);
-        return;
-    }
-    T.rec[i] = (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
+    long i = take_slot();
+    if (i < 0) return;
+    timing_put(i,
+               (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
                                ctx.layer, ctx.micro, (int32_t)T.step, (float)work.flops,
                                (float)work.bytes, (start_ms - T.origin_ms) * 1e3,
-                               (end_ms - T.origin_ms) * 1e3};
-    T.ops[i] = -1;
+                               (end_ms - T.origin_ms) * 1e3},
+               -1);
 }
 
 void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
                           timing_ctx ctx, timing_work work, int op) {
     if (!T.on) return;
-    size_t i = atomic_fetch_add(&T.n, 1);
-    if (i >= T.capacity) {
-        atomic_fetch_add(&T.dropped, 1);
-        return;
-    }
-    T.rec[i] = (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
+    long i = take_slot();
+    if (i < 0) return;
+    timing_put(i,
+               (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
                                ctx.layer, ctx.micro, (int32_t)T.step, (float)work.flops,
-                               (float)work.bytes, 0, 0};
-    T.ops[i] = op;
+                               (float)work.bytes, 0, 0},
+               op);
+}
+
+/* The analysis scratch as large as the records (after the step: no thread records) */
+static void grow_scratch(void) {
+    if (T.cap_scratch >= T.capacity) return;
+    size_t c = T.capacity;
+    T.work = log_realloc(T.work, c * sizeof(span), "the timing's analysis");
+    T.merged_comp = log_realloc(T.merged_comp, c * sizeof(span), "the timing's analysis");
+    T.merged_comm = log_realloc(T.merged_comm, c * sizeof(span), "the timing's analysis");
+    T.merged_par = log_realloc(T.merged_par, c * sizeof(span), "the timing's analysis");
+    T.cap_scratch = c;
 }
 
 /* Keeps each piece of the step's device work, under the op whose handle it carries
@@ -413,6 +473,7 @@ void timing_end_step(double iter_ms) {
     if (!T.on) return;
     size_t n = atomic_load(&T.n);
     if (n > T.capacity) n = T.capacity;
+    grow_scratch();
     size_t nc = union_of(T.rec, n, TK_COMPUTE, -1, T.merged_comp);
     size_t nm = union_of(T.rec, n, TK_COMM, -1, T.merged_comm);
     double comm = total(T.merged_comm, nm);

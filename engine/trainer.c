@@ -496,8 +496,9 @@ int train_run(const gptc_config *c, const grid *g) {
     be->set_precision(strcmp(c->precision, "bf16") == 0 ? GPTC_BF16 : GPTC_FP32);
     int kernel_timing = strcmp(c->timing, "kernel") == 0, failed = 0;
     if (kernel_timing) {
-        /* room for every op of a step: ~50 records per layer and micro-batch, plus the
-         * loss, optimizer and bucket traffic, with a margin */
+        /* room for the ops of a step: ~50 records per layer and micro-batch, plus the
+         * loss, optimizer and bucket traffic, with a margin; chunked TP multiplies them,
+         * and the records grow past this where a step needs it (timing.c) */
         size_t per_step = ((size_t)shape.n_layer * 64 + 128) * (size_t)bp.n_micro +
                           (size_t)shape.n_layer * 64 + 1024;
         if (timing_init(1, per_step) != 0) {

@@ -617,6 +617,16 @@ def main():
     for (a, b), (c, d) in zip(res["none"][2], res["chunked"][2]):
         if abs(a - c) > 1e-5 * abs(a) or abs(b - d) > 1e-5 * abs(b):
             fail("overlap.tp = chunked changed the losses")
+    # tp2 with sequence parallelism chunked 32 ways: ten times the records the trainer's
+    # estimate of a step holds; the arrays grow, and no op goes untimed (2396 and more were
+    # dropped: no adamw, no embedding_bwd in the report)
+    ev, rep, _ = timed("tp2-sp-chunked32", 2, ["--parallel.tp=2", "--parallel.sequence_parallel=true",
+                                               "--overlap.tp=chunked", "--overlap.tp_chunks=32"])
+    n = sum(1 for e in ev if e.get("ph") == "X" and e["pid"] == 0 and e["args"]["step"] == 1)
+    names = {k["name"] for k in rep["kernels"]}
+    if n < 4000 or not {"adamw", "embedding_bwd", "grad_norm"} <= names:
+        fail(f"tp2 SP chunked 32: {n} records in rank 0's step 1, ops {sorted(names)}")
+    print(f"ok   tp2, sequence parallel, 32 chunks: {n} records in a step, none dropped")
     print("PASS: timing records, report and trace hold")
 
 
