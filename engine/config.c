@@ -246,7 +246,7 @@ int config_set(gptc_config *c, const char *section, const char *key, const char 
         return -1;
     }
     if (d < k->min || d > k->max) {
-        snprintf(err, errlen, "config: %s.%s = %s is out of range [%g, %g]", section, key, value, k->min, k->max);
+        snprintf(err, errlen, "config: %s.%s = %s is out of range [%.10g, %.10g]", section, key, value, k->min, k->max);
         return -1;
     }
     if (k->type == K_INT) *(int *)field = (int)d;

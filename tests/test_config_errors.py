@@ -25,6 +25,8 @@ CASES = [
     ("nan", ["--train.grad_clip=nan"], ["train.grad_clip", "not a finite number"]),
     ("not an integer", ["--train.global_batch=2.5"], ["train.global_batch", "not an integer"]),
     ("out of range", ["--train.beta2=1.5"], ["train.beta2", "out of range"]),
+    # the bound as it is: %g printed it as 1, the value refused
+    ("beta1 of 1", ["--train.beta1=1"], ["train.beta1", "out of range [0, 0.999999999]"]),
     # one notation for every number: strtod alone would take 0x10 for 16, strtoull(.., 0)
     # 010 for 8
     ("hex integer", ["--train.steps=0x10"], ["train.steps", "not a decimal number"]),
