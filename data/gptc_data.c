@@ -139,6 +139,10 @@ static int flush_block(writer *w) {
 /* Tokenizes one input into the writer. Prints its own one-line error. */
 static int add_input(writer *w, const char *name, long long vocab, const char *tmp) {
     int is_stdin = strcmp(name, "-") == 0;
+    if (output_names_closed_std(name)) {
+        fprintf(stderr, "gptc-data: %s: stdin was closed when gptc-data started\n", name);
+        return -1;
+    }
     FILE *in = is_stdin ? stdin : fopen(name, "rb");
     if (!in) {
         fprintf(stderr, "gptc-data: %s: %s\n", name, strerror(errno));
@@ -270,7 +274,11 @@ static void remove_tmp_and_die(int sig) {
 int main(int argc, char **argv) {
     options o;
     /* with stdout closed, the output file would take its number and the summary line */
-    output_guard_std_fds();
+    if (output_guard_std_fds() != 0) {
+        fprintf(stderr, "gptc-data: descriptor 0, 1 or 2 is closed and /dev/null cannot be "
+                "opened in its place\n");
+        return 1;
+    }
     ckpt_library_init();
     int p = parse_args(argc, argv, &o);
     if (p != 0) {

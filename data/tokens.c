@@ -11,6 +11,7 @@
 #include "engine/h5_checks.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* The largest vocab whose tokens still fit the int32 the model consumes. */
 static const long long MAX_VOCAB = 2147483648LL;
@@ -46,21 +48,44 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
 
 /* A file as it was when opened. HDF5 reads what lies past a file's end as zeros, so a token
  * file cut short or rewritten in place during a run would train on token 0 or on another
- * file's tokens without a word: every read compares the files it comes from with these. */
+ * file's tokens without a word: the reads compare the files they come from with these.
+ * A new modification time alone (touch, a scratch purge's keep-alive, a backup tool) is
+ * checked against a sample of the bytes, and passes when they are the same. */
 typedef struct {
     dev_t dev;
     ino_t ino;
     off_t size;
     struct timespec mtime;
+    uint64_t sample; /* sample_of the bytes */
 } file_stamp;
 
-static file_stamp stamp_of(const struct stat *st) {
-    return (file_stamp){st->st_dev, st->st_ino, st->st_size, st->st_mtim};
+enum { SAMPLE_SPANS = 64, SAMPLE_SPAN = 4096 };
+
+/* FNV-1a of SAMPLE_SPANS spans of SAMPLE_SPAN bytes spread evenly over the size bytes of
+ * fd (all of a smaller file); 0, or -1 with errno */
+static int sample_of(int fd, off_t size, uint64_t *out) {
+    unsigned char buf[SAMPLE_SPAN];
+    uint64_t h = 14695981039346656037ull;
+    off_t all = (off_t)SAMPLE_SPANS * SAMPLE_SPAN;
+    for (int k = 0; k < SAMPLE_SPANS; k++) {
+        off_t at = size <= all ? (off_t)k * SAMPLE_SPAN
+                               : (off_t)((double)(size - SAMPLE_SPAN) * k / (SAMPLE_SPANS - 1));
+        if (at >= size) break;
+        ssize_t got = pread(fd, buf, sizeof buf, at);
+        if (got < 0) return -1;
+        for (ssize_t i = 0; i < got; i++) h = (h ^ buf[i]) * 1099511628211ull;
+    }
+    *out = h;
+    return 0;
 }
 
-static int same_stamp(file_stamp a, file_stamp b) {
-    return a.dev == b.dev && a.ino == b.ino && a.size == b.size &&
-           a.mtime.tv_sec == b.mtime.tv_sec && a.mtime.tv_nsec == b.mtime.tv_nsec;
+/* st's stamp, with the sample of fd (or of path, opened here, when fd < 0); 0, or -1 */
+static int stamp_of(const struct stat *st, int fd, const char *path, file_stamp *s) {
+    *s = (file_stamp){st->st_dev, st->st_ino, st->st_size, st->st_mtim, 0};
+    int own = fd < 0 ? open(path, O_RDONLY) : fd;
+    int rc = own >= 0 ? sample_of(own, st->st_size, &s->sample) : -1;
+    if (fd < 0 && own >= 0) close(own);
+    return rc;
 }
 
 struct token_file {
@@ -69,7 +94,7 @@ struct token_file {
     long n;       /* number of tokens */
     long vocab;   /* the file's vocab_size */
     long limit;   /* every token must be below it: vocab, or the model's if smaller */
-    int fd;       /* HDF5's descriptor of the file, -1 when its driver gives none */
+    int fd;       /* HDF5's descriptor of the file (its sec2 driver), else -1: by path */
     file_stamp stamp; /* the file at open, by fd (a file renamed over its path is not it) */
     h5_source_files sources;  /* the files besides it that /tokens is read from */
     file_stamp *source_stamps; /* [sources.n] each at open, by its path */
@@ -81,18 +106,27 @@ static void close_ids(token_file *f) {
     f->dset = f->file = -1;
 }
 
+/* HDF5's descriptor of the file when its driver is sec2 (the default), whose handle is an
+ * int; -1 for any other driver (the core driver's handle is its memory image) */
+static int sec2_descriptor(hid_t file) {
+    hid_t fapl = H5Fget_access_plist(file);
+    int sec2 = fapl >= 0 && H5Pget_driver(fapl) == H5FD_SEC2;
+    if (fapl >= 0) H5Pclose(fapl);
+    void *handle = NULL;
+    return sec2 && H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) >= 0 && handle ? *(int *)handle
+                                                                             : -1;
+}
+
 /* Stamps the file (by HDF5's descriptor, else by its path) and the sources found; 0, or -1
  * with err set */
 static int stamp_files(token_file *f, char *err, size_t errlen) {
-    void *handle = NULL;
     struct stat st;
-    /* the default (sec2) driver's handle is its int descriptor */
-    if (H5Fget_vfd_handle(f->file, H5P_DEFAULT, &handle) >= 0 && handle) f->fd = *(int *)handle;
-    if (f->fd >= 0 ? fstat(f->fd, &st) : stat(f->path, &st)) {
-        set_err(err, errlen, "data.path %s: cannot stat the file: %s", f->path, strerror(errno));
+    f->fd = sec2_descriptor(f->file);
+    if ((f->fd >= 0 ? fstat(f->fd, &st) : stat(f->path, &st)) ||
+        stamp_of(&st, f->fd, f->path, &f->stamp)) {
+        set_err(err, errlen, "data.path %s: cannot read the file: %s", f->path, strerror(errno));
         return -1;
     }
-    f->stamp = stamp_of(&st);
     if (f->sources.n == 0) return 0;
     f->source_stamps = malloc(f->sources.n * sizeof *f->source_stamps);
     if (!f->source_stamps) {
@@ -100,53 +134,80 @@ static int stamp_files(token_file *f, char *err, size_t errlen) {
         return -1;
     }
     for (size_t i = 0; i < f->sources.n; i++) {
-        if (stat(f->sources.paths[i], &st)) {
-            set_err(err, errlen, "data.path %s: cannot stat its source file %s: %s", f->path,
-                    f->sources.paths[i], strerror(errno));
+        const char *p = f->sources.paths[i];
+        if (stat(p, &st) || stamp_of(&st, -1, p, &f->source_stamps[i])) {
+            set_err(err, errlen, "data.path %s: cannot read its source file %s: %s", f->path,
+                    p, strerror(errno));
             return -1;
         }
-        f->source_stamps[i] = stamp_of(&st);
     }
     return 0;
 }
 
-/* "truncated from A to B bytes" or the like for a file stamped was, now as it is */
-static void describe_change(file_stamp was, const struct stat *now, char *buf, size_t len) {
-    if (!now)
-        snprintf(buf, len, "is gone");
-    else if (now->st_dev != was.dev || now->st_ino != was.ino)
-        snprintf(buf, len, "was replaced by another file");
-    else if (now->st_size < was.size)
-        snprintf(buf, len, "was cut from %lld to %lld bytes", (long long)was.size,
-                 (long long)now->st_size);
-    else if (now->st_size > was.size)
-        snprintf(buf, len, "grew from %lld to %lld bytes", (long long)was.size,
-                 (long long)now->st_size);
-    else
-        snprintf(buf, len, "was written to (same size, modified)");
-}
-
-/* 0 when the file and its sources are as they were at open; else -1 and err says which
- * changed and how */
-static int check_unchanged(token_file *f, char *err, size_t errlen) {
-    static const char *const advice = "the tokens read may be zeros or another file's; "
-                                      "write a new file and rename it over the old one (as "
-                                      "gptc-data does) instead of changing it in place";
+/* 0 when the file stamped *was (by fd, or by path when fd < 0) is as it was, or differs by
+ * its modification time alone (then *was takes the new time); a source (by path) may also
+ * have been replaced by a file at least as large, as by a rename (HDF5 reads the new one,
+ * or the one it opened: either is whole), and *was is then the new file's. Else -1 and
+ * how[len] says what changed. */
+static int unchanged(file_stamp *was, int fd, const char *path, int source, char *how,
+                     size_t len) {
     struct stat st;
-    char how[96];
-    int ok = f->fd >= 0 ? fstat(f->fd, &st) == 0 : stat(f->path, &st) == 0;
-    if (!ok || !same_stamp(f->stamp, stamp_of(&st))) {
-        describe_change(f->stamp, ok ? &st : NULL, how, sizeof how);
-        set_err(err, errlen, "data.path %s: the file changed during the run (it %s): %s",
-                f->path, how, advice);
+    file_stamp now;
+    if (fd >= 0 ? fstat(fd, &st) : stat(path, &st)) {
+        snprintf(how, len, "is gone");
         return -1;
     }
+    int same_file = st.st_dev == was->dev && st.st_ino == was->ino;
+    if (same_file && st.st_size == was->size && st.st_mtim.tv_sec == was->mtime.tv_sec &&
+        st.st_mtim.tv_nsec == was->mtime.tv_nsec)
+        return 0;
+    if (!same_file && !source) {
+        snprintf(how, len, "was replaced by another file");
+        return -1;
+    }
+    if (!same_file && st.st_size >= was->size) {
+        if (stamp_of(&st, -1, path, &now) == 0) *was = now;
+        return 0;
+    }
+    if (st.st_size < was->size) {
+        snprintf(how, len, "was cut from %lld to %lld bytes", (long long)was->size,
+                 (long long)st.st_size);
+        return -1;
+    }
+    if (st.st_size > was->size) {
+        snprintf(how, len, "grew from %lld to %lld bytes", (long long)was->size,
+                 (long long)st.st_size);
+        return -1;
+    }
+    /* the same size, a new time: touched, or rewritten in place */
+    if (stamp_of(&st, fd, path, &now) == 0 && now.sample == was->sample) {
+        was->mtime = now.mtime;
+        return 0;
+    }
+    snprintf(how, len, "was written to in place (same size, other bytes)");
+    return -1;
+}
+
+static const char *const CHANGE_ADVICE = "the tokens read may be zeros or another file's; "
+                                         "write a new file and rename it over the old one (as "
+                                         "gptc-data does) instead of changing it in place";
+
+/* The token file itself, after each read (one fstat); 0, or -1 with err */
+static int check_own(token_file *f, char *err, size_t errlen) {
+    char how[96];
+    if (unchanged(&f->stamp, f->fd, f->path, 0, how, sizeof how) == 0) return 0;
+    set_err(err, errlen, "data.path %s: the file changed during the run (it %s): %s", f->path,
+            how, CHANGE_ADVICE);
+    return -1;
+}
+
+int tokens_check_sources(token_file *f, char *err, size_t errlen) {
+    char how[96];
     for (size_t i = 0; i < f->sources.n; i++) {
-        ok = stat(f->sources.paths[i], &st) == 0;
-        if (ok && same_stamp(f->source_stamps[i], stamp_of(&st))) continue;
-        describe_change(f->source_stamps[i], ok ? &st : NULL, how, sizeof how);
+        if (unchanged(&f->source_stamps[i], -1, f->sources.paths[i], 1, how, sizeof how) == 0)
+            continue;
         set_err(err, errlen, "data.path %s: its source file %s changed during the run (it %s): "
-                "%s", f->path, f->sources.paths[i], how, advice);
+                "%s", f->path, f->sources.paths[i], how, CHANGE_ADVICE);
         return -1;
     }
     return 0;
@@ -275,8 +336,7 @@ static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen
         char cause[256];
         h5_error_cause(cause, sizeof cause);
         set_err(err, errlen, "data.path %s: HDF5 cannot open the file%s%s%s", f->path,
-                cause[0] ? ": " : "", cause,
-                strstr(cause, "lock") ? " (another program has it open for writing?)" : "");
+                cause[0] ? ": " : "", cause, h5_open_hint(cause));
         return -1;
     }
     if (H5Lexists(f->file, "tokens", H5P_DEFAULT) <= 0) {
@@ -360,8 +420,9 @@ int tokens_read(token_file *f, long start, long count, int32_t *dst, char *err,
                 start, start + count);
         return -1;
     }
-    /* after the read: a change from before it, or during it, is seen */
-    if (check_unchanged(f, err, errlen)) return -1;
+    /* after the read: a change from before it, or during it, is seen (the sources, a stat
+     * each, once a step: tokens_check_sources) */
+    if (check_own(f, err, errlen)) return -1;
     for (long i = 0; i < count; i++) {
         if (u[i] >= (uint64_t)f->limit) {
             set_err(err, errlen, "data.path %s: token %lu at position %ld is >= %s vocab_size %ld",
@@ -468,7 +529,7 @@ static int fill_step(batch_loader *l, long step, int32_t *inputs, int32_t *targe
         memcpy(inputs + (size_t)r * T, window, (size_t)T * sizeof *window);
         memcpy(targets + (size_t)r * T, window + 1, (size_t)T * sizeof *window);
     }
-    return 0;
+    return tokens_check_sources(l->file, err, errlen);
 }
 
 static void *prefetch_main(void *arg) {
@@ -569,14 +630,14 @@ int loader_check(batch_loader *l, long first, long last, char *err, size_t errle
         for (long s = 0; s < n && rc == 0; s += chunk)
             rc = tokens_read(l->file, s, n - s < chunk ? n - s : chunk, buf, err, errlen);
         free(buf);
-        return rc;
+        return rc ? rc : tokens_check_sources(l->file, err, errlen);
     }
     for (long step = first; step <= last; step++)
         for (int r = 0; r < l->rows; r++) {
             long w = loader_window(l, step, l->row_begin + r);
             if (tokens_read(l->file, w * T, T + 1, l->window, err, errlen)) return -1;
         }
-    return 0;
+    return tokens_check_sources(l->file, err, errlen);
 }
 
 int loader_fingerprint(batch_loader *l, uint64_t fp[3], char *err, size_t errlen) {
@@ -592,7 +653,7 @@ int loader_fingerprint(batch_loader *l, uint64_t fp[3], char *err, size_t errlen
         }
     }
     fp[0] = (uint64_t)n, fp[1] = (uint64_t)tokens_vocab(l->file), fp[2] = h;
-    return 0;
+    return tokens_check_sources(l->file, err, errlen);
 }
 
 /* Waits out any read in flight and takes its result if it is the step asked for.

@@ -25,6 +25,11 @@ long tokens_vocab(const token_file *f);      /* the file's vocab_size attribute 
  * open's model_vocab, so a token the model cannot embed is always caught (and so is a
  * file that breaks its own vocab_size). */
 int tokens_read(token_file *f, long start, long count, int32_t *dst, char *err, size_t errlen);
+/* 0 when the files besides f's own that /tokens is read from (virtual sources, external
+ * files) are as at open, or were replaced by whole files; else -1 with err. tokens_read
+ * checks f's own file after each read, and the loader calls this once a step (a stat of
+ * each source: thousands of shards make it milliseconds). */
+int tokens_check_sources(token_file *f, char *err, size_t errlen);
 void tokens_close(token_file *f);
 
 /* HDF5 builds without the thread-safe option must not be entered by two threads at

@@ -842,11 +842,8 @@ ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *op
     if (f->file < 0) {
         char cause[256];
         h5_error_cause(cause, sizeof cause);
-        if (cause[0])
-            set_err(err, errlen, "%s: HDF5 cannot open the file: %s%s", path, cause,
-                    strstr(cause, "lock") ? " (another program has it open for writing?)" : "");
-        else
-            set_err(err, errlen, "%s: cannot open HDF5 file (truncated or damaged?)", path);
+        set_err(err, errlen, "%s: HDF5 cannot open the file%s%s%s", path, cause[0] ? ": " : "",
+                cause, h5_open_hint(cause));
         free_handle(f);
         return NULL;
     }

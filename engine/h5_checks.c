@@ -2,6 +2,7 @@
 #include "engine/h5_checks.h"
 
 #include <stdio.h>
+#include <string.h>
 
 int h5_missing_filter(hid_t dset, char *name, size_t n) {
     hid_t dcpl = H5Dget_create_plist(dset);
@@ -75,4 +76,12 @@ void h5_error_cause(char *buf, size_t n) {
     char inner[256] = "";
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_innermost, inner);
     snprintf(buf, n, "%s", inner);
+}
+
+const char *h5_open_hint(const char *cause) {
+    /* "unable to lock file, errno = 11" (EAGAIN: another process holds the lock); other
+     * errnos (ENOSYS on a file system without locks) are not another writer */
+    return strstr(cause, "unable to lock file") && strstr(cause, "errno = 11")
+               ? " (another program has it open for writing?)"
+               : " (truncated or damaged?)";
 }

@@ -25,5 +25,8 @@ int h5_unwritten(hid_t dset, long long *unwritten, long long *total);
  * file), into buf[n]; "" when the stack is empty. Read it before the next HDF5 call, with
  * automatic printing off (which leaves the stack in place). */
 void h5_error_cause(char *buf, size_t n);
+/* " (another program has it open for writing?)" after a cause that is HDF5's file lock,
+ * else " (truncated or damaged?)": what to tell a user whose file HDF5 cannot open */
+const char *h5_open_hint(const char *cause);
 
 #endif

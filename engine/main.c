@@ -82,7 +82,12 @@ static int check_omp_threads(char *err, size_t n) {
 
 int main(int argc, char **argv) {
     int provided, world, rank;
-    output_guard_std_fds();
+    if (output_guard_std_fds() != 0) {
+        /* its files would take the closed numbers: stdout's lines would go into one */
+        fprintf(stderr, "gptc: error: descriptor 0, 1 or 2 is closed and /dev/null cannot be "
+                "opened in its place\n");
+        return EXIT_FAILURE;
+    }
     train_catch_stop_signals();
     ckpt_library_init();
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -134,6 +139,11 @@ int main(int argc, char **argv) {
     grid g;
     config_defaults(&cfg);
     int rc = check_omp_threads(err, sizeof(err));
+    if (rc == 0 && path && output_names_closed_std(path)) {
+        /* /dev/null stands in for it: the config would read as empty, all defaults */
+        snprintf(err, sizeof(err), "config %s: stdin was closed when the run started", path);
+        rc = -1;
+    }
     if (rc == 0) rc = config_load(&cfg, path, argc - first_override, argv + first_override, err, sizeof(err));
     if (rc == 0) rc = grid_layout(&g, world, rank, cfg.tp, cfg.pp, cfg.dp, err, sizeof(err));
     if (train_refused(rc != 0, err, rank, world) ||

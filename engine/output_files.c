@@ -124,14 +124,18 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
  * over it. A dup shares the one offset. */
 static int g_std_closed[3]; /* descriptors 0-2 that were closed at the start */
 
-void output_guard_std_fds(void) {
+int output_guard_std_fds(void) {
     for (int fd = 0; fd < 3; fd++) {
         if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
         /* the lowest free number is fd itself */
         int got = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
         g_std_closed[fd] = 1;
-        if (got >= 0 && got != fd) close(got);
+        if (got != fd) {
+            if (got >= 0) close(got);
+            return -1;
+        }
     }
+    return 0;
 }
 
 static int own_descriptor(const char *path) {
@@ -142,6 +146,12 @@ static int own_descriptor(const char *path) {
                                                                 : NULL;
     if (!n || !*n || strlen(n) > 6 || strspn(n, "0123456789") != strlen(n)) return -1;
     return atoi(n);
+}
+
+int output_names_closed_std(const char *path) {
+    int own = strcmp(path, "-") == 0 || strcmp(path, "/dev/stdin") == 0 ? STDIN_FILENO
+                                                                        : own_descriptor(path);
+    return own >= 0 && own < 3 && g_std_closed[own];
 }
 
 FILE *output_stream_open(const char *path, int append) {

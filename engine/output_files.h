@@ -21,8 +21,12 @@ FILE *output_stream_open(const char *path, int append);
 /* Opens /dev/null on each of descriptors 0, 1 and 2 that the process started with closed,
  * and notes which: otherwise the next file opened (a log, a checkpoint) takes the number,
  * and the run's lines, written to stdout, land in it. A later /dev/stdout (or its fd name)
- * as an output path is then refused, EBADF. Call first in main. */
-void output_guard_std_fds(void);
+ * as an output path is then refused, EBADF. Call first in main; -1 when /dev/null could
+ * not be opened (the caller must stop: its files would take the numbers). */
+int output_guard_std_fds(void);
+/* 1 when path ("-" for stdin, /dev/stdin, /dev/fd/N, ...) names one of descriptors 0-2
+ * that the process started with closed: reading it would read /dev/null's nothing */
+int output_names_closed_std(const char *path);
 
 /* buf[n] = why output_stream_open failed, from its errno */
 const char *output_stream_error(int errnum, char *buf, size_t n);

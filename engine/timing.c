@@ -41,7 +41,7 @@ double timing_now_ms(void) {
 #define TRACE_CAP_DEFAULT ((size_t)2000000)
 /* records of one step at most (~120 bytes each with the analysis scratch): past it an op
  * is dropped, and counted */
-#define RECORDS_MAX ((size_t)1 << 22)
+#define RECORDS_MAX ((size_t)1 << 21)
 
 typedef struct { double a, b; } span;
 
@@ -75,8 +75,7 @@ static struct {
     atomic_size_t n;
     atomic_long dropped;
     long untimed[2];           /* [kind] records the device timer found no work of */
-    span *work, *merged_comp, *merged_comm, *merged_par; /* [cap_scratch] each, analysis scratch */
-    size_t cap_scratch;
+    span *work, *merged_comp, *merged_comm, *merged_par; /* [capacity] each, analysis scratch */
     timing_step_summary *steps; /* [cap_steps], n_steps used */
     int n_steps, cap_steps;
     timing_kernel_stats *kernels; /* [cap_kernels], n_kernels used */
@@ -98,7 +97,7 @@ int timing_init(int kernel_level, size_t capacity) {
     T.trace_limit = TRACE_CAP_DEFAULT;
     if (!kernel_level) return 0;
     if (capacity < 1) capacity = 1;
-    T.capacity = T.cap_scratch = capacity;
+    T.capacity = capacity;
     T.rec = calloc(capacity, sizeof(timing_record));
     T.ops = calloc(capacity, sizeof *T.ops);
     T.work = calloc(capacity, sizeof(span));
@@ -182,18 +181,30 @@ const char *timing_matmul_gelu_name(int backward) {
     return ROLES[g_role][backward ? 4 : 3];
 }
 
-/* Grows rec and ops to hold index i (twice the capacity, or more); called without the
- * read lock. Growth stops for good at RECORDS_MAX or at the first allocation that fails. */
+/* realloc(*p, bytes) into *p; 0, or -1 with *p as it was */
+static int grow_one(void **p, size_t bytes) {
+    void *q = realloc(*p, bytes);
+    if (!q) return -1;
+    *p = q;
+    return 0;
+}
+
+/* Grows the records, their handles and the analysis scratch to hold index i (twice the
+ * capacity, or more); called without the read lock. Growth stops for good at RECORDS_MAX
+ * or at the first allocation that fails (the capacity then stays what every array holds). */
 static void grow_records(size_t i) {
     pthread_rwlock_wrlock(&T.grow);
     if (i >= T.capacity && !T.grow_failed && i < RECORDS_MAX) {
         size_t cap = 2 * T.capacity > i + 1 ? 2 * T.capacity : i + 1;
         if (cap > RECORDS_MAX) cap = RECORDS_MAX;
-        timing_record *rec = realloc(T.rec, cap * sizeof *rec);
-        if (rec) T.rec = rec;
-        int32_t *ops = rec ? realloc(T.ops, cap * sizeof *ops) : NULL;
-        if (ops) T.ops = ops, T.capacity = cap;
-        else T.grow_failed = 1;
+        int bad = grow_one((void **)&T.rec, cap * sizeof *T.rec) ||
+                  grow_one((void **)&T.ops, cap * sizeof *T.ops) ||
+                  grow_one((void **)&T.work, cap * sizeof *T.work) ||
+                  grow_one((void **)&T.merged_comp, cap * sizeof *T.merged_comp) ||
+                  grow_one((void **)&T.merged_comm, cap * sizeof *T.merged_comm) ||
+                  grow_one((void **)&T.merged_par, cap * sizeof *T.merged_par);
+        if (bad) T.grow_failed = 1;
+        else T.capacity = cap;
     }
     pthread_rwlock_unlock(&T.grow);
 }
@@ -245,16 +256,7 @@ void timing_record_device(const char *name, timing_kind kind, timing_par par, in
                op);
 }
 
-/* The analysis scratch as large as the records (after the step: no thread records) */
-static void grow_scratch(void) {
-    if (T.cap_scratch >= T.capacity) return;
-    size_t c = T.capacity;
-    T.work = log_realloc(T.work, c * sizeof(span), "the timing's analysis");
-    T.merged_comp = log_realloc(T.merged_comp, c * sizeof(span), "the timing's analysis");
-    T.merged_comm = log_realloc(T.merged_comm, c * sizeof(span), "the timing's analysis");
-    T.merged_par = log_realloc(T.merged_par, c * sizeof(span), "the timing's analysis");
-    T.cap_scratch = c;
-}
+
 
 /* Keeps each piece of the step's device work, under the op whose handle it carries
  * (handles, set for the ops that were read): pieces of an op that was not (untimed, or
@@ -473,7 +475,6 @@ void timing_end_step(double iter_ms) {
     if (!T.on) return;
     size_t n = atomic_load(&T.n);
     if (n > T.capacity) n = T.capacity;
-    grow_scratch();
     size_t nc = union_of(T.rec, n, TK_COMPUTE, -1, T.merged_comp);
     size_t nm = union_of(T.rec, n, TK_COMM, -1, T.merged_comm);
     double comm = total(T.merged_comm, nm);

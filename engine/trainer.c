@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <mpi.h>
 #include <math.h>
 #include <omp.h>
@@ -47,22 +48,25 @@ enum { ERR_LEN = 1024 };
  * every rank. Their default action ended the rank with no checkpoint.
  * A rank blocked where the flag is not looked at (its config read from a terminal or a
  * FIFO, a write to a stdout nobody reads, a library's start that never returns) would
- * never stop: a stop signal FORCE_AFTER_S seconds or more after the first takes the
+ * never stop: a stop signal FORCE_AFTER_MS or more after the first takes the
  * signal's default action (the rank ends, mpirun ends the others). One sooner is the same
  * request delivered twice: a terminal's Ctrl-C reaches the ranks and mpirun forwards it. */
-enum { FORCE_AFTER_S = 3 };
+enum { FORCE_AFTER_MS = 3000 };
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "the stop handler needs a lock-free atomic");
 static volatile sig_atomic_t g_stop_signal = 0;
-static volatile sig_atomic_t g_stop_at_s = 0; /* CLOCK_MONOTONIC seconds of the first */
+/* CLOCK_MONOTONIC ms of the first (0: none yet): set once, by compare-and-swap, so that
+ * two threads taking signals at once agree which came first, and a later one reads it */
+static _Atomic long long g_stop_at_ms = 0;
 
 static void on_stop_signal(int sig) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    if (!g_stop_signal) {
-        g_stop_at_s = (sig_atomic_t)now.tv_sec;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + 1, first = 0;
+    if (atomic_compare_exchange_strong(&g_stop_at_ms, &first, now)) {
         g_stop_signal = sig;
         return;
     }
-    if (now.tv_sec - g_stop_at_s < FORCE_AFTER_S) return;
+    if (now - first < FORCE_AFTER_MS) return;
     static const char msg[] = "gptc: a second stop signal: ending now, without finishing the "
                               "step or writing a checkpoint\n";
     ssize_t unused = write(STDERR_FILENO, msg, sizeof msg - 1);

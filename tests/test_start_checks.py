@@ -289,6 +289,17 @@ def check_stdout_closed(a):
         fail(f"a run with stdout closed: exit {r.returncode}, checkpoint step {step}, the "
              f"metrics file:\n{text[:600]}\n{r.stderr[-600:]}")
     print("ok   a run with stdout closed: the metrics file and the checkpoint are whole")
+    # stdin closed: /dev/null stands in, and a config or an input read from it was empty
+    close0 = lambda: os.close(0)  # noqa: E731
+    data = os.path.join(os.path.dirname(TRAIN), "gptc-data")
+    for what, cmd in (("gptc-train /dev/stdin", [TRAIN, "/dev/stdin", f"--data.path={D}/tok.h5"]),
+                      ("gptc-data -", [data, "--out", f"{D}/fromstdin.h5", f"{a}/cfg.ini", "-"])):
+        r = subprocess.run(cmd, capture_output=False, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, timeout=60, env=env(),
+                           preexec_fn=close0)
+        if r.returncode == 0 or "stdin was closed" not in r.stderr:
+            fail(f"{what} with stdin closed: exit {r.returncode}, {r.stderr[-400:]!r}")
+        print(f"ok   {what} with stdin closed: {r.stderr.strip().splitlines()[-1]}")
 
 
 def main():
