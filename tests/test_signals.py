@@ -159,6 +159,31 @@ def check_stop_in_start():
     print("ok   SIGTERM to rank 1 in its start-up: every rank stopped before step 1, exit 0")
 
 
+def check_stuck_start():
+    """One stop signal, as `timeout` or a batch system sends, to a rank stuck in its start-up
+    (its config from a FIFO no one writes): the rank never reached the point where it looks
+    at the flag, and outlived the signal. Now it ends by the signal when its start-up has not
+    ended within the grace (20 s; GPTC_TEST_STOP_GRACE_S=2 here)."""
+    fifo = f"{D}/stuck.ini"
+    os.mkfifo(fifo)
+    p = subprocess.Popen([TRAIN, fifo], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=dict(env(1), GPTC_TEST_STOP_GRACE_S="2"))
+    deadline = time.time() + 60
+    while not catches_sigterm(p.pid) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    t0 = time.time()
+    p.send_signal(signal.SIGTERM)
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fail("stuck start-up: one SIGTERM did not end a rank blocked reading its config")
+    took = time.time() - t0
+    if p.returncode != -signal.SIGTERM or "in the start-up" not in err or took < 1.5:
+        fail(f"stuck start-up: exit {p.returncode} after {took:.1f} s, stderr {err[-400:]!r}")
+    print(f"ok   one SIGTERM to a rank stuck in its start-up ends it after the grace ({took:.1f} s)")
+
+
 def check_nohup():
     """Under nohup (SIGHUP inherited ignored) a hangup goes unnoticed: every step runs."""
     log = f"{D}/nohup.jsonl"
@@ -252,6 +277,7 @@ def main():
     check_reader_gone()
     check_stop_in_start()
     check_forced_stop()
+    check_stuck_start()
     check_nohup()
     # SIGTERM blocked by the launcher: it stayed pending, and the run went on to its end
     done = interrupted("blocked1", 1, signal.SIGTERM, blocked=True)
