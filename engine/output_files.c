@@ -59,6 +59,37 @@ static int existing_is_own_kind(const char *key, const char *path, int replaced,
  * at the end of a long run, or would block on: checkpoints, the trace and the report are
  * written after the last step. replaced: the file is written beside and renamed over the
  * path (a checkpoint), so its own permissions do not matter. */
+/* 1 when path (its links followed) is a mount point (/proc/self/mountinfo's fifth field):
+ * a file bind-mounted there cannot be renamed over, EBUSY */
+static int is_mount_point(const char *path) {
+    char *real = realpath(path, NULL);
+    FILE *f = real ? fopen("/proc/self/mountinfo", "r") : NULL;
+    char line[8192];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        char *p = line; /* "id parent major:minor root mount-point options ..." */
+        for (int i = 0; i < 4 && p; i++) p = (p = strchr(p, ' ')) ? p + 1 : NULL;
+        char *end = p ? strchr(p, ' ') : NULL;
+        if (!end) continue;
+        *end = '\0';
+        char *o = p; /* unescape \ooo (a space is \040) in place */
+        for (char *q = p; *q; q++, o++) {
+            if (q[0] == '\\' && q[1] >= '0' && q[1] <= '3' && q[2] >= '0' && q[2] <= '7' &&
+                q[3] >= '0' && q[3] <= '7') {
+                *o = (char)((q[1] - '0') * 64 + (q[2] - '0') * 8 + (q[3] - '0'));
+                q += 3;
+            } else {
+                *o = *q;
+            }
+        }
+        *o = '\0';
+        found = strcmp(p, real) == 0;
+    }
+    if (f) fclose(f);
+    free(real);
+    return found;
+}
+
 int output_path_check(const char *key, const char *path, int replaced, char *err, size_t n) {
     if (!path[0]) return 0;
     char copy[CFG_STR_MAX];
@@ -91,6 +122,12 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
         return 0;
     }
     if (exists && existing_is_own_kind(key, path, replaced, err, n) != 0) return -1;
+    if (exists && replaced && is_mount_point(path)) {
+        snprintf(err, n, "%s %s: is a mount point (a bind-mounted file): the file is written "
+                 "beside it and renamed over it, which a mount point refuses; name a path in "
+                 "the mounted directory instead", key, path);
+        return -1;
+    }
     if (!exists && lstat(path, &st) == 0) {
         snprintf(err, n, "%s %s: is a symbolic link %s", key, path,
                  why == ELOOP ? "in a loop of links" : "to nowhere");
@@ -117,11 +154,6 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
     return 0;
 }
 
-/* The descriptor path names when it is one of this process's open files: /dev/stdout,
- * /dev/stderr, /dev/fd/N, /proc/self/fd/N; else -1. Opened anew, such a path is a second
- * open file with an offset of its own: into a file the shell redirected stdout to, it
- * truncated the run's lines (O_TRUNC) or wrote over them, and the lines after it wrote
- * over it. A dup shares the one offset. */
 static int g_std_closed[3]; /* descriptors 0-2 that were closed at the start */
 
 int output_guard_std_fds(void) {
@@ -138,6 +170,11 @@ int output_guard_std_fds(void) {
     return 0;
 }
 
+/* The descriptor path names when it is one of this process's open files: /dev/stdout,
+ * /dev/stderr, /dev/fd/N, /proc/self/fd/N; else -1. Opened anew, such a path is a second
+ * open file with an offset of its own: into a file the shell redirected stdout to, it
+ * truncated the run's lines (O_TRUNC) or wrote over them, and the lines after it wrote
+ * over it. A dup shares the one offset. */
 static int own_descriptor(const char *path) {
     if (strcmp(path, "/dev/stdout") == 0) return STDOUT_FILENO;
     if (strcmp(path, "/dev/stderr") == 0) return STDERR_FILENO;
@@ -224,8 +261,9 @@ int output_whole_open(output_whole *o, const char *path, char *why, size_t n) {
     /* /dev/stdout is a link, through /proc, to whatever stdout is: a file the shell
      * redirected it to is written through stdout's descriptor (output_stream_open), not
      * replaced under the shell */
+    /* and a bind-mounted file, which a rename cannot replace */
     int in_place = strncmp(path, "/dev/", 5) == 0 || strncmp(path, "/proc/", 6) == 0 ||
-                   (stat(path, &st) == 0 && !S_ISREG(st.st_mode));
+                   (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) || is_mount_point(path);
     o->path = in_place ? strdup(path) : realpath(path, NULL);
     if (!o->path && errno == ENOENT) o->path = strdup(path); /* not yet made */
     size_t len = o->path ? strlen(o->path) + 32 : 0;

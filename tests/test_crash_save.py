@@ -91,6 +91,7 @@ def main():
     check_full_disk(ckpt)
     check_full_tmpfs()
     check_full_outputs()
+    check_bind_mounted()
     print("PASS: checkpoints survive kill -9")
 
 
@@ -107,6 +108,46 @@ def check_full_outputs():
     with small_tmpfs("outputs", "400k") as small:
         if small:
             outputs_on_full_tmpfs(small)
+
+
+def check_bind_mounted():
+    """Outputs that are bind-mounted files (a container's): a rename cannot replace a mount
+    point (EBUSY). A checkpoint there is refused before training, naming it (it trained to
+    the end and failed at the save); a report there is written in place, through the
+    mount (it failed at the end)."""
+    tiny = ["--model.n_layer=1", "--model.n_head=2", "--model.d_model=32",
+            "--model.n_ctx=16", "--model.vocab_size=256", f"--data.path={D}/tok256b.h5",
+            "--train.global_batch=4", "--train.seq_len=16", "--train.steps=2"]
+    write_tokens(f"{D}/tok256b.h5", np.random.default_rng(10).integers(0, 256, 2000), 256)
+    r = run_train(tiny[:-1] + ["--train.steps=0", f"--train.save={D}/src.h5"])
+    if r.returncode:
+        fail(f"cannot write a checkpoint to bind-mount: {r.stderr[-600:]}")
+    open(f"{D}/ck.h5", "w").close()
+    for name in ("src.json", "rep.json"):
+        with open(f"{D}/{name}", "w") as f:
+            f.write("{}\n")
+    if subprocess.run(["mount", "--bind", f"{D}/src.h5", f"{D}/ck.h5"],
+                      capture_output=True).returncode != 0:
+        print("skip bind-mounted outputs: cannot bind-mount here (needs root)")
+        return
+    try:
+        subprocess.run(["mount", "--bind", f"{D}/src.json", f"{D}/rep.json"], check=True)
+        r = run_train(tiny + [f"--train.save={D}/ck.h5"])
+        lines = [x for x in r.stderr.splitlines() if x.startswith("gptc: error:")]
+        if r.returncode == 0 or len(lines) != 1 or "mount point" not in lines[0] or \
+                "step     1" in r.stdout:
+            fail(f"train.save onto a bind-mounted file: exit {r.returncode}, {lines}")
+        print(f"ok   train.save onto a bind-mounted file: {lines[0]}")
+        r = run_train(tiny + ["--profile.timing=kernel", f"--profile.report={D}/rep.json"])
+        with open(f"{D}/src.json") as f:
+            rep = json.load(f)
+        if r.returncode or "kernels" not in rep:
+            fail(f"profile.report onto a bind-mounted file: exit {r.returncode}\n"
+                 f"{r.stderr[-600:]}")
+        print("ok   profile.report onto a bind-mounted file: written in place, through it")
+    finally:
+        subprocess.run(["umount", f"{D}/rep.json"], capture_output=True)
+        subprocess.run(["umount", f"{D}/ck.h5"], capture_output=True)
 
 
 def outputs_on_full_tmpfs(small):
