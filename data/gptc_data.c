@@ -13,6 +13,7 @@
  * dataset is chunked so the loader's window reads touch one or two chunks. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <stdarg.h>
 #include <hdf5.h>
 #include <signal.h>
 #include <stdint.h>
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #include "engine/checkpoint.h"
+#include "engine/log.h"
 #include "engine/output_files.h"
 
 /* 1M tokens per chunk: large enough that per-chunk overhead vanishes, small enough that
@@ -32,10 +34,25 @@ static const char USAGE[] =
     "usage: gptc-data [--vocab N] --out tokens.h5 FILE [FILE ...]\n"
     "  Byte-level tokenizer: every byte of the inputs is one token; files are\n"
     "  concatenated in the order given, '-' reads stdin.\n"
-    "  --vocab N   vocab_size attribute to store (default 256; every byte must be < N).\n"
-    "              Tokens are stored as uint16 when N <= 65536, else uint32.\n"
-    "  --out PATH  output HDF5 file (written to PATH.tmp.<pid>, then renamed).\n"
-    "  --help      this text.\n";
+    "  --vocab N   vocab_size attribute to store, 1 to 2147483648 (default 256; every\n"
+    "              byte must be < N). Tokens are stored as uint16 when N <= 65536, else\n"
+    "              uint32.\n"
+    "  --out PATH  output HDF5 file, written to PATH.tmp.<pid> and renamed over PATH (a\n"
+    "              symbolic link PATH is replaced, not its target); an existing PATH that\n"
+    "              is not an HDF5 file is refused, and PATH.tmp.<pid> files of writes that\n"
+    "              were killed (their process gone) are removed first.\n"
+    "  --help      this text.\n"
+    "  Inputs that hold no bytes at all are refused (an empty /tokens trains nothing). A\n"
+    "  file named like an option is given as ./-name.\n";
+
+/* "gptc-data: ..." on stderr, one line: a file name with a newline in it is escaped */
+static void data_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void data_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    log_vline("gptc-data: ", fmt, ap);
+    va_end(ap);
+}
 
 typedef struct {
     long long vocab;
@@ -59,7 +76,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->inputs = calloc((size_t)argc, sizeof *o->inputs);
     o->n_inputs = 0;
     if (!o->inputs) {
-        fprintf(stderr, "gptc-data: out of memory\n");
+        data_error("out of memory\n");
         return -1;
     }
     for (int i = 1; i < argc; i++) {
@@ -69,7 +86,7 @@ static int parse_args(int argc, char **argv, options *o) {
             return 1;
         } else if (strcmp(a, "--out") == 0 || strcmp(a, "--vocab") == 0) {
             if (i + 1 >= argc || !argv[i + 1][0]) {
-                fprintf(stderr, "gptc-data: %s needs a value (see --help)\n", a);
+                data_error("%s needs a value (see --help)\n", a);
                 return -1;
             }
             const char *v = argv[++i];
@@ -81,22 +98,22 @@ static int parse_args(int argc, char **argv, options *o) {
             errno = 0;
             o->vocab = strtoll(v, &end, 10);
             if (errno || end == v || *end || o->vocab < 1 || o->vocab > 2147483648LL) {
-                fprintf(stderr, "gptc-data: --vocab %s is not an integer in [1, 2147483648]\n", v);
+                data_error("--vocab %s is not an integer in [1, 2147483648]\n", v);
                 return -1;
             }
         } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "gptc-data: unknown option %s (see --help)\n", a);
+            data_error("unknown option %s (see --help)\n", a);
             return -1;
         } else {
             o->inputs[o->n_inputs++] = argv[i];
         }
     }
     if (!o->out) {
-        fprintf(stderr, "gptc-data: --out is required (see --help)\n");
+        data_error("--out is required (see --help)\n");
         return -1;
     }
     if (o->n_inputs == 0) {
-        fprintf(stderr, "gptc-data: no input files (see --help)\n");
+        data_error("no input files (see --help)\n");
         return -1;
     }
     return 0;
@@ -140,12 +157,12 @@ static int flush_block(writer *w) {
 static int add_input(writer *w, const char *name, long long vocab, const char *tmp) {
     int is_stdin = strcmp(name, "-") == 0;
     if (output_names_closed_std(name)) {
-        fprintf(stderr, "gptc-data: %s: stdin was closed when gptc-data started\n", name);
+        data_error("%s: stdin was closed when gptc-data started\n", name);
         return -1;
     }
     FILE *in = is_stdin ? stdin : fopen(name, "rb");
     if (!in) {
-        fprintf(stderr, "gptc-data: %s: %s\n", name, strerror(errno));
+        data_error("%s: %s\n", name, strerror(errno));
         return -1;
     }
     unsigned char buf[1 << 16]; /* [64 KiB] bytes read but not yet tokenized */
@@ -155,14 +172,14 @@ static int add_input(writer *w, const char *name, long long vocab, const char *t
     while (rc == 0 && (got = fread(buf, 1, sizeof buf, in)) > 0) {
         for (size_t i = 0; i < got; i++) {
             if (buf[i] >= vocab) {
-                fprintf(stderr, "gptc-data: %s: byte %d at offset %lld is >= --vocab %lld\n",
+                data_error("%s: byte %d at offset %lld is >= --vocab %lld\n",
                         name, buf[i], offset + (long long)i, vocab);
                 rc = -1;
                 break;
             }
             w->block[w->fill++] = buf[i];
             if (w->fill == CHUNK_TOKENS && flush_block(w)) {
-                fprintf(stderr, "gptc-data: %s: HDF5 write failed\n", tmp);
+                data_error("%s: HDF5 write failed\n", tmp);
                 rc = -1;
                 break;
             }
@@ -170,7 +187,7 @@ static int add_input(writer *w, const char *name, long long vocab, const char *t
         offset += (long long)got;
     }
     if (rc == 0 && ferror(in)) {
-        fprintf(stderr, "gptc-data: %s: read error: %s\n", name, strerror(errno));
+        data_error("%s: read error: %s\n", name, strerror(errno));
         rc = -1;
     }
     if (!is_stdin) fclose(in);
@@ -194,7 +211,7 @@ static long write_tokens(const options *o, const char *tmp) {
     /* fopen first so an unwritable location gets the system's reason. */
     FILE *probe = fopen(tmp, "wb");
     if (!probe) {
-        fprintf(stderr, "gptc-data: cannot create %s: %s\n", tmp, strerror(errno));
+        data_error("cannot create %s: %s\n", tmp, strerror(errno));
         return -1;
     }
     fclose(probe);
@@ -204,34 +221,36 @@ static long write_tokens(const options *o, const char *tmp) {
     w.file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     long rc = 0;
     if (!w.block || w.file < 0) {
-        fprintf(stderr, "gptc-data: cannot create %s%s\n", tmp, w.block ? "" : ": out of memory");
+        data_error("cannot create %s%s\n", tmp, w.block ? "" : ": out of memory");
         rc = -1;
     }
     for (int i = 0; rc == 0 && i < o->n_inputs; i++)
         if (add_input(&w, o->inputs[i], o->vocab, tmp)) rc = -1;
     if (rc == 0 && flush_block(&w)) {
-        fprintf(stderr, "gptc-data: %s: HDF5 write failed\n", tmp);
+        data_error("%s: HDF5 write failed\n", tmp);
         rc = -1;
     }
     if (rc == 0 && w.written == 0) {
-        fprintf(stderr, "gptc-data: the inputs hold no bytes, nothing to write\n");
+        if (o->n_inputs == 1) data_error("%s holds no bytes, nothing to write", o->inputs[0]);
+        else data_error("the %d inputs (%s, ...) hold no bytes, nothing to write", o->n_inputs,
+                        o->inputs[0]);
         rc = -1;
     }
     if (rc == 0 && write_vocab_attr(w.file, o->vocab)) {
-        fprintf(stderr, "gptc-data: %s: cannot write the vocab_size attribute\n", tmp);
+        data_error("%s: cannot write the vocab_size attribute\n", tmp);
         rc = -1;
     }
     /* the last chunks leave HDF5's cache at these closes: on a full disk they fail here
      * (errno says why), where every write before them succeeded */
     errno = 0;
     if (w.dset >= 0 && H5Dclose(w.dset) < 0 && rc == 0) {
-        fprintf(stderr, "gptc-data: %s: writing the tokens failed%s%s\n", tmp,
+        data_error("%s: writing the tokens failed%s%s\n", tmp,
                 errno ? ": " : "", errno ? strerror(errno) : "");
         rc = -1;
     }
     errno = 0;
     if (w.file >= 0 && H5Fclose(w.file) < 0 && rc == 0) {
-        fprintf(stderr, "gptc-data: %s: closing the file failed%s%s\n", tmp,
+        data_error("%s: closing the file failed%s%s\n", tmp,
                 errno ? ": " : "", errno ? strerror(errno) : "");
         rc = -1;
     }
@@ -246,7 +265,7 @@ static long write_tokens(const options *o, const char *tmp) {
 static int out_is_input(const options *o, const char *tmp) {
     named_path *paths = calloc((size_t)o->n_inputs + 2, sizeof *paths); /* [n_inputs + 2] */
     if (!paths) {
-        fprintf(stderr, "gptc-data: out of memory\n");
+        data_error("out of memory\n");
         return 1;
     }
     int n = 0;
@@ -256,7 +275,7 @@ static int out_is_input(const options *o, const char *tmp) {
         if (strcmp(o->inputs[i], "-") != 0) paths[n++] = (named_path){"the input", o->inputs[i], 0};
     char err[2048];
     int clash = output_paths_distinct(paths, n, err, sizeof err) != 0;
-    if (clash) fprintf(stderr, "gptc-data: %s\n", err);
+    if (clash) data_error("%s\n", err);
     free(paths);
     return clash;
 }
@@ -275,7 +294,7 @@ int main(int argc, char **argv) {
     options o;
     /* with stdout closed, the output file would take its number and the summary line */
     if (output_guard_std_fds() != 0) {
-        fprintf(stderr, "gptc-data: descriptor 0, 1 or 2 is closed and /dev/null cannot be "
+        data_error("descriptor 0, 1 or 2 is closed and /dev/null cannot be "
                 "opened in its place\n");
         return 1;
     }
@@ -292,7 +311,7 @@ int main(int argc, char **argv) {
     size_t len = strlen(o.out) + 32;
     char *tmp = malloc(len);
     if (!tmp) {
-        fprintf(stderr, "gptc-data: out of memory\n");
+        data_error("out of memory\n");
         return 1;
     }
     snprintf(tmp, len, "%s.tmp.%ld", o.out, (long)getpid());
@@ -300,7 +319,7 @@ int main(int argc, char **argv) {
      * FIFO (as root, of /dev/null itself) */
     char err[2048];
     int refused = output_path_check("--out", o.out, 1, err, sizeof err) != 0;
-    if (refused) fprintf(stderr, "gptc-data: %s\n", err);
+    if (refused) data_error("%s\n", err);
     if (refused || out_is_input(&o, tmp)) {
         free(tmp);
         free(o.inputs);
@@ -323,7 +342,7 @@ int main(int argc, char **argv) {
         remove(tmp);
         rc = 1;
     } else if (output_replace(tmp, o.out, err, sizeof err) != 0) {
-        fprintf(stderr, "gptc-data: --out %s: %s\n", o.out, err);
+        data_error("--out %s: %s\n", o.out, err);
         remove(tmp);
         rc = 1;
     } else {

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int g_rank = 0;
 
@@ -18,10 +19,11 @@ void log_info(const char *fmt, ...) {
     fflush(stdout);
 }
 
-/* fprintf(stderr, "gptc: <kind>: <fmt's line>\n") as one line */
-static void log_line(const char *kind, const char *fmt, va_list ap) {
+void log_vline(const char *prefix, const char *fmt, va_list ap) {
     char line[2048], out[4 * sizeof line]; /* out: line, its control characters escaped */
     vsnprintf(line, sizeof(line), fmt, ap);
+    size_t len = strlen(line);
+    if (len > 0 && line[len - 1] == '\n') line[len - 1] = '\0';
     /* one line, also when a path it names holds a newline (a file name may) */
     size_t o = 0;
     for (const unsigned char *p = (const unsigned char *)line; *p; p++) {
@@ -31,7 +33,7 @@ static void log_line(const char *kind, const char *fmt, va_list ap) {
     }
     out[o] = 0;
     /* one write, so lines from several ranks do not interleave mid-line */
-    fprintf(stderr, "gptc: %s: %s\n", kind, out);
+    fprintf(stderr, "%s%s\n", prefix, out);
     fflush(stderr);
 }
 
@@ -39,14 +41,14 @@ void log_warn(const char *fmt, ...) {
     if (g_rank != 0) return;
     va_list ap;
     va_start(ap, fmt);
-    log_line("warning", fmt, ap);
+    log_vline("gptc: warning: ", fmt, ap);
     va_end(ap);
 }
 
 void log_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    log_line("error", fmt, ap);
+    log_vline("gptc: error: ", fmt, ap);
     va_end(ap);
 }
 

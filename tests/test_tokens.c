@@ -601,6 +601,18 @@ static void test_cli(const char *bin) {
     check(run(cmd) == 0, "cli: --out '' was not refused as a missing value");
     snprintf(cmd, sizeof cmd, "'%s' --bogus 2> /dev/null", bin);
     check(run(cmd) != 0, "cli: an unknown option was accepted");
+    /* a name with a newline in it: the error stays one line, the newline escaped */
+    snprintf(cmd, sizeof cmd,
+             "test \"$('%s' --out '%s' \"$(printf 'no\\nsuch')\" 2>&1 | wc -l)\" = 1 && "
+             "'%s' --out '%s' \"$(printf 'no\\nsuch')\" 2>&1 | grep -q '^gptc-data: no\\\\nsuch:'",
+             bin, bad, bin, bad);
+    check(run(cmd) == 0, "cli: an error naming a file with a newline is not one line");
+    /* an empty input: refused, naming it */
+    const char *empty = tmp_path("empty.txt");
+    write_text(empty, "", 0);
+    snprintf(cmd, sizeof cmd, "'%s' --out '%s' '%s' 2>&1 | grep -q 'empty.txt holds no bytes'",
+             bin, bad, empty);
+    check(run(cmd) == 0, "cli: an empty input was not refused by name");
     snprintf(cmd, sizeof cmd, "'%s' --help > /dev/null", bin);
     check(run(cmd) == 0, "cli: --help failed");
     check(!tmp_left("bad.h5"), "cli: a failed run left a temporary bad.h5.tmp.<pid>");
