@@ -76,7 +76,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->inputs = calloc((size_t)argc, sizeof *o->inputs);
     o->n_inputs = 0;
     if (!o->inputs) {
-        data_error("out of memory\n");
+        data_error("out of memory");
         return -1;
     }
     for (int i = 1; i < argc; i++) {
@@ -86,7 +86,7 @@ static int parse_args(int argc, char **argv, options *o) {
             return 1;
         } else if (strcmp(a, "--out") == 0 || strcmp(a, "--vocab") == 0) {
             if (i + 1 >= argc || !argv[i + 1][0]) {
-                data_error("%s needs a value (see --help)\n", a);
+                data_error("%s needs a value (see --help)", a);
                 return -1;
             }
             const char *v = argv[++i];
@@ -98,22 +98,22 @@ static int parse_args(int argc, char **argv, options *o) {
             errno = 0;
             o->vocab = strtoll(v, &end, 10);
             if (errno || end == v || *end || o->vocab < 1 || o->vocab > 2147483648LL) {
-                data_error("--vocab %s is not an integer in [1, 2147483648]\n", v);
+                data_error("--vocab %s is not an integer in [1, 2147483648]", v);
                 return -1;
             }
         } else if (a[0] == '-' && a[1] != '\0') {
-            data_error("unknown option %s (see --help)\n", a);
+            data_error("unknown option %s (see --help)", a);
             return -1;
         } else {
             o->inputs[o->n_inputs++] = argv[i];
         }
     }
     if (!o->out) {
-        data_error("--out is required (see --help)\n");
+        data_error("--out is required (see --help)");
         return -1;
     }
     if (o->n_inputs == 0) {
-        data_error("no input files (see --help)\n");
+        data_error("no input files (see --help)");
         return -1;
     }
     return 0;
@@ -157,12 +157,12 @@ static int flush_block(writer *w) {
 static int add_input(writer *w, const char *name, long long vocab, const char *tmp) {
     int is_stdin = strcmp(name, "-") == 0;
     if (output_names_closed_std(name)) {
-        data_error("%s: stdin was closed when gptc-data started\n", name);
+        data_error("%s: stdin was closed when gptc-data started", name);
         return -1;
     }
     FILE *in = is_stdin ? stdin : fopen(name, "rb");
     if (!in) {
-        data_error("%s: %s\n", name, strerror(errno));
+        data_error("%s: %s", name, strerror(errno));
         return -1;
     }
     unsigned char buf[1 << 16]; /* [64 KiB] bytes read but not yet tokenized */
@@ -172,14 +172,14 @@ static int add_input(writer *w, const char *name, long long vocab, const char *t
     while (rc == 0 && (got = fread(buf, 1, sizeof buf, in)) > 0) {
         for (size_t i = 0; i < got; i++) {
             if (buf[i] >= vocab) {
-                data_error("%s: byte %d at offset %lld is >= --vocab %lld\n",
-                        name, buf[i], offset + (long long)i, vocab);
+                data_error("%s: byte %d at offset %lld is >= --vocab %lld",
+                           name, buf[i], offset + (long long)i, vocab);
                 rc = -1;
                 break;
             }
             w->block[w->fill++] = buf[i];
             if (w->fill == CHUNK_TOKENS && flush_block(w)) {
-                data_error("%s: HDF5 write failed\n", tmp);
+                data_error("%s: HDF5 write failed", tmp);
                 rc = -1;
                 break;
             }
@@ -187,7 +187,7 @@ static int add_input(writer *w, const char *name, long long vocab, const char *t
         offset += (long long)got;
     }
     if (rc == 0 && ferror(in)) {
-        data_error("%s: read error: %s\n", name, strerror(errno));
+        data_error("%s: read error: %s", name, strerror(errno));
         rc = -1;
     }
     if (!is_stdin) fclose(in);
@@ -211,7 +211,7 @@ static long write_tokens(const options *o, const char *tmp) {
     /* fopen first so an unwritable location gets the system's reason. */
     FILE *probe = fopen(tmp, "wb");
     if (!probe) {
-        data_error("cannot create %s: %s\n", tmp, strerror(errno));
+        data_error("cannot create %s: %s", tmp, strerror(errno));
         return -1;
     }
     fclose(probe);
@@ -221,13 +221,13 @@ static long write_tokens(const options *o, const char *tmp) {
     w.file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     long rc = 0;
     if (!w.block || w.file < 0) {
-        data_error("cannot create %s%s\n", tmp, w.block ? "" : ": out of memory");
+        data_error("cannot create %s%s", tmp, w.block ? "" : ": out of memory");
         rc = -1;
     }
     for (int i = 0; rc == 0 && i < o->n_inputs; i++)
         if (add_input(&w, o->inputs[i], o->vocab, tmp)) rc = -1;
     if (rc == 0 && flush_block(&w)) {
-        data_error("%s: HDF5 write failed\n", tmp);
+        data_error("%s: HDF5 write failed", tmp);
         rc = -1;
     }
     if (rc == 0 && w.written == 0) {
@@ -237,21 +237,21 @@ static long write_tokens(const options *o, const char *tmp) {
         rc = -1;
     }
     if (rc == 0 && write_vocab_attr(w.file, o->vocab)) {
-        data_error("%s: cannot write the vocab_size attribute\n", tmp);
+        data_error("%s: cannot write the vocab_size attribute", tmp);
         rc = -1;
     }
     /* the last chunks leave HDF5's cache at these closes: on a full disk they fail here
      * (errno says why), where every write before them succeeded */
     errno = 0;
     if (w.dset >= 0 && H5Dclose(w.dset) < 0 && rc == 0) {
-        data_error("%s: writing the tokens failed%s%s\n", tmp,
-                errno ? ": " : "", errno ? strerror(errno) : "");
+        data_error("%s: writing the tokens failed%s%s", tmp,
+                   errno ? ": " : "", errno ? strerror(errno) : "");
         rc = -1;
     }
     errno = 0;
     if (w.file >= 0 && H5Fclose(w.file) < 0 && rc == 0) {
-        data_error("%s: closing the file failed%s%s\n", tmp,
-                errno ? ": " : "", errno ? strerror(errno) : "");
+        data_error("%s: closing the file failed%s%s", tmp,
+                   errno ? ": " : "", errno ? strerror(errno) : "");
         rc = -1;
     }
     free(w.block);
@@ -265,7 +265,7 @@ static long write_tokens(const options *o, const char *tmp) {
 static int out_is_input(const options *o, const char *tmp) {
     named_path *paths = calloc((size_t)o->n_inputs + 2, sizeof *paths); /* [n_inputs + 2] */
     if (!paths) {
-        data_error("out of memory\n");
+        data_error("out of memory");
         return 1;
     }
     int n = 0;
@@ -275,7 +275,7 @@ static int out_is_input(const options *o, const char *tmp) {
         if (strcmp(o->inputs[i], "-") != 0) paths[n++] = (named_path){"the input", o->inputs[i], 0};
     char err[2048];
     int clash = output_paths_distinct(paths, n, err, sizeof err) != 0;
-    if (clash) data_error("%s\n", err);
+    if (clash) data_error("%s", err);
     free(paths);
     return clash;
 }
@@ -295,7 +295,7 @@ int main(int argc, char **argv) {
     /* with stdout closed, the output file would take its number and the summary line */
     if (output_guard_std_fds() != 0) {
         data_error("descriptor 0, 1 or 2 is closed and /dev/null cannot be "
-                "opened in its place\n");
+                   "opened in its place");
         return 1;
     }
     ckpt_library_init();
@@ -311,7 +311,7 @@ int main(int argc, char **argv) {
     size_t len = strlen(o.out) + 32;
     char *tmp = malloc(len);
     if (!tmp) {
-        data_error("out of memory\n");
+        data_error("out of memory");
         return 1;
     }
     snprintf(tmp, len, "%s.tmp.%ld", o.out, (long)getpid());
@@ -319,7 +319,7 @@ int main(int argc, char **argv) {
      * FIFO (as root, of /dev/null itself) */
     char err[2048];
     int refused = output_path_check("--out", o.out, 1, err, sizeof err) != 0;
-    if (refused) data_error("%s\n", err);
+    if (refused) data_error("%s", err);
     if (refused || out_is_input(&o, tmp)) {
         free(tmp);
         free(o.inputs);
@@ -342,7 +342,7 @@ int main(int argc, char **argv) {
         remove(tmp);
         rc = 1;
     } else if (output_replace(tmp, o.out, err, sizeof err) != 0) {
-        data_error("--out %s: %s\n", o.out, err);
+        data_error("--out %s: %s", o.out, err);
         remove(tmp);
         rc = 1;
     } else {

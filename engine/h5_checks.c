@@ -63,17 +63,19 @@ int h5_unwritten(hid_t dset, long long *unwritten, long long *total) {
     return *unwritten > 0;
 }
 
-/* H5Ewalk2's callback: keeps the first description it is shown (the walk goes upward, so
- * that is the innermost: where HDF5 found the fault) */
+enum { CAUSE_LEN = 256 }; /* the innermost description kept, at most */
+
+/* H5Ewalk2's callback: keeps the first description it is shown in buf[CAUSE_LEN] (the walk
+ * goes upward, so that is the innermost: where HDF5 found the fault) */
 static herr_t keep_innermost(unsigned n, const H5E_error2_t *e, void *buf) {
     char *out = buf;
     (void)n;
-    if (!out[0] && e->desc && e->desc[0]) snprintf(out, 256, "%s", e->desc);
+    if (!out[0] && e->desc && e->desc[0]) snprintf(out, CAUSE_LEN, "%s", e->desc);
     return 0;
 }
 
 void h5_error_cause(char *buf, size_t n) {
-    char inner[256] = "";
+    char inner[CAUSE_LEN] = "";
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_innermost, inner);
     snprintf(buf, n, "%s", inner);
 }

@@ -55,10 +55,6 @@ static int existing_is_own_kind(const char *key, const char *path, int replaced,
     return -1;
 }
 
-/* Refuses an output path (key names it) that rank 0, which writes them all, could not write
- * at the end of a long run, or would block on: checkpoints, the trace and the report are
- * written after the last step. replaced: the file is written beside and renamed over the
- * path (a checkpoint), so its own permissions do not matter. */
 /* 1 when path (its links followed) is a mount point (/proc/self/mountinfo's fifth field):
  * a file bind-mounted there cannot be renamed over, EBUSY */
 static int is_mount_point(const char *path) {
@@ -90,6 +86,10 @@ static int is_mount_point(const char *path) {
     return found;
 }
 
+/* Refuses an output path (key names it) that rank 0, which writes them all, could not write
+ * at the end of a long run, or would block on: checkpoints, the trace and the report are
+ * written after the last step. replaced: the file is written beside and renamed over the
+ * path (a checkpoint), so its own permissions do not matter. */
 int output_path_check(const char *key, const char *path, int replaced, char *err, size_t n) {
     if (!path[0]) return 0;
     char copy[CFG_STR_MAX];
@@ -156,6 +156,9 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
 
 static int g_std_closed[3]; /* descriptors 0-2 that were closed at the start */
 
+/* 1 when fd is one of 0-2 and was closed at the start (/dev/null stands in for it) */
+static int closed_at_start(int fd) { return fd >= 0 && fd < 3 && g_std_closed[fd]; }
+
 int output_guard_std_fds(void) {
     for (int fd = 0; fd < 3; fd++) {
         if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
@@ -188,12 +191,12 @@ static int own_descriptor(const char *path) {
 int output_names_closed_std(const char *path) {
     int own = strcmp(path, "-") == 0 || strcmp(path, "/dev/stdin") == 0 ? STDIN_FILENO
                                                                         : own_descriptor(path);
-    return own >= 0 && own < 3 && g_std_closed[own];
+    return closed_at_start(own);
 }
 
 FILE *output_stream_open(const char *path, int append) {
     int own = own_descriptor(path);
-    if (own >= 0 && own < 3 && g_std_closed[own]) {
+    if (closed_at_start(own)) {
         errno = EBADF;
         return NULL;
     }

@@ -1,4 +1,5 @@
-/* Per-kernel timing. Inside a step: one atomic increment and two clock readings per op.
+/* Per-kernel timing. Inside a step: one atomic increment, a read lock and two clock
+ * readings per op.
  * After the step: interval unions, exposed communication and the isolated/overlapped
  * split of every kernel.
  * A step's records grow past the capacity the trainer estimated (overlap.tp = chunked
@@ -255,8 +256,6 @@ void timing_record_device(const char *name, timing_kind kind, timing_par par, in
                                (float)work.bytes, 0, 0},
                op);
 }
-
-
 
 /* Keeps each piece of the step's device work, under the op whose handle it carries
  * (handles, set for the ops that were read): pieces of an op that was not (untimed, or
