@@ -84,6 +84,8 @@ typedef struct {
     long count, n_iso, n_ovl;
     double sum, iso, ovl;
     double flops, bytes; /* timing_work summed over the count instances */
+    long n_wait;         /* instances whose wait for other ranks is known, */
+    double wait;         /* and those waits summed (us) */
 } merged_kernel;
 
 /* Do x and y count instances of the same kernel (name, kind, probe)? */
@@ -115,6 +117,8 @@ static merged_kernel *add_kernel(merged_kernel *k, int *n, int *cap, const merge
     k[i].ovl += r->ovl;
     k[i].flops += r->flops;
     k[i].bytes += r->bytes;
+    k[i].n_wait += r->n_wait;
+    k[i].wait += r->wait;
     return k;
 }
 
@@ -127,9 +131,9 @@ static int merge_kernels(const char *lines, merged_kernel **by_par, int *n_par,
     for (const char *p = lines; p && *p;) {
         merged_kernel r;
         int used = 0;
-        if (sscanf(p, "%63s %d %d %d %ld %lf %ld %lf %ld %lf %lf %lf\n%n", r.name, &r.kind,
-                   &r.probe, &r.par, &r.count, &r.sum, &r.n_iso, &r.iso, &r.n_ovl, &r.ovl,
-                   &r.flops, &r.bytes, &used) != 12 ||
+        if (sscanf(p, "%63s %d %d %d %ld %lf %ld %lf %ld %lf %lf %lf %ld %lf\n%n", r.name,
+                   &r.kind, &r.probe, &r.par, &r.count, &r.sum, &r.n_iso, &r.iso, &r.n_ovl,
+                   &r.ovl, &r.flops, &r.bytes, &r.n_wait, &r.wait, &used) != 14 ||
             used == 0)
             break;
         p += used;
@@ -146,11 +150,13 @@ static int merge_kernels(const char *lines, merged_kernel **by_par, int *n_par,
  * has no such instances. */
 typedef struct {
     double mean, iso, ovl, slow;
+    double wait; /* of the instances whose wait for other ranks is known */
 } kernel_means;
 
 static kernel_means means_of(const merged_kernel *x) {
     kernel_means m = {x->count ? x->sum / x->count : NAN, x->n_iso ? x->iso / x->n_iso : NAN,
-                      x->n_ovl ? x->ovl / x->n_ovl : NAN, NAN};
+                      x->n_ovl ? x->ovl / x->n_ovl : NAN, NAN,
+                      x->n_wait ? x->wait / x->n_wait : NAN};
     if (x->n_iso && x->n_ovl) m.slow = m.ovl / m.iso;
     return m;
 }
@@ -185,7 +191,31 @@ typedef struct {
     long n;
     double iter, compute, comm, exposed, ideal; /* ideal = max(compute, comm) */
     double par_comm[TIMING_PARS], par_exposed[TIMING_PARS]; /* by timing_par, as in a row */
+    /* the exposed time lost waiting for other ranks (timing_step_summary's wait_ms), over
+     * the n_wait rows that know it: NAN where none does */
+    long n_wait;
+    double wait, par_wait[TIMING_PARS];
 } step_means;
+
+/* The number after "key": in the row from `row` to `end`; 0 when it is there */
+static int row_number(const char *row, const char *end, const char *key, double *v) {
+    char k[64];
+    snprintf(k, sizeof(k), "\"%.40s\": ", key);
+    const char *q = strstr(row, k);
+    return q && (!end || q < end) && sscanf(q + strlen(k), "%lf", v) == 1 ? 0 : -1;
+}
+
+static void add_wait_means(const char *row, const char *end, step_means *m) {
+    double w;
+    if (row_number(row, end, "comm_wait_ms", &w) != 0) return;
+    m->n_wait++;
+    m->wait += w;
+    for (int par = TP_DP; par < TIMING_PARS; par++) {
+        char key[48];
+        snprintf(key, sizeof(key), "%s_comm_wait_ms", timing_par_name(par));
+        if (row_number(row, end, key, &w) == 0) m->par_wait[par] += w;
+    }
+}
 
 /* Adds a step row's "<par>_comm_ms" and "<par>_exposed_comm_ms" to m; the row runs from
  * `row` (its "iter_ms") to `end` (its closing brace). */
@@ -220,6 +250,7 @@ static void mean_steps(const char *rows, int probe, step_means *m) {
         m->exposed += d;
         m->ideal += b > c ? b : c;
         add_par_means(p, strchr(p, '}'), m);
+        add_wait_means(p, strchr(p, '}'), m);
     }
     if (m->n) {
         m->iter /= m->n;
@@ -232,6 +263,9 @@ static void mean_steps(const char *rows, int probe, step_means *m) {
             m->par_exposed[par] /= m->n;
         }
     }
+    m->wait = m->n_wait ? m->wait / m->n_wait : NAN;
+    for (int par = 0; par < TIMING_PARS; par++)
+        m->par_wait[par] = m->n_wait ? m->par_wait[par] / m->n_wait : NAN;
 }
 
 /* The part of a step when no timed op was in flight: on a GPU, the device waiting for the
@@ -272,12 +306,13 @@ static void print_row(const char *name, const char *kind, const merged_kernel *x
                       double probe_mean) {
     kernel_means m = means_of(x);
     kernel_rates r = rates_of(x);
-    char a[32], b[32], c[32], d[32], e[32], f[32], g[32];
-    printf("%-26s %-7s %8ld %11.2f %10.1f %8s %8s %11s %11s %8s %10s %8s\n", name, kind,
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32];
+    printf("%-26s %-7s %8ld %11.2f %10.1f %8s %8s %11s %11s %8s %10s %8s %8s\n", name, kind,
            x->count, x->sum / 1e3, m.mean, num(f, "%.2f", r.tflops, "-"),
            num(g, "%.1f", r.gbps, "-"), num(a, "%.1f", m.iso, "-"), num(b, "%.1f", m.ovl, "-"),
            num(c, "%.2f", m.slow, "-"), num(d, "%.1f", probe_mean, "-"),
-           num(e, "%.2f", m.mean / probe_mean, "-"));
+           num(e, "%.2f", m.mean / probe_mean, "-"),
+           num(h, "%.0f%%", m.mean > 0 ? 100.0 * m.wait / m.mean : NAN, "-"));
 }
 
 /* The table on stdout. A communication op is named with its parallelism, or when several
@@ -289,9 +324,9 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
     if (timing_warmup() > 0)
         printf("# the run's first %d step(s) left out as warm-up (profile.warmup): they are "
                "in the trace only\n", timing_warmup());
-    printf("%-26s %-7s %8s %11s %10s %8s %8s %11s %11s %8s %10s %8s\n", "kernel", "kind",
+    printf("%-26s %-7s %8s %11s %10s %8s %8s %11s %11s %8s %10s %8s %8s\n", "kernel", "kind",
            "count", "total ms", "mean us", "TFLOP/s", "GB/s", "isolated", "overlapped",
-           "slowdown", "probe us", "vs probe");
+           "slowdown", "probe us", "vs probe", "waiting");
     for (int i = 0; i < n; i++) {
         if (k[i].probe) continue;
         const merged_kernel *t = probe_twin(k, n, &k[i]), *only = NULL;
@@ -316,6 +351,10 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
                "flight %.2f ms\n",
                pol->n, ranks, pol->iter, pol->compute, pol->comm, pol->exposed,
                pol->comm > 0 ? 100.0 * (pol->comm - pol->exposed) / pol->comm : 0.0, idle_ms(pol));
+    if (pol->n && !isnan(pol->wait) && pol->exposed > 0)
+        printf("  of the exposed comm, %.2f ms (%.0f%%) waited for another rank to arrive (a "
+               "pipeline bubble, a slower rank) with no data moving; the rest moved data\n",
+               pol->wait, 100.0 * pol->wait / pol->exposed);
     if (pol->n && pol->iter > 0)
         printf("work per step and rank: %.2f GFLOP in products (%.2f TFLOP/s over the step), "
                "%.3f GB moved by compute, %.3f GB communicated\n",
@@ -323,9 +362,15 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
                work->comm_bytes / 1e9);
     for (int par = TP_DP; pol->n && par < TIMING_PARS; par++)
         if (pol->par_comm[par] > 0)
-            printf("  %s communication alone: %.2f ms, exposed %.2f ms (%.0f%% hidden)\n",
+        {
+            char w[96] = "";
+            if (!isnan(pol->par_wait[par]))
+                snprintf(w, sizeof(w), ", %.2f ms of it waiting for another rank",
+                         pol->par_wait[par]);
+            printf("  %s communication alone: %.2f ms, exposed %.2f ms (%.0f%% hidden)%s\n",
                    timing_par_name(par), pol->par_comm[par], pol->par_exposed[par],
-                   100.0 * (pol->par_comm[par] - pol->par_exposed[par]) / pol->par_comm[par]);
+                   100.0 * (pol->par_comm[par] - pol->par_exposed[par]) / pol->par_comm[par], w);
+        }
     if (probe->n && pol->n)
         printf("contention probe (%ld serialized step rows): iter %.2f ms, ideal max(compute, comm) "
                "%.2f ms; the policies gain %.2fx over serialized steps\n",
@@ -523,6 +568,14 @@ static void steps_text(text *t, int rank) {
         for (int par = TP_DP; par < TIMING_PARS; par++)
             put(t, ", \"%s_comm_ms\": %.4f, \"%s_exposed_comm_ms\": %.4f", timing_par_name(par),
                 s[i].par_comm_ms[par], timing_par_name(par), s[i].par_exposed_ms[par]);
+        if (s[i].has_wait) {
+            put_number(t, "comm_wait_ms", s[i].wait_ms, 4);
+            for (int par = TP_DP; par < TIMING_PARS; par++) {
+                char key[48];
+                snprintf(key, sizeof(key), "%s_comm_wait_ms", timing_par_name(par));
+                put_number(t, key, s[i].par_wait_ms[par], 4);
+            }
+        }
         if (s[i].has_power) {
             put_number(t, "energy_j", s[i].energy_j, 3);
             put_number(t, "power_w", s[i].power_w, 3);
@@ -535,10 +588,10 @@ static void steps_text(text *t, int rank) {
 static void kernels_text(text *t) {
     const timing_kernel_stats *k = timing_kernels();
     for (int i = 0; i < timing_n_kernels(); i++)
-        put(t, "%s %d %d %d %ld %.6f %ld %.6f %ld %.6f %.17g %.17g\n", k[i].name, k[i].kind,
-            k[i].probe, k[i].par, k[i].s.count, k[i].s.sum_us, k[i].s.n_isolated,
+        put(t, "%s %d %d %d %ld %.6f %ld %.6f %ld %.6f %.17g %.17g %ld %.6f\n", k[i].name,
+            k[i].kind, k[i].probe, k[i].par, k[i].s.count, k[i].s.sum_us, k[i].s.n_isolated,
             k[i].s.isolated_us, k[i].s.n_overlapped, k[i].s.overlapped_us, k[i].flops,
-            k[i].bytes);
+            k[i].bytes, k[i].n_wait, k[i].wait_us);
 }
 
 static void trace_text(text *t, int rank) {
@@ -570,6 +623,8 @@ static void trace_text(text *t, int rank) {
         /* the call's work (Perfetto shows it on a click), where it counts any */
         if (r[i].flops > 0) put(t, ", \"flops\": %.9g", (double)r[i].flops);
         if (r[i].bytes > 0) put(t, ", \"bytes\": %.9g", (double)r[i].bytes);
+        if (r[i].kind == TK_COMM && r[i].wait_us >= 0)
+            put(t, ", \"wait_us\": %.3f", (double)r[i].wait_us);
         put(t, "}},\n");
     }
 }
@@ -631,6 +686,7 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                     num(c, "%.4f", m.slow, "null"), rows ? k[i].sum / rows : 0.0,
                     num(d, "%.4f", pm, "null"), num(e, "%.4f", m.mean / pm, "null"));
                 put_work(dst, &k[i]);
+                put_number(dst, "wait_mean_us", m.wait, 4);
                 /* the same op of different parallelisms differs in size and contention */
                 for (int j = 0, first = 1; k[i].kind == TK_COMM && j < np; j++) {
                     if (!same_kernel(&kp[j], &k[i])) continue;
@@ -641,6 +697,7 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                         kp[j].count, mp.mean, num(a, "%.4f", mp.iso, "null"),
                         num(b, "%.4f", mp.ovl, "null"), num(c, "%.4f", mp.slow, "null"));
                     put_work(dst, &kp[j]);
+                    put_number(dst, "wait_mean_us", mp.wait, 4);
                     put(dst, "}");
                     first = 0;
                 }
@@ -667,12 +724,14 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             put_number(&tail, "exposed_comm_ms", pol.exposed + have, 4);
             put_number(&tail, "hidden_comm_ms", pol.comm - pol.exposed + have, 4);
             put_number(&tail, "idle_ms", idle_ms(&pol) + have, 4);
+            put_number(&tail, "comm_wait_ms", pol.wait, 4);
             put(&tail, ", \"by_parallelism\": {");
             for (int par = TP_DP; par < TIMING_PARS; par++) {
                 put(&tail, "%s\"%s\": {", par > TP_DP ? ", " : "", timing_par_name(par));
                 put_number(&tail, "comm_ms", pol.par_comm[par] + have, 4);
                 put_number(&tail, "exposed_comm_ms", pol.par_exposed[par] + have, 4);
                 put_number(&tail, "hidden_comm_ms", pol.par_comm[par] - pol.par_exposed[par] + have, 4);
+                put_number(&tail, "comm_wait_ms", pol.par_wait[par], 4);
                 put(&tail, "}");
             }
             put(&tail, "}, ");

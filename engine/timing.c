@@ -232,29 +232,48 @@ static void timing_put(long i, timing_record r, int32_t op) {
     pthread_rwlock_unlock(&T.grow);
 }
 
-void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
-                      timing_ctx ctx, timing_work work, double start_ms, double end_ms) {
+static timing_record record_of(const char *name, timing_kind kind, timing_par par, int stream,
+                               timing_ctx ctx, timing_work work, timing_match match) {
+    return (timing_record){.name = name, .kind = (int8_t)kind, .par = (int8_t)par,
+                           .phase = ctx.phase, .stream = (int8_t)stream, .layer = ctx.layer,
+                           .micro = ctx.micro, .step = (int32_t)T.step,
+                           .flops = (float)work.flops, .bytes = (float)work.bytes,
+                           .match = match, .wait_us = -1.0f};
+}
+
+/* a host-timed record (op -1) or a device-timed one (its timer handle) */
+static void record(timing_record r, double start_ms, double end_ms, int op) {
     if (!T.on) return;
     long i = take_slot();
     if (i < 0) return;
-    timing_put(i,
-               (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
-                               ctx.layer, ctx.micro, (int32_t)T.step, (float)work.flops,
-                               (float)work.bytes, (start_ms - T.origin_ms) * 1e3,
-                               (end_ms - T.origin_ms) * 1e3},
-               -1);
+    if (op < 0) {
+        r.start_us = (start_ms - T.origin_ms) * 1e3;
+        r.end_us = (end_ms - T.origin_ms) * 1e3;
+    }
+    timing_put(i, r, op < 0 ? -1 : op);
+}
+
+static const timing_match no_match = {TM_NONE, -1, -1, 0, 0};
+
+void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
+                      timing_ctx ctx, timing_work work, double start_ms, double end_ms) {
+    if (T.on) record(record_of(name, kind, par, stream, ctx, work, no_match), start_ms, end_ms, -1);
 }
 
 void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
                           timing_ctx ctx, timing_work work, int op) {
-    if (!T.on) return;
-    long i = take_slot();
-    if (i < 0) return;
-    timing_put(i,
-               (timing_record){name, (int8_t)kind, (int8_t)par, ctx.phase, (int8_t)stream,
-                               ctx.layer, ctx.micro, (int32_t)T.step, (float)work.flops,
-                               (float)work.bytes, 0, 0},
-               op);
+    if (T.on) record(record_of(name, kind, par, stream, ctx, work, no_match), 0, 0, op);
+}
+
+void timing_record_comm_op(const char *name, timing_par par, int stream, timing_ctx ctx,
+                           timing_work work, timing_match match, double start_ms,
+                           double end_ms) {
+    if (T.on) record(record_of(name, TK_COMM, par, stream, ctx, work, match), start_ms, end_ms, -1);
+}
+
+void timing_record_comm_device(const char *name, timing_par par, int stream, timing_ctx ctx,
+                               timing_work work, timing_match match, int op) {
+    if (T.on) record(record_of(name, TK_COMM, par, stream, ctx, work, match), 0, 0, op);
 }
 
 /* Keeps each piece of the step's device work, under the op whose handle it carries
@@ -331,6 +350,20 @@ static int by_start(const void *x, const void *y) {
     return a->a < b->a ? -1 : a->a > b->a;
 }
 
+/* Sorts in[k] and writes its union, sorted and disjoint, to out; returns its length. */
+static size_t merge_spans(span *in, size_t k, span *out) {
+    qsort(in, k, sizeof(span), by_start);
+    size_t m = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (m > 0 && in[i].a <= out[m - 1].b) {
+            if (in[i].b > out[m - 1].b) out[m - 1].b = in[i].b;
+        } else {
+            out[m++] = in[i];
+        }
+    }
+    return m;
+}
+
 /* Sorted, disjoint union of the records of one kind (and of one parallelism, par >= 0);
  * returns its length in out[]. */
 static size_t union_of(const timing_record *r, size_t n, int kind, int par, span *out) {
@@ -338,16 +371,7 @@ static size_t union_of(const timing_record *r, size_t n, int kind, int par, span
     for (size_t i = 0; i < n; i++)
         if (r[i].kind == kind && (par < 0 || r[i].par == par))
             T.work[k++] = (span){r[i].start_us, r[i].end_us};
-    qsort(T.work, k, sizeof(span), by_start);
-    size_t m = 0;
-    for (size_t i = 0; i < k; i++) {
-        if (m > 0 && T.work[i].a <= out[m - 1].b) {
-            if (T.work[i].b > out[m - 1].b) out[m - 1].b = T.work[i].b;
-        } else {
-            out[m++] = T.work[i];
-        }
-    }
-    return m;
+    return merge_spans(T.work, k, out);
 }
 
 static double total(const span *s, size_t n) {
@@ -422,10 +446,10 @@ static void add_device_kernel(const step_piece *p, int over) {
     split_add(&d->s, p->b - p->a, over);
 }
 
-static timing_kernel_stats *kernel_slot(const char *name, int kind, int par) {
+static timing_kernel_stats *kernel_slot(const char *name, int kind, int par, int probe) {
     for (int i = 0; i < T.n_kernels; i++)
         if (T.kernels[i].kind == kind && T.kernels[i].par == par &&
-            T.kernels[i].probe == T.probe &&
+            T.kernels[i].probe == probe &&
             (T.kernels[i].name == name || strcmp(T.kernels[i].name, name) == 0))
             return &T.kernels[i];
     if (T.n_kernels == T.cap_kernels) {
@@ -438,7 +462,7 @@ static timing_kernel_stats *kernel_slot(const char *name, int kind, int par) {
     k->name = name;
     k->kind = kind;
     k->par = par;
-    k->probe = T.probe;
+    k->probe = probe;
     return k;
 }
 
@@ -500,7 +524,7 @@ void timing_end_step(double iter_ms) {
      * communication kernel when compute was */
     for (size_t i = 0; i < n && !warm; i++) {
         const timing_record *r = &T.rec[i];
-        timing_kernel_stats *k = kernel_slot(r->name, r->kind, r->par);
+        timing_kernel_stats *k = kernel_slot(r->name, r->kind, r->par, T.probe);
         split_add(&k->s, r->end_us - r->start_us,
                   beside_other(r->kind, r->start_us, r->end_us, T.merged_comp, nc,
                                T.merged_comm, nm));
@@ -516,6 +540,74 @@ void timing_end_step(double iter_ms) {
     }
     T.n_pieces = 0;
     keep_for_trace(T.rec, n);
+}
+
+void timing_set_wait(size_t i, float wait_us) {
+    if (i < T.n_trace) T.trace[i].wait_us = wait_us;
+}
+
+/* One step's lost time (timing_step_summary's wait_ms) from its kept records r[n], among
+ * the communication of parallelism par (-1: all): the union of the ops' waiting parts
+ * less what compute or another op's moving part covers. */
+static double step_wait_us(const timing_record *r, size_t n, int par, span *in, span *wait,
+                           span *busy) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (r[i].kind == TK_COMM && (par < 0 || r[i].par == par) && r[i].wait_us > 0)
+            in[k++] = (span){r[i].start_us, r[i].start_us + r[i].wait_us};
+    size_t nw = merge_spans(in, k, wait);
+    k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].kind == TK_COMM && par >= 0 && r[i].par != par) continue;
+        /* an op whose wait is unknown counts as moving data all along: no loss is claimed */
+        double a = r[i].kind == TK_COMM && r[i].wait_us > 0 ? r[i].start_us + r[i].wait_us
+                                                            : r[i].start_us;
+        if (r[i].end_us > a) in[k++] = (span){a, r[i].end_us};
+    }
+    size_t nb = merge_spans(in, k, busy);
+    return total(wait, nw) - intersection(wait, nw, busy, nb);
+}
+
+void timing_sum_waits(void) {
+    if (!T.on || T.n_trace == 0) return;
+    /* [n_trace] each, scratch for one step's spans: all, the waits' union, the busy one */
+    span *in = malloc(T.n_trace * sizeof *in), *wait = malloc(T.n_trace * sizeof *wait),
+         *busy = malloc(T.n_trace * sizeof *busy);
+    if (!in || !wait || !busy) {
+        log_warn("no memory to sum the communication's waits: the report leaves them out");
+        free(in), free(wait), free(busy);
+        return;
+    }
+    /* the kept records run step by step, in the order of T.steps */
+    int s = 0;
+    for (size_t i = 0; i < T.n_trace;) {
+        size_t j = i;
+        while (j < T.n_trace && T.trace[j].step == T.trace[i].step) j++;
+        while (s < T.n_steps && T.steps[s].step != T.trace[i].step) s++;
+        if (s == T.n_steps) break;
+        timing_step_summary *st = &T.steps[s];
+        int known = 0;
+        for (size_t q = i; q < j; q++) {
+            const timing_record *r = &T.trace[q];
+            if (r->kind != TK_COMM || r->wait_us < 0) continue;
+            known = 1;
+            if (st->warmup) continue;
+            timing_kernel_stats *k = kernel_slot(r->name, r->kind, r->par, st->probe);
+            k->n_wait++;
+            k->wait_us += r->wait_us;
+        }
+        if (known) {
+            st->has_wait = 1;
+            st->wait_ms = step_wait_us(T.trace + i, j - i, -1, in, wait, busy) / 1e3;
+            for (int par = TP_DP; par < TIMING_PARS; par++)
+                st->par_wait_ms[par] = step_wait_us(T.trace + i, j - i, par, in, wait, busy) / 1e3;
+        }
+        s++;
+        i = j;
+    }
+    free(in);
+    free(wait);
+    free(busy);
 }
 
 int timing_n_steps(void) { return T.n_steps; }

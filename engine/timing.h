@@ -42,12 +42,28 @@ typedef struct {
     double flops, bytes;
 } timing_work;
 
+/* Which op of the other ranks a communication record is the same op as, so that its wait
+ * for them can be found after the run (parallel/comm_wait.c): the seq-th collective on
+ * its group, or the seq-th send to (receive from) the group's rank peer with tag, which
+ * the peer's seq-th receive from (send to) this rank with that tag matches. */
+typedef enum { TM_NONE, TM_COLL, TM_SEND, TM_RECV } timing_match_kind;
+typedef struct {
+    int8_t kind, group; /* timing_match_kind; comm_group_id (parallel/comm.h) */
+    int16_t peer;       /* a send's destination or a receive's source: rank in the group */
+    int32_t tag, seq;
+} timing_match;
+
 typedef struct {
     const char *name;   /* a string literal: op or collective name */
     int8_t kind, par, phase, stream;
     int16_t layer, micro;
     int32_t step;
     float flops, bytes; /* timing_work of the call */
+    timing_match match; /* kind TM_NONE for compute */
+    /* the first wait_us of the op spent waiting for the last other rank to start it (a
+     * late sender, a collective's last member), known after timing_sum_waits; -1: not
+     * known (compute, one rank, or a peer's record missing) */
+    float wait_us;
     double start_us, end_us; /* since the run's common start (all ranks) */
 } timing_record;
 
@@ -79,6 +95,12 @@ void timing_record_op(const char *name, timing_kind kind, timing_par par, int st
  * (engine/backend.h), resolved into times after the step by timing_resolve_device. */
 void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
                           timing_ctx ctx, timing_work work, int op);
+/* The same two for a communication op, with what it is among the other ranks' ops */
+void timing_record_comm_op(const char *name, timing_par par, int stream, timing_ctx ctx,
+                           timing_work work, timing_match match, double start_ms,
+                           double end_ms);
+void timing_record_comm_device(const char *name, timing_par par, int stream, timing_ctx ctx,
+                               timing_work work, timing_match match, int op);
 /* The backend's timer_piece (engine/backend.h) */
 typedef int (*timing_piece_fn)(size_t i, int *op, const char **kernel, double *start_ms,
                                double *end_ms);
@@ -110,6 +132,12 @@ typedef struct {
      * [TP_NONE] stays 0); they may overlap each other, so their sums can exceed comm_ms
      * and exposed_comm_ms */
     double par_comm_ms[TIMING_PARS], par_exposed_ms[TIMING_PARS];
+    /* the part of exposed_comm_ms (par_exposed_ms) when every communication op in flight
+     * was waiting for another rank to start it, no data moving and no compute running:
+     * time lost to a late peer (a pipeline bubble, a slower rank), not to the network.
+     * Filled by timing_sum_waits; has_wait 0 where no wait is known. */
+    int has_wait;
+    double wait_ms, par_wait_ms[TIMING_PARS];
     double start_us, end_us; /* the step's span on the run's clock */
     int warmup;              /* one of the run's first profile.warmup steps: in the trace and
                               * the steps list, not in the kernel statistics or the means */
@@ -135,6 +163,8 @@ typedef struct {
     int probe;          /* gathered in contention-probe steps */
     timing_split s;
     double flops, bytes; /* timing_work summed over the s.count instances */
+    long n_wait;         /* instances whose wait is known (timing_sum_waits) */
+    double wait_us;      /* their waits summed */
 } timing_kernel_stats;
 
 /* The device kernels behind the ops (report "device_kernels"): the kernels, copies and
@@ -168,6 +198,10 @@ long timing_trace_omitted(void);
  * (left out of every figure): an op with nothing to launch, or kernels CUPTI did not tie
  * to the op. */
 long timing_untimed(int kind);
+/* Sets wait_us of kept record i (parallel/comm_wait.c), then timing_sum_waits adds the
+ * waits into the kernel statistics and the step summaries (once, after the last step). */
+void timing_set_wait(size_t i, float wait_us);
+void timing_sum_waits(void);
 /* The trace's cap in records, after timing_init (tests use a small one). */
 void timing_set_trace_limit(size_t records);
 

@@ -35,6 +35,7 @@
 #include "layers/gpt_checkpoint.h"
 #include "layers/optimizer.h"
 #include "parallel/comm.h"
+#include "parallel/comm_wait.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor.h"
@@ -795,7 +796,11 @@ int train_run(const gptc_config *c, const grid *g) {
     if (c->save[0] && first > c->steps && fresh && !stopped &&
         save_checkpoint(&r, first - 1, t, err, sizeof(err)) != 0)
         goto fail;
-    if (kernel_timing && g->world > 1) align_clocks(&r, clock0_ms, rtt0_ms, at0_ms);
+    if (kernel_timing && g->world > 1) {
+        align_clocks(&r, clock0_ms, rtt0_ms, at0_ms);
+        comm_group *groups[] = {&r.world, &r.tp, &r.pp, &r.dp, &r.embedding};
+        comm_match_waits(groups, 5);
+    }
     if (kernel_timing && report_write(&r.world, c->report, c->trace, err, sizeof(err)) != 0) goto fail;
     if (timed_steps > 0)
         log_info("done: %ld steps, final loss %.6f, mean %.1f ms/step, %.0f tok/s (steps after the "

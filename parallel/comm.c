@@ -87,6 +87,38 @@ static void group_init(comm_group *g, const char *name, const gptc_backend *be) 
     g->be = be;
     atomic_init(&g->err_state, 0);
     g->err[0] = '\0';
+    atomic_init(&g->coll_seq, 0);
+    pthread_mutex_init(&g->channel_mu, NULL);
+    g->n_channels = 0;
+}
+
+int comm_group_id(const comm_group *g) {
+    static const char *const names[] = {"world", "tp", "pp", "dp", "embed"};
+    for (int i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++)
+        if (strcmp(g->name, names[i]) == 0) return i;
+    return -1;
+}
+
+/* The op's place among the ops of the other ranks, counted at issue (in program order,
+ * which the rules at the top of comm.h make the same on every rank): the n-th collective
+ * on the group, or the n-th transfer of its peer, tag and direction. */
+static timing_match match_of(comm_group *g, op_kind kind, int peer, int tag) {
+    int id = comm_group_id(g);
+    if (id < 0 || kind == OP_SENDRECV) return (timing_match){TM_NONE, -1, -1, 0, 0};
+    if (kind != OP_SEND && kind != OP_RECV)
+        return (timing_match){TM_COLL, (int8_t)id, -1, 0, atomic_fetch_add(&g->coll_seq, 1)};
+    int dir = kind == OP_SEND ? TM_SEND : TM_RECV, seq = -1;
+    pthread_mutex_lock(&g->channel_mu);
+    int c = 0;
+    while (c < g->n_channels && !(g->channel[c].peer == peer && g->channel[c].tag == tag &&
+                                  g->channel[c].dir == dir))
+        c++;
+    if (c == g->n_channels && c < COMM_CHANNELS)
+        g->channel[g->n_channels++] = (comm_channel){peer, tag, dir, 0};
+    if (c < g->n_channels) seq = g->channel[c].n++;
+    pthread_mutex_unlock(&g->channel_mu);
+    if (seq < 0) return (timing_match){TM_NONE, -1, -1, 0, 0};
+    return (timing_match){(int8_t)dir, (int8_t)id, (int16_t)peer, tag, seq};
 }
 
 /* Errors must come back as return codes: the trainer decides, on every rank, how to stop. */
@@ -658,8 +690,8 @@ static void run_task(const comm_task *t) {
     watchdog_waiting(NULL);
     watchdog_beat();
     if (timing_on())
-        timing_record_op(op_name(t), TK_COMM, par_of(t->g), t->stream, t->ctx, comm_work(t), t0,
-                         timing_now_ms());
+        timing_record_comm_op(op_name(t), par_of(t->g), t->stream, t->ctx, comm_work(t),
+                              t->match, t0, timing_now_ms());
 }
 
 static void run_op(const comm_task *t) {
@@ -871,6 +903,7 @@ static void issue(comm_task t, gptc_stream *s) {
     static const int stream_of_par[] = {0, 3, 1, 2}; /* none dp tp pp: engine/timing.h */
     t.ctx = timing_context();
     t.stream = s ? stream_of_par[par_of(t.g)] : 0;
+    t.match = match_of(t.g, t.kind, t.peer, t.tag);
     if (t.g->nccl) {
         /* enqueued, not run: timed by device marks around it, like a compute op */
         const gptc_backend *be = t.g->be;
@@ -881,8 +914,8 @@ static void issue(comm_task t, gptc_stream *s) {
         nvtx_pop();
         if (op >= 0) {
             be->timer_end(op, s);
-            timing_record_device(op_name(&t), TK_COMM, par_of(t.g), t.stream, t.ctx,
-                                 comm_work(&t), op);
+            timing_record_comm_device(op_name(&t), par_of(t.g), t.stream, t.ctx, comm_work(&t),
+                                      t.match, op);
         }
         watchdog_beat();
         return;
@@ -987,14 +1020,15 @@ void comm_sendrecv(comm_group *g, const void *sendbuf, size_t send_bytes, int ds
  * the gradients' all-reduces in the report. 1 when MPI_Allreduce succeeded, else 0. */
 static int host_allreduce(comm_group *g, const void *in, void *out, int n, MPI_Datatype type,
                           MPI_Op op) {
+    timing_match match = match_of(g, OP_ALLREDUCE, -1, 0);
     double t0 = timing_on() ? timing_now_ms() : 0;
     int rc = ok(g, "MPI_Allreduce", MPI_Allreduce(in, out, n, type, op, g->comm));
     int elem = 0;
     MPI_Type_size(type, &elem);
     if (timing_on())
-        timing_record_op(op == MPI_MAX ? "host_allreduce_max" : "host_allreduce", TK_COMM,
-                         par_of(g), 0, timing_context(), (timing_work){0.0, (double)n * elem},
-                         t0, timing_now_ms());
+        timing_record_comm_op(op == MPI_MAX ? "host_allreduce_max" : "host_allreduce",
+                              par_of(g), 0, timing_context(),
+                              (timing_work){0.0, (double)n * elem}, match, t0, timing_now_ms());
     end_job_if_failed(g);
     return rc;
 }

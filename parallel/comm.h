@@ -24,11 +24,18 @@
 #define GPTC_COMM_H
 
 #include <mpi.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 
 #include "engine/backend.h"
 #include "parallel/grid.h"
+
+/* transfers issued to (dir TM_SEND) or from (TM_RECV) a peer with a tag: n so far */
+typedef struct {
+    int peer, tag, dir, n;
+} comm_channel;
+enum { COMM_CHANNELS = 16 };
 
 /* Tagged, so that other headers can forward-declare it as struct comm_group. */
 typedef struct comm_group {
@@ -40,7 +47,18 @@ typedef struct comm_group {
     char err[MPI_MAX_ERROR_STRING + 64];
     void *nccl;             /* ncclComm_t when the group's ops run on NCCL; NULL: on MPI */
     atomic_int nccl_aborted; /* the watchdog aborted it: not to be destroyed again */
+    /* Counts of the ops issued so far, which tell the timing what an op is among the other
+     * ranks' (engine/timing.h: timing_match): collectives, and point-to-point transfers
+     * per peer, tag and direction (the channels; past COMM_CHANNELS of them, unmatched). */
+    atomic_int coll_seq;
+    pthread_mutex_t channel_mu;
+    int n_channels;
+    comm_channel channel[COMM_CHANNELS];
 } comm_group;
+
+/* Which of the trainer's groups g is, the same number on every rank: 0 world, 1 tp, 2 pp,
+ * 3 dp, 4 embed (the first and last pipeline stages' tied embedding); -1 for another. */
+int comm_group_id(const comm_group *g);
 
 /* How a device backend's groups communicate (decided once, by the first comm_world):
  * NCCL on the device's streams; or MPI on host copies when NCCL cannot serve (a build

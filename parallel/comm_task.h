@@ -26,6 +26,7 @@ typedef struct {
     int src;   /* source of sendrecv */
     int tag;
     timing_ctx ctx; /* what compute was doing when the op was issued */
+    timing_match match; /* what the op is among the other ranks' */
     int stream;     /* timing's stream number: 0 when run on the caller */
 } comm_task;
 

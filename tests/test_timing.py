@@ -48,6 +48,10 @@ def timed(name, ranks, extra):
         report = json.load(f)
     check_unions(name, report, trace["traceEvents"])
     SHARED[name] = check_by_parallelism(name, report, trace["traceEvents"])
+    if ranks > 1:
+        layout = {k: int(v) for k, v in re.findall(r"--parallel\.(tp|pp)=(\d+)", " ".join(extra))}
+        check_waits(name, report, trace["traceEvents"], ranks, layout.get("tp", 1),
+                    layout.get("pp", 1))
     return trace["traceEvents"], report, read_metrics(f"{D}/{name}.jsonl")
 
 
@@ -227,6 +231,78 @@ def check_drift(name, pin):
              f"be aligned within {err_us:.1f} us")
     print(f"ok   {name}: rank 1 ran 9% fast, {drift_us:.0f} us over the run; its {pairs} "
           f"collectives overlap rank 0's within {err_us:.1f} us after the correction")
+
+
+def group_of(rank, par, ranks, tp, pp):
+    """the world ranks of rank's group of a parallelism (grid.c: tp fastest, then dp, pp);
+    "none" (the host-side reductions) is the world"""
+    dp = ranks // (tp * pp)
+    t, d, p = rank % tp, (rank // tp) % dp, rank // (tp * dp)
+    at = lambda t, d, p: t + tp * (d + dp * p)  # noqa: E731
+    return {"tp": [at(i, d, p) for i in range(tp)], "dp": [at(t, i, p) for i in range(dp)],
+            "pp": [at(t, d, i) for i in range(pp)], "none": list(range(ranks))}[par]
+
+
+def check_waits(name, report, events, ranks, tp, pp):
+    """Every communication event's wait_us (the part of it before the last other rank
+    started the same op) recomputed from the trace: a collective's i-th instance of its
+    name on each member of its group, a receive's i-th send from its peer to this rank and
+    a send's i-th receive (groups of two: the peer is the other member); and each step
+    row's comm_wait_ms, the waits' union less what compute and data moving covered."""
+    comm = [e for e in events if e.get("ph") == "X" and e["cat"] == "comm"]
+    seq = {}
+    for e in sorted(comm, key=lambda e: e["ts"]):
+        par = e["args"]["parallelism"]
+        # the tied embedding's gradient all-reduce runs on the first and last stages' group
+        grp = tuple(group_of(e["pid"], par, ranks, tp, pp))
+        if e["name"] in ("send", "recv"):
+            peers = [r for r in grp if r != e["pid"]]
+            if len(peers) != 1:
+                continue
+            src, dst = (e["pid"], peers[0]) if e["name"] == "send" else (peers[0], e["pid"])
+            key = (e["name"], src, dst)
+        else:
+            key = (e["name"], par, grp)
+        seq.setdefault(key, {}).setdefault(e["pid"], []).append(e)
+    checked = 0
+    for key, by_rank in seq.items():
+        for rank, evs in by_rank.items():
+            for i, e in enumerate(evs):
+                if key[0] in ("send", "recv"):
+                    other = seq.get(("recv" if key[0] == "send" else "send", key[1], key[2]), {})
+                    peer_evs = [v for r, v in other.items() if r != rank]
+                else:
+                    peer_evs = [v for r, v in by_rank.items() if r != rank]
+                    if len(peer_evs) != len(key[2]) - 1:
+                        peer_evs = []
+                if not peer_evs or any(len(v) <= i for v in peer_evs):
+                    continue
+                latest = max([e["ts"]] + [v[i]["ts"] for v in peer_evs])
+                want = min(max(latest - e["ts"], 0.0), e["dur"])
+                got = e["args"].get("wait_us")
+                if got is None or abs(got - want) > 0.01 + 1e-6 * want:
+                    fail(f"{name}: rank {rank} {key[0]} #{i} ({e['args']}) waited {got} us, the "
+                         f"trace's starts give {want:.3f}")
+                checked += 1
+    if not checked:
+        fail(f"{name}: no communication event's wait checked")
+    # per step: the waits' union less compute and the moving parts
+    for r in report["steps"]:
+        spans = [e for e in events if e.get("ph") == "X" and e["pid"] == r["rank"]
+                 and e["args"]["step"] == r["step"]]
+        wait = union([(e["ts"], e["ts"] + e["args"]["wait_us"]) for e in spans
+                      if e["cat"] == "comm" and e["args"].get("wait_us", 0) > 0])
+        busy = union([(e["ts"] + (e["args"].get("wait_us", 0) if e["cat"] == "comm" else 0),
+                       e["ts"] + e["dur"]) for e in spans])
+        want = (sum(b - a for a, b in wait) - covered(wait, busy)) / 1e3
+        if r.get("comm_wait_ms") is None or abs(r["comm_wait_ms"] - want) > 2e-3:
+            fail(f"{name}: rank {r['rank']} step {r['step']}: comm_wait_ms "
+                 f"{r.get('comm_wait_ms')}, the trace's waits give {want:.4f}")
+        if r["comm_wait_ms"] > r["exposed_comm_ms"] + 2e-3:
+            fail(f"{name}: rank {r['rank']} step {r['step']}: waited {r['comm_wait_ms']} ms, "
+                 f"more than the {r['exposed_comm_ms']} ms of exposed communication")
+    print(f"ok   {name}: {checked} communication ops' waits for other ranks, and each step's "
+          f"exposed wait, as the trace's starts give them")
 
 
 def check_report(name, report, ranks):
@@ -455,6 +531,14 @@ def main():
                       ("allreduce", "tp"): {rows, 2 * MB * 32 * 4},
                       ("allreduce_max", "tp"): {MB * 32 * 4}})
     print("ok   tp2 x pp2: each collective's bytes are its buffer's; the report's sums match")
+    # the stages' receives wait for the other stage's compute (the pipeline's fill and
+    # drain, one stage's forward ahead of the next), not for a transfer of 16 KB
+    recv = next(k for k in report["kernels"] if k["name"] == "recv")
+    if recv["wait_mean_us"] is None or recv["wait_mean_us"] < 0.5 * recv["mean_us"]:
+        fail(f"tp2pp2: a pp receive waited {recv['wait_mean_us']} us of its {recv['mean_us']:.1f} "
+             f"us for the sender: most of it expected")
+    if "waited for another rank to arrive" not in STDOUT["tp2pp2"]:
+        fail("tp2pp2: the table does not say how much of the exposed comm waited for a rank")
     print(f"ok   tp2 x pp2: all ranks and both kinds traced; {100 * exposed / comm:.1f}% of "
           f"{comm:.1f} ms comm exposed with policies none")
     # dp2 with a communication stream slowed on purpose: policy none leaves all of it
