@@ -6,7 +6,9 @@ model's structure) and lies inside its step; the report's steps satisfy
 exposed_comm <= comm and, with every overlap policy none, nearly all communication is
 exposed; each step row's comm_ms and exposed_comm_ms, overall and per parallelism
 (dp_comm_ms, ...), equal what the trace's intervals give, and so do each communication
-kernel's count and mean per parallelism (by_parallelism); timing changes no number of
+kernel's count and mean per parallelism (by_parallelism); every communication op's wait
+for the other ranks (wait_us), and each step's exposed wait (comm_wait_ms), equal what the
+trace's starts give, and a pipeline's receives mostly wait; timing changes no number of
 the training itself."""
 import json
 import os
@@ -398,8 +400,9 @@ def check_comm_bytes(name, report, events, sizes):
 
 
 def check_compare_reports(a, b):
-    """tools/compare_reports.py on two reports: the step's iter_ms of each and the dp
-    all-reduce's time per step as the reports give them; a file that is no report refused"""
+    """tools/compare_reports.py on two reports: the step's iter_ms of each, the dp
+    communication's wait for a rank and the dp all-reduce's time per step as the reports give
+    them; a file that is no report refused"""
     tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
                         "compare_reports.py")
     r = subprocess.run([sys.executable, tool, a, b, "--names", "none", "bucket"],
@@ -412,6 +415,10 @@ def check_compare_reports(a, b):
     want = [f"{ra['overlap']['iter_ms']:.3f}", f"{rb['overlap']['iter_ms']:.3f}"]
     if rows.get("iter ms", [])[:2] != want:
         fail(f"compare_reports: iter ms row {rows.get('iter ms')}, the reports give {want}")
+    want = [f"{x['overlap']['by_parallelism']['dp']['comm_wait_ms']:.3f}" for x in (ra, rb)]
+    if rows.get("dp of it waiting for a rank ms", [])[:2] != want:
+        fail(f"compare_reports: dp waiting row {rows.get('dp of it waiting for a rank ms')}, "
+             f"the reports give {want}")
 
     def dp_per_step(rep):
         k = next(k for k in rep["kernels"] if k["name"] == "allreduce")

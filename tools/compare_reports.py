@@ -5,8 +5,9 @@ policies, layouts, variants or builds, as Markdown on stdout.
   tools/compare_reports.py A.json B.json [--top N] [--names A_NAME B_NAME]
 
 First the step (the report's "overlap" means over its policy steps, per step and rank):
-iter, compute, communication, exposed and hidden communication, the time with nothing
-timed in flight, each parallelism's exposed communication, and the products' rate.
+iter, compute, communication, exposed and hidden communication, the part of the exposed
+spent waiting for another rank (where the reports have it), the time with nothing timed in
+flight, each parallelism's exposed communication (and its waiting), and the products' rate.
 Then the ops, the N (default 25) whose time per step changed the most first: time per
 step, mean per call, the ratio B / A, and each run's slowdown beside communication (the
 report's overlapped over isolated mean). A communication op that several parallelisms run
@@ -84,12 +85,19 @@ def step_rows(a, b):
         ("iter ms", "iter_ms"), ("compute ms", "compute_ms"), ("comm ms", "comm_ms"),
         ("exposed comm ms", "exposed_comm_ms"), ("hidden comm ms", "hidden_comm_ms"),
         ("nothing timed in flight ms", "idle_ms"))]
+    # waits for other ranks: reports of one rank, or from before gptc matched them, have none
+    if oa.get("comm_wait_ms") is not None or ob.get("comm_wait_ms") is not None:
+        rows.append(("exposed comm waiting for a rank ms", oa.get("comm_wait_ms"),
+                     ob.get("comm_wait_ms"), ".3f"))
     for par in ("dp", "tp", "pp"):
         pa = oa.get("by_parallelism", {}).get(par, {})
         pb = ob.get("by_parallelism", {}).get(par, {})
         if pa.get("comm_ms") or pb.get("comm_ms"):
             rows.append((f"{par} exposed comm ms", pa.get("exposed_comm_ms"),
                          pb.get("exposed_comm_ms"), ".3f"))
+            if pa.get("comm_wait_ms") is not None or pb.get("comm_wait_ms") is not None:
+                rows.append((f"{par} of it waiting for a rank ms", pa.get("comm_wait_ms"),
+                             pb.get("comm_wait_ms"), ".3f"))
     rows.append(("products TFLOP/s over the step", oa.get("tflops"), ob.get("tflops"), ".4g"))
     return rows
 
