@@ -195,6 +195,7 @@ typedef struct {
      * the n_wait rows that know it: NAN where none does */
     long n_wait;
     double wait, par_wait[TIMING_PARS];
+    double exposed_w; /* exposed over the same n_wait rows, what the wait is a part of */
 } step_means;
 
 /* The number after "key": in the row from `row` to `end`; 0 when it is there */
@@ -205,11 +206,12 @@ static int row_number(const char *row, const char *end, const char *key, double 
     return q && (!end || q < end) && sscanf(q + strlen(k), "%lf", v) == 1 ? 0 : -1;
 }
 
-static void add_wait_means(const char *row, const char *end, step_means *m) {
+static void add_wait_means(const char *row, const char *end, double exposed, step_means *m) {
     double w;
     if (row_number(row, end, "comm_wait_ms", &w) != 0) return;
     m->n_wait++;
     m->wait += w;
+    m->exposed_w += exposed;
     for (int par = TP_DP; par < TIMING_PARS; par++) {
         char key[48];
         snprintf(key, sizeof(key), "%s_comm_wait_ms", timing_par_name(par));
@@ -250,7 +252,7 @@ static void mean_steps(const char *rows, int probe, step_means *m) {
         m->exposed += d;
         m->ideal += b > c ? b : c;
         add_par_means(p, strchr(p, '}'), m);
-        add_wait_means(p, strchr(p, '}'), m);
+        add_wait_means(p, strchr(p, '}'), d, m);
     }
     if (m->n) {
         m->iter /= m->n;
@@ -264,6 +266,7 @@ static void mean_steps(const char *rows, int probe, step_means *m) {
         }
     }
     m->wait = m->n_wait ? m->wait / m->n_wait : NAN;
+    m->exposed_w = m->n_wait ? m->exposed_w / m->n_wait : NAN;
     for (int par = 0; par < TIMING_PARS; par++)
         m->par_wait[par] = m->n_wait ? m->par_wait[par] / m->n_wait : NAN;
 }
@@ -315,6 +318,16 @@ static void print_row(const char *name, const char *kind, const merged_kernel *x
            num(h, "%.0f%%", m.mean > 0 ? 100.0 * m.wait / m.mean : NAN, "-"));
 }
 
+/* One parallelism's communication measured alone, and its part waiting for a rank */
+static void print_par_line(const step_means *pol, int par) {
+    char w[96] = "";
+    if (!isnan(pol->par_wait[par]))
+        snprintf(w, sizeof(w), ", %.2f ms of it waiting for another rank", pol->par_wait[par]);
+    printf("  %s communication alone: %.2f ms, exposed %.2f ms (%.0f%% hidden)%s\n",
+           timing_par_name(par), pol->par_comm[par], pol->par_exposed[par],
+           100.0 * (pol->par_comm[par] - pol->par_exposed[par]) / pol->par_comm[par], w);
+}
+
 /* The table on stdout. A communication op is named with its parallelism, or when several
  * parallelisms run it (a tp and a dp all-reduce), followed by a row for each. */
 static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, int np,
@@ -351,26 +364,17 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
                "flight %.2f ms\n",
                pol->n, ranks, pol->iter, pol->compute, pol->comm, pol->exposed,
                pol->comm > 0 ? 100.0 * (pol->comm - pol->exposed) / pol->comm : 0.0, idle_ms(pol));
-    if (pol->n && !isnan(pol->wait) && pol->exposed > 0)
+    if (pol->n && !isnan(pol->wait) && pol->exposed_w > 0)
         printf("  of the exposed comm, %.2f ms (%.0f%%) waited for another rank to arrive (a "
                "pipeline bubble, a slower rank) with no data moving; the rest moved data\n",
-               pol->wait, 100.0 * pol->wait / pol->exposed);
+               pol->wait, 100.0 * pol->wait / pol->exposed_w);
     if (pol->n && pol->iter > 0)
         printf("work per step and rank: %.2f GFLOP in products (%.2f TFLOP/s over the step), "
                "%.3f GB moved by compute, %.3f GB communicated\n",
                work->flops / 1e9, work->flops / pol->iter / 1e9, work->bytes / 1e9,
                work->comm_bytes / 1e9);
     for (int par = TP_DP; pol->n && par < TIMING_PARS; par++)
-        if (pol->par_comm[par] > 0)
-        {
-            char w[96] = "";
-            if (!isnan(pol->par_wait[par]))
-                snprintf(w, sizeof(w), ", %.2f ms of it waiting for another rank",
-                         pol->par_wait[par]);
-            printf("  %s communication alone: %.2f ms, exposed %.2f ms (%.0f%% hidden)%s\n",
-                   timing_par_name(par), pol->par_comm[par], pol->par_exposed[par],
-                   100.0 * (pol->par_comm[par] - pol->par_exposed[par]) / pol->par_comm[par], w);
-        }
+        if (pol->par_comm[par] > 0) print_par_line(pol, par);
     if (probe->n && pol->n)
         printf("contention probe (%ld serialized step rows): iter %.2f ms, ideal max(compute, comm) "
                "%.2f ms; the policies gain %.2fx over serialized steps\n",
@@ -625,6 +629,11 @@ static void trace_text(text *t, int rank) {
         if (r[i].bytes > 0) put(t, ", \"bytes\": %.9g", (double)r[i].bytes);
         if (r[i].kind == TK_COMM && r[i].wait_us >= 0)
             put(t, ", \"wait_us\": %.3f", (double)r[i].wait_us);
+        /* who it waited for: a transfer's other rank, a broadcast's or reduce's root */
+        if (r[i].peer_rank >= 0)
+            put(t, ", \"%s\": %d",
+                r[i].match.kind == TM_SEND || r[i].match.kind == TM_RECV ? "peer" : "root",
+                r[i].peer_rank);
         put(t, "}},\n");
     }
 }

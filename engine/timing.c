@@ -38,9 +38,9 @@ double timing_now_ms(void) {
     return k > 0 ? t + (t - atomic_load(&first)) * k : t;
 }
 
-/* records kept for the trace over the whole run, all steps: ~100 MB on the host */
+/* records kept for the trace over the whole run, all steps: ~130 MB on the host */
 #define TRACE_CAP_DEFAULT ((size_t)2000000)
-/* records of one step at most (~120 bytes each with the analysis scratch): past it an op
+/* records of one step at most (~136 bytes each with the analysis scratch): past it an op
  * is dropped, and counted */
 #define RECORDS_MAX ((size_t)1 << 21)
 
@@ -238,7 +238,7 @@ static timing_record record_of(const char *name, timing_kind kind, timing_par pa
                            .phase = ctx.phase, .stream = (int8_t)stream, .layer = ctx.layer,
                            .micro = ctx.micro, .step = (int32_t)T.step,
                            .flops = (float)work.flops, .bytes = (float)work.bytes,
-                           .match = match, .wait_us = -1.0f};
+                           .match = match, .wait_us = -1.0f, .peer_rank = -1};
 }
 
 /* a host-timed record (op -1) or a device-timed one (its timer handle) */
@@ -546,9 +546,15 @@ void timing_set_wait(size_t i, float wait_us) {
     if (i < T.n_trace) T.trace[i].wait_us = wait_us;
 }
 
+void timing_set_peer_rank(size_t i, int world_rank) {
+    if (i < T.n_trace && world_rank >= 0 && world_rank <= INT16_MAX)
+        T.trace[i].peer_rank = (int16_t)world_rank;
+}
+
 /* One step's lost time (timing_step_summary's wait_ms) from its kept records r[n], among
  * the communication of parallelism par (-1: all): the union of the ops' waiting parts
- * less what compute or another op's moving part covers. */
+ * less what compute or an op's moving part (of that parallelism) covers. Scratch: in, wait
+ * and busy hold n spans each. */
 static double step_wait_us(const timing_record *r, size_t n, int par, span *in, span *wait,
                            span *busy) {
     size_t k = 0;

@@ -44,12 +44,14 @@ typedef struct {
 
 /* Which op of the other ranks a communication record is the same op as, so that its wait
  * for them can be found after the run (parallel/comm_wait.c): the seq-th collective on
- * its group, or the seq-th send to (receive from) the group's rank peer with tag, which
- * the peer's seq-th receive from (send to) this rank with that tag matches. */
-typedef enum { TM_NONE, TM_COLL, TM_SEND, TM_RECV } timing_match_kind;
+ * its group (a broadcast's and a reduce's kinds of their own: they need their root, or
+ * the root needs them), or the seq-th send to (receive from) the group's rank peer with
+ * tag, which the peer's seq-th receive from (send to) this rank with that tag matches. */
+typedef enum { TM_NONE, TM_COLL, TM_BCAST, TM_REDUCE, TM_SEND, TM_RECV } timing_match_kind;
 typedef struct {
     int8_t kind, group; /* timing_match_kind; comm_group_id (parallel/comm.h) */
-    int16_t peer;       /* a send's destination or a receive's source: rank in the group */
+    int16_t peer;       /* a send's destination, a receive's source, a broadcast's or reduce's
+                         * root: rank in the group */
     int32_t tag, seq;
 } timing_match;
 
@@ -60,10 +62,13 @@ typedef struct {
     int32_t step;
     float flops, bytes; /* timing_work of the call */
     timing_match match; /* kind TM_NONE for compute */
-    /* the first wait_us of the op spent waiting for the last other rank to start it (a
-     * late sender, a collective's last member), known after timing_sum_waits; -1: not
+    /* the first wait_us of the op spent waiting for the last other rank it needs to start
+     * it (a late sender, a collective's last member), set by comm_match_waits; -1: not
      * known (compute, one rank, or a peer's record missing) */
     float wait_us;
+    /* world rank of a transfer's peer or of a broadcast's or reduce's root, for the trace;
+     * set by comm_match_waits, -1 otherwise */
+    int16_t peer_rank;
     double start_us, end_us; /* since the run's common start (all ranks) */
 } timing_record;
 
@@ -201,6 +206,7 @@ long timing_untimed(int kind);
 /* Sets wait_us of kept record i (parallel/comm_wait.c), then timing_sum_waits adds the
  * waits into the kernel statistics and the step summaries (once, after the last step). */
 void timing_set_wait(size_t i, float wait_us);
+void timing_set_peer_rank(size_t i, int world_rank);
 void timing_sum_waits(void);
 /* The trace's cap in records, after timing_init (tests use a small one). */
 void timing_set_trace_limit(size_t records);

@@ -799,7 +799,7 @@ int train_run(const gptc_config *c, const grid *g) {
     if (kernel_timing && g->world > 1) {
         align_clocks(&r, clock0_ms, rtt0_ms, at0_ms);
         comm_group *groups[] = {&r.world, &r.tp, &r.pp, &r.dp, &r.embedding};
-        comm_match_waits(groups, 5);
+        comm_match_waits(groups, (int)(sizeof(groups) / sizeof(groups[0])));
     }
     if (kernel_timing && report_write(&r.world, c->report, c->trace, err, sizeof(err)) != 0) goto fail;
     if (timed_steps > 0)

@@ -87,26 +87,29 @@ static void group_init(comm_group *g, const char *name, const gptc_backend *be) 
     g->be = be;
     atomic_init(&g->err_state, 0);
     g->err[0] = '\0';
+    static const char *const ids[] = {"world", "tp", "pp", "dp", "embed"};
+    g->id = -1;
+    for (int i = 0; i < (int)(sizeof(ids) / sizeof(ids[0])); i++)
+        if (strcmp(name, ids[i]) == 0) g->id = i;
     atomic_init(&g->coll_seq, 0);
     pthread_mutex_init(&g->channel_mu, NULL);
     g->n_channels = 0;
 }
 
-int comm_group_id(const comm_group *g) {
-    static const char *const names[] = {"world", "tp", "pp", "dp", "embed"};
-    for (int i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++)
-        if (strcmp(g->name, names[i]) == 0) return i;
-    return -1;
-}
+int comm_group_id(const comm_group *g) { return g->id; }
 
 /* The op's place among the ops of the other ranks, counted at issue (in program order,
  * which the rules at the top of comm.h make the same on every rank): the n-th collective
- * on the group, or the n-th transfer of its peer, tag and direction. */
+ * on the group, or the n-th transfer of its peer, tag and direction. Only counted with
+ * kernel timing on, which every rank turns on before its groups exist. */
 static timing_match match_of(comm_group *g, op_kind kind, int peer, int tag) {
-    int id = comm_group_id(g);
-    if (id < 0 || kind == OP_SENDRECV) return (timing_match){TM_NONE, -1, -1, 0, 0};
-    if (kind != OP_SEND && kind != OP_RECV)
-        return (timing_match){TM_COLL, (int8_t)id, -1, 0, atomic_fetch_add(&g->coll_seq, 1)};
+    if (!timing_on() || g->id < 0 || kind == OP_SENDRECV)
+        return (timing_match){TM_NONE, -1, -1, 0, 0};
+    if (kind != OP_SEND && kind != OP_RECV) {
+        int k = kind == OP_BROADCAST ? TM_BCAST : kind == OP_REDUCE ? TM_REDUCE : TM_COLL;
+        return (timing_match){(int8_t)k, (int8_t)g->id, (int16_t)(k == TM_COLL ? -1 : peer), 0,
+                              atomic_fetch_add(&g->coll_seq, 1)};
+    }
     int dir = kind == OP_SEND ? TM_SEND : TM_RECV, seq = -1;
     pthread_mutex_lock(&g->channel_mu);
     int c = 0;
@@ -118,7 +121,7 @@ static timing_match match_of(comm_group *g, op_kind kind, int peer, int tag) {
     if (c < g->n_channels) seq = g->channel[c].n++;
     pthread_mutex_unlock(&g->channel_mu);
     if (seq < 0) return (timing_match){TM_NONE, -1, -1, 0, 0};
-    return (timing_match){(int8_t)dir, (int8_t)id, (int16_t)peer, tag, seq};
+    return (timing_match){(int8_t)dir, (int8_t)g->id, (int16_t)peer, tag, seq};
 }
 
 /* Errors must come back as return codes: the trainer decides, on every rank, how to stop. */

@@ -41,7 +41,8 @@ enum { COMM_CHANNELS = 16 };
 typedef struct comm_group {
     MPI_Comm comm;
     int size, rank;         /* within the group */
-    char name[8];           /* "world", "tp", "pp", "dp" */
+    char name[8];           /* "world", "tp", "pp", "dp", "embed" */
+    int id;                 /* comm_group_id */
     const gptc_backend *be; /* whose streams the ops are issued on */
     atomic_int err_state;   /* 0: no error, 1: being written, 2: err holds the first one */
     char err[MPI_MAX_ERROR_STRING + 64];

@@ -88,8 +88,10 @@ def table(lines, title, rep, backend):
     mean = lambda k: sum(s[k] for s in steps) / max(len(steps), 1)  # noqa: E731
     lines.append(f"\n## {title}\n\n{backend}\n\n"
                  f"iter {mean('iter_ms'):.1f} ms, compute {mean('compute_ms'):.1f} ms, "
-                 f"comm {mean('comm_ms'):.1f} ms, exposed comm {mean('exposed_comm_ms'):.1f} ms "
-                 f"(mean over ranks and non-probe steps after the first)\n\n")
+                 f"comm {mean('comm_ms'):.1f} ms, exposed comm {mean('exposed_comm_ms'):.1f} ms"
+                 + (f", {mean('comm_wait_ms'):.1f} ms of it waiting for the other rank"
+                    if steps and all(s.get("comm_wait_ms") is not None for s in steps) else "")
+                 + " (mean over ranks and non-probe steps after the first)\n\n")
     # each parallelism's communication alone (the report's <par>_comm_ms), where it has any
     pars = [p for p in ("dp", "tp", "pp")
             if steps and f"{p}_comm_ms" in steps[0] and mean(f"{p}_comm_ms") > 0]
