@@ -59,12 +59,18 @@ def main():
                     for f in sorted(os.listdir("/usr/share/common-licenses"))]
         subprocess.run([os.path.join(BUILD, "gptc-data"), "--out", tokens] + licenses,
                        check=True, capture_output=True)
-        rows = ["| schedule | v | iter ms | compute ms | exposed comm ms | waiting ms | "
+        policy = next((a.split("=", 1)[1] for a in EXTRA if a.startswith("--overlap.pp=")),
+                      "none")
+        rows = ["| schedule | overlap.pp | iter ms | compute ms | exposed comm ms | waiting ms | "
                 "waiting / iter | bubble (p-1)/(vm+p-1) |", "|---|---|---|---|---|---|---|---|"]
         for schedule, v in SCHEDULES:
             o = run(d, tokens, schedule, v, args.steps)
+            if o.get("comm_wait_ms") is None:
+                sys.exit(f"pipeline_bubble: {schedule}: the report has no waits (matching "
+                         f"skipped: see the run's warnings)")
             theory = 1 / (v * M + 1)
-            rows.append(f"| {schedule} | {v} | {o['iter_ms']:.1f} | {o['compute_ms']:.1f} | "
+            name = schedule if v == 1 else f"{schedule} v{v}"
+            rows.append(f"| {name} | {policy} | {o['iter_ms']:.1f} | {o['compute_ms']:.1f} | "
                         f"{o['exposed_comm_ms']:.1f} | {o['comm_wait_ms']:.1f} | "
                         f"{o['comm_wait_ms'] / o['iter_ms']:.1%} | {theory:.1%} |")
     text = "\n".join(rows) + "\n"

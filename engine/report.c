@@ -366,7 +366,7 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
                pol->comm > 0 ? 100.0 * (pol->comm - pol->exposed) / pol->comm : 0.0, idle_ms(pol));
     if (pol->n && !isnan(pol->wait) && pol->exposed_w > 0)
         printf("  of the exposed comm, %.2f ms (%.0f%%) waited for another rank to arrive (a "
-               "pipeline bubble, a slower rank) with no data moving; the rest moved data\n",
+               "pipeline bubble, a slower rank) with no data moving\n",
                pol->wait, 100.0 * pol->wait / pol->exposed_w);
     if (pol->n && pol->iter > 0)
         printf("work per step and rank: %.2f GFLOP in products (%.2f TFLOP/s over the step), "

@@ -539,7 +539,9 @@ void timing_end_step(double iter_ms) {
                                           nm));
     }
     T.n_pieces = 0;
+    size_t kept = T.n_trace;
     keep_for_trace(T.rec, n);
+    T.steps[T.n_steps - 1].whole = T.n_trace - kept == n;
 }
 
 void timing_set_wait(size_t i, float wait_us) {
@@ -602,7 +604,8 @@ void timing_sum_waits(void) {
             k->n_wait++;
             k->wait_us += r->wait_us;
         }
-        if (known) {
+        /* a step the trace's cap cut short lacks the compute that covered its waits */
+        if (known && st->whole) {
             st->has_wait = 1;
             st->wait_ms = step_wait_us(T.trace + i, j - i, -1, in, wait, busy) / 1e3;
             for (int par = TP_DP; par < TIMING_PARS; par++)

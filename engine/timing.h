@@ -143,6 +143,7 @@ typedef struct {
      * Filled by timing_sum_waits; has_wait 0 where no wait is known. */
     int has_wait;
     double wait_ms, par_wait_ms[TIMING_PARS];
+    int whole; /* every record of the step was kept for the trace (the waits need them all) */
     double start_us, end_us; /* the step's span on the run's clock */
     int warmup;              /* one of the run's first profile.warmup steps: in the trace and
                               * the steps list, not in the kernel statistics or the means */

@@ -1,14 +1,17 @@
 /* How long each communication op of the run waited for the other ranks, found after the
  * run from the kept records of every rank (profile.timing = kernel).
  *
- * An op cannot finish before the ranks it needs have started it: a receive needs the
- * send it matches, an all-reduce every member of its group, a broadcast's other ranks its
- * root, a reduce's root every member. So the first
+ * An op cannot finish before the ranks it needs have started it: a receive needs the send
+ * it matches and a send its receive, an all-reduce (all-gather, reduce-scatter) every
+ * member of its group, a broadcast's other ranks its root and the root every member, a
+ * reduce's root every member and its other ranks the root. So the first
  *     wait = (latest start among the ranks it needs) - (this op's start)
  * of an op, at most its duration, was spent waiting for another rank (a pipeline stage
  * still computing, a slower data-parallel rank), not moving data. An op that can finish
- * without its peers (a send under MPI's eager limit, a broadcast's root, a reduce's other
- * ranks) waited for nothing when they started after it had ended. The ops are paired by
+ * without them (a send under MPI's eager limit, a broadcast's root, a reduce's other
+ * ranks) waited for nothing when the last of them started after it had ended (with 3 or
+ * more members a root that ended before its last member started counts as eager, even if
+ * another member started while it ran: one all-reduce gives the latest start only). The ops are paired by
  * what comm.c counted at issue (engine/timing.h: timing_match): the n-th collective of a
  * group, the n-th send to a peer with a tag and the peer's n-th receive from it with that
  * tag. Start times are on rank 0's timeline (the trainer aligned the clocks), within the
@@ -57,18 +60,19 @@ static int any_failed(comm_group *g, int fail) {
  * -1 when the group's members skipped them (memory, MPI, over INT_MAX collectives). */
 static int match_collectives(comm_group *g, const timing_record *rec, const size_t *idx,
                              size_t n) {
-    int S = g->size, me = g->rank, range[2] = {INT_MAX, INT_MAX}; /* lowest, -highest seq */
+    int S = g->size, me = g->rank;
+    long long range[2] = {LLONG_MAX, LLONG_MAX}; /* lowest seq, -highest */
     for (size_t i = 0; i < n; i++) {
         const timing_match *m = &rec[idx[i]].match;
         if (!is_collective(m->kind)) continue;
         if (m->seq < range[0]) range[0] = m->seq;
-        if (-m->seq < range[1]) range[1] = -m->seq;
+        if (-(long long)m->seq < range[1]) range[1] = -(long long)m->seq;
     }
-    int lim[2];
-    if (MPI_Allreduce(range, lim, 2, MPI_INT, MPI_MIN, g->comm) != MPI_SUCCESS) return -1;
-    int lo = lim[0], hi = -lim[1];
+    long long lim[2];
+    if (MPI_Allreduce(range, lim, 2, MPI_LONG_LONG, MPI_MIN, g->comm) != MPI_SUCCESS) return -1;
+    long long lo = lim[0], hi = -lim[1];
     if (hi < lo) return 0; /* no member kept a collective */
-    size_t span = (size_t)hi - (size_t)lo + 1;
+    size_t span = (size_t)(hi - lo) + 1;
     /* [2 * span]: by seq - lo, the latest start of a member, then the root's (-inf: none) */
     double *starts = NULL;
     int *kept = NULL; /* [span] how many members kept the op */
@@ -192,6 +196,7 @@ skip:
  * its own numbering). */
 static void name_peers(comm_group *g, const timing_record *rec, const size_t *idx, size_t n) {
     int S = g->size;
+    /* [S] each: the group's ranks, and their world ranks */
     int *mine = malloc((size_t)S * sizeof(int)), *world = malloc((size_t)S * sizeof(int));
     MPI_Group gg, wg;
     if (mine && world && MPI_Comm_group(g->comm, &gg) == MPI_SUCCESS) {
@@ -199,8 +204,9 @@ static void name_peers(comm_group *g, const timing_record *rec, const size_t *id
             for (int p = 0; p < S; p++) mine[p] = p;
             if (MPI_Group_translate_ranks(gg, S, mine, wg, world) == MPI_SUCCESS)
                 for (size_t i = 0; i < n; i++) {
-                    int p = rec[idx[i]].match.peer;
-                    if (p >= 0 && p < S) timing_set_peer_rank(idx[i], world[p]);
+                    int p = rec[idx[i]].match.peer; /* an all-reduce's is -1: it has none */
+                    if (rec[idx[i]].match.kind != TM_COLL && p >= 0 && p < S)
+                        timing_set_peer_rank(idx[i], world[p]);
                 }
             MPI_Group_free(&wg);
         }

@@ -4,8 +4,9 @@
  * for every member, its other ranks for the root unless they ended first; a receive for
  * its send, a send for its receive unless it ended first (eager); a wait is at most the
  * op's duration; an op a member did not keep, or whose peer sent nothing with its tag, has
- * no wait; and the step's exposed wait is the waiting less what compute covers. Each
- * expected wait is written out by hand beside its times (us). */
+ * no wait; the step's exposed wait is the waiting less what compute and moving data
+ * cover, per parallelism its own moving data only, and none where the trace's cap cut the
+ * step short. Each expected wait is written out by hand beside its times (us). */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -19,10 +20,15 @@
 static int failures, rank;
 
 /* one record of the op this rank ran: [a, b) us; match kind, root or peer, tag, seq */
-static void op(const char *name, double a, double b, int kind, int peer, int tag, int seq) {
+static void op_of(int par, const char *name, double a, double b, int kind, int peer, int tag,
+                  int seq) {
     timing_match m = {(int8_t)kind, 0, (int16_t)peer, tag, seq};
-    timing_record_comm_op(name, TP_DP, 3, timing_context(), (timing_work){0, 4}, m, a / 1e3,
+    timing_record_comm_op(name, par, 3, timing_context(), (timing_work){0, 4}, m, a / 1e3,
                           b / 1e3);
+}
+
+static void op(const char *name, double a, double b, int kind, int peer, int tag, int seq) {
+    op_of(TP_DP, name, a, b, kind, peer, tag, seq);
 }
 
 static void compute(double a, double b) {
@@ -32,9 +38,8 @@ static void compute(double a, double b) {
 
 /* the i-th kept record's wait is `want` (-1: none known) */
 static void expect(size_t i, double want, const char *what) {
-    const timing_record *r = timing_trace() + i;
-    double got = r->wait_us;
-    if (i >= timing_n_trace() || (want < 0 ? got >= 0 : fabs(got - want) > 1e-3)) {
+    double got = i < timing_n_trace() ? timing_trace()[i].wait_us : NAN;
+    if (isnan(got) || (want < 0 ? got >= 0 : fabs(got - want) > 1e-3)) {
         printf("rank %d FAIL: %s (record %zu): wait %.3f us, want %.3f\n", rank, what, i, got,
                want);
         failures++;
@@ -52,6 +57,8 @@ int main(int argc, char **argv) {
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     timing_set_origin(0.0);
+    /* rank 0 keeps 15 records for the trace: steps 1 and 2's 14, and step 3's first */
+    if (rank == 0) timing_set_trace_limit(15);
     /* rank r's start of each op, and its end, by rank */
     static const double coll_a[3] = {10, 30, 20};
     static const double bcast1_a[3] = {200, 150, 140}, bcast1_b[3] = {300, 160, 250};
@@ -81,11 +88,19 @@ int main(int argc, char **argv) {
         op("recv", 1600, 1700, TM_RECV, 0, 9, 0); /* nothing was sent with tag 9 */
     }
     timing_end_step(3.0);
-    /* step 2: compute covers [3000, 3100) of rank 0's wait [3050, 3150) for the others */
+    /* step 2: compute covers [3000, 3100) of rank 0's wait [3050, 3150) for the others, and
+     * a pp all-reduce moves data over [3120, 3140) of it (rank 0 the last to arrive) */
     timing_begin_step(2, 0);
     if (rank == 0) compute(3000, 3100);
     op("allreduce", rank == 0 ? 3050 : 3150, 3200, TM_COLL, -1, 0, 7);
+    op_of(TP_PP, "allreduce", rank == 0 ? 3120 : 3100, 3140, TM_COLL, -1, 0, 8);
     timing_end_step(0.3);
+    /* step 3: rank 0's compute [4000, 4100) covers its whole wait [4000, 4050), but the
+     * trace's cap drops it: the step's exposed wait is unknown there, not 0.05 ms */
+    timing_begin_step(3, 0);
+    op("allreduce", rank == 0 ? 4000 : 4050, 4100, TM_COLL, -1, 0, 9);
+    if (rank == 0) compute(4000, 4100);
+    timing_end_step(0.1);
 
     comm_group *groups[] = {&world};
     comm_match_waits(groups, 1);
@@ -127,25 +142,37 @@ int main(int argc, char **argv) {
         expect(at++, 50, "a receive of another tag pairs with that tag's send");
         expect(at++, -1, "a receive of a tag nothing was sent with has no wait");
     }
-    /* step 2: rank 0 waited [3050, 3150), compute covered [3050, 3100): 0.05 ms exposed */
+    /* step 2: rank 0 waited [3050, 3150), compute covered [3050, 3100) and the pp
+     * all-reduce's moving part [3120, 3140): 30 us exposed; the dp communication alone
+     * lost 50 us (another parallelism's moving data covers none of its own); the others
+     * waited 20 us in the pp all-reduce for rank 0 */
     expect(at + (rank == 0), rank == 0 ? 100 : 0, "step 2's all-reduce");
+    expect(at + (rank == 0) + 1, rank == 0 ? 0 : 20, "step 2's pp all-reduce");
     const timing_step_summary *st = timing_steps();
-    double want2 = rank == 0 ? 0.05 : 0.0;
-    if (timing_n_steps() != 2 || !st[1].has_wait || fabs(st[1].wait_ms - want2) > 1e-9 ||
-        fabs(st[1].par_wait_ms[TP_DP] - want2) > 1e-9) {
-        printf("rank %d FAIL: step 2's exposed wait %.6f ms (dp %.6f), want %.6f\n", rank,
-               st[1].wait_ms, st[1].par_wait_ms[TP_DP], want2);
+    double want2 = rank == 0 ? 0.03 : 0.02, dp2 = rank == 0 ? 0.05 : 0.0,
+           pp2 = rank == 0 ? 0.0 : 0.02;
+    if (timing_n_steps() < 2 || !st[1].has_wait || fabs(st[1].wait_ms - want2) > 1e-9 ||
+        fabs(st[1].par_wait_ms[TP_DP] - dp2) > 1e-9 || fabs(st[1].par_wait_ms[TP_PP] - pp2) > 1e-9) {
+        printf("rank %d FAIL: step 2's exposed wait %.6f ms (dp %.6f, pp %.6f), want %.6f (dp "
+               "%.6f, pp %.6f)\n", rank, st[1].wait_ms, st[1].par_wait_ms[TP_DP],
+               st[1].par_wait_ms[TP_PP], want2, dp2, pp2);
         failures++;
     }
-    /* the kernel statistics: allreduce's known waits, both steps */
+    if (timing_n_steps() != 3 || st[2].has_wait != (rank != 0)) {
+        printf("rank %d FAIL: step 3, cut short by the trace's cap on rank 0: has_wait %d\n",
+               rank, timing_n_steps() == 3 ? st[2].has_wait : -1);
+        failures++;
+    }
+    /* the kernel statistics: the dp allreduce's known waits, three steps */
     const timing_kernel_stats *k = timing_kernels();
     double sum = 0;
     long n = 0;
     for (int i = 0; i < timing_n_kernels(); i++)
-        if (strcmp(k[i].name, "allreduce") == 0) sum += k[i].wait_us, n += k[i].n_wait;
-    double want_sum = (30 - coll_a[rank]) + short_w[rank] + (rank == 0 ? 100 : 0);
-    if (n != 3 || fabs(sum - want_sum) > 1e-3) {
-        printf("rank %d FAIL: allreduce's waits in the statistics: %ld of %.3f us, want 3 of "
+        if (strcmp(k[i].name, "allreduce") == 0 && k[i].par == TP_DP)
+            sum += k[i].wait_us, n += k[i].n_wait;
+    double want_sum = (30 - coll_a[rank]) + short_w[rank] + (rank == 0 ? 100 + 50 : 0);
+    if (n != 4 || fabs(sum - want_sum) > 1e-3) {
+        printf("rank %d FAIL: allreduce's waits in the statistics: %ld of %.3f us, want 4 of "
                "%.3f\n", rank, n, sum, want_sum);
         failures++;
     }

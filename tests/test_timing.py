@@ -279,7 +279,10 @@ def check_waits(name, report, events, ranks, tp, pp):
                     other = seq.get(("recv" if key[0] == "send" else "send", key[1], key[2]), {})
                     need = [v for r, v in other.items() if r != rank]
                 elif key[0] in ("broadcast", "reduce") and root != rank:
-                    need = [by_rank.get(root)] if root is not None else []
+                    # as gptc: known only where every member kept the op
+                    need = [by_rank.get(root)] if root is not None and \
+                        len(by_rank) == len(key[2]) and \
+                        all(len(v) > i for v in by_rank.values()) else []
                 else:
                     need = [v for r, v in by_rank.items() if r != rank]
                     if len(need) != len(key[2]) - 1:
