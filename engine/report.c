@@ -223,12 +223,11 @@ static void add_wait_means(const char *row, const char *end, double exposed, ste
  * `row` (its "iter_ms") to `end` (its closing brace). */
 static void add_par_means(const char *row, const char *end, step_means *m) {
     for (int par = TP_DP; par < TIMING_PARS; par++) {
-        char key[48];
-        snprintf(key, sizeof(key), "\"%s_comm_ms\": ", timing_par_name(par));
-        const char *q = strstr(row, key);
+        char comm[48], exposed[48];
+        snprintf(comm, sizeof(comm), "%s_comm_ms", timing_par_name(par));
+        snprintf(exposed, sizeof(exposed), "%s_exposed_comm_ms", timing_par_name(par));
         double c, e;
-        if (!q || (end && q > end) ||
-            sscanf(q + strlen(key), "%lf, \"%*[a-z]_exposed_comm_ms\": %lf", &c, &e) != 2)
+        if (row_number(row, end, comm, &c) != 0 || row_number(row, end, exposed, &e) != 0)
             continue;
         m->par_comm[par] += c;
         m->par_exposed[par] += e;

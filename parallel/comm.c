@@ -621,11 +621,10 @@ static void do_reduce_act(comm_group *g, gptc_act *buf /* [n] */, size_t n, int 
 /* ---- issuing on a stream ---- */
 
 
+/* by comm_group_id: world, tp, pp, dp, embed (the tied embedding's: pipeline traffic) */
 static timing_par par_of(const comm_group *g) {
-    if (strcmp(g->name, "tp") == 0) return TP_TP;
-    if (strcmp(g->name, "dp") == 0) return TP_DP;
-    if (strcmp(g->name, "pp") == 0 || strcmp(g->name, "embed") == 0) return TP_PP;
-    return TP_NONE;
+    static const timing_par par_of_id[] = {TP_NONE, TP_TP, TP_PP, TP_DP, TP_PP};
+    return g->id < 0 ? TP_NONE : par_of_id[g->id];
 }
 
 static const char *op_name(const comm_task *t) {

@@ -48,6 +48,7 @@ static void set_wait(size_t i, const timing_record *r, int me, double latest) {
 }
 
 /* An agreement over g: 1 when any member failed (fail != 0), so that all skip together.
+ * Not comm_max_int, which would count and time itself as an op of a step that has ended.
  * A member whose all-reduce fails skips alone; with MPI_ERRORS_RETURN a broken
  * communicator fails on every member, and the watchdog ends a job that waits on one. */
 static int any_failed(comm_group *g, int fail) {
