@@ -25,11 +25,11 @@
 #define _POSIX_C_SOURCE 200809L /* open, write: the GEMM cache */
 #include "engine/cuda/cuda_matmul.h"
 
+#include "engine/cuda/cublaslt_api.h"
 #include "engine/cuda/cuda_internal.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/log.h"
 
-#include <cublasLt.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdint.h>
@@ -61,6 +61,7 @@ typedef struct {
 } plan;
 
 static struct {
+    cublaslt_api api; /* cuBLASLt's functions (cublaslt_api.h) */
     cublasLtHandle_t lt;
     gptc_precision precision;
     cudaDataType_t act; /* the activation type: CUDA_R_32F, or CUDA_R_16BF under bf16 */
@@ -78,7 +79,7 @@ static struct {
 
 static void lt_check(cublasStatus_t rc, const char *what) {
     if (rc == CUBLAS_STATUS_SUCCESS) return;
-    log_error("rank %d: cuBLASLt error in %s: %s", log_rank(), what, cublasLtGetStatusString(rc));
+    log_error("rank %d: cuBLASLt error in %s: %s", log_rank(), what, g.api.status_string(rc));
     exit(EXIT_FAILURE);
 }
 
@@ -124,7 +125,7 @@ static int cache_load(char *err, size_t errlen) {
     if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess)
         (void)cudaGetLastError();
     snprintf(g.cache_where, sizeof g.cache_where, "%.120s | cuBLASLt %zu", prop.name,
-             cublasLtGetVersion());
+             g.api.version());
     FILE *f = fopen(g.cache_path, "r");
     if (!f) return 0;
     char line[512];
@@ -191,6 +192,7 @@ static void cache_add(const plan *p, int pick) {
 
 int cuda_matmul_init(char *err, size_t errlen) {
     cuda_matmul_set_precision(GPTC_FP32);
+    if (cublaslt_load(&g.api, err, errlen) != 0) return -1;
     const char *env = getenv("GPTC_GEMM_CANDIDATES");
     g.candidates = 1;
     if (env && env[0]) {
@@ -209,10 +211,10 @@ int cuda_matmul_init(char *err, size_t errlen) {
     if (g.cache_path)
         log_info("GPTC_GEMM_CACHE %s: %d product choice(s) for %s; the others are timed and "
                  "added\n", g.cache_path, g.n_cache, g.cache_where);
-    cublasStatus_t rc = cublasLtCreate(&g.lt);
+    cublasStatus_t rc = g.api.create(&g.lt);
     if (rc != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "train.device = cuda: cuBLASLt failed to start (%s)",
-                 cublasLtGetStatusString(rc));
+                 g.api.status_string(rc));
         return -1;
     }
     if (cudaMalloc(&g.workspace, WORKSPACE_BYTES) != cudaSuccess) {
@@ -234,7 +236,7 @@ static int alignment(const void *p) {
 
 static void set_op(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, const void *v,
                    size_t size) {
-    lt_check(cublasLtMatmulDescSetAttribute(op, attr, v, size), "cublasLtMatmulDescSetAttribute");
+    lt_check(g.api.desc_set(op, attr, v, size), "cublasLtMatmulDescSetAttribute");
 }
 
 static plan *make_plan(const plan *key) {
@@ -249,17 +251,17 @@ static plan *make_plan(const plan *key) {
     if (!p) { /* full: a run has a few dozen distinct products, so simply start over */
         for (int i = 0; i < PLAN_SLOTS; i++) {
             plan *q = &g.plans[i];
-            cublasLtMatmulDescDestroy(q->op);
-            cublasLtMatrixLayoutDestroy(q->a);
-            cublasLtMatrixLayoutDestroy(q->b);
-            cublasLtMatrixLayoutDestroy(q->c);
+            g.api.desc_destroy(q->op);
+            g.api.layout_destroy(q->a);
+            g.api.layout_destroy(q->b);
+            g.api.layout_destroy(q->c);
             q->used = 0;
         }
         p = &g.plans[0];
     }
     *p = *key;
     /* strict fp32 accumulation (no TF32) for fp32 and bf16 operands alike */
-    lt_check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    lt_check(g.api.desc_create(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     cublasOperation_t ta = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t tb = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     set_op(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
@@ -277,36 +279,36 @@ static plan *make_plan(const plan *key) {
         set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
     }
     /* stored shapes: op(A) is m x k, op(B) is k x n */
-    lt_check(cublasLtMatrixLayoutCreate(&p->a, key->ab_type, key->ta ? key->k : key->m,
+    lt_check(g.api.layout_create(&p->a, key->ab_type, key->ta ? key->k : key->m,
                                         key->ta ? key->m : key->k, key->lda), "layout A");
-    lt_check(cublasLtMatrixLayoutCreate(&p->b, key->ab_type, key->tb ? key->n : key->k,
+    lt_check(g.api.layout_create(&p->b, key->ab_type, key->tb ? key->n : key->k,
                                         key->tb ? key->k : key->n, key->ldb), "layout B");
-    lt_check(cublasLtMatrixLayoutCreate(&p->c, key->c_type, key->m, key->n, key->ldc), "layout C");
+    lt_check(g.api.layout_create(&p->c, key->c_type, key->m, key->n, key->ldc), "layout C");
 
     cublasLtMatmulPreference_t pref;
-    lt_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    lt_check(g.api.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
     size_t ws = WORKSPACE_BYTES;
     uint32_t al[4] = {(uint32_t)key->align[0], (uint32_t)key->align[1], (uint32_t)key->align[2],
                       (uint32_t)key->align[3]};
-    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+    lt_check(g.api.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &ws, sizeof ws), "preference");
-    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+    lt_check(g.api.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                                   &al[0], sizeof al[0]), "preference");
-    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+    lt_check(g.api.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                                                   &al[1], sizeof al[1]), "preference");
-    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+    lt_check(g.api.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                                                   &al[2], sizeof al[2]), "preference");
-    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+    lt_check(g.api.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &al[2], sizeof al[2]), "preference");
     cublasLtMatmulHeuristicResult_t found[MAX_CANDIDATES];
     int n_found = 0;
-    cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->a, p->b, p->c, p->c, pref,
+    cublasStatus_t rc = g.api.heuristic(g.lt, p->op, p->a, p->b, p->c, p->c, pref,
                                                        g.candidates, found, &n_found);
     /* cuBLASLt says "no algorithm" both ways: no result, or NOT_SUPPORTED (e.g. an epilogue
      * it has no kernel for with these types) */
     if (rc == CUBLAS_STATUS_NOT_SUPPORTED) n_found = 0;
     else lt_check(rc, "cublasLtMatmulAlgoGetHeuristic");
-    cublasLtMatmulPreferenceDestroy(pref);
+    g.api.pref_destroy(pref);
     p->n_candidates = 0;
     for (int i = 0; i < n_found; i++) /* a result is valid only where its state says so */
         if (found[i].state == CUBLAS_STATUS_SUCCESS) p->candidates[p->n_candidates++] = found[i].algo;
@@ -338,7 +340,7 @@ static plan *make_plan(const plan *key) {
 static int run_candidate(const plan *p, const cublasLtMatmulAlgo_t *algo, const void *A,
                          const void *B, void *C, float beta, cudaStream_t s) {
     float alpha = 1.0f;
-    if (cublasLtMatmul(g.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, algo,
+    if (g.api.matmul(g.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, algo,
                        g.workspace, WORKSPACE_BYTES, s) == CUBLAS_STATUS_SUCCESS)
         return 0;
     (void)cudaGetLastError();
@@ -490,7 +492,7 @@ static int gemm_epi(int ta, int tb, int m, int n, int k, const gptc_act *A, int 
     if (epi != EPI_NONE) set_op(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     if (!p->tuned) tune_plan(p, A, B, C, beta, s);
-    lt_check(cublasLtMatmul(g.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c,
+    lt_check(g.api.matmul(g.lt, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c,
                             &p->algo, g.workspace, WORKSPACE_BYTES, s), "cublasLtMatmul");
     return 1;
 }

@@ -45,6 +45,7 @@
 #include "cublasLt.h"
 #include "emu_internal.h"
 #include "engine/bf16.h"
+#include "engine/cuda/cublaslt_api.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -638,4 +639,25 @@ cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, co
     job->corr = emu_cupti_api();
     emu_stream_run(stream, run_gemm, job, "cublasLtMatmul");
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* engine/cuda/cublaslt_api.h's table, filled with this fake's functions instead of
+ * engine/cuda/cublaslt_load.c's dlopen of the real library (the emulator's builds compile
+ * this file in its place); the assignments check the fake's types against the table's */
+int cublaslt_load(cublaslt_api *api, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    api->create = cublasLtCreate;
+    api->status_string = cublasLtGetStatusString;
+    api->version = cublasLtGetVersion;
+    api->desc_create = cublasLtMatmulDescCreate;
+    api->desc_destroy = cublasLtMatmulDescDestroy;
+    api->desc_set = cublasLtMatmulDescSetAttribute;
+    api->layout_create = cublasLtMatrixLayoutCreate;
+    api->layout_destroy = cublasLtMatrixLayoutDestroy;
+    api->pref_create = cublasLtMatmulPreferenceCreate;
+    api->pref_destroy = cublasLtMatmulPreferenceDestroy;
+    api->pref_set = cublasLtMatmulPreferenceSetAttribute;
+    api->heuristic = cublasLtMatmulAlgoGetHeuristic;
+    api->matmul = cublasLtMatmul;
+    return 0;
 }
