@@ -42,9 +42,12 @@
  *   - an executor may relax this (post a recv earlier, complete a send later, overlap.pp =
  *     async) as long as it issues point-to-point operations in list order and waits for a
  *     recv before the compute that consumes it and for a send before the buffer is reused.
- * Each message sits where its producing compute ends in an idealised run (forward 1, backward
- * 2 time units): on the sender between that compute and the sender's next compute, on the
- * receiver before the compute that consumes it, where the receiver's timeline has got to.
+ * Each message sits where it is handed over in an idealised run (forward 1, backward 2 time
+ * units, transfers instant but needing both ranks): at the first instant after its producing
+ * compute when neither rank is inside a compute. A rank with a tensor to send goes on
+ * computing; one whose next compute lacks its input waits. So, run blocking, no rank waits
+ * at a send for a receiver still computing, and the lists take the schedule's arithmetic,
+ * pp_schedule_span = (v * n_micro + pp - 1) * 3, the bubble (pp - 1) / (v * n_micro + pp - 1).
  *
  * On every (rank, chunk) backwards run in the same micro-batch order as forwards (FIFO, and
  * for all three schedules that is micro 0, 1, ...), so the gradient accumulation order, and
@@ -100,6 +103,14 @@ int pp_schedule_build(const char *name, int pp, int v, int n_micro, int rank, pp
  * send met by exactly one matching recv; backwards on each chunk in forward (FIFO) order; no
  * deadlock. 0, or -1 with a one-line description of the first problem (rank, action, why). */
 int pp_schedule_check(int pp, int v, int n_micro, const pp_list *lists, char *err, size_t errlen);
+
+/* The checker's replay timed: every forward takes 1 unit and every backward 2 (per chunk),
+ * transfers none, and a send and its recv complete together when both ranks have reached
+ * them. Returns the last rank's end in those units, or -1 with err set where
+ * pp_schedule_check fails. For these schedules the least possible is
+ * (v * n_micro + pp - 1) * 3: the bubble (pp - 1) / (v * n_micro + pp - 1) of each rank's
+ * span, which the lists built above reach (test_schedule). */
+long pp_schedule_span(int pp, int v, int n_micro, const pp_list *lists, char *err, size_t errlen);
 
 /* The warm-up count of the formulas above, or -1 for a refused combination. */
 int pp_warmup_count(const char *name, int pp, int v, int n_micro, int rank);

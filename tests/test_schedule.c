@@ -122,6 +122,61 @@ static void check_swaps_deadlock(const char *name, int pp, int v, int n_micro, p
     check(pp == 1 || swaps > 0, "%s pp=%d v=%d n=%d: no adjacent send/recv pair to swap", name, pp, v, n_micro);
 }
 
+/* pp_schedule_span on lists written out by hand: 1f1b's shape on pp = 2, 2 micro-batches,
+ * except that stage 0 runs both forwards before sending either, so stage 1 starts late;
+ * by hand: 10 units, one more than the built list's 9. */
+static void hand_span(void) {
+    pp_action r0[] = {{PP_FWD, 0, 0, -1},       {PP_FWD, 1, 0, -1},       {PP_SEND_ACT, 0, 0, 1},
+                      {PP_SEND_ACT, 1, 0, 1},   {PP_RECV_GRAD, 0, 0, 1},  {PP_BWD, 0, 0, -1},
+                      {PP_RECV_GRAD, 1, 0, 1},  {PP_BWD, 1, 0, -1}};
+    pp_action r1[] = {{PP_RECV_ACT, 0, 0, 0},   {PP_FWD, 0, 0, -1},       {PP_RECV_ACT, 1, 0, 0},
+                      {PP_BWD, 0, 0, -1},       {PP_SEND_GRAD, 0, 0, 0},  {PP_FWD, 1, 0, -1},
+                      {PP_BWD, 1, 0, -1},       {PP_SEND_GRAD, 1, 0, 0}};
+    pp_list lists[2] = {{r0, 8, 8}, {r1, 8, 8}};
+    char err[512];
+    long span = pp_schedule_span(2, 1, 2, lists, err, sizeof err);
+    check(span == 10, "hand-made 1f1b pp=2 n=2 list: span %ld, by hand 10 (%s)", span,
+          span < 0 ? err : "");
+    pp_list built[2];
+    if (build_all("1f1b", 2, 1, 2, built, err, sizeof err) != 0) {
+        check(0, "1f1b pp=2 n=2: %s", err);
+        return;
+    }
+    span = pp_schedule_span(2, 1, 2, built, err, sizeof err);
+    check(span == 9, "built 1f1b pp=2 n=2 list: span %ld, expected 9", span);
+    free_all(built, 2);
+}
+
+/* Every accepted combination up to pp 8, v 4, 24 micro-batches: played with blocking
+ * send/recv in list order, the lists take exactly the schedule's arithmetic, (v * n + pp -
+ * 1) * 3 units: no rank waits at a send for a receiver still computing beyond the bubble.
+ * (Placing each message where its producer ended made 54 of these 120 interleaved
+ * combinations longer: pp = 2, v = 2, 8 micro-batches took 63 units, not 51.) */
+static void spans(void) {
+    const char *names[] = {"gpipe", "1f1b", "interleaved"};
+    char err[512];
+    int n_checked = 0;
+    for (int s = 0; s < 3; s++)
+        for (int pp = 1; pp <= 8; pp++)
+            for (int v = 1; v <= 4; v++)
+                for (int n = 1; n <= 24; n++) {
+                    if (pp_schedule_validate(names[s], pp, v, n, err, sizeof err) != 0) continue;
+                    pp_list lists[8];
+                    if (build_all(names[s], pp, v, n, lists, err, sizeof err) != 0) {
+                        check(0, "%s pp=%d v=%d n=%d: build failed: %s", names[s], pp, v, n, err);
+                        continue;
+                    }
+                    long span = pp_schedule_span(pp, v, n, lists, err, sizeof err);
+                    long want = (long)(v * n + pp - 1) * 3;
+                    check(span == want, "%s pp=%d v=%d n=%d: blocking span %ld units, the "
+                          "schedule's arithmetic %ld%s%s", names[s], pp, v, n, span, want,
+                          span < 0 ? ": " : "", span < 0 ? err : "");
+                    free_all(lists, pp);
+                    n_checked++;
+                }
+    check(n_checked == 504, "%d combinations timed, expected 504", n_checked);
+}
+
 static int sweep(void) {
     const char *names[] = {"gpipe", "1f1b", "interleaved"};
     char err[512];
@@ -375,6 +430,8 @@ int main(void) {
     check(accepted == 32 + 32 + 2 * 8, "%d combinations accepted, expected 80", accepted);
     refusals();
     broken_lists();
+    hand_span();
+    spans();
     render("gpipe", 4, 1, 8);
     render("1f1b", 4, 1, 8);
     render("interleaved", 4, 2, 8);
