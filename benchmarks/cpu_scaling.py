@@ -70,6 +70,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default=None, metavar="REGEX",
+                    help="run only the layouts whose name matches (e.g. '^pp2')")
     a = ap.parse_args()
     if a.steps < 3:
         ap.error("need --steps >= 3 (the first 2 are not timed)")
@@ -83,7 +85,10 @@ def main():
              "| layout | ranks | ms/step | steps/s | params MiB/rank | optimizer MiB/rank | activations MiB/rank | peak RSS MiB (max rank) | final loss |",
              "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
-    for name, ranks, extra in LAYOUTS:
+    layouts = [x for x in LAYOUTS if not a.only or re.search(a.only, x[0])]
+    if not layouts:
+        ap.error(f"--only {a.only}: no layout matches")
+    for name, ranks, extra in layouts:
         ms, (p, g, o, act), rss, loss = run(name, ranks, extra, tokens, a.steps, work)
         line = (f"| {name} | {ranks} | {ms:.0f} | {1000 / ms:.2f} | {p:.1f} | {o:.1f} | {act:.1f} | "
                 f"{rss:.0f} | {loss:.4f} |")
