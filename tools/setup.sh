@@ -28,6 +28,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# each stage's start, for reading where a run's time went
+stage() { echo "== setup $(date -u +%H:%M:%S) $*"; }
+
+stage "Release build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"
 
@@ -41,10 +45,12 @@ else
   # OpenMP threads that sleep when idle leave the cores to the other test's ranks (busy
   # waiting ones took 30 s more CPU and 12 s more wall time of the Release suite here).
   export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+  stage "Release tests"
   ctest --test-dir build --output-on-failure -j"$(nproc)"
   [ "${GPTC_SKIP_SANITIZERS:-0}" = 1 ] && exit 0
   # Once more under AddressSanitizer + UBSan, and the threaded tests and the kernels'
   # racecheck (tests/cuda_emu) under ThreadSanitizer.
+  stage "ASan + UBSan build"
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DGPTC_SANITIZE=address -DGPTC_CUDA=OFF
   cmake --build build-asan -j"$(nproc)"
   # the unit tests that start no MPI run with the leak checker too (Open MPI's own
@@ -52,19 +58,25 @@ else
   # not test_bench_smoke, which checks the benchmarks' Python scripts (the Release run did)
   # while an ASan gptc-train is in every other test
   leak_checked='test_gradcheck|test_cpu_math|test_tokens|test_checkpoint|test_schedule|test_cpu_stream|test_power|test_cuda_emu|test_cuda_ops_emu|test_cuda_ops_emu_rows128|test_cuda_ops_emu_attn_bias|test_cuda_ops_emu_plain_pass|test_cuda_ops_emu_dq_fused|test_cuda_ops_emu_dq_fused_bias|test_cuda_ops_emu_dq_atomic|test_cuda_ops_emu_fwd_pipelined|test_cuda_ops_emu_fwd_wide|test_timing_device'
+  stage "ASan + UBSan tests"
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$(nproc)" -E "^(test_bench_smoke|$leak_checked)\$"
+  stage "leak-checked tests"
   ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$(nproc)" -R "^($leak_checked)\$"
+  stage "TSan build"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DGPTC_SANITIZE=thread -DGPTC_CUDA=OFF
   cmake --build build-tsan -j"$(nproc)" --target test_cpu_stream test_tokens test_cuda_emu \
     test_cuda_ops_emu gptc-train-emu gptc-train-emu-nccl
   # (the attention variants' racechecks, but not dq_fused_bias's: its kernel is dq_fused's
   # with attn_bias's epilogue, each raced on its own, and dq_atomic's runs with the bias;
   # nor rows128's, the default forward, which test_cuda_ops_racecheck and attn_bias's race)
+  stage "TSan tests"
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j"$(nproc)" \
     -R '^(test_cpu_stream|test_tokens|test_cuda_emu|test_cuda_emu_race[0-9]_reported|test_cuda_ops_racecheck|test_cuda_ops_racecheck_smem99|test_cuda_ops_emu_racecheck_plain_pass|test_cuda_ops_emu_racecheck_attn_bias|test_cuda_ops_emu_racecheck_dq_fused|test_cuda_ops_emu_racecheck_dq_atomic|test_cuda_ops_emu_racecheck_fwd_pipelined|test_cuda_ops_emu_racecheck_fwd_wide|test_racecheck_train)$'
   # a short fixed-seed fuzzing pass of the config parser and the HDF5 loaders
+  stage "fuzz"
   bash tests/fuzz/run.sh build 20
+  stage "done"
 fi
