@@ -670,6 +670,11 @@ int train_run(const gptc_config *c, const grid *g) {
         log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)%s\n",
                  m->n_buckets, g->dp, c->dp_bucket_mb,
                  sharded ? ", optimizer state sharded (ZeRO-1)" : "");
+    if (g->pp > 1) /* what the report's pp_comm_wait_ms is to be read against */
+        log_info("pipeline: %s, %d stages x %d chunk(s), %d micro-batch(es) a step: a bubble "
+                 "of %.1f%% of the step where the stages are equal\n", c->schedule, g->pp,
+                 c->virtual_stages, bp.n_micro,
+                 100.0 * pp_span_bubble(c->virtual_stages, bp.n_micro, r.ppc.span));
     optim_config oc = {c->lr, c->min_lr, c->warmup_steps, c->steps,
                        strcmp(c->lr_schedule, "cosine") == 0, c->beta1, c->beta2, c->eps,
                        c->weight_decay, c->grad_clip};

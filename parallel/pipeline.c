@@ -66,7 +66,10 @@ int pp_setup(pp_context *pc, const char *schedule, int pp, int v, int n_micro, i
     int rc = 0;
     for (int r = 0; r < pp && rc == 0; r++)
         rc = pp_schedule_build(schedule, pp, v, n_micro, r, &all[r], err, errlen);
-    if (rc == 0) rc = pp_schedule_check(pp, v, n_micro, all, err, errlen);
+    if (rc == 0) {
+        pc->span = pp_schedule_span(pp, v, n_micro, all, err, errlen);
+        rc = pc->span < 0 ? -1 : 0;
+    }
     if (rc == 0) {
         pc->list = all[rank];
         memset(&all[rank], 0, sizeof(pp_list));

@@ -23,6 +23,7 @@ typedef struct {
     int async;              /* overlap.pp = async */
     gptc_event **slot_done; /* [v * max slots] last transfer issued on each slot (async) */
     int max_slots;
+    long span;              /* the lists' idealised run, in units (pp_schedule_span) */
 } pp_context;
 
 /* Builds every rank's list, proves with the checker that together they complete, and

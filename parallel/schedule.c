@@ -621,3 +621,7 @@ long pp_schedule_span(int pp, int v, int n_micro, const pp_list *lists, char *er
     long span = -1;
     return check_lists(pp, v, n_micro, lists, err, errlen, &span) == 0 ? span : -1;
 }
+
+double pp_span_bubble(int v, int n_micro, long span) {
+    return 1.0 - (double)v * n_micro * (COST_FWD + COST_BWD) / (double)span;
+}

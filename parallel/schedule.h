@@ -111,6 +111,8 @@ int pp_schedule_check(int pp, int v, int n_micro, const pp_list *lists, char *er
  * (v * n_micro + pp - 1) * 3: the bubble (pp - 1) / (v * n_micro + pp - 1) of each rank's
  * span, which the lists built above reach (test_schedule). */
 long pp_schedule_span(int pp, int v, int n_micro, const pp_list *lists, char *err, size_t errlen);
+/* The part of a span in which a rank does not compute: 1 - v * n_micro * 3 / span. */
+double pp_span_bubble(int v, int n_micro, long span);
 
 /* The warm-up count of the formulas above, or -1 for a refused combination. */
 int pp_warmup_count(const char *name, int pp, int v, int n_micro, int rank);

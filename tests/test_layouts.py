@@ -30,7 +30,25 @@ def train(name, ranks, vocab, extra, extra_env=None):
     r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=300, extra_env=extra_env)
     if r.returncode:
         fail(f"{name}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    check_bubble_line(name, extra, r.stdout)
     return read_metrics(log)
+
+
+def check_bubble_line(name, extra, stdout):
+    """A pipeline's start-up line gives the bubble of its lists with equal stages, which the
+    schedules reach exactly: (pp - 1) / (v m + pp - 1), m = 8 rows / (2 a micro-batch x dp)."""
+    keys = dict(a[2:].split("=", 1) for a in extra if a.startswith("--parallel."))
+    pp, v = int(keys.get("parallel.pp", 1)), int(keys.get("parallel.virtual_stages", 1))
+    m = 8 // (2 * int(keys.get("parallel.dp", 1)))
+    got = re.search(r"^pipeline: .* a bubble of ([\d.]+)% of the step", stdout, re.M)
+    if pp == 1:
+        if got:
+            fail(f"{name}: a pipeline line without a pipeline: {got.group(0)}")
+        return
+    want = 100.0 * (pp - 1) / (v * m + pp - 1)
+    if not got or abs(float(got.group(1)) - want) > 0.051:
+        fail(f"{name}: expected the start-up line 'pipeline: ... a bubble of {want:.1f}% of "
+             f"the step', got {got.group(0) if got else 'none'}")
 
 
 def compare(name, ref, got):

@@ -7,6 +7,7 @@
  * Prints a few schedules as timelines for the docs. Exit 0 = pass. */
 #include "parallel/schedule.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,6 +145,9 @@ static void hand_span(void) {
     }
     span = pp_schedule_span(2, 1, 2, built, err, sizeof err);
     check(span == 9, "built 1f1b pp=2 n=2 list: span %ld, expected 9", span);
+    /* 2 micro-batches of 3 units in 9: a third idle, the (p - 1) / (m + p - 1) of 1F1B */
+    check(fabs(pp_span_bubble(1, 2, span) - 1.0 / 3.0) < 1e-12, "bubble of 9 units: %g, not 1/3",
+          pp_span_bubble(1, 2, span));
     free_all(built, 2);
 }
 
