@@ -4,7 +4,8 @@
 each step the stages spent waiting for each other (the report's comm_wait_ms: exposed
 communication during which every op in flight waited for another rank and nothing moved),
 beside the bubble the schedule's arithmetic gives for equal stages:
-(p - 1) / (v m + p - 1) of the step for p stages, v virtual stages each, m micro-batches.
+(p - 1) / (v m + p - 1) of the step for p stages, v virtual stages each, m micro-batches
+(which gptc's start-up line must give for its lists: the script stops where it does not).
 
     /usr/bin/python3 benchmarks/pipeline_bubble.py [--steps N] [--out FILE.md]
 
@@ -15,6 +16,7 @@ the waits to be the schedule's and not the scheduler's. Prints a Markdown table.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,8 +44,12 @@ def run(d, tokens, schedule, v, steps):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode:
         sys.exit(f"pipeline_bubble: {schedule} failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
+    # the bubble of the schedule's lists where the stages are equal, from the start-up line
+    m = re.search(r"^pipeline: .* a bubble of ([\d.]+)% of the step", r.stdout, re.M)
+    if not m:
+        sys.exit(f"pipeline_bubble: {schedule}: no 'pipeline: ...' start-up line")
     with open(rep) as f:
-        return json.load(f)["overlap"]
+        return json.load(f)["overlap"], float(m.group(1)) / 100
 
 
 def main():
@@ -64,11 +70,14 @@ def main():
         rows = ["| schedule | overlap.pp | iter ms | compute ms | exposed comm ms | waiting ms | "
                 "waiting / iter | bubble (p-1)/(vm+p-1) |", "|---|---|---|---|---|---|---|---|"]
         for schedule, v in SCHEDULES:
-            o = run(d, tokens, schedule, v, args.steps)
+            o, lists = run(d, tokens, schedule, v, args.steps)
             if o.get("comm_wait_ms") is None:
                 sys.exit(f"pipeline_bubble: {schedule}: the report has no waits (matching "
                          f"skipped: see the run's warnings)")
             theory = 1 / (v * M + 1)
+            if abs(lists - theory) > 0.0006:
+                sys.exit(f"pipeline_bubble: {schedule}: the lists' bubble is {lists:.1%}, the "
+                         f"arithmetic's {theory:.1%}")
             name = schedule if v == 1 else f"{schedule} v{v}"
             rows.append(f"| {name} | {policy} | {o['iter_ms']:.1f} | {o['compute_ms']:.1f} | "
                         f"{o['exposed_comm_ms']:.1f} | {o['comm_wait_ms']:.1f} | "
