@@ -77,6 +77,14 @@ static void end_job_if_failed(const comm_group *g) {
 
 /* ---- groups ---- */
 
+/* The named groups, by comm_group_id, and whose traffic each carries (the tied
+ * embedding's is the pipeline's) */
+static const struct {
+    const char *name;
+    timing_par par;
+} GROUP_IDS[] = {{"world", TP_NONE}, {"tp", TP_TP}, {"pp", TP_PP}, {"dp", TP_DP},
+                 {"embed", TP_PP}};
+
 static void group_init(comm_group *g, const char *name, const gptc_backend *be) {
     g->comm = MPI_COMM_NULL;
     g->nccl = NULL;
@@ -87,10 +95,9 @@ static void group_init(comm_group *g, const char *name, const gptc_backend *be) 
     g->be = be;
     atomic_init(&g->err_state, 0);
     g->err[0] = '\0';
-    static const char *const ids[] = {"world", "tp", "pp", "dp", "embed"};
     g->id = -1;
-    for (int i = 0; i < (int)(sizeof(ids) / sizeof(ids[0])); i++)
-        if (strcmp(name, ids[i]) == 0) g->id = i;
+    for (int i = 0; i < (int)(sizeof(GROUP_IDS) / sizeof(GROUP_IDS[0])); i++)
+        if (strcmp(name, GROUP_IDS[i].name) == 0) g->id = i;
     atomic_init(&g->coll_seq, 0);
     pthread_mutex_init(&g->channel_mu, NULL);
     g->n_channels = 0;
@@ -621,10 +628,8 @@ static void do_reduce_act(comm_group *g, gptc_act *buf /* [n] */, size_t n, int 
 /* ---- issuing on a stream ---- */
 
 
-/* by comm_group_id: world, tp, pp, dp, embed (the tied embedding's: pipeline traffic) */
 static timing_par par_of(const comm_group *g) {
-    static const timing_par par_of_id[] = {TP_NONE, TP_TP, TP_PP, TP_DP, TP_PP};
-    return g->id < 0 ? TP_NONE : par_of_id[g->id];
+    return g->id < 0 ? TP_NONE : GROUP_IDS[g->id].par;
 }
 
 static const char *op_name(const comm_task *t) {

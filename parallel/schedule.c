@@ -229,7 +229,7 @@ static int event_cmp(const void *pa, const void *pb) {
 
 /* A tensor produced (its compute ended) and not yet handed over. */
 typedef struct {
-    int is_grad, src, dst, micro; /* stages */
+    int is_grad, src, dst, micro; /* src and dst: stages */
 } message;
 
 /* The idealised run's state: every rank's compute order played with forward 1, backward 2
