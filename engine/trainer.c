@@ -633,7 +633,12 @@ int train_run(const gptc_config *c, const grid *g) {
         char why[ERR_LEN - 16];
         float *opt_m = has_optim ? calloc(m->n_params, sizeof(float)) : NULL; /* [n_params] */
         float *opt_v = has_optim ? calloc(m->n_params, sizeof(float)) : NULL; /* [n_params] */
-        rc = !has_optim || (opt_m && opt_v) ? gpt_load(m, init, opt_m, opt_v, why, sizeof(why)) : -1;
+        if (has_optim && !(opt_m && opt_v)) {
+            snprintf(why, sizeof(why), "%s: out of host memory for its optimizer state", c->init);
+            rc = -1;
+        } else {
+            rc = gpt_load(m, init, opt_m, opt_v, optim_t, why, sizeof(why));
+        }
         if (rc != 0) snprintf(err, sizeof(err), "train.init %s", why);
         else if (has_optim) dp_scatter_state(&r.dpc, m, opt_m, opt_v);
         if (rc == 0 && g->rank == 0) note_unused_tensors(init, &shape);

@@ -200,7 +200,8 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     return rc;
 }
 
-int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, char *err, size_t errlen) {
+int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, long t_optim, char *err,
+             size_t errlen) {
     float *host = calloc(m->n_params, sizeof(float)); /* [n_params], padding stays 0 */
     if (!host) {
         snprintf(err, errlen, "out of host memory loading a checkpoint");
@@ -219,6 +220,16 @@ int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, char *err, 
                 if (!(dst[t->offset + k] >= 0.0f)) {
                     snprintf(err, errlen, "%s: /optim/v/%s holds a negative value (%g)",
                              ckpt_file_path(f), t->name, (double)dst[t->offset + k]);
+                    rc = -1;
+                }
+            /* moments come from updates: after none (t = 0) they are zero, and any other
+             * would be taken for one update's, its bias correction over ten times too big */
+            for (size_t k = 0; rc == 0 && which > 0 && t_optim == 0 && k < t->numel; k++)
+                if (dst[t->offset + k] != 0.0f) {
+                    snprintf(err, errlen, "%s: /optim/%s/%s holds %g, but /optim attribute "
+                             "t = 0 says no update was taken (delete /optim to start the "
+                             "optimizer afresh)", ckpt_file_path(f), GROUPS[which] + 6,
+                             t->name, (double)dst[t->offset + k]);
                     rc = -1;
                 }
         }

@@ -114,6 +114,9 @@ CASES = [
      ["train.init", "optbig.h5", "/optim attribute t = 5", "checkpoint's step 1"]),
     ("checkpoint v < 0", [f"--train.init={D}/vneg.h5", "--train.steps=3"],
      ["train.init", "vneg.h5", "/optim/v/wte", "negative"]),
+    # moments that no update made: taken for one update's, the next would be ten times too big
+    ("checkpoint /optim t = 0 with moments", [f"--train.init={D}/optzero.h5", "--train.steps=3"],
+     ["train.init", "optzero.h5", "/optim/m/", "holds", "t = 0"]),
     # a token far past what the first steps read: still refused before the first step
     ("token >= vocab late in the file", [f"--data.path={D}/latetok.h5"],
      ["data.path", "latetok.h5", "position 450"]),
@@ -434,6 +437,7 @@ def main():
         ("optneg", lambda f: f["optim"].attrs.__setitem__("t", np.int64(-5))),
         ("optbig", lambda f: f["optim"].attrs.__setitem__("t", np.int64(5))),
         ("vneg", lambda f: f["optim/v/wte"].__setitem__((0, 0), np.float32(-1))),
+        ("optzero", lambda f: f["optim"].attrs.__setitem__("t", np.int64(0))),
     ]:
         shutil.copy(f"{D}/ck1.h5", f"{D}/{name}.h5")
         with h5py.File(f"{D}/{name}.h5", "r+") as f:
