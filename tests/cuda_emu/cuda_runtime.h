@@ -43,6 +43,9 @@ void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane);
  * lanes' in out[32 * size], lane 0 first. Full warps only. */
 #define EMU_GATHER_MAX 32
 void emu_warp_gather(const void *in, void *out, size_t size);
+/* mma.sync.aligned.m16n8k16 with bf16 A (a[4]) and B (b[2]) and fp32 D (d[4]), each lane
+ * with its fragments of them (emu_mma.h) */
+void emu_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
 /* cp.async of n bytes (valid from src, then zeros) from global to shared memory, queued
  * until emu_cp_async_wait covers it; commit closes a group; wait(k) makes every committed
  * group's copies but the newest k groups' (cp.async.wait_group k) */

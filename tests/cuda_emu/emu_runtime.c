@@ -132,22 +132,17 @@ void emu_fail(const char *msg) {
 /* Every CUDA thread of the grid that runs is a fiber: its own stack and registers, run on
  * the thread that runs the grid (the stream's) until it reaches a barrier, where it
  * yields to the scheduler (run_fibers), which resumes the next one. A switch is a
- * _setjmp/_longjmp pair (under ASan the compiler's builtin pair, see emu_jmp_buf), tens
- * of nanoseconds (ucontext's swapcontext makes a system call
- * each time, ten times that, and a futex wake of a real thread costs more still); only a
- * fiber's first start goes through makecontext/setcontext. Under a sanitizer every
- * switch is announced to it (ASan's and TSan's fiber API); under TSan, whose longjmp
- * checks the jump against its own record of the thread's setjmps, every switch is a
- * swapcontext. */
+ * _setjmp/_longjmp pair (under a sanitizer the compiler's builtin pair, see emu_jmp_buf),
+ * tens of nanoseconds (ucontext's swapcontext makes a system call each time, ten times
+ * that, and a futex wake of a real thread costs more still); only a fiber's first start
+ * goes through makecontext/setcontext. Under a sanitizer every switch is announced to it
+ * (ASan's and TSan's fiber API). */
 #if defined(__SANITIZE_THREAD__)
 #error "build emu_runtime.c uninstrumented, with -DEMU_RACECHECK (racecheck below)"
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
 #error "build emu_runtime.c uninstrumented, with -DEMU_RACECHECK (racecheck below)"
 #endif
-#endif
-#ifdef EMU_RACECHECK
-#define EMU_SWAPCONTEXT 1
 #endif
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -168,13 +163,16 @@ void AnnotateIgnoreWritesBegin(const char *file, int line);
 void AnnotateIgnoreWritesEnd(const char *file, int line);
 #endif
 
-/* A fiber's resume point. Under ASan the switches use the compiler's own
- * __builtin_setjmp / __builtin_longjmp instead of libc's: ASan intercepts _longjmp to
- * unpoison the whole stack (a memset of its shadow and a sigaltstack call) on every
- * switch, most of an ASan run of the emulator, and a switch leaves no frame behind for
- * it to clean (the jumping function has just set its own resume point). The builtin's
- * setjmp must be in the frame that resumes, hence a macro. */
-#ifdef EMU_ASAN
+/* A fiber's resume point. Under a sanitizer the switches use the compiler's own
+ * __builtin_setjmp / __builtin_longjmp instead of libc's, which both intercept: ASan
+ * unpoisons the whole stack (a memset of its shadow and a sigaltstack call) on every
+ * _longjmp, most of an ASan run of the emulator, where a switch leaves no frame behind
+ * for it to clean (the jumping function has just set its own resume point); TSan checks
+ * each jump against its own record of the thread's setjmps, which a jump to another
+ * fiber's stack fails. The builtin's setjmp must be in the frame that resumes, hence a
+ * macro. */
+#if defined(EMU_ASAN) || defined(EMU_TSAN)
+#define EMU_BUILTIN_JMP 1
 typedef void *emu_jmp_buf[5];
 #define EMU_SETJMP(b) __builtin_setjmp(b)
 #else
@@ -208,7 +206,7 @@ typedef struct cp_async_copy {
 
 typedef struct fiber {
     emu_jmp_buf resume;  /* where it goes on (after its first start) */
-    ucontext_t start;    /* its first start (and, sanitized, every switch) */
+    ucontext_t start;    /* its first start */
     char *stack;         /* [stack_bytes], below it a guard page */
     unsigned int tid;
     emu_uint3 block_idx;
@@ -242,11 +240,7 @@ static fiber *fibers;    /* [EMU_SETS][EMU_MAX_THREADS], stacks made as needed *
 static unsigned int fibers_made[EMU_SETS];
 static fiber *block_threads[EMU_MAX_THREADS]; /* [block.x] the fiber of each thread */
 static fiber *running;   /* the fiber on the CPU, NULL: the scheduler */
-#ifdef EMU_SWAPCONTEXT
-static ucontext_t sched_ctx;
-#else
 static emu_jmp_buf sched_resume;
-#endif
 #ifdef EMU_ASAN
 static void *sched_fake_stack;
 static const void *sched_stack_bottom;
@@ -261,7 +255,8 @@ static barrier warp_barrier[EMU_MAX_THREADS / 32]; /* the threads of each warp *
 static double warp_slot[2][EMU_MAX_THREADS];       /* shuffle values, 2 sets */
 /* gather values (emu_warp_gather), 2 sets; the set alternates with the same parity as the
  * shuffles', so any sequence of shuffles and gathers keeps the argument below */
-static unsigned char warp_blob[2][EMU_MAX_THREADS][EMU_GATHER_MAX];
+typedef unsigned char gather_slot[EMU_GATHER_MAX];
+static gather_slot warp_blob[2][EMU_MAX_THREADS];
 
 static void barrier_init(barrier *b, unsigned int first, unsigned int count) {
     b->first = first;
@@ -370,7 +365,6 @@ static void to_sched_end(void) {
 #endif
 }
 
-#ifndef EMU_SWAPCONTEXT
 /* Jumps to a resume point (EMU_SETJMP). Not instrumented by ASan, which would put its
  * stack unpoisoning (above) before the noreturn jump; and not inlined, as the builtin
  * longjmp may not share a frame with its setjmp. Under ASan it must not look noreturn
@@ -381,23 +375,18 @@ static void to_sched_end(void) {
 __attribute__((no_sanitize_address, noinline))
 #endif
 static void switch_to(emu_jmp_buf to) {
-#ifdef EMU_ASAN
+#ifdef EMU_BUILTIN_JMP
     if (to[0]) __builtin_longjmp(to, 1);
 #else
     _longjmp(to, 1);
 #endif
 }
-#endif
 
 /* From a fiber back to the scheduler; returns when the scheduler resumes it. */
 static void yield_to_scheduler(void) {
     fiber *f = running;
     to_sched_begin(f);
-#ifdef EMU_SWAPCONTEXT
-    swapcontext(&f->start, &sched_ctx);
-#else
     if (EMU_SETJMP(f->resume) == 0) switch_to(sched_resume);
-#endif
     to_fiber_end();
 }
 
@@ -449,6 +438,15 @@ void emu_syncwarp(unsigned int mask) {
     barrier_wait(&warp_barrier[tid / 32], AT_SYNCWARP);
 }
 
+/* A shuffled value's size bytes (4 or 8 but for a char or short) by moves the compiler
+ * makes inline: a call of memcpy went through ThreadSanitizer's interceptor twice a lane
+ * a shuffle. */
+static void copy_value(void *dst, const void *src, size_t size) {
+    if (size == 4) __builtin_memcpy(dst, src, 4);
+    else if (size == 8) __builtin_memcpy(dst, src, 8);
+    else memcpy(dst, src, size);
+}
+
 /* One barrier per shuffle: slots alternate between two sets, so a lane that is already
  * one shuffle ahead writes the other set while its warp still reads this one (it cannot
  * get further ahead: the next barrier waits for them). */
@@ -460,17 +458,20 @@ void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane) {
     if (size > sizeof slot[0] || src_lane < 0 || (unsigned int)src_lane >= width)
         emu_fail("shuffle from a lane outside the warp");
     rc_ignore(1); /* the exchange is of values: its slots are no memory of the kernel's */
-    memcpy(&slot[tid], in, size);
+    copy_value(&slot[tid], in, size);
     rc_ignore(0);
     barrier_wait(&warp_barrier[tid / 32], AT_SHUFFLE); /* every lane has stored */
     rc_ignore(1);
-    memcpy(out, &slot[base + (unsigned int)src_lane], size);
+    copy_value(out, &slot[base + (unsigned int)src_lane], size);
     rc_ignore(0);
 }
 
-void emu_warp_gather(const void *in, void *out, size_t size) {
+/* Stores this lane's size bytes in its slot of the next set and waits for its whole warp
+ * to have stored; returns the warp's 32 slots, lane 0 first, which stay as they are
+ * until this lane's next shuffle or gather (the argument of emu_warp_exchange). */
+static const gather_slot *gather_slots(const void *in, size_t size) {
     unsigned int tid = emu_thread_idx.x, base = tid & ~31u;
-    unsigned char (*slot)[EMU_GATHER_MAX] = warp_blob[running->parity];
+    gather_slot *slot = warp_blob[running->parity];
     running->parity ^= 1u;
     if (size > EMU_GATHER_MAX || emu_block_dim.x - base < 32)
         emu_fail("warp gather: more than EMU_GATHER_MAX bytes, or a partial warp");
@@ -478,9 +479,62 @@ void emu_warp_gather(const void *in, void *out, size_t size) {
     memcpy(slot[tid], in, size);
     rc_ignore(0);
     barrier_wait(&warp_barrier[tid / 32], AT_SHUFFLE); /* every lane has stored */
+    return slot + base;
+}
+
+void emu_warp_gather(const void *in, void *out, size_t size) {
+    const gather_slot *all = gather_slots(in, size);
     rc_ignore(1);
-    for (unsigned int l = 0; l < 32; l++) memcpy((char *)out + l * size, slot[base + l], size);
+    for (unsigned int l = 0; l < 32; l++) memcpy((char *)out + l * size, all[l], size);
     rc_ignore(0);
+}
+
+/* The mma's reads are of registers (the lanes' fragments, in the emulator's slots) and
+ * of the lane's accumulators: no memory of the kernel's for ASan to check, whose checks
+ * were most of an ASan bf16 training run's time. */
+#ifdef EMU_ASAN
+#define EMU_NO_ASAN __attribute__((no_sanitize_address))
+#else
+#define EMU_NO_ASAN
+#endif
+
+/* word i of lane l's fragment in a gather's slots */
+EMU_NO_ASAN static uint32_t frag_word(const gather_slot *all, int l, int i) {
+    uint32_t w;
+    memcpy(&w, all[l] + 4 * i, sizeof w);
+    return w;
+}
+
+/* bf16 `odd` (0: the low half) of a fragment word, as a float (its top 16 bits) */
+EMU_NO_ASAN static float frag_half(uint32_t w, int odd) {
+    uint32_t bits = odd ? w & 0xffff0000u : w << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+EMU_NO_ASAN void emu_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}; /* words 0-3: A's, 4-5: B's */
+    const gather_slot *all = gather_slots(mine, sizeof mine);
+    int lane = (int)(emu_thread_idx.x & 31u), g = lane >> 2, t = lane & 3;
+    /* this lane's rows g, g + 8 of A and columns 2t, 2t + 1 of B, found by inverting the
+     * layout: A[row][col] is in lane 4 (row % 8) + (col % 8) / 2, register
+     * a[row / 8 + 2 (col / 8)], half col % 2; B[k][n] in lane 4n + (k % 8) / 2, register
+     * b[k / 8], half k % 2 */
+    float arow[2][16]; /* A's rows g, g + 8 */
+    float bcol[2][16]; /* B's columns 2t, 2t + 1 */
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 16; k++) {
+            arow[h][k] = frag_half(frag_word(all, 4 * g + ((k & 7) >> 1), h | ((k >> 3) << 1)),
+                                   k & 1);
+            bcol[h][k] = frag_half(frag_word(all, 4 * (2 * t + h) + ((k & 7) >> 1), 4 + (k >> 3)),
+                                   k & 1);
+        }
+    for (int i = 0; i < 4; i++) { /* d[i]: row g (+8 if i >= 2), col 2t + (i & 1) */
+        double s = 0;
+        for (int k = 0; k < 16; k++) s += (double)arow[i >> 1][k] * bcol[i & 1][k];
+        d[i] = (float)(d[i] + s);
+    }
 }
 
 /* cp.async (engine/cuda/mma.cuh, tests/cuda_emu/emu_mma.h): the destination is
@@ -630,11 +684,7 @@ static void fiber_main(void) {
     }
     f->state = F_DONE;
     to_sched_begin(f);
-#ifdef EMU_SWAPCONTEXT
-    swapcontext(&f->start, &sched_ctx);
-#else
     switch_to(sched_resume);
-#endif
     emu_fail("a finished CUDA thread was resumed");
 }
 
@@ -657,15 +707,11 @@ static void resume(fiber *f) {
     emu_thread_idx.y = emu_thread_idx.z = 0;
     emu_block_idx = f->block_idx;
     to_fiber_begin(f);
-#ifdef EMU_SWAPCONTEXT
-    swapcontext(&sched_ctx, &f->start);
-#else
     if (EMU_SETJMP(sched_resume) == 0) {
         if (f->started) switch_to(f->resume);
         f->started = 1;
         setcontext(&f->start);
     }
-#endif
     to_sched_end();
     running = NULL;
 }
