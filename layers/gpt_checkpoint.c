@@ -222,8 +222,8 @@ int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, long t_opti
                              ckpt_file_path(f), t->name, (double)dst[t->offset + k]);
                     rc = -1;
                 }
-            /* moments come from updates: after none (t = 0) they are zero, and any other
-             * would be taken for one update's, its bias correction over ten times too big */
+            /* moments come from updates: after none (t = 0) they are zero; any others would
+             * be taken for one update's, scaled by the bias correction's 1 / (1 - beta) */
             for (size_t k = 0; rc == 0 && which > 0 && t_optim == 0 && k < t->numel; k++)
                 if (dst[t->offset + k] != 0.0f) {
                     snprintf(err, errlen, "%s: /optim/%s/%s holds %g, but /optim attribute "

@@ -18,8 +18,8 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
              const float *opt_m, const float *opt_v, long t, char *err, size_t errlen);
 /* Reads every parameter from an open checkpoint whose meta already matched the model
  * shape, and the optimizer moments into opt_m, opt_v (host, [n_params]) when given, with
- * t the updates /optim says they hold (moments other than zero after none are refused). */
-int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, long t, char *err,
+ * t_optim the updates /optim says they hold (moments other than zero after none are refused). */
+int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, long t_optim, char *err,
              size_t errlen);
 
 #endif

@@ -114,7 +114,7 @@ CASES = [
      ["train.init", "optbig.h5", "/optim attribute t = 5", "checkpoint's step 1"]),
     ("checkpoint v < 0", [f"--train.init={D}/vneg.h5", "--train.steps=3"],
      ["train.init", "vneg.h5", "/optim/v/wte", "negative"]),
-    # moments that no update made: taken for one update's, the next would be ten times too big
+    # moments that no update made: the next update would take them for one update's
     ("checkpoint /optim t = 0 with moments", [f"--train.init={D}/optzero.h5", "--train.steps=3"],
      ["train.init", "optzero.h5", "/optim/m/", "holds", "t = 0"]),
     # a token far past what the first steps read: still refused before the first step
