@@ -38,7 +38,7 @@ void emu_syncwarp(unsigned int mask);
 /* One step of a warp shuffle: every lane of the warp passes its value (size bytes) in
  * `in` and receives lane src_lane's in `out`. */
 void emu_warp_exchange(const void *in, void *out, size_t size, int src_lane);
-/* A warp-collective step where every lane needs every lane's data (mma.sync, emu_mma.h):
+/* A warp-collective step where every lane needs every lane's data (ldmatrix, emu_mma.h):
  * each lane passes size bytes (at most EMU_GATHER_MAX) in `in` and receives all 32
  * lanes' in out[32 * size], lane 0 first. Full warps only. */
 #define EMU_GATHER_MAX 32

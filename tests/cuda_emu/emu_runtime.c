@@ -79,6 +79,7 @@
 
 #include "cuda_runtime.h"
 #include "emu_internal.h"
+#include "engine/bf16.h"
 
 #include <pthread.h>
 #include <setjmp.h>
@@ -152,6 +153,12 @@ void emu_fail(const char *msg) {
 #include <sanitizer/asan_interface.h>
 #define EMU_ASAN 1
 #endif
+#endif
+/* a function of the emulator's own that ASan leaves unchecked (each says why) */
+#ifdef EMU_ASAN
+#define EMU_NO_ASAN __attribute__((no_sanitize_address))
+#else
+#define EMU_NO_ASAN
 #endif
 #ifdef EMU_RACECHECK
 #include <sanitizer/tsan_interface.h>
@@ -371,10 +378,10 @@ static void to_sched_end(void) {
  * either: an optimising compiler infers that, and ASan then unpoisons the whole stack
  * before every call of it in the instrumented callers (half of an -O1 run's time);
  * hence the test of the saved frame pointer, which a resume point never has NULL. */
-#ifdef EMU_ASAN
-__attribute__((no_sanitize_address, noinline))
+#ifdef EMU_BUILTIN_JMP
+__attribute__((noinline))
 #endif
-static void switch_to(emu_jmp_buf to) {
+EMU_NO_ASAN static void switch_to(emu_jmp_buf to) {
 #ifdef EMU_BUILTIN_JMP
     if (to[0]) __builtin_longjmp(to, 1);
 #else
@@ -490,13 +497,8 @@ void emu_warp_gather(const void *in, void *out, size_t size) {
 }
 
 /* The mma's reads are of registers (the lanes' fragments, in the emulator's slots) and
- * of the lane's accumulators: no memory of the kernel's for ASan to check, whose checks
- * were most of an ASan bf16 training run's time. */
-#ifdef EMU_ASAN
-#define EMU_NO_ASAN __attribute__((no_sanitize_address))
-#else
-#define EMU_NO_ASAN
-#endif
+ * of the lane's accumulators: no memory of the kernel's for ASan to check (EMU_NO_ASAN),
+ * whose checks were most of an ASan bf16 training run's time. */
 
 /* word i of lane l's fragment in a gather's slots */
 EMU_NO_ASAN static uint32_t frag_word(const gather_slot *all, int l, int i) {
@@ -505,12 +507,9 @@ EMU_NO_ASAN static uint32_t frag_word(const gather_slot *all, int l, int i) {
     return w;
 }
 
-/* bf16 `odd` (0: the low half) of a fragment word, as a float (its top 16 bits) */
+/* bf16 `odd` (0: the low half) of a fragment word */
 EMU_NO_ASAN static float frag_half(uint32_t w, int odd) {
-    uint32_t bits = odd ? w & 0xffff0000u : w << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
+    return bf16_to_float((uint16_t)(odd ? w >> 16 : w & 0xffffu));
 }
 
 EMU_NO_ASAN void emu_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -668,10 +667,7 @@ static void block_end(void) {
  * by ASan: its frame is the one the final jump leaves on the stack, and without redzones
  * it leaves no poison there for the stack's next fiber (every frame below it has
  * returned by then). */
-#ifdef EMU_ASAN
-__attribute__((no_sanitize_address))
-#endif
-static void fiber_main(void) {
+EMU_NO_ASAN static void fiber_main(void) {
     fiber *f = running;
     to_fiber_end();
     rc_acquire(&rc_grid_in);
