@@ -7,6 +7,7 @@
  * Exit 0 = pass. */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/power.h"
+#include "tests/check.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -18,19 +19,7 @@
 
 enum { ENERGY_STEP_MJ = 1000 }; /* tests/fake_nvml.c: counter advance per reading */
 
-static int failures;
 static int (*init_depth)(void); /* the fake's count of nvmlInit_v2 not yet shut down */
-
-static void check(int ok, const char *fmt, ...) {
-    if (ok) return;
-    failures++;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "FAIL: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-}
 
 static double now_s(void) {
     struct timespec ts;

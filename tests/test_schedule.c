@@ -6,6 +6,7 @@
  * duplicated forward, a recv from the wrong peer, backwards out of forward order).
  * Prints a few schedules as timelines for the docs. Exit 0 = pass. */
 #include "parallel/schedule.h"
+#include "tests/check.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -13,18 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-
-static void check(int ok, const char *fmt, ...) {
-    if (ok) return;
-    failures++;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "FAIL: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-}
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 

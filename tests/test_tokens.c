@@ -4,6 +4,7 @@
  * binary and reads them back through the loader. Writes its files under a temp dir. */
 #define _POSIX_C_SOURCE 200809L
 #include "data/tokens.h"
+#include "tests/check.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -16,21 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int failures;
 static char tmpdir[256];
 static char made[64][320]; /* paths this run created, removed at the end */
 static int n_made;
-
-static void check(int ok, const char *fmt, ...) {
-    if (ok) return;
-    failures++;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "FAIL: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-}
 
 static const char *tmp_path(const char *name) {
     if (n_made == 64) {
