@@ -258,8 +258,58 @@ static void whole_free(output_whole *o) {
     *o = (output_whole){0};
 }
 
+/* The FIFOs output_whole_hold opened, each until output_whole_open takes it */
+enum { HELD_MAX = 4 };
+static struct {
+    char *path; /* as the caller named it */
+    FILE *f;
+} held[HELD_MAX];
+
+int output_whole_hold(const char *path, char *why, size_t n) {
+    struct stat st;
+    if (!path[0] || stat(path, &st) != 0 || !S_ISFIFO(st.st_mode)) return 0;
+    int i = 0;
+    while (i < HELD_MAX && held[i].f) i++;
+    if (i == HELD_MAX) return 0; /* opened at the end, as any other output */
+    FILE *f = output_stream_open(path, 0);
+    char *copy = f ? strdup(path) : NULL;
+    if (!copy) {
+        output_stream_error(errno, why, n);
+        if (f) fclose(f);
+        return -1;
+    }
+    held[i].path = copy;
+    held[i].f = f;
+    return 0;
+}
+
+/* the stream output_whole_hold opened for path, taken out of the table, or NULL */
+static FILE *take_held(const char *path) {
+    for (int i = 0; i < HELD_MAX; i++)
+        if (held[i].f && strcmp(held[i].path, path) == 0) {
+            FILE *f = held[i].f;
+            free(held[i].path);
+            held[i].path = NULL;
+            held[i].f = NULL;
+            return f;
+        }
+    return NULL;
+}
+
 int output_whole_open(output_whole *o, const char *path, char *why, size_t n) {
     *o = (output_whole){0};
+    FILE *f = take_held(path);
+    if (f) {
+        fflush(stdout); /* a pipe that stdout goes to as well: the run's lines first */
+        o->path = strdup(path);
+        if (!o->path) {
+            snprintf(why, n, "%s", strerror(errno));
+            fclose(f);
+            return -1;
+        }
+        o->f = f;
+        return 0;
+    }
     struct stat st;
     /* /dev/stdout is a link, through /proc, to whatever stdout is: a file the shell
      * redirected it to is written through stdout's descriptor (output_stream_open), not

@@ -49,8 +49,16 @@ typedef struct {
     char *tmp;  /* NULL: written in place */
 } output_whole;
 
-/* 0 with o->f open for writing, or -1 with why[n] */
+/* 0 with o->f open for writing, or -1 with why[n]. A path output_whole_hold opened is
+ * not opened again: o->f is the stream it holds. */
 int output_whole_open(output_whole *o, const char *path, char *why, size_t n);
+
+/* Opens now, and holds until output_whole_open takes it, an output written at the end
+ * that is a FIFO: one with no reader is refused at the start (-1, why[n] says so), not
+ * after the last step with the run's report lost, and the reader that is there gets no
+ * end of file between this check and the writing (a probe opened and closed would give it
+ * one). 0 for any other path, which is not opened. */
+int output_whole_hold(const char *path, char *why, size_t n);
 
 /* Flushes, checks and closes o->f and puts the file in place: 0, or -1 with why[n] (the
  * cause of a failed write: "No space left on device"), the temporary file removed. */

@@ -171,7 +171,8 @@ int plan_check_device(const gptc_config *c, const gpt_shape *s, int T, char *err
 
 /* The outputs are written at the end of a long run (checkpoints, the trace and the
  * report after the last step): a path that fails then, or that names another file the
- * run reads or writes, is refused now. */
+ * run reads or writes, is refused now. A trace or report that goes to a FIFO is opened
+ * now and held (output_whole_hold). Rank 0's. */
 int plan_check_outputs(const gptc_config *c, char *err, size_t n) {
     const named_path files[] = {
         {"train.save", c->save, 1},        {"train.log_file", c->log_file, 1},
@@ -182,6 +183,13 @@ int plan_check_outputs(const gptc_config *c, char *err, size_t n) {
         return -1;
     for (int i = 0; i < 4; i++) /* the checkpoint is written beside and renamed over */
         if (output_path_check(files[i].key, files[i].path, i == 0, err, n) != 0) return -1;
+    for (int i = 2; i < 4; i++) { /* the trace and the report, written after the last step */
+        char why[256];
+        if (output_whole_hold(files[i].path, why, sizeof why) != 0) {
+            snprintf(err, n, "%s %s: cannot write: %s", files[i].key, files[i].path, why);
+            return -1;
+        }
+    }
     return 0;
 }
 

@@ -2,10 +2,14 @@
 arguments or files (mpirun A : B, a file one node lacks), and output paths that pass
 access() but cannot be written (or would block). Every case must end every rank with a
 nonzero exit and one gptc line naming the rank, the key or the file, before training."""
+import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import numpy as np
 
@@ -53,6 +57,59 @@ def expect_refused(name, r, want):
         fail(f"{name}: want exit != 0 and one line with {want} before training, got exit "
              f"{r.returncode}, lines {lines}\n{(r.stdout + r.stderr)[-1500:]}")
     print(f"ok   {name}: {lines[0]}")
+
+
+def read_fifo(path, out, deadline_s):
+    """Reads the FIFO path until the writer that came has closed it (the bytes go to out):
+    its end is opened without waiting for a writer, and a read that finds no writer before
+    any byte came is tried again, until deadline_s."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    end = time.monotonic() + deadline_s
+    try:
+        while time.monotonic() < end:
+            select.select([fd], [], [], 0.1)
+            try:
+                b = os.read(fd, 1 << 16)
+            except BlockingIOError:  # a writer, no bytes yet
+                continue
+            if b:
+                out.append(b)
+            elif out:
+                return
+            else:
+                time.sleep(0.02)
+    finally:
+        os.close(fd)
+
+
+def check_report_fifos(a):
+    """The trace and the report to FIFOs with readers, on 2 ranks: each reader gets its
+    whole JSON, written after the last step through the stream held since the start."""
+    fifos = {k: f"{D}/{k}.fifo" for k in ("trace", "report")}
+    got = {k: [] for k in fifos}
+    readers = []
+    for k, path in fifos.items():
+        os.mkfifo(path)
+        readers.append(threading.Thread(target=read_fifo, args=(path, got[k], 100)))
+        readers[-1].start()
+    time.sleep(0.3)  # the readers' ends open
+    r = run_train([f"{a}/cfg.ini", "--parallel.dp=2", "--train.log_file=",
+                   "--profile.timing=kernel", f"--profile.trace={fifos['trace']}",
+                   f"--profile.report={fifos['report']}"], np_ranks=2, timeout=90)
+    for t in readers:
+        t.join()
+    try:
+        trace = json.loads(b"".join(got["trace"]))
+        report = json.loads(b"".join(got["report"]))
+    except ValueError as e:
+        fail(f"trace and report to FIFOs with readers: exit {r.returncode}, not JSON ({e}): "
+             f"{[len(b''.join(v)) for v in got.values()]} bytes\n{r.stderr[-800:]}")
+    ranks = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    steps = [s["step"] for s in report["steps"] if s["rank"] == 0]
+    if r.returncode or ranks != {0, 1} or steps != [1, 2]:
+        fail(f"trace and report to FIFOs with readers: exit {r.returncode}, trace ranks "
+             f"{ranks}, report steps {steps}\n{r.stderr[-800:]}")
+    print("ok   trace and report to FIFOs with readers: each gets its whole JSON (2 ranks)")
 
 
 def check_ranks_disagree(a, b):
@@ -191,12 +248,14 @@ def check_outputs(a):
     expect_refused("metrics to a FIFO with no reader", run_train(
         [f"{a}/cfg.ini", f"--train.log_file={D}/fifo"], timeout=60),
         ["train.log_file", "fifo", "no reader"])
-    r = run_train([f"{a}/cfg.ini", "--train.log_file=", "--profile.timing=kernel",
-                   f"--profile.trace={D}/fifo"], timeout=60)
-    lines = gptc_lines(r.stderr)
-    if r.returncode == 0 or len(lines) != 1 or "no reader" not in lines[0]:
-        fail(f"trace to a FIFO with no reader: exit {r.returncode}, lines {lines}")
-    print(f"ok   trace to a FIFO with no reader: {lines[0]}")
+    # the trace and report are written after the last step, but a FIFO of theirs with no
+    # reader is refused before the first: the run's report is not lost at its end
+    for key in ("trace", "report"):
+        expect_refused(f"{key} to a FIFO with no reader", run_train(
+            [f"{a}/cfg.ini", "--train.log_file=", "--profile.timing=kernel",
+             f"--profile.{key}={D}/fifo"], timeout=60),
+            [f"profile.{key}", "fifo", "no reader"])
+    check_report_fifos(a)
     # the reader's end open before the run (no race with its start); the two lines wait in
     # the FIFO's buffer until read
     fd = os.open(f"{D}/fifo", os.O_RDONLY | os.O_NONBLOCK)
