@@ -339,8 +339,10 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
     printf("%-26s %-7s %8s %11s %10s %8s %8s %11s %11s %8s %10s %8s %8s\n", "kernel", "kind",
            "count", "total ms", "mean us", "TFLOP/s", "GB/s", "isolated", "overlapped",
            "slowdown", "probe us", "vs probe", "waiting");
+    int rows = 0;
     for (int i = 0; i < n; i++) {
         if (k[i].probe) continue;
+        rows++;
         const merged_kernel *t = probe_twin(k, n, &k[i]), *only = NULL;
         int pars = 0;
         for (int j = 0; j < np; j++)
@@ -357,6 +359,9 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
                 print_row(name, "", &kp[j], NAN);
             }
     }
+    if (!rows) /* rather than a header over nothing */
+        printf("(no kernel rows: every step of the run was a warm-up or a contention probe "
+               "step)\n");
     if (pol->n)
         printf("per step and rank (mean of %ld over %d rank(s)): iter %.2f ms, compute %.2f ms, "
                "comm %.2f ms, exposed comm %.2f ms (%.0f%% of comm hidden), nothing timed in "

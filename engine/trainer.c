@@ -443,6 +443,28 @@ static void note_unused_tensors(ckpt_file *f, const gpt_shape *shape) {
     free(all);
 }
 
+/* Says when the kernel statistics of steps first..c->steps will be empty: profile.warmup
+ * leaves out the run's first steps, and a profile.contention_probe step feeds only the
+ * probe's, so a short run can have no step for one side or both. */
+static void warn_empty_statistics(const gptc_config *c, long first) {
+    long a = first + c->prof_warmup, b = c->steps; /* the steps that make the statistics */
+    if (b < first) return;                          /* no step to run */
+    if (a > b) {
+        log_warn("profile.warmup = %d covers every step this run takes (%ld..%ld): the kernel "
+                 "statistics and the report's means will be empty", c->prof_warmup, first, b);
+        return;
+    }
+    long n = c->contention_probe;
+    if (n <= 0) return;
+    long probes = b / n - (a - 1) / n; /* multiples of n in a..b */
+    if (probes == 0)
+        log_warn("profile.contention_probe = %ld: none of steps %ld..%ld is a probe step (every "
+                 "%ld-th): no serialized baseline to compare against", n, a, b, n);
+    else if (probes == b - a + 1)
+        log_warn("profile.contention_probe = %ld: every one of steps %ld..%ld is a probe step: "
+                 "none runs the overlap policies, whose statistics will be empty", n, a, b);
+}
+
 /* x, with a NaN's sign dropped: printf's "-nan" reads as a different value than "nan" */
 static double unsigned_nan(double x) { return isnan(x) ? fabs(x) : x; }
 
@@ -671,6 +693,7 @@ int train_run(const gptc_config *c, const grid *g) {
     print_model(m, &bp, first, c->steps, c->precision);
     if (c->save_every > 0 && !c->save[0])
         log_warn("train.save_every = %ld has no effect: train.save is empty", c->save_every);
+    if (kernel_timing) warn_empty_statistics(c, first);
     if (g->dp > 1)
         log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)%s\n",
                  m->n_buckets, g->dp, c->dp_bucket_mb,

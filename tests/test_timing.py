@@ -421,6 +421,30 @@ def check_comm_bytes(name, report, events, sizes):
     return total
 
 
+def check_empty_statistics():
+    """A run whose steps are all warm-up, all probes or none a probe says so at the start
+    (a warning naming the key), and its table says why it has no rows; one with steps on
+    both sides says nothing. Steps 1..3 (STEPS) on one rank."""
+    cases = [  # args, the warning's words (None: no warning), the table has rows
+        (["--profile.warmup=3"], ["profile.warmup = 3", "every step", "(1..3)"], False),
+        (["--profile.contention_probe=1"],
+         ["profile.contention_probe = 1", "every one of steps 1..3"], False),
+        (["--profile.warmup=1", "--profile.contention_probe=4"],
+         ["profile.contention_probe = 4", "none of steps 2..3"], True),
+        (["--profile.warmup=1", "--profile.contention_probe=2"], None, True),
+    ]
+    for args, words, rows in cases:
+        r = run_train(BASE + args + ["--profile.timing=kernel"], timeout=120)
+        warns = [x for x in r.stderr.splitlines() if x.startswith("gptc: warning: profile.")]
+        empty = "(no kernel rows" in r.stdout
+        ok = r.returncode == 0 and empty != rows and (
+            warns == [] if words is None else len(warns) == 1 and all(w in warns[0] for w in words))
+        if not ok:
+            fail(f"empty statistics {args}: exit {r.returncode}, warnings {warns} (want "
+                 f"{words}), table rows {not empty} (want {rows})\n{r.stderr[-800:]}")
+        print(f"ok   empty statistics {' '.join(args)}: {warns[0] if warns else 'no warning'}")
+
+
 def check_compare_reports(a, b):
     """tools/compare_reports.py on two reports: the step's iter_ms of each, the dp
     communication's wait for a rank and the dp all-reduce's time per step as the reports give
@@ -681,6 +705,7 @@ def main():
         fail(f"warmup: device_kernels on the CPU: {rep.get('device_kernels')!r}, [] expected")
     print("ok   profile.warmup = 1: step 1 traced and marked, out of the counts, means and "
           "overlap summary")
+    check_empty_statistics()
     r = run_train(BASE + ["--parallel.dp=2", "--overlap.dp=bucket", f"--train.log_file={D}/np.jsonl"],
                   np_ranks=2)
     if r.returncode or [(m["loss"], m["grad_norm"]) for m in read_metrics(f"{D}/np.jsonl")] != \
