@@ -9,9 +9,9 @@
  * of an op, at most its duration, was spent waiting for another rank (a pipeline stage
  * still computing, a slower data-parallel rank), not moving data. An op that can finish
  * without them (a send under MPI's eager limit, a broadcast's root, a reduce's other
- * ranks) waited for nothing when the last of them started after it had ended (with 3 or
- * more members a root that ended before its last member started counts as eager, even if
- * another member started while it ran: one all-reduce gives the latest start only). The ops are paired by
+ * ranks) waited for nothing when the last of them started after it had ended; a
+ * broadcast's root with several members waited for the last of those that started
+ * while it ran, and for none that started after its end. The ops are paired by
  * what comm.c counted at issue (engine/timing.h: timing_match): the n-th collective of a
  * group, the n-th send to a peer with a tag and the peer's n-th receive from it with that
  * tag. Start times are on rank 0's timeline (the trainer aligned the clocks), within the
@@ -74,30 +74,46 @@ static int match_collectives(comm_group *g, const timing_record *rec, const size
     long long lo = lim[0], hi = -lim[1];
     if (hi < lo) return 0; /* no member kept a collective */
     size_t span = (size_t)(hi - lo) + 1;
-    /* [2 * span]: by seq - lo, the latest start of a member, then the root's (-inf: none) */
-    double *starts = NULL;
+    /* [3 * span]: by seq - lo, the latest start of a member, the root's start, the root's
+     * end; then [span] the latest start of a broadcast's members before its root's end
+     * (-inf: none) */
+    double *starts = NULL, *before = NULL;
     int *kept = NULL; /* [span] how many members kept the op */
-    int fail = span > (size_t)INT_MAX / 2;
+    int fail = span > (size_t)INT_MAX / 3;
     if (!fail) {
-        starts = malloc(2 * span * sizeof(*starts));
+        starts = malloc(3 * span * sizeof(*starts));
+        before = malloc(span * sizeof(*before));
         kept = calloc(span, sizeof(*kept));
-        fail = !starts || !kept;
+        fail = !starts || !before || !kept;
     }
-    for (size_t j = 0; !fail && j < 2 * span; j++) starts[j] = -INFINITY;
+    for (size_t j = 0; !fail && j < 3 * span; j++) starts[j] = -INFINITY;
+    for (size_t j = 0; !fail && j < span; j++) before[j] = -INFINITY;
     for (size_t i = 0; !fail && i < n; i++) {
         const timing_record *r = &rec[idx[i]];
         if (!is_collective(r->match.kind)) continue;
         size_t j = (size_t)(r->match.seq - lo);
         starts[j] = r->start_us;
-        if (r->match.kind != TM_COLL && r->match.peer == me) starts[span + j] = r->start_us;
+        if (r->match.kind != TM_COLL && r->match.peer == me) {
+            starts[span + j] = r->start_us;
+            starts[2 * span + j] = r->end_us;
+        }
         kept[j] = 1;
     }
-    if (any_failed(g, fail) ||
-        MPI_Allreduce(MPI_IN_PLACE, starts, (int)(2 * span), MPI_DOUBLE, MPI_MAX, g->comm) !=
-            MPI_SUCCESS ||
-        MPI_Allreduce(MPI_IN_PLACE, kept, (int)span, MPI_INT, MPI_SUM, g->comm) != MPI_SUCCESS) {
-        free(starts);
-        free(kept);
+    fail = any_failed(g, fail) ||
+           MPI_Allreduce(MPI_IN_PLACE, starts, (int)(3 * span), MPI_DOUBLE, MPI_MAX, g->comm) !=
+               MPI_SUCCESS ||
+           MPI_Allreduce(MPI_IN_PLACE, kept, (int)span, MPI_INT, MPI_SUM, g->comm) != MPI_SUCCESS;
+    /* a broadcast's root (an eager one too) can only have waited for members that came
+     * while it ran: the second round keeps those starts alone */
+    for (size_t i = 0; !fail && i < n; i++) {
+        const timing_record *r = &rec[idx[i]];
+        if (r->match.kind != TM_BCAST) continue;
+        size_t j = (size_t)(r->match.seq - lo);
+        if (r->start_us < starts[2 * span + j]) before[j] = r->start_us;
+    }
+    if (fail || MPI_Allreduce(MPI_IN_PLACE, before, (int)span, MPI_DOUBLE, MPI_MAX, g->comm) !=
+                    MPI_SUCCESS) {
+        free(starts), free(before), free(kept);
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
@@ -107,10 +123,10 @@ static int match_collectives(comm_group *g, const timing_record *rec, const size
         if (kept[j] != S) continue; /* a member's record is missing: not known */
         /* a broadcast's other ranks need its root, a reduce's other ranks give to it */
         int to_root = r->match.kind != TM_COLL && r->match.peer != me;
-        set_wait(idx[i], r, me, to_root ? starts[span + j] : starts[j]);
+        int bcast_root = r->match.kind == TM_BCAST && r->match.peer == me;
+        set_wait(idx[i], r, me, to_root ? starts[span + j] : bcast_root ? before[j] : starts[j]);
     }
-    free(starts);
-    free(kept);
+    free(starts), free(before), free(kept);
     return 0;
 }
 

@@ -1,6 +1,6 @@
 /* parallel/comm_wait.c on 3 ranks, from records made up so that every rule shows: an
  * all-reduce waits for its last member; a broadcast's other ranks for its root, the root
- * for every member unless it ended before they started (an eager root); a reduce's root
+ * for every member that started before it ended (none: an eager root); a reduce's root
  * for every member, its other ranks for the root unless they ended first; a receive for
  * its send, a send for its receive unless it ended first (eager); a wait is at most the
  * op's duration; an op a member did not keep, or whose peer sent nothing with its tag, has
@@ -57,14 +57,15 @@ int main(int argc, char **argv) {
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     timing_set_origin(0.0);
-    /* rank 0 keeps 15 records for the trace: steps 1 and 2's 14, and step 3's first */
-    if (rank == 0) timing_set_trace_limit(15);
+    /* rank 0 keeps 16 records for the trace: steps 1 and 2's 15, and step 3's first */
+    if (rank == 0) timing_set_trace_limit(16);
     /* rank r's start of each op, and its end, by rank */
     static const double coll_a[3] = {10, 30, 20};
     static const double bcast1_a[3] = {200, 150, 140}, bcast1_b[3] = {300, 160, 250};
     static const double bcast2_a[3] = {400, 420, 450}, bcast2_b[3] = {500, 510, 520};
     static const double red3_a[3] = {610, 580, 600}, red3_b[3] = {620, 590, 700};
     static const double red4_a[3] = {800, 780, 790}, red4_b[3] = {900, 850, 795};
+    static const double bcast5_a[3] = {1750, 1770, 1850}, bcast5_b[3] = {1800, 1780, 1860};
     static const double short_a[3] = {2000, 2050, 2060}, short_b[3] = {2005, 2100, 2100};
 
     timing_begin_step(1, 0);
@@ -73,6 +74,7 @@ int main(int argc, char **argv) {
     op("broadcast", bcast2_a[rank], bcast2_b[rank], TM_BCAST, 0, 0, 2);
     op("reduce", red3_a[rank], red3_b[rank], TM_REDUCE, 2, 0, 3);
     op("reduce", red4_a[rank], red4_b[rank], TM_REDUCE, 0, 0, 4);
+    op("broadcast", bcast5_a[rank], bcast5_b[rank], TM_BCAST, 0, 0, 10);
     if (rank != 2) op("allreduce", 1900, 1950, TM_COLL, -1, 0, 5); /* rank 2 kept none */
     op("allreduce", short_a[rank], short_b[rank], TM_COLL, -1, 0, 6);
     if (rank == 0) {
@@ -125,7 +127,12 @@ int main(int argc, char **argv) {
      * needed the root from 800: 20; rank 2 (790-795) ended first: 0 */
     static const double red4_w[3] = {0, 20, 0};
     expect(4, red4_w[rank], "reduce: a member waits for the root while it runs");
-    size_t at = 5;
+    /* broadcast #10, root 0 (1750-1800): rank 1 came while it ran (1770), rank 2 after its
+     * end (1850): the root waited 20 for rank 1 and none for rank 2, not 0 for the last
+     * start alone; rank 1 started after the root, 0; rank 2 too */
+    static const double bcast5_w[3] = {20, 0, 0};
+    expect(5, bcast5_w[rank], "broadcast: the root waits for the members that came while it ran");
+    size_t at = 6;
     if (rank != 2) expect(at++, -1, "a collective one member did not keep has no wait");
     /* all-reduce #6: rank 0's op lasted 5 us of its 60 us wait: at most its duration */
     static const double short_w[3] = {5, 10, 0};
