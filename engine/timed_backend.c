@@ -40,10 +40,11 @@ static op_start begin(const char *name, gptc_stream *s) {
 static void done(const char *name, op_start t0, timing_work w, gptc_stream *s) {
     if (t0.op >= 0) {
         g_inner->timer_end(t0.op, s);
-        timing_record_device(name, TK_COMPUTE, TP_NONE, 0, timing_context(), w, t0.op);
+        timing_record_device(name, TK_COMPUTE, TP_NONE, 0, timing_context(), w,
+                             timing_no_match(), t0.op);
     } else {
-        timing_record_op(name, TK_COMPUTE, TP_NONE, 0, timing_context(), w, t0.ms,
-                         timing_now_ms());
+        timing_record_op(name, TK_COMPUTE, TP_NONE, 0, timing_context(), w, timing_no_match(),
+                         t0.ms, timing_now_ms());
     }
     nvtx_pop();
 }

@@ -243,7 +243,6 @@ static timing_record record_of(const char *name, timing_kind kind, timing_par pa
 
 /* a host-timed record (op -1) or a device-timed one (its timer handle) */
 static void record(timing_record r, double start_ms, double end_ms, int op) {
-    if (!T.on) return;
     long i = take_slot();
     if (i < 0) return;
     if (op < 0) {
@@ -253,27 +252,15 @@ static void record(timing_record r, double start_ms, double end_ms, int op) {
     timing_put(i, r, op < 0 ? -1 : op);
 }
 
-static const timing_match no_match = {TM_NONE, -1, -1, 0, 0};
-
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
-                      timing_ctx ctx, timing_work work, double start_ms, double end_ms) {
-    if (T.on) record(record_of(name, kind, par, stream, ctx, work, no_match), start_ms, end_ms, -1);
+                      timing_ctx ctx, timing_work work, timing_match match, double start_ms,
+                      double end_ms) {
+    if (T.on) record(record_of(name, kind, par, stream, ctx, work, match), start_ms, end_ms, -1);
 }
 
 void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
-                          timing_ctx ctx, timing_work work, int op) {
-    if (T.on) record(record_of(name, kind, par, stream, ctx, work, no_match), 0, 0, op);
-}
-
-void timing_record_comm_op(const char *name, timing_par par, int stream, timing_ctx ctx,
-                           timing_work work, timing_match match, double start_ms,
-                           double end_ms) {
-    if (T.on) record(record_of(name, TK_COMM, par, stream, ctx, work, match), start_ms, end_ms, -1);
-}
-
-void timing_record_comm_device(const char *name, timing_par par, int stream, timing_ctx ctx,
-                               timing_work work, timing_match match, int op) {
-    if (T.on) record(record_of(name, TK_COMM, par, stream, ctx, work, match), 0, 0, op);
+                          timing_ctx ctx, timing_work work, timing_match match, int op) {
+    if (T.on) record(record_of(name, kind, par, stream, ctx, work, match), 0, 0, op);
 }
 
 /* Keeps each piece of the step's device work, under the op whose handle it carries

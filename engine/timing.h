@@ -93,19 +93,18 @@ const char *timing_matmul_name(int backward);
 /* the name of the op with the GELU fused, in the current role (fc_gelu_fwd, fc_proj_dgelu_bwd) */
 const char *timing_matmul_gelu_name(int backward);
 timing_ctx timing_context(void);
-/* Thread-safe, allocation-free; dropped (and counted) when the step's storage is full. */
+/* The match of a record no other rank's op pairs with: compute, a combined send-receive */
+static inline timing_match timing_no_match(void) { return (timing_match){TM_NONE, -1, -1, 0, 0}; }
+/* One op call timed on the host, [start_ms, end_ms); match: what a communication op is
+ * among the other ranks' ops. Thread-safe, allocation-free; dropped (and counted) when the
+ * step's storage is full. */
 void timing_record_op(const char *name, timing_kind kind, timing_par par, int stream,
-                      timing_ctx ctx, timing_work work, double start_ms, double end_ms);
+                      timing_ctx ctx, timing_work work, timing_match match, double start_ms,
+                      double end_ms);
 /* The same for an op timed on a device: op is its handle from the backend's timer
  * (engine/backend.h), resolved into times after the step by timing_resolve_device. */
 void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
-                          timing_ctx ctx, timing_work work, int op);
-/* The same two for a communication op, with what it is among the other ranks' ops */
-void timing_record_comm_op(const char *name, timing_par par, int stream, timing_ctx ctx,
-                           timing_work work, timing_match match, double start_ms,
-                           double end_ms);
-void timing_record_comm_device(const char *name, timing_par par, int stream, timing_ctx ctx,
-                               timing_work work, timing_match match, int op);
+                          timing_ctx ctx, timing_work work, timing_match match, int op);
 /* The backend's timer_piece (engine/backend.h) */
 typedef int (*timing_piece_fn)(size_t i, int *op, const char **kernel, double *start_ms,
                                double *end_ms);

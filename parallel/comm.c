@@ -110,8 +110,7 @@ int comm_group_id(const comm_group *g) { return g->id; }
  * on the group, or the n-th transfer of its peer, tag and direction. Only counted with
  * kernel timing on, which every rank turns on before its groups exist. */
 static timing_match match_of(comm_group *g, op_kind kind, int peer, int tag) {
-    if (!timing_on() || g->id < 0 || kind == OP_SENDRECV)
-        return (timing_match){TM_NONE, -1, -1, 0, 0};
+    if (!timing_on() || g->id < 0 || kind == OP_SENDRECV) return timing_no_match();
     if (kind != OP_SEND && kind != OP_RECV) {
         int k = kind == OP_BROADCAST ? TM_BCAST : kind == OP_REDUCE ? TM_REDUCE : TM_COLL;
         return (timing_match){(int8_t)k, (int8_t)g->id, (int16_t)(k == TM_COLL ? -1 : peer), 0,
@@ -127,7 +126,7 @@ static timing_match match_of(comm_group *g, op_kind kind, int peer, int tag) {
         g->channel[g->n_channels++] = (comm_channel){peer, tag, dir, 0};
     if (c < g->n_channels) seq = g->channel[c].n++;
     pthread_mutex_unlock(&g->channel_mu);
-    if (seq < 0) return (timing_match){TM_NONE, -1, -1, 0, 0};
+    if (seq < 0) return timing_no_match();
     return (timing_match){(int8_t)dir, (int8_t)g->id, (int16_t)peer, tag, seq};
 }
 
@@ -697,8 +696,8 @@ static void run_task(const comm_task *t) {
     watchdog_waiting(NULL);
     watchdog_beat();
     if (timing_on())
-        timing_record_comm_op(op_name(t), par_of(t->g), t->stream, t->ctx, comm_work(t),
-                              t->match, t0, timing_now_ms());
+        timing_record_op(op_name(t), TK_COMM, par_of(t->g), t->stream, t->ctx, comm_work(t),
+                         t->match, t0, timing_now_ms());
 }
 
 static void run_op(const comm_task *t) {
@@ -921,8 +920,8 @@ static void issue(comm_task t, gptc_stream *s) {
         nvtx_pop();
         if (op >= 0) {
             be->timer_end(op, s);
-            timing_record_comm_device(op_name(&t), par_of(t.g), t.stream, t.ctx, comm_work(&t),
-                                      t.match, op);
+            timing_record_device(op_name(&t), TK_COMM, par_of(t.g), t.stream, t.ctx,
+                                 comm_work(&t), t.match, op);
         }
         watchdog_beat();
         return;
@@ -1033,9 +1032,9 @@ static int host_allreduce(comm_group *g, const void *in, void *out, int n, MPI_D
     int elem = 0;
     MPI_Type_size(type, &elem);
     if (timing_on())
-        timing_record_comm_op(op == MPI_MAX ? "host_allreduce_max" : "host_allreduce",
-                              par_of(g), 0, timing_context(),
-                              (timing_work){0.0, (double)n * elem}, match, t0, timing_now_ms());
+        timing_record_op(op == MPI_MAX ? "host_allreduce_max" : "host_allreduce", TK_COMM,
+                         par_of(g), 0, timing_context(), (timing_work){0.0, (double)n * elem},
+                         match, t0, timing_now_ms());
     end_job_if_failed(g);
     return rc;
 }

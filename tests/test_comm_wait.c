@@ -23,8 +23,8 @@ static int failures, rank;
 static void op_of(int par, const char *name, double a, double b, int kind, int peer, int tag,
                   int seq) {
     timing_match m = {(int8_t)kind, 0, (int16_t)peer, tag, seq};
-    timing_record_comm_op(name, par, 3, timing_context(), (timing_work){0, 4}, m, a / 1e3,
-                          b / 1e3);
+    timing_record_op(name, TK_COMM, par, 3, timing_context(), (timing_work){0, 4}, m, a / 1e3,
+                     b / 1e3);
 }
 
 static void op(const char *name, double a, double b, int kind, int peer, int tag, int seq) {
@@ -33,7 +33,7 @@ static void op(const char *name, double a, double b, int kind, int peer, int tag
 
 static void compute(double a, double b) {
     timing_record_op("matmul_fwd", TK_COMPUTE, TP_NONE, 0, timing_context(), (timing_work){0, 0},
-                     a / 1e3, b / 1e3);
+                     timing_no_match(), a / 1e3, b / 1e3);
 }
 
 /* the i-th kept record's wait is `want` (-1: none known) */

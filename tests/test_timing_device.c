@@ -128,11 +128,11 @@ int main(void) {
     timing_ctx ctx = timing_context();
     /* compute 1-3 ms and 5-6 ms; communication 2-4 ms on the DP stream; an op that ran
      * nothing; a host-timed compute record 1.5-2.5 ms; each with its work */
-    timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){3e9, 1e6}, 0);
-    timing_record_device("allreduce", TK_COMM, TP_DP, 3, ctx, (timing_work){0, 4096}, 1);
-    timing_record_device("empty", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){5, 5}, 2);
-    timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){3e9, 1e6}, 3);
-    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0, 8},
+    timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){3e9, 1e6}, timing_no_match(), 0);
+    timing_record_device("allreduce", TK_COMM, TP_DP, 3, ctx, (timing_work){0, 4096}, timing_no_match(), 1);
+    timing_record_device("empty", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){5, 5}, timing_no_match(), 2);
+    timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){3e9, 1e6}, timing_no_match(), 3);
+    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0, 8}, timing_no_match(),
                      g_origin + 1.5, g_origin + 2.5);
     timing_resolve_device(fake_read, fake_piece);
     check(g_reads == 4, "every device record read once, host records not at all");
@@ -176,7 +176,7 @@ int main(void) {
     /* next step: host records only; nothing of the last step's handles may be read */
     g_reads = 0;
     timing_begin_step(2, 0);
-    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0},
+    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, timing_no_match(),
                      g_origin + 20, g_origin + 21);
     timing_resolve_device(fake_read, NULL);
     check(g_reads == 0, "handles of an earlier step are not read again");
@@ -185,9 +185,9 @@ int main(void) {
 
     /* a third step of two records: one fills the trace, one is left out of it */
     timing_begin_step(3, 0);
-    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0},
+    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, timing_no_match(),
                      g_origin + 30, g_origin + 31);
-    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0},
+    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, timing_no_match(),
                      g_origin + 32, g_origin + 33);
     timing_end_step(5.0);
     check(timing_n_trace() == 6 && timing_trace_omitted() == 1,
@@ -203,7 +203,7 @@ int main(void) {
     g_origin = timing_now_ms();
     for (int step = 1; step <= 3; step++) {
         timing_begin_step(step, step == 2); /* step 1 warms up; step 2 is a probe */
-        timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, 0);
+        timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, timing_no_match(), 0);
         timing_resolve_device(fake_read, fake_piece);
         timing_end_step(10.0);
         dg = device_kernel("gemm", "k_gemm");
@@ -215,7 +215,7 @@ int main(void) {
     }
     g_pieces_on = 0;
     timing_begin_step(4, 0);
-    timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, 0);
+    timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, timing_no_match(), 0);
     timing_resolve_device(fake_read, fake_piece);
     timing_end_step(10.0);
     long policy_gemms = 0; /* steps 3 and 4 (the probe step's have their own entry) */
