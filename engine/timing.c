@@ -551,6 +551,7 @@ static double step_wait_us(const timing_record *r, size_t n, int par, span *in, 
         if (r[i].kind == TK_COMM && (par < 0 || r[i].par == par) && r[i].wait_us > 0)
             in[k++] = (span){r[i].start_us, r[i].start_us + r[i].wait_us};
     size_t nw = merge_spans(in, k, wait);
+    if (nw == 0) return 0; /* nothing waited (a parallelism this step did not use) */
     k = 0;
     for (size_t i = 0; i < n; i++) {
         if (r[i].kind == TK_COMM && par >= 0 && r[i].par != par) continue;
