@@ -51,62 +51,47 @@ struct ckpt_file {
     char *dir;      /* directory of path, fsynced after the rename */
 };
 
-static const char *const meta_names[6] = {"step", "n_layer", "n_head",
-                                          "d_model", "n_ctx", "vocab_size"};
+static const char *const meta_names[6] = {"step",    "n_layer", "n_head",
+                                          "d_model", "n_ctx",   "vocab_size"};
 
 /* The i-th field of meta, in the order of meta_names. */
-static long *meta_field(ckpt_meta *m, int i)
-{
-    long *fields[6] = {&m->step, &m->n_layer, &m->n_head, &m->d_model, &m->n_ctx,
-                       &m->vocab_size};
+static long *meta_field(ckpt_meta *m, int i) {
+    long *fields[6] = {&m->step, &m->n_layer, &m->n_head, &m->d_model, &m->n_ctx, &m->vocab_size};
     return fields[i];
 }
 
-static long meta_value(const ckpt_meta *m, int i)
-{
+static long meta_value(const ckpt_meta *m, int i) {
     ckpt_meta copy = *m;
     return *meta_field(&copy, i);
 }
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || errlen == 0) return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
 }
 
-static char *dup_str(const char *s)
-{
+static char *dup_str(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = malloc(n);
-    if (d)
-        memcpy(d, s, n);
+    if (d) memcpy(d, s, n);
     return d;
 }
 
 /* buf = ": <reason>" for the errno e a failed HDF5 write left (a full disk: HDF5's own
  * message does not say), or "" for none */
-static const char *os_cause(int e, char *buf, size_t n)
-{
+static const char *os_cause(int e, char *buf, size_t n) {
     snprintf(buf, n, "%s%s", e ? ": " : "", e ? strerror(e) : "");
     return buf;
 }
 
-void ckpt_library_init(void)
-{
-    H5dont_atexit();
-}
+void ckpt_library_init(void) { H5dont_atexit(); }
 
-static void quiet_hdf5(void)
-{
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-}
+static void quiet_hdf5(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
-static void free_handle(ckpt_file *f)
-{
+static void free_handle(ckpt_file *f) {
     free(f->path);
     free(f->tmp_path);
     free(f->dir);
@@ -114,13 +99,10 @@ static void free_handle(ckpt_file *f)
 }
 
 /* "a/b/c.h5" -> "a/b", "c.h5" -> ".", "/c.h5" -> "/". */
-static char *dir_of(const char *path)
-{
+static char *dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
-    if (!slash)
-        return dup_str(".");
-    if (slash == path)
-        return dup_str("/");
+    if (!slash) return dup_str(".");
+    if (slash == path) return dup_str("/");
     size_t n = (size_t)(slash - path);
     char *d = malloc(n + 1);
     if (d) {
@@ -130,8 +112,7 @@ static char *dir_of(const char *path)
     return d;
 }
 
-static void describe_dtype(hid_t t, char *buf, size_t n)
-{
+static void describe_dtype(hid_t t, char *buf, size_t n) {
     size_t bits = 8 * H5Tget_size(t);
     switch (H5Tget_class(t)) {
     case H5T_FLOAT:
@@ -149,25 +130,21 @@ static void describe_dtype(hid_t t, char *buf, size_t n)
     }
 }
 
-static void format_dims(char *buf, size_t n, int ndim, const hsize_t *dims)
-{
+static void format_dims(char *buf, size_t n, int ndim, const hsize_t *dims) {
     size_t used = 0;
     buf[0] = '\0';
     for (int i = 0; i < ndim && used < n; i++) {
-        int w = snprintf(buf + used, n - used, "%s%llu", i ? "," : "[",
-                         (unsigned long long)dims[i]);
-        if (w < 0)
-            return;
+        int w =
+            snprintf(buf + used, n - used, "%s%llu", i ? "," : "[", (unsigned long long)dims[i]);
+        if (w < 0) return;
         used += (size_t)w;
     }
-    if (used < n)
-        snprintf(buf + used, n - used, "%s", ndim ? "]" : "[]");
+    if (used < n) snprintf(buf + used, n - used, "%s", ndim ? "]" : "[]");
 }
 
 /* "/group/name" into buf; the name must be one HDF5 link (dots are fine, slashes are not). */
 static int dataset_path(const ckpt_file *f, const char *group, const char *name, char *buf,
-                        size_t n, char *err, size_t errlen)
-{
+                        size_t n, char *err, size_t errlen) {
     if (!group || !name || !*group || !*name || strchr(name, '/')) {
         set_err(err, errlen, "%s: bad dataset name '%s/%s'", f->path, group ? group : "",
                 name ? name : "");
@@ -183,53 +160,44 @@ static int dataset_path(const ckpt_file *f, const char *group, const char *name,
 
 /* H5Lexists fails (rather than answering 0) when an intermediate group is missing,
  * so every prefix of "/a/b/c" is checked in turn. Returns 1, 0, or -1 on error. */
-static int link_exists(hid_t loc, const char *path)
-{
+static int link_exists(hid_t loc, const char *path) {
     char buf[1024];
     size_t n = strlen(path);
-    if (n >= sizeof buf)
-        return -1;
+    if (n >= sizeof buf) return -1;
     memcpy(buf, path, n + 1);
     for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0')
-            continue;
+        if (buf[i] != '/' && buf[i] != '\0') continue;
         char saved = buf[i];
         buf[i] = '\0';
         htri_t e = H5Lexists(loc, buf, H5P_DEFAULT);
         buf[i] = saved;
-        if (e <= 0)
-            return e < 0 ? -1 : 0;
+        if (e <= 0) return e < 0 ? -1 : 0;
     }
     return 1;
 }
 
 /* ---------------------------------------------------------------- attributes */
 
-static int write_int_attr(hid_t loc, const char *name, long value)
-{
+static int write_int_attr(hid_t loc, const char *name, long value) {
     int64_t v = value;
-    if (H5Aexists(loc, name) > 0 && H5Adelete(loc, name) < 0)
-        return -1;
+    if (H5Aexists(loc, name) > 0 && H5Adelete(loc, name) < 0) return -1;
     hid_t space = H5Screate(H5S_SCALAR);
     hid_t attr = H5Acreate2(loc, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
     herr_t rc = attr < 0 ? -1 : H5Awrite(attr, H5T_NATIVE_INT64, &v);
-    if (attr >= 0)
-        H5Aclose(attr);
+    if (attr >= 0) H5Aclose(attr);
     H5Sclose(space);
     return rc < 0 ? -1 : 0;
 }
 
 /* Variable-length UTF-8, as h5py writes a Python str: h5py reads it back as a str. */
-static int write_str_attr(hid_t loc, const char *name, const char *value)
-{
+static int write_str_attr(hid_t loc, const char *name, const char *value) {
     hid_t type = H5Tcopy(H5T_C_S1);
     H5Tset_size(type, H5T_VARIABLE);
     H5Tset_cset(type, H5T_CSET_UTF8);
     hid_t space = H5Screate(H5S_SCALAR);
     hid_t attr = H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
     herr_t rc = attr < 0 ? -1 : H5Awrite(attr, type, &value);
-    if (attr >= 0)
-        H5Aclose(attr);
+    if (attr >= 0) H5Aclose(attr);
     H5Sclose(space);
     H5Tclose(type);
     return rc < 0 ? -1 : 0;
@@ -237,8 +205,7 @@ static int write_str_attr(hid_t loc, const char *name, const char *value)
 
 /* Reads a one-element attribute of any integer width and signedness into *out. */
 static int read_int_attr(const ckpt_file *f, hid_t loc, const char *where, const char *name,
-                         long *out, char *err, size_t errlen)
-{
+                         long *out, char *err, size_t errlen) {
     if (H5Aexists(loc, name) <= 0) {
         set_err(err, errlen, "%s: missing attribute %s%s", f->path, where, name);
         return -1;
@@ -252,15 +219,15 @@ static int read_int_attr(const ckpt_file *f, hid_t loc, const char *where, const
         set_err(err, errlen, "%s: cannot read attribute %s%s", f->path, where, name);
     } else if (H5Tget_class(type) != H5T_INTEGER) {
         describe_dtype(type, dt, sizeof dt);
-        set_err(err, errlen, "%s: attribute %s%s is %s, expected an integer", f->path, where,
-                name, dt);
+        set_err(err, errlen, "%s: attribute %s%s is %s, expected an integer", f->path, where, name,
+                dt);
     } else if (H5Sget_simple_extent_npoints(space) != 1) {
         set_err(err, errlen, "%s: attribute %s%s must hold one value", f->path, where, name);
     } else if (H5Tget_sign(type) == H5T_SGN_NONE) {
         uint64_t u = 0;
         if (H5Aread(attr, H5T_NATIVE_UINT64, &u) < 0 || u > (uint64_t)LONG_MAX)
-            set_err(err, errlen, "%s: cannot read attribute %s%s as an integer", f->path,
-                    where, name);
+            set_err(err, errlen, "%s: cannot read attribute %s%s as an integer", f->path, where,
+                    name);
         else {
             *out = (long)u;
             rc = 0;
@@ -268,33 +235,27 @@ static int read_int_attr(const ckpt_file *f, hid_t loc, const char *where, const
     } else {
         int64_t v = 0;
         if (H5Aread(attr, H5T_NATIVE_INT64, &v) < 0 || v > LONG_MAX || v < LONG_MIN)
-            set_err(err, errlen, "%s: cannot read attribute %s%s as an integer", f->path,
-                    where, name);
+            set_err(err, errlen, "%s: cannot read attribute %s%s as an integer", f->path, where,
+                    name);
         else {
             *out = (long)v;
             rc = 0;
         }
     }
-    if (space >= 0)
-        H5Sclose(space);
-    if (type >= 0)
-        H5Tclose(type);
-    if (attr >= 0)
-        H5Aclose(attr);
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    if (attr >= 0) H5Aclose(attr);
     return rc;
 }
 
 /* Reads a one-element string attribute, fixed- or variable-length, into out. */
-static int read_str_value(hid_t attr, hid_t type, char *out, size_t outlen)
-{
+static int read_str_value(hid_t attr, hid_t type, char *out, size_t outlen) {
     htri_t vlen = H5Tis_variable_str(type);
-    if (vlen < 0)
-        return -1;
+    if (vlen < 0) return -1;
     /* Same charset as the file (HDF5 does not convert between ASCII and UTF-8); fixed
      * strings keep their size and padding, so they are copied as they are. */
     hid_t mem = H5Tcopy(vlen ? H5T_C_S1 : type);
-    if (mem < 0)
-        return -1;
+    if (mem < 0) return -1;
     int rc = -1;
     if (vlen && (H5Tset_size(mem, H5T_VARIABLE) < 0 || H5Tset_cset(mem, H5Tget_cset(type)) < 0)) {
         H5Tclose(mem);
@@ -324,12 +285,10 @@ static int read_str_value(hid_t attr, hid_t type, char *out, size_t outlen)
     return rc;
 }
 
-static int read_str_attr(const ckpt_file *f, hid_t loc, const char *name, char *out,
-                         size_t outlen, char *err, size_t errlen)
-{
+static int read_str_attr(const ckpt_file *f, hid_t loc, const char *name, char *out, size_t outlen,
+                         char *err, size_t errlen) {
     if (H5Aexists(loc, name) <= 0) {
-        set_err(err, errlen, "%s: missing attribute %s (not a gpt-ckpt checkpoint)", f->path,
-                name);
+        set_err(err, errlen, "%s: missing attribute %s (not a gpt-ckpt checkpoint)", f->path, name);
         return -1;
     }
     hid_t attr = H5Aopen(loc, name, H5P_DEFAULT);
@@ -343,12 +302,9 @@ static int read_str_attr(const ckpt_file *f, hid_t loc, const char *name, char *
         set_err(err, errlen, "%s: cannot read attribute %s", f->path, name);
     else
         rc = 0;
-    if (space >= 0)
-        H5Sclose(space);
-    if (type >= 0)
-        H5Tclose(type);
-    if (attr >= 0)
-        H5Aclose(attr);
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    if (attr >= 0) H5Aclose(attr);
     return rc;
 }
 
@@ -362,8 +318,7 @@ typedef struct {
 
 /* out = "[i, j]", the coordinates in the whole dataset of element k of the slab (row-major),
  * so that a message points at the value whatever part of it this rank holds */
-static void slab_index(const slab *s, size_t k, char *out, size_t n)
-{
+static void slab_index(const slab *s, size_t k, char *out, size_t n) {
     hsize_t idx[H5S_MAX_RANK];
     for (int i = s->ndim - 1; i >= 0; i--) {
         idx[i] = s->off[i] + k % s->cnt[i];
@@ -373,21 +328,19 @@ static void slab_index(const slab *s, size_t k, char *out, size_t n)
     for (int i = 0; i < s->ndim && used < n; i++)
         used += (size_t)snprintf(out + used, n - used, "%s%llu", i ? ", " : "",
                                  (unsigned long long)idx[i]);
-    if (used < n)
-        snprintf(out + used, n - used, "]");
+    if (used < n) snprintf(out + used, n - used, "]");
 }
 
 /* Checks shape/start/count and that [start, start+count) lies inside shape. */
 static int make_slab(const ckpt_file *f, const char *dset, int ndim, const long *shape,
-                     const long *start, const long *count, slab *s, char *err, size_t errlen)
-{
+                     const long *start, const long *count, slab *s, char *err, size_t errlen) {
     if (ndim < 1 || ndim > H5S_MAX_RANK || !shape) {
         set_err(err, errlen, "%s: %s: bad number of dimensions %d", f->path, dset, ndim);
         return -1;
     }
     if ((start == NULL) != (count == NULL)) {
-        set_err(err, errlen, "%s: %s: start and count must both be given or both be NULL",
-                f->path, dset);
+        set_err(err, errlen, "%s: %s: start and count must both be given or both be NULL", f->path,
+                dset);
         return -1;
     }
     s->ndim = ndim;
@@ -396,8 +349,8 @@ static int make_slab(const ckpt_file *f, const char *dset, int ndim, const long 
         long st = start ? start[i] : 0, ct = count ? count[i] : shape[i];
         if (shape[i] < 1 || st < 0 || ct < 1 || st > shape[i] - ct) {
             set_err(err, errlen,
-                    "%s: %s: slab start %ld count %ld is outside dimension %d of size %ld",
-                    f->path, dset, st, ct, i, shape[i]);
+                    "%s: %s: slab start %ld count %ld is outside dimension %d of size %ld", f->path,
+                    dset, st, ct, i, shape[i]);
             return -1;
         }
         s->dims[i] = (hsize_t)shape[i];
@@ -409,8 +362,7 @@ static int make_slab(const ckpt_file *f, const char *dset, int ndim, const long 
 }
 
 /* Runs H5Dread or H5Dwrite on the slab of an open dataset. */
-static int transfer_slab(hid_t dset, const slab *s, float *rbuf, const float *wbuf)
-{
+static int transfer_slab(hid_t dset, const slab *s, float *rbuf, const float *wbuf) {
     hid_t fspace = H5Dget_space(dset);
     hid_t mspace = H5Screate_simple(s->ndim, s->cnt, NULL);
     herr_t rc = -1;
@@ -421,17 +373,14 @@ static int transfer_slab(hid_t dset, const slab *s, float *rbuf, const float *wb
         else
             rc = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, wbuf);
     }
-    if (mspace >= 0)
-        H5Sclose(mspace);
-    if (fspace >= 0)
-        H5Sclose(fspace);
+    if (mspace >= 0) H5Sclose(mspace);
+    if (fspace >= 0) H5Sclose(fspace);
     return rc < 0 ? -1 : 0;
 }
 
 /* Checks that an open dataset is float32 of exactly the slab's full shape. */
 static int check_dataset(const ckpt_file *f, hid_t dset, const char *dpath, const slab *s,
-                         char *err, size_t errlen)
-{
+                         char *err, size_t errlen) {
     hid_t type = H5Dget_type(dset);
     hid_t space = H5Dget_space(dset);
     int rc = -1;
@@ -446,37 +395,30 @@ static int check_dataset(const ckpt_file *f, hid_t dset, const char *dpath, cons
     } else {
         H5Sget_simple_extent_dims(space, found, NULL);
         int same = nd == s->ndim;
-        for (int i = 0; same && i < nd; i++)
-            same = found[i] == s->dims[i];
+        for (int i = 0; same && i < nd; i++) same = found[i] == s->dims[i];
         if (same) {
             rc = 0;
         } else {
             format_dims(a, sizeof a, s->ndim, s->dims);
             format_dims(b, sizeof b, nd, found);
-            set_err(err, errlen, "%s: dataset %s has shape %s, expected %s", f->path, dpath, b,
-                    a);
+            set_err(err, errlen, "%s: dataset %s has shape %s, expected %s", f->path, dpath, b, a);
         }
     }
-    if (space >= 0)
-        H5Sclose(space);
-    if (type >= 0)
-        H5Tclose(type);
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
     return rc;
 }
 
 /* Index of the first NaN or Inf in x[0..n), or n when all are finite. */
-static size_t first_non_finite(const float *x, size_t n)
-{
+static size_t first_non_finite(const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i]))
-            return i;
+        if (!isfinite(x[i])) return i;
     return n;
 }
 
 /* ------------------------------------------------------------------ writing */
 
-static int check_directory(const char *path, const char *dir, char *err, size_t errlen)
-{
+static int check_directory(const char *path, const char *dir, char *err, size_t errlen) {
     struct stat st;
     if (stat(dir, &st) != 0) {
         set_err(err, errlen, "%s: directory %s does not exist", path, dir);
@@ -493,19 +435,16 @@ static int check_directory(const char *path, const char *dir, char *err, size_t 
     return 0;
 }
 
-static int write_root_attrs(hid_t file, const ckpt_meta *meta)
-{
+static int write_root_attrs(hid_t file, const ckpt_meta *meta) {
     if (write_str_attr(file, "format", "gpt-ckpt") < 0 ||
         write_int_attr(file, "version", CKPT_VERSION) < 0)
         return -1;
     for (int i = 0; i < 6; i++)
-        if (write_int_attr(file, meta_names[i], meta_value(meta, i)) < 0)
-            return -1;
+        if (write_int_attr(file, meta_names[i], meta_value(meta, i)) < 0) return -1;
     return 0;
 }
 
-static int check_meta(const char *path, const ckpt_meta *meta, char *err, size_t errlen)
-{
+static int check_meta(const char *path, const ckpt_meta *meta, char *err, size_t errlen) {
     if (!meta) {
         set_err(err, errlen, "%s: no model shape given", path);
         return -1;
@@ -520,15 +459,13 @@ static int check_meta(const char *path, const ckpt_meta *meta, char *err, size_t
     return 0;
 }
 
-ckpt_file *ckpt_create(const char *path, const ckpt_meta *meta, char *err, size_t errlen)
-{
+ckpt_file *ckpt_create(const char *path, const ckpt_meta *meta, char *err, size_t errlen) {
     quiet_hdf5();
     if (!path || !*path) {
         set_err(err, errlen, "checkpoint path is empty");
         return NULL;
     }
-    if (check_meta(path, meta, err, errlen) < 0)
-        return NULL;
+    if (check_meta(path, meta, err, errlen) < 0) return NULL;
     ckpt_file *f = calloc(1, sizeof *f);
     if (!f) {
         set_err(err, errlen, "%s: out of memory", path);
@@ -557,8 +494,7 @@ ckpt_file *ckpt_create(const char *path, const ckpt_meta *meta, char *err, size_
     }
     hid_t model = H5Gcreate2(f->file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     int rc = model < 0 ? -1 : write_root_attrs(f->file, meta);
-    if (model >= 0)
-        H5Gclose(model);
+    if (model >= 0) H5Gclose(model);
     if (rc < 0) {
         set_err(err, errlen, "%s: cannot write root attributes to %s", path, f->tmp_path);
         ckpt_abort(f);
@@ -567,8 +503,7 @@ ckpt_file *ckpt_create(const char *path, const ckpt_meta *meta, char *err, size_
     return f;
 }
 
-static int require_writing(const ckpt_file *f, char *err, size_t errlen)
-{
+static int require_writing(const ckpt_file *f, char *err, size_t errlen) {
     if (!f) {
         set_err(err, errlen, "checkpoint is not open");
         return -1;
@@ -581,16 +516,12 @@ static int require_writing(const ckpt_file *f, char *err, size_t errlen)
 }
 
 /* Opens group (e.g. "optim/m"), creating it and any missing parents. */
-static hid_t open_or_create_group(hid_t file, const char *group)
-{
+static hid_t open_or_create_group(hid_t file, const char *group) {
     int e = link_exists(file, group);
-    if (e < 0)
-        return -1;
-    if (e)
-        return H5Gopen2(file, group, H5P_DEFAULT);
+    if (e < 0) return -1;
+    if (e) return H5Gopen2(file, group, H5P_DEFAULT);
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
-    if (lcpl < 0)
-        return -1;
+    if (lcpl < 0) return -1;
     hid_t g = H5Pset_create_intermediate_group(lcpl, 1) < 0
                   ? -1
                   : H5Gcreate2(file, group, lcpl, H5P_DEFAULT, H5P_DEFAULT);
@@ -600,8 +531,7 @@ static hid_t open_or_create_group(hid_t file, const char *group)
 
 /* Opens dpath if it exists (it must then match s), else creates it with the slab's shape. */
 static hid_t open_or_create_dataset(ckpt_file *f, const char *group, const char *dpath,
-                                    const slab *s, char *err, size_t errlen)
-{
+                                    const slab *s, char *err, size_t errlen) {
     int e = link_exists(f->file, dpath);
     if (e > 0) {
         hid_t d = H5Dopen2(f->file, dpath, H5P_DEFAULT);
@@ -618,19 +548,15 @@ static hid_t open_or_create_dataset(ckpt_file *f, const char *group, const char 
     hid_t d = space < 0 ? -1
                         : H5Dcreate2(f->file, dpath, H5T_IEEE_F32LE, space, H5P_DEFAULT,
                                      H5P_DEFAULT, H5P_DEFAULT);
-    if (space >= 0)
-        H5Sclose(space);
-    if (g >= 0)
-        H5Gclose(g);
-    if (d < 0)
-        set_err(err, errlen, "%s: cannot create dataset %s", f->path, dpath);
+    if (space >= 0) H5Sclose(space);
+    if (g >= 0) H5Gclose(g);
+    if (d < 0) set_err(err, errlen, "%s: cannot create dataset %s", f->path, dpath);
     return d;
 }
 
-int ckpt_write_slab(ckpt_file *f, const char *group, const char *name, int ndim,
-                    const long *shape, const long *start, const long *count,
-                    const float *data, char *err, size_t errlen)
-{
+int ckpt_write_slab(ckpt_file *f, const char *group, const char *name, int ndim, const long *shape,
+                    const long *start, const long *count, const float *data, char *err,
+                    size_t errlen) {
     char dpath[1024];
     slab s;
     if (require_writing(f, err, errlen) < 0 ||
@@ -648,8 +574,7 @@ int ckpt_write_slab(ckpt_file *f, const char *group, const char *name, int ndim,
         return -1;
     }
     hid_t d = open_or_create_dataset(f, group, dpath, &s, err, errlen);
-    if (d < 0)
-        return -1;
+    if (d < 0) return -1;
     errno = 0;
     int rc = transfer_slab(d, &s, NULL, data), why = errno;
     H5Dclose(d);
@@ -660,27 +585,21 @@ int ckpt_write_slab(ckpt_file *f, const char *group, const char *name, int ndim,
     return rc;
 }
 
-int ckpt_write(ckpt_file *f, const char *group, const char *name, int ndim,
-               const long *shape, const float *data, char *err, size_t errlen)
-{
+int ckpt_write(ckpt_file *f, const char *group, const char *name, int ndim, const long *shape,
+               const float *data, char *err, size_t errlen) {
     return ckpt_write_slab(f, group, name, ndim, shape, NULL, NULL, data, err, errlen);
 }
 
-int ckpt_set_optim_t(ckpt_file *f, long t, char *err, size_t errlen)
-{
-    if (require_writing(f, err, errlen) < 0)
-        return -1;
+int ckpt_set_optim_t(ckpt_file *f, long t, char *err, size_t errlen) {
+    if (require_writing(f, err, errlen) < 0) return -1;
     hid_t g = open_or_create_group(f->file, "optim");
     int rc = g < 0 ? -1 : write_int_attr(g, "t", t);
-    if (g >= 0)
-        H5Gclose(g);
-    if (rc < 0)
-        set_err(err, errlen, "%s: cannot write attribute /optim t", f->path);
+    if (g >= 0) H5Gclose(g);
+    if (rc < 0) set_err(err, errlen, "%s: cannot write attribute /optim t", f->path);
     return rc;
 }
 
-int ckpt_commit(ckpt_file *f, char *err, size_t errlen)
-{
+int ckpt_commit(ckpt_file *f, char *err, size_t errlen) {
     if (require_writing(f, err, errlen) < 0) {
         ckpt_close(f);
         return -1;
@@ -690,19 +609,17 @@ int ckpt_commit(ckpt_file *f, char *err, size_t errlen)
     int why = 0;
     errno = 0;
     int failed = H5Fflush(f->file, H5F_SCOPE_GLOBAL) < 0;
-    if (failed)
-        why = errno;
+    if (failed) why = errno;
     errno = 0;
     if (H5Fclose(f->file) < 0) {
-        if (!failed)
-            why = errno;
+        if (!failed) why = errno;
         failed = 1;
     }
     f->file = -1;
     char cause[128];
     if (failed) {
-        set_err(err, errlen, "%s: cannot flush and close temporary file %s%s", f->path,
-                f->tmp_path, os_cause(why, cause, sizeof cause));
+        set_err(err, errlen, "%s: cannot flush and close temporary file %s%s", f->path, f->tmp_path,
+                os_cause(why, cause, sizeof cause));
         ckpt_abort(f);
         return -1;
     }
@@ -716,33 +633,26 @@ int ckpt_commit(ckpt_file *f, char *err, size_t errlen)
     return 0;
 }
 
-void ckpt_abort(ckpt_file *f)
-{
-    if (!f)
-        return;
-    if (f->file >= 0)
-        H5Fclose(f->file);
-    if (f->tmp_path)
-        unlink(f->tmp_path);
+void ckpt_abort(ckpt_file *f) {
+    if (!f) return;
+    if (f->file >= 0) H5Fclose(f->file);
+    if (f->tmp_path) unlink(f->tmp_path);
     free_handle(f);
 }
 
 /* ------------------------------------------------------------------ reading */
 
 /* Fills meta from the root attributes after checking format and version. */
-static int read_root_attrs(const ckpt_file *f, ckpt_meta *meta, char *err, size_t errlen)
-{
+static int read_root_attrs(const ckpt_file *f, ckpt_meta *meta, char *err, size_t errlen) {
     char format[64];
     long version = 0;
-    if (read_str_attr(f, f->file, "format", format, sizeof format, err, errlen) < 0)
-        return -1;
+    if (read_str_attr(f, f->file, "format", format, sizeof format, err, errlen) < 0) return -1;
     if (strcmp(format, "gpt-ckpt") != 0) {
         set_err(err, errlen, "%s: attribute format is \"%s\", expected \"gpt-ckpt\"", f->path,
                 format);
         return -1;
     }
-    if (read_int_attr(f, f->file, "", "version", &version, err, errlen) < 0)
-        return -1;
+    if (read_int_attr(f, f->file, "", "version", &version, err, errlen) < 0) return -1;
     if (version > CKPT_VERSION) {
         set_err(err, errlen, "%s: checkpoint version %ld is newer than this program (reads %d)",
                 f->path, version, CKPT_VERSION);
@@ -756,17 +666,14 @@ static int read_root_attrs(const ckpt_file *f, ckpt_meta *meta, char *err, size_
     for (int i = 0; i < 6; i++)
         if (read_int_attr(f, f->file, "", meta_names[i], meta_field(&m, i), err, errlen) < 0)
             return -1;
-    if (check_meta(f->path, &m, err, errlen) < 0)
-        return -1;
-    if (meta)
-        *meta = m;
+    if (check_meta(f->path, &m, err, errlen) < 0) return -1;
+    if (meta) *meta = m;
     return 0;
 }
 
 /* has_optim: /optim is a group carrying attribute t. */
 static int read_optim_t(const ckpt_file *f, long step, int *has_optim, long *optim_t, char *err,
-                        size_t errlen)
-{
+                        size_t errlen) {
     int has = 0;
     long t = 0;
     int rc = 0;
@@ -775,9 +682,10 @@ static int read_optim_t(const ckpt_file *f, long step, int *has_optim, long *opt
          * word: refused, as is a negative t */
         hid_t g = H5Gopen2(f->file, "/optim", H5P_DEFAULT);
         if (g < 0 || H5Aexists(g, "t") <= 0) {
-            set_err(err, errlen, "%s: /optim %s (the optimizer's step count; delete /optim "
-                    "to start the optimizer afresh)", f->path,
-                    g < 0 ? "is not a group" : "has no attribute t");
+            set_err(err, errlen,
+                    "%s: /optim %s (the optimizer's step count; delete /optim "
+                    "to start the optimizer afresh)",
+                    f->path, g < 0 ? "is not a group" : "has no attribute t");
             rc = -1;
         } else {
             rc = read_int_attr(f, g, "/optim ", "t", &t, err, errlen);
@@ -788,29 +696,25 @@ static int read_optim_t(const ckpt_file *f, long step, int *has_optim, long *opt
             /* t counts the updates taken, at most one a step (fewer where nan_policy = skip
              * left one out); more would resume the bias correction where no run was */
             if (rc == 0 && t > step) {
-                set_err(err, errlen, "%s: /optim attribute t = %ld is more than the "
+                set_err(err, errlen,
+                        "%s: /optim attribute t = %ld is more than the "
                         "checkpoint's step %ld (the optimizer takes at most one update a step)",
                         f->path, t, step);
                 rc = -1;
             }
             has = rc == 0;
         }
-        if (g >= 0)
-            H5Gclose(g);
+        if (g >= 0) H5Gclose(g);
     }
-    if (has_optim)
-        *has_optim = has;
-    if (optim_t)
-        *optim_t = t;
+    if (has_optim) *has_optim = has;
+    if (optim_t) *optim_t = t;
     return rc;
 }
 
-ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *optim_t,
-                     char *err, size_t errlen)
-{
+ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *optim_t, char *err,
+                     size_t errlen) {
     ckpt_meta own; /* where the caller does not want it: read_optim_t needs its step */
-    if (!meta)
-        meta = &own;
+    if (!meta) meta = &own;
     quiet_hdf5();
     struct stat st;
     if (!path || !*path) {
@@ -855,10 +759,8 @@ ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *op
     return f;
 }
 
-int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
-              const long *shape, const long *start, const long *count, float *dst,
-              char *err, size_t errlen)
-{
+int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim, const long *shape,
+              const long *start, const long *count, float *dst, char *err, size_t errlen) {
     char dpath[1024];
     slab s;
     if (!f) {
@@ -875,10 +777,10 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
          * read the same in every HDF5 since 1.8, unlike H5Oget_info) */
         hid_t o = link_exists(f->file, gpath) > 0 ? H5Oopen(f->file, gpath, H5P_DEFAULT) : -1;
         int not_group = o >= 0 && H5Iget_type(o) != H5I_GROUP;
-        if (o >= 0)
-            H5Oclose(o);
+        if (o >= 0) H5Oclose(o);
         if (not_group)
-            set_err(err, errlen, "%s: %s is not a group (the tensors belong in it)", f->path, gpath);
+            set_err(err, errlen, "%s: %s is not a group (the tensors belong in it)", f->path,
+                    gpath);
         else
             set_err(err, errlen, "%s: missing dataset %s", f->path, dpath);
         return -1;
@@ -892,19 +794,24 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
     char filter[96];
     long long unwritten, total;
     if (rc == 0 && h5_missing_filter(d, filter, sizeof filter)) {
-        set_err(err, errlen, "%s: dataset %s was written with the HDF5 filter %s, which this "
-                "HDF5 library cannot decode", f->path, dpath, filter);
+        set_err(err, errlen,
+                "%s: dataset %s was written with the HDF5 filter %s, which this "
+                "HDF5 library cannot decode",
+                f->path, dpath, filter);
         rc = -1;
     }
     /* its values would read as zeros: weights or moments lost without a word */
     if (rc == 0 && h5_unwritten(d, &unwritten, &total)) {
         if (unwritten == total)
-            set_err(err, errlen, "%s: dataset %s was created but never written (it would read "
-                    "as zeros)", f->path, dpath);
+            set_err(err, errlen,
+                    "%s: dataset %s was created but never written (it would read "
+                    "as zeros)",
+                    f->path, dpath);
         else
-            set_err(err, errlen, "%s: dataset %s was written only in part (%lld of its %lld "
-                    "chunks never were: they would read as zeros)", f->path, dpath, unwritten,
-                    total);
+            set_err(err, errlen,
+                    "%s: dataset %s was written only in part (%lld of its %lld "
+                    "chunks never were: they would read as zeros)",
+                    f->path, dpath, unwritten, total);
         rc = -1;
     }
     if (rc == 0 && transfer_slab(d, &s, dst, NULL) < 0) {
@@ -912,8 +819,7 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
         rc = -1;
     }
     H5Dclose(d);
-    if (rc < 0)
-        return -1;
+    if (rc < 0) return -1;
     size_t bad = first_non_finite(dst, s.n);
     if (bad < s.n) {
         char at[160];
@@ -932,45 +838,34 @@ typedef struct {
     size_t first_len;
 } unknown_scan;
 
-static herr_t note_unknown(hid_t group, const char *name, const H5L_info_t *info, void *arg)
-{
+static herr_t note_unknown(hid_t group, const char *name, const H5L_info_t *info, void *arg) {
     (void)group, (void)info;
     unknown_scan *u = arg;
     for (int i = 0; i < u->n; i++)
-        if (strcmp(u->known[i], name) == 0)
-            return 0;
-    if (u->unknown++ == 0)
-        snprintf(u->first, u->first_len, "%s", name);
+        if (strcmp(u->known[i], name) == 0) return 0;
+    if (u->unknown++ == 0) snprintf(u->first, u->first_len, "%s", name);
     return 0;
 }
 
 int ckpt_count_unknown(ckpt_file *f, const char *group, const char *const *known, int n,
-                       char *first, size_t first_len)
-{
+                       char *first, size_t first_len) {
     unknown_scan u = {known, n, 0, first, first_len};
     first[0] = 0;
-    if (!f || f->file < 0 || link_exists(f->file, group) <= 0)
-        return 0;
+    if (!f || f->file < 0 || link_exists(f->file, group) <= 0) return 0;
     hsize_t at = 0;
     H5Literate_by_name(f->file, group, H5_INDEX_NAME, H5_ITER_INC, &at, note_unknown, &u,
                        H5P_DEFAULT);
     return u.unknown;
 }
 
-const char *ckpt_file_path(const ckpt_file *f)
-{
-    return f ? f->path : "";
-}
+const char *ckpt_file_path(const ckpt_file *f) { return f ? f->path : ""; }
 
-void ckpt_close(ckpt_file *f)
-{
-    if (!f)
-        return;
+void ckpt_close(ckpt_file *f) {
+    if (!f) return;
     if (f->tmp_path) { /* an unfinished write: closing without commit drops it */
         ckpt_abort(f);
         return;
     }
-    if (f->file >= 0)
-        H5Fclose(f->file);
+    if (f->file >= 0) H5Fclose(f->file);
     free_handle(f);
 }

@@ -27,13 +27,9 @@ static char tmpdir[512];
 
 /* HDF5 objects open in any file: files, groups, datasets, attributes. (Transient
  * dataspaces and datatypes are not counted; HDF5 1.10 offers no public count of them.) */
-static long open_ids(void)
-{
-    return (long)H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL);
-}
+static long open_ids(void) { return (long)H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL); }
 
-static void fail(const char *fmt, ...)
-{
+static void fail(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     printf("FAIL: ");
@@ -43,17 +39,14 @@ static void fail(const char *fmt, ...)
     failures++;
 }
 
-static void check(int ok, const char *what)
-{
-    if (!ok)
-        fail("%s", what);
+static void check(int ok, const char *what) {
+    if (!ok) fail("%s", what);
 }
 
 /* An error case passes when the call failed, err names every given word, err is one
  * line, and no HDF5 object was left open. */
 static void check_err(const char *what, int failed, const char *err, const char *w1,
-                      const char *w2)
-{
+                      const char *w2) {
     if (!failed) {
         fail("%s: call succeeded, expected an error", what);
         return;
@@ -62,60 +55,48 @@ static void check_err(const char *what, int failed, const char *err, const char 
     for (int i = 0; i < 2; i++)
         if (words[i] && !strstr(err, words[i]))
             fail("%s: message lacks \"%s\": %s", what, words[i], err);
-    if (strchr(err, '\n'))
-        fail("%s: message is not one line: %s", what, err);
+    if (strchr(err, '\n')) fail("%s: message is not one line: %s", what, err);
     long n = open_ids();
-    if (n != 0)
-        fail("%s: %ld HDF5 identifiers left open", what, n);
+    if (n != 0) fail("%s: %ld HDF5 identifiers left open", what, n);
     printf("ok   %-28s %s\n", what, err);
 }
 
-static void path_in_tmp(char *buf, size_t n, const char *name)
-{
+static void path_in_tmp(char *buf, size_t n, const char *name) {
     snprintf(buf, n, "%s/%s", tmpdir, name);
 }
 
 /* Random float bit patterns (denormals, -0, huge values) but never NaN or Inf. */
-static void fill_bits(float *x, size_t n, uint32_t seed)
-{
+static void fill_bits(float *x, size_t n, uint32_t seed) {
     uint32_t s = seed * 2654435761u + 1u;
     for (size_t i = 0; i < n; i++) {
         s = s * 1664525u + 1013904223u;
         uint32_t b = s;
-        if (((b >> 23) & 0xffu) == 0xffu)
-            b &= ~(1u << 30); /* exponent all ones would be NaN/Inf */
+        if (((b >> 23) & 0xffu) == 0xffu) b &= ~(1u << 30); /* exponent all ones would be NaN/Inf */
         memcpy(&x[i], &b, sizeof b);
     }
 }
 
 /* Copies rows [r0, r0+nr) and columns [c0, c0+nc) of a rows x cols matrix, packed. */
-static void sub_block(const float *m, long cols, long r0, long nr, long c0, long nc,
-                      float *out)
-{
+static void sub_block(const float *m, long cols, long r0, long nr, long c0, long nc, float *out) {
     for (long r = 0; r < nr; r++)
         memcpy(out + r * nc, m + (r0 + r) * cols + c0, (size_t)nc * sizeof *m);
 }
 
-static int count_temp_files(void)
-{
+static int count_temp_files(void) {
     DIR *d = opendir(tmpdir);
     int n = 0;
     struct dirent *e;
-    while (d && (e = readdir(d)))
-        n += strstr(e->d_name, ".tmp.") != NULL;
-    if (d)
-        closedir(d);
+    while (d && (e = readdir(d))) n += strstr(e->d_name, ".tmp.") != NULL;
+    if (d) closedir(d);
     return n;
 }
 
-static void remove_tree(const char *dir)
-{
+static void remove_tree(const char *dir) {
     DIR *d = opendir(dir);
     struct dirent *e;
     char p[1024];
     while (d && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
         struct stat st;
         if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
@@ -123,15 +104,14 @@ static void remove_tree(const char *dir)
         else
             unlink(p);
     }
-    if (d)
-        closedir(d);
+    if (d) closedir(d);
     rmdir(dir);
 }
 
 /* ------------------------------------------------------------- round trip */
 
-static const ckpt_meta test_meta = {.step = 7, .n_layer = 2, .n_head = 3, .d_model = 9,
-                                    .n_ctx = 11, .vocab_size = 13};
+static const ckpt_meta test_meta = {
+    .step = 7, .n_layer = 2, .n_head = 3, .d_model = 9, .n_ctx = 11, .vocab_size = 13};
 
 enum { N_LN = 7, WTE_R = 5, WTE_C = 3, ATT_R = 3, ATT_C = 9 };
 
@@ -143,8 +123,7 @@ static const char *const groups[3] = {"model", "optim/m", "optim/v"};
 
 /* Writes the three tensors of one group; c_attn goes in two column slabs so that the
  * first call creates the dataset and the second reuses it. */
-static int write_group(ckpt_file *f, const char *g, const tensors *t, char *err, size_t n)
-{
+static int write_group(ckpt_file *f, const char *g, const tensors *t, char *err, size_t n) {
     long ln_shape[1] = {N_LN}, wte_shape[2] = {WTE_R, WTE_C}, att_shape[2] = {ATT_R, ATT_C};
     float left[ATT_R * 4], right[ATT_R * 5];
     sub_block(t->att, ATT_C, 0, ATT_R, 0, 4, left);
@@ -160,8 +139,7 @@ static int write_group(ckpt_file *f, const char *g, const tensors *t, char *err,
 
 /* with_optim: 0 model only, 1 optimizer state with t = 5 (two updates of its 7 steps skipped), 2 the state without t,
  * 3 the state with t = -5 */
-static int write_roundtrip_file(const char *path, const tensors *t, int with_optim)
-{
+static int write_roundtrip_file(const char *path, const tensors *t, int with_optim) {
     char err[512];
     ckpt_file *f = ckpt_create(path, &test_meta, err, sizeof err);
     if (!f) {
@@ -187,8 +165,7 @@ static int write_roundtrip_file(const char *path, const tensors *t, int with_opt
     return 0;
 }
 
-static void read_back_group(ckpt_file *f, const char *g, const tensors *t)
-{
+static void read_back_group(ckpt_file *f, const char *g, const tensors *t) {
     char err[512], what[128];
     long ln_shape[1] = {N_LN}, wte_shape[2] = {WTE_R, WTE_C}, att_shape[2] = {ATT_R, ATT_C};
     tensors got;
@@ -198,8 +175,7 @@ static void read_back_group(ckpt_file *f, const char *g, const tensors *t)
     rc |= ckpt_read(f, g, "wte", 2, wte_shape, NULL, NULL, got.wte, err, sizeof err);
     rc |= ckpt_read(f, g, "h.0.attn.c_attn.weight", 2, att_shape, NULL, NULL, got.att, err,
                     sizeof err);
-    if (rc)
-        fail("%s: %s", what, err);
+    if (rc) fail("%s: %s", what, err);
     check(!memcmp(&got, t, sizeof got), what);
 
     /* Row slice, column slice, inner block, 1-D slice: what TP/PP shards ask for. */
@@ -208,25 +184,30 @@ static void read_back_group(ckpt_file *f, const char *g, const tensors *t)
     sub_block(t->wte, WTE_C, 1, 3, 0, WTE_C, want);
     snprintf(what, sizeof what, "%s: row slice of wte", g);
     check(ckpt_read(f, g, "wte", 2, wte_shape, rs, rc2, buf, err, sizeof err) == 0 &&
-              !memcmp(buf, want, 3 * WTE_C * sizeof(float)), what);
+              !memcmp(buf, want, 3 * WTE_C * sizeof(float)),
+          what);
     long cs[2] = {0, 2}, cc[2] = {ATT_R, 5};
     sub_block(t->att, ATT_C, 0, ATT_R, 2, 5, want);
     snprintf(what, sizeof what, "%s: column slice of c_attn", g);
-    check(ckpt_read(f, g, "h.0.attn.c_attn.weight", 2, att_shape, cs, cc, buf, err,
-                    sizeof err) == 0 && !memcmp(buf, want, ATT_R * 5 * sizeof(float)), what);
+    check(ckpt_read(f, g, "h.0.attn.c_attn.weight", 2, att_shape, cs, cc, buf, err, sizeof err) ==
+                  0 &&
+              !memcmp(buf, want, ATT_R * 5 * sizeof(float)),
+          what);
     long bs[2] = {1, 3}, bc[2] = {2, 4};
     sub_block(t->att, ATT_C, 1, 2, 3, 4, want);
     snprintf(what, sizeof what, "%s: inner block of c_attn", g);
-    check(ckpt_read(f, g, "h.0.attn.c_attn.weight", 2, att_shape, bs, bc, buf, err,
-                    sizeof err) == 0 && !memcmp(buf, want, 8 * sizeof(float)), what);
+    check(ckpt_read(f, g, "h.0.attn.c_attn.weight", 2, att_shape, bs, bc, buf, err, sizeof err) ==
+                  0 &&
+              !memcmp(buf, want, 8 * sizeof(float)),
+          what);
     long ls[1] = {3}, lc[1] = {4};
     snprintf(what, sizeof what, "%s: 1-D slice", g);
     check(ckpt_read(f, g, "ln_f.weight", 1, ln_shape, ls, lc, buf, err, sizeof err) == 0 &&
-              !memcmp(buf, t->ln + 3, 4 * sizeof(float)), what);
+              !memcmp(buf, t->ln + 3, 4 * sizeof(float)),
+          what);
 }
 
-static void test_roundtrip(void)
-{
+static void test_roundtrip(void) {
     char path[1024], err[512];
     tensors t[3];
     for (int g = 0; g < 3; g++) {
@@ -237,8 +218,7 @@ static void test_roundtrip(void)
     t[0].ln[0] = -0.0f;
     t[0].ln[1] = 1e-45f; /* smallest denormal */
     path_in_tmp(path, sizeof path, "roundtrip.h5");
-    if (write_roundtrip_file(path, t, 1) < 0)
-        return;
+    if (write_roundtrip_file(path, t, 1) < 0) return;
     check(count_temp_files() == 0, "no temporary file after commit");
 
     ckpt_meta m;
@@ -251,8 +231,7 @@ static void test_roundtrip(void)
     }
     check(!memcmp(&m, &test_meta, sizeof m), "meta round trip");
     check(has_optim == 1 && optim_t == 5, "optim t round trip");
-    for (int g = 0; g < 3; g++)
-        read_back_group(f, groups[g], &t[g]);
+    for (int g = 0; g < 3; g++) read_back_group(f, groups[g], &t[g]);
 
     long wte_shape[2] = {WTE_R, WTE_C}, s[2] = {4, 0}, c[2] = {2, WTE_C};
     float buf[64];
@@ -267,8 +246,7 @@ static void test_roundtrip(void)
 
     /* Without optimizer state. */
     path_in_tmp(path, sizeof path, "model_only.h5");
-    if (write_roundtrip_file(path, t, 0) < 0)
-        return;
+    if (write_roundtrip_file(path, t, 0) < 0) return;
     f = ckpt_open(path, &m, &has_optim, &optim_t, err, sizeof err);
     check(f && has_optim == 0, "has_optim is 0 without /optim");
     if (f) {
@@ -281,14 +259,12 @@ static void test_roundtrip(void)
 
     /* Optimizer state that cannot be resumed: refused at open, not dropped in silence. */
     path_in_tmp(path, sizeof path, "optim_no_t.h5");
-    if (write_roundtrip_file(path, t, 2) < 0)
-        return;
+    if (write_roundtrip_file(path, t, 2) < 0) return;
     f = ckpt_open(path, &m, &has_optim, &optim_t, err, sizeof err);
     check_err("/optim without t", !f, err, "/optim has no attribute t", "optim_no_t.h5");
     ckpt_close(f);
     path_in_tmp(path, sizeof path, "optim_neg_t.h5");
-    if (write_roundtrip_file(path, t, 3) < 0)
-        return;
+    if (write_roundtrip_file(path, t, 3) < 0) return;
     f = ckpt_open(path, &m, &has_optim, &optim_t, err, sizeof err);
     check_err("/optim t < 0", !f, err, "/optim attribute t = -5 is negative", "optim_neg_t.h5");
     ckpt_close(f);
@@ -296,8 +272,7 @@ static void test_roundtrip(void)
 
 /* ---------------------------------------------------------- atomic replace */
 
-static int commit_one(const char *path, long step, float value)
-{
+static int commit_one(const char *path, long step, float value) {
     char err[512];
     ckpt_meta m = test_meta;
     m.step = step;
@@ -313,8 +288,7 @@ static int commit_one(const char *path, long step, float value)
 }
 
 /* 1 when path holds step and x == value. */
-static int holds(const char *path, long step, float value)
-{
+static int holds(const char *path, long step, float value) {
     char err[512];
     ckpt_meta m;
     long shape[1] = {4};
@@ -330,12 +304,10 @@ static int holds(const char *path, long step, float value)
     return ok;
 }
 
-static void test_atomic_replace(void)
-{
+static void test_atomic_replace(void) {
     char path[1024], err[512];
     path_in_tmp(path, sizeof path, "atomic.h5");
-    if (commit_one(path, 1, 1.0f) < 0)
-        return;
+    if (commit_one(path, 1, 1.0f) < 0) return;
 
     ckpt_meta m = test_meta;
     m.step = 2;
@@ -349,8 +321,7 @@ static void test_atomic_replace(void)
     }
     check(count_temp_files() == 1, "a temporary file exists while writing");
     check(holds(path, 1, 1.0f), "old checkpoint readable until commit");
-    if (ckpt_commit(f, err, sizeof err) < 0)
-        fail("atomic commit: %s", err);
+    if (ckpt_commit(f, err, sizeof err) < 0) fail("atomic commit: %s", err);
     check(holds(path, 2, 2.0f), "commit replaced the old checkpoint");
     check(count_temp_files() == 0, "no temporary file after replacing commit");
 
@@ -372,31 +343,30 @@ typedef struct {
     const char *format; /* NULL: no format attribute */
     int fixed_format;   /* fixed-length string rather than variable-length */
     long version;
-    const char *omit;   /* integer attribute to leave out, or NULL */
-    hid_t int_type;     /* file type of the integer attributes */
-    hid_t dset_type;    /* > 0: add /model/x [2,3] of this type */
-    double fill;        /* every element of /model/x */
+    const char *omit; /* integer attribute to leave out, or NULL */
+    hid_t int_type;   /* file type of the integer attributes */
+    hid_t dset_type;  /* > 0: add /model/x [2,3] of this type */
+    double fill;      /* every element of /model/x */
 } handmade;
 
-static handmade good_handmade(void)
-{
-    handmade h = {.format = "gpt-ckpt", .version = 1, .int_type = H5T_STD_I64LE,
-                  .dset_type = H5T_IEEE_F32LE, .fill = 0.5};
+static handmade good_handmade(void) {
+    handmade h = {.format = "gpt-ckpt",
+                  .version = 1,
+                  .int_type = H5T_STD_I64LE,
+                  .dset_type = H5T_IEEE_F32LE,
+                  .fill = 0.5};
     return h;
 }
 
-static void put_attr(hid_t file, const char *name, hid_t type, hid_t mem, const void *v)
-{
+static void put_attr(hid_t file, const char *name, hid_t type, hid_t mem, const void *v) {
     hid_t space = H5Screate(H5S_SCALAR);
     hid_t a = H5Acreate2(file, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0 || H5Awrite(a, mem, v) < 0)
-        fail("handmade: cannot write attribute %s", name);
+    if (a < 0 || H5Awrite(a, mem, v) < 0) fail("handmade: cannot write attribute %s", name);
     H5Aclose(a);
     H5Sclose(space);
 }
 
-static void write_handmade(const char *path, const handmade *h)
-{
+static void write_handmade(const char *path, const handmade *h) {
     hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (h->format) {
         hid_t st = H5Tcopy(H5T_C_S1);
@@ -410,8 +380,8 @@ static void write_handmade(const char *path, const handmade *h)
         }
         H5Tclose(st);
     }
-    const char *names[7] = {"version", "step", "n_layer", "n_head", "d_model", "n_ctx",
-                            "vocab_size"};
+    const char *names[7] = {"version", "step",  "n_layer",   "n_head",
+                            "d_model", "n_ctx", "vocab_size"};
     long long values[7] = {h->version, 5, 2, 3, 9, 11, 13};
     for (int i = 0; i < 7; i++)
         if (!h->omit || strcmp(h->omit, names[i]) != 0)
@@ -419,26 +389,21 @@ static void write_handmade(const char *path, const handmade *h)
     if (h->dset_type > 0) {
         hsize_t dims[2] = {2, 3};
         double x[6];
-        for (int i = 0; i < 6; i++)
-            x[i] = h->fill;
+        for (int i = 0; i < 6; i++) x[i] = h->fill;
         hid_t g = H5Gcreate2(file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         hid_t space = H5Screate_simple(2, dims, NULL);
-        hid_t d = H5Dcreate2(g, "x", h->dset_type, space, H5P_DEFAULT, H5P_DEFAULT,
-                             H5P_DEFAULT);
+        hid_t d = H5Dcreate2(g, "x", h->dset_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         if (d < 0 || H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) < 0)
             fail("handmade: cannot write /model/x");
         H5Dclose(d);
         H5Sclose(space);
         H5Gclose(g);
     }
-    if (H5Fclose(file) < 0)
-        fail("handmade: cannot close %s", path);
+    if (H5Fclose(file) < 0) fail("handmade: cannot close %s", path);
 }
 
 /* Opens a hand-made file; returns 0 on success, -1 with err set. */
-static int open_handmade(const char *name, const handmade *h, ckpt_meta *m, char *err,
-                         size_t n)
-{
+static int open_handmade(const char *name, const handmade *h, ckpt_meta *m, char *err, size_t n) {
     char path[1024];
     path_in_tmp(path, sizeof path, name);
     write_handmade(path, h);
@@ -448,36 +413,30 @@ static int open_handmade(const char *name, const handmade *h, ckpt_meta *m, char
 }
 
 /* Reads /model/x [2,3] of a hand-made file; returns 0 on success, -1 with err set. */
-static int read_handmade_x(const char *name, const handmade *h, char *err, size_t n)
-{
+static int read_handmade_x(const char *name, const handmade *h, char *err, size_t n) {
     char path[1024];
     long shape[2] = {2, 3};
     float x[6];
     path_in_tmp(path, sizeof path, name);
     write_handmade(path, h);
     ckpt_file *f = ckpt_open(path, NULL, NULL, NULL, err, n);
-    if (!f)
-        return -1;
+    if (!f) return -1;
     int rc = ckpt_read(f, "model", "x", 2, shape, NULL, NULL, x, err, n);
     ckpt_close(f);
     return rc;
 }
 
-static void copy_prefix(const char *src, const char *dst, size_t n)
-{
+static void copy_prefix(const char *src, const char *dst, size_t n) {
     char buf[4096];
     FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
     size_t got = in ? fread(buf, 1, n < sizeof buf ? n : sizeof buf, in) : 0;
     if (!out || fwrite(buf, 1, got, out) != got || got == 0)
         fail("cannot copy %zu bytes of %s", n, src);
-    if (in)
-        fclose(in);
-    if (out)
-        fclose(out);
+    if (in) fclose(in);
+    if (out) fclose(out);
 }
 
-static void test_open_errors(void)
-{
+static void test_open_errors(void) {
     char path[1024], err[512];
     ckpt_meta m;
     path_in_tmp(path, sizeof path, "missing.h5");
@@ -486,10 +445,8 @@ static void test_open_errors(void)
 
     path_in_tmp(path, sizeof path, "garbage.h5");
     FILE *fp = fopen(path, "wb");
-    for (int i = 0; fp && i < 100; i++)
-        fputs("this is not an HDF5 file\n", fp);
-    if (fp)
-        fclose(fp);
+    for (int i = 0; fp && i < 100; i++) fputs("this is not an HDF5 file\n", fp);
+    if (fp) fclose(fp);
     check_err("non-HDF5 file", ckpt_open(path, &m, NULL, NULL, err, sizeof err) == NULL, err,
               "garbage.h5", "not an HDF5 file");
 
@@ -499,21 +456,21 @@ static void test_open_errors(void)
     path_in_tmp(src, sizeof src, "roundtrip.h5");
     path_in_tmp(path, sizeof path, "truncated.h5");
     copy_prefix(src, path, 1200);
-    check_err("truncated HDF5 file", ckpt_open(path, &m, NULL, NULL, err, sizeof err) == NULL,
-              err, "truncated.h5", "damaged");
+    check_err("truncated HDF5 file", ckpt_open(path, &m, NULL, NULL, err, sizeof err) == NULL, err,
+              "truncated.h5", "damaged");
 
     handmade h = good_handmade();
     h.format = "gpt-other";
-    check_err("wrong format", open_handmade("fmt.h5", &h, &m, err, sizeof err) < 0, err,
-              "format", "gpt-other");
+    check_err("wrong format", open_handmade("fmt.h5", &h, &m, err, sizeof err) < 0, err, "format",
+              "gpt-other");
     h = good_handmade();
     h.format = NULL;
-    check_err("no format attribute", open_handmade("nofmt.h5", &h, &m, err, sizeof err) < 0,
-              err, "nofmt.h5", "missing attribute format");
+    check_err("no format attribute", open_handmade("nofmt.h5", &h, &m, err, sizeof err) < 0, err,
+              "nofmt.h5", "missing attribute format");
     h = good_handmade();
     h.version = 2;
-    check_err("version 2", open_handmade("v2.h5", &h, &m, err, sizeof err) < 0, err,
-              "v2.h5", "version 2");
+    check_err("version 2", open_handmade("v2.h5", &h, &m, err, sizeof err) < 0, err, "v2.h5",
+              "version 2");
     h = good_handmade();
     h.omit = "n_ctx";
     check_err("missing n_ctx", open_handmade("noctx.h5", &h, &m, err, sizeof err) < 0, err,
@@ -528,14 +485,14 @@ static void test_open_errors(void)
     h.int_type = H5T_STD_I32BE;
     h.fixed_format = 1;
     check(open_handmade("i32.h5", &h, &m, err, sizeof err) == 0 && m.step == 5 &&
-              m.vocab_size == 13, "int32 attributes and fixed-length format accepted");
+              m.vocab_size == 13,
+          "int32 attributes and fixed-length format accepted");
     h.int_type = H5T_STD_U16LE;
     check(open_handmade("u16.h5", &h, &m, err, sizeof err) == 0 && m.n_ctx == 11,
           "uint16 attributes accepted");
 }
 
-static void test_read_errors(void)
-{
+static void test_read_errors(void) {
     char path[1024], err[512];
     float buf[64];
     path_in_tmp(path, sizeof path, "roundtrip.h5");
@@ -564,8 +521,8 @@ static void test_read_errors(void)
     check_err("float64 dataset", read_handmade_x("f64.h5", &h, err, sizeof err) < 0, err,
               "/model/x", "float64");
     h.dset_type = H5T_STD_I32LE;
-    check_err("int32 dataset", read_handmade_x("i32d.h5", &h, err, sizeof err) < 0, err,
-              "/model/x", "int32");
+    check_err("int32 dataset", read_handmade_x("i32d.h5", &h, err, sizeof err) < 0, err, "/model/x",
+              "int32");
     h.dset_type = H5T_IEEE_F32LE;
     h.fill = NAN;
     check_err("NaN value", read_handmade_x("nan.h5", &h, err, sizeof err) < 0, err,
@@ -583,16 +540,14 @@ static void test_read_errors(void)
     check(read_handmade_x("fine.h5", &h, err, sizeof err) == 0, "hand-made float32 file reads");
 }
 
-static void test_create_errors(void)
-{
+static void test_create_errors(void) {
     char path[1024], err[512];
     path_in_tmp(path, sizeof path, "nodir/x.h5");
-    check_err("create in missing directory",
-              ckpt_create(path, &test_meta, err, sizeof err) == NULL, err, "nodir",
-              "does not exist");
+    check_err("create in missing directory", ckpt_create(path, &test_meta, err, sizeof err) == NULL,
+              err, "nodir", "does not exist");
     path_in_tmp(path, sizeof path, "garbage.h5/x.h5");
-    check_err("create under a file", ckpt_create(path, &test_meta, err, sizeof err) == NULL,
-              err, "garbage.h5", "not a directory");
+    check_err("create under a file", ckpt_create(path, &test_meta, err, sizeof err) == NULL, err,
+              "garbage.h5", "not a directory");
 
     char ro[1024];
     path_in_tmp(ro, sizeof ro, "readonly");
@@ -613,8 +568,7 @@ static void test_create_errors(void)
     long four[1] = {4}, five[1] = {5}, at[1] = {0}, one[1] = {1};
     float v[4] = {1, 2, 3, 4};
     int rc1 = g ? ckpt_write(g, "model", "x", 1, four, v, err, sizeof err) : -1;
-    int rc2 = rc1 == 0 ? ckpt_write_slab(g, "model", "x", 1, five, at, one, v, err, sizeof err)
-                       : 0;
+    int rc2 = rc1 == 0 ? ckpt_write_slab(g, "model", "x", 1, five, at, one, v, err, sizeof err) : 0;
     ckpt_abort(g);
     check_err("slab of a different shape", rc1 == 0 && rc2 < 0, err, "/model/x",
               "shape [4], expected [5]");
@@ -644,30 +598,26 @@ static const ref_tensor ref_tensors[4] = {
     {"h.0.ln_1.weight", 1, {3, 0}},
     {"h.0.attn.c_attn.weight", 2, {3, 9}},
 };
-static const ckpt_meta ref_meta = {.step = 42, .n_layer = 1, .n_head = 3, .d_model = 3,
-                                   .n_ctx = 4, .vocab_size = 5};
+static const ckpt_meta ref_meta = {
+    .step = 42, .n_layer = 1, .n_head = 3, .d_model = 3, .n_ctx = 4, .vocab_size = 5};
 static const long ref_t = 42;
 
 /* group 0, 1, 2 = model, optim/m, optim/v; k = tensor index. */
-static float ref_value(int group, int k, long i)
-{
+static float ref_value(int group, int k, long i) {
     return (float)((i * 37 + (k + 10 * group) * 101) % 257 - 128) / 64.0f;
 }
 
-static long ref_count(const ref_tensor *t)
-{
+static long ref_count(const ref_tensor *t) {
     return t->ndim == 1 ? t->shape[0] : t->shape[0] * t->shape[1];
 }
 
-static int ref_write(const char *path)
-{
+static int ref_write(const char *path) {
     char err[512];
     float buf[64];
     ckpt_file *f = ckpt_create(path, &ref_meta, err, sizeof err);
     for (int g = 0; f && g < 3; g++)
         for (int k = 0; k < 4; k++) {
-            for (long i = 0; i < ref_count(&ref_tensors[k]); i++)
-                buf[i] = ref_value(g, k, i);
+            for (long i = 0; i < ref_count(&ref_tensors[k]); i++) buf[i] = ref_value(g, k, i);
             if (ckpt_write(f, groups[g], ref_tensors[k].name, ref_tensors[k].ndim,
                            ref_tensors[k].shape, buf, err, sizeof err) < 0) {
                 ckpt_abort(f);
@@ -683,8 +633,7 @@ static int ref_write(const char *path)
     return 0;
 }
 
-static int ref_check(const char *path)
-{
+static int ref_check(const char *path) {
     char err[512];
     float buf[64];
     ckpt_meta m;
@@ -708,14 +657,13 @@ static int ref_check(const char *path)
             }
             for (long i = 0; i < ref_count(r); i++)
                 if (buf[i] != ref_value(g, k, i)) {
-                    fail("%s/%s[%ld] = %g, expected %g", groups[g], r->name, i,
-                         (double)buf[i], (double)ref_value(g, k, i));
+                    fail("%s/%s[%ld] = %g, expected %g", groups[g], r->name, i, (double)buf[i],
+                         (double)ref_value(g, k, i));
                     break;
                 }
         }
     ckpt_close(f);
-    if (!failures)
-        printf("checked %s\n", path);
+    if (!failures) printf("checked %s\n", path);
     return failures != 0;
 }
 
@@ -723,8 +671,7 @@ static int ref_check(const char *path)
 
 /* Runs fn with stderr sent to a file, and fails if anything was printed there
  * (HDF5's error stack must stay silent). */
-static void without_stderr(void (*fn)(void), const char *what)
-{
+static void without_stderr(void (*fn)(void), const char *what) {
     char path[1024];
     path_in_tmp(path, sizeof path, "stderr.txt");
     fflush(stderr);
@@ -748,12 +695,9 @@ static void without_stderr(void (*fn)(void), const char *what)
         unlink(path);
 }
 
-int main(int argc, char **argv)
-{
-    if (argc == 3 && !strcmp(argv[1], "--write"))
-        return ref_write(argv[2]);
-    if (argc == 3 && !strcmp(argv[1], "--check"))
-        return ref_check(argv[2]);
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--write")) return ref_write(argv[2]);
+    if (argc == 3 && !strcmp(argv[1], "--check")) return ref_check(argv[2]);
     if (argc != 1) {
         fprintf(stderr, "usage: %s [--write PATH | --check PATH]\n", argv[0]);
         return 2;
