@@ -86,12 +86,31 @@ static int is_mount_point(const char *path) {
     return found;
 }
 
+static int own_descriptor(const char *path);
+
+/* 1 when path is in /proc, or is a link into it (/dev/stdout, /dev/stderr, /dev/fd,
+ * /dev/stdin: the process's descriptors) */
+static int in_proc(const char *path) {
+    char target[16];
+    ssize_t len = readlink(path, target, sizeof target - 1);
+    if (len >= 0) target[len] = '\0';
+    return strncmp(path, "/proc/", 6) == 0 || own_descriptor(path) >= 0 ||
+           (len >= 6 && strncmp(target, "/proc/", 6) == 0);
+}
+
 /* Refuses an output path (key names it) that rank 0, which writes them all, could not write
  * at the end of a long run, or would block on: checkpoints, the trace and the report are
  * written after the last step. replaced: the file is written beside and renamed over the
  * path (a checkpoint), so its own permissions do not matter. */
 int output_path_check(const char *key, const char *path, int replaced, char *err, size_t n) {
     if (!path[0]) return 0;
+    /* the rename would replace the link /dev/stdout itself (root may write in /dev), not
+     * the file the shell sent stdout to: every later process's /dev/stdout broken */
+    if (replaced && in_proc(path)) {
+        snprintf(err, n, "%s %s: names a descriptor or a /proc file, not a file to replace (it "
+                 "is written beside its path and renamed over it): name a file", key, path);
+        return -1;
+    }
     char copy[CFG_STR_MAX];
     snprintf(copy, sizeof(copy), "%s", path);
     const char *dir = dirname(copy);

@@ -206,7 +206,7 @@ def check_outputs(a):
         ("report a dangling link", kernel + [f"--profile.report={D}/dangling.json"],
          ["profile.report", "symbolic link to nowhere"]),
         # root passes access(W_OK) in /proc: only creating a file there tells
-        ("save in /proc", ["--train.save=/proc/gptc.h5"], ["train.save", "cannot create a file"]),
+        ("save in /proc", ["--train.save=/proc/gptc.h5"], ["train.save", "a /proc file"]),
         ("trace in /proc", kernel + ["--profile.trace=/proc/t.json"],
          ["profile.trace", "cannot create a file"]),
         ("save onto a loop of links", [f"--train.save={D}/loop_a"], ["train.save", "loop of links"]),
@@ -317,7 +317,34 @@ def check_stdout_file(a):
                  f"{len(lines)} lines, {len(said)} step and done lines:\n" + "\n".join(lines[:40]))
     print("ok   metrics and report to /dev/stdout sent to a file: the run's lines and the "
           "output, each whole")
+    check_replaced_stdout(a)
     check_stdout_closed(a)
+
+
+def check_replaced_stdout(a):
+    """A checkpoint (train.save) or gptc-data's --out to /dev/stdout, /dev/fd/1 or a /proc
+    path, stdout sent to an empty file: refused, and /dev/stdout is still the system's
+    link. A file written beside /dev/stdout and renamed over it replaced that link (root
+    may write in /dev), not the file behind it, for every later process."""
+    data = os.path.join(os.path.dirname(TRAIN), "gptc-data")
+    link = os.readlink("/dev/stdout") if os.path.islink("/dev/stdout") else None
+    for path in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
+        for what, cmd, key in (
+                ("train.save", [TRAIN, f"{a}/cfg.ini", f"--train.save={path}"], "train.save"),
+                ("gptc-data --out", [data, "--out", path, f"{a}/cfg.ini"], "--out")):
+            out = f"{D}/replaced.stdout"
+            with open(out, "w") as f:
+                r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, timeout=60,
+                                   env=env())
+            broken = link is not None and not os.path.islink("/dev/stdout")
+            if broken:  # put the system's link back before saying so
+                os.remove("/dev/stdout")
+                os.symlink(link, "/dev/stdout")
+            if r.returncode != 1 or broken or key not in r.stderr or "descriptor" not in r.stderr:
+                fail(f"{what} {path} (stdout a file): exit {r.returncode}, /dev/stdout "
+                     f"{'replaced by a file' if broken else 'kept'}: {r.stderr[-400:]!r}")
+    print("ok   train.save and gptc-data --out to /dev/stdout, /dev/fd/1 and /proc/self/fd/1 "
+          "refused; /dev/stdout kept")
 
 
 def check_stdout_closed(a):
