@@ -98,6 +98,18 @@ static int in_proc(const char *path) {
            (len >= 6 && strncmp(target, "/proc/", 6) == 0);
 }
 
+/* 1 or 2 when st is the regular file that descriptor 1 or 2 writes to (a shell's > FILE),
+ * else 0 */
+static int std_output_of(const struct stat *st) {
+    for (int fd = 1; fd <= 2; fd++) {
+        struct stat o;
+        if (fstat(fd, &o) == 0 && S_ISREG(o.st_mode) && o.st_dev == st->st_dev &&
+            o.st_ino == st->st_ino)
+            return fd;
+    }
+    return 0;
+}
+
 /* Refuses an output path (key names it) that rank 0, which writes them all, could not write
  * at the end of a long run, or would block on: checkpoints, the trace and the report are
  * written after the last step. replaced: the file is written beside and renamed over the
@@ -127,6 +139,18 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
     int exists = stat(path, &st) == 0, why = errno; /* following links */
     if (exists && S_ISDIR(st.st_mode)) {
         snprintf(err, n, "%s %s: is a directory (name a file in it)", key, path);
+        return -1;
+    }
+    /* opened anew (or replaced) under its own name, the file the shell sent stdout to
+     * took the run's lines at one offset and the output at another: each wrote over the
+     * other (/dev/stdout is written through the descriptor, output_stream_open) */
+    int std = exists && own_descriptor(path) < 0 ? std_output_of(&st) : 0;
+    if (std) {
+        const char *name = std == 1 ? "stdout" : "stderr";
+        snprintf(err, n, "%s %s: is the file this run's %s goes to: the run's lines and this "
+                 "output would write over each other (name another file%s%s%s)", key, path,
+                 name, replaced ? "" : ", or /dev/", replaced ? "" : name,
+                 replaced ? "" : " to mix them");
         return -1;
     }
     if (exists && !S_ISREG(st.st_mode)) {

@@ -318,7 +318,39 @@ def check_stdout_file(a):
     print("ok   metrics and report to /dev/stdout sent to a file: the run's lines and the "
           "output, each whole")
     check_replaced_stdout(a)
+    check_output_is_stdout(a)
     check_stdout_closed(a)
+
+
+def check_output_is_stdout(a):
+    """An output named by the file the shell sends stdout (or stderr) to: refused, naming
+    the key and the stream. Opened anew, the metrics' O_TRUNC had cut the run's lines to
+    NUL bytes and both wrote over each other; a report or checkpoint renamed over the file
+    sent the run's later lines to a file no name reaches."""
+    data = os.path.join(os.path.dirname(TRAIN), "gptc-data")
+    cases = [("metrics", [TRAIN, f"{a}/cfg.ini", "--train.log_file={}"], "train.log_file", 1),
+             ("report", [TRAIN, f"{a}/cfg.ini", "--profile.timing=kernel",
+                         "--profile.report={}"], "profile.report", 1),
+             ("checkpoint", [TRAIN, f"{a}/cfg.ini", "--train.save={}"], "train.save", 1),
+             ("metrics to stderr's", [TRAIN, f"{a}/cfg.ini", "--train.log_file={}"],
+              "train.log_file", 2),
+             ("gptc-data --out", [data, "--out", "{}", f"{a}/cfg.ini"], "--out", 1)]
+    for what, cmd, key, fd in cases:
+        path = f"{D}/same.out"
+        with open(path, "w") as f:
+            r = subprocess.run([x.format(path) for x in cmd], stdout=f if fd == 1 else None,
+                               stderr=f if fd == 2 else subprocess.PIPE, text=True,
+                               timeout=60, env=env())
+        with open(path, "rb") as f:
+            text = f.read().decode(errors="replace")
+        said = text if fd == 2 else r.stderr
+        stream = "stdout" if fd == 1 else "stderr"
+        if r.returncode != 1 or f"{key} {path}: is the file this run's {stream} goes to" \
+                not in said or "\0" in text:
+            fail(f"{what} to the file {stream} goes to: exit {r.returncode}, "
+                 f"{said[-400:]!r}")
+    print("ok   metrics, report, checkpoint and gptc-data --out to the file stdout (stderr) "
+          "goes to: refused")
 
 
 def check_replaced_stdout(a):
