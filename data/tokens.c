@@ -9,6 +9,7 @@
 #include "data/tokens.h"
 #include "data/h5_sources.h"
 #include "engine/h5_checks.h"
+#include "engine/watchdog.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -627,13 +628,17 @@ int loader_check(batch_loader *l, long first, long last, char *err, size_t errle
             return -1;
         }
         int rc = 0;
-        for (long s = 0; s < n && rc == 0; s += chunk)
+        /* a large file takes minutes: progress, for the other ranks' watchdogs and this one's */
+        for (long s = 0; s < n && rc == 0; s += chunk) {
+            watchdog_beat();
             rc = tokens_read(l->file, s, n - s < chunk ? n - s : chunk, buf, err, errlen);
+        }
         free(buf);
         return rc ? rc : tokens_check_sources(l->file, err, errlen);
     }
     for (long step = first; step <= last; step++)
         for (int r = 0; r < l->rows; r++) {
+            watchdog_beat();
             long w = loader_window(l, step, l->row_begin + r);
             if (tokens_read(l->file, w * T, T + 1, l->window, err, errlen)) return -1;
         }

@@ -15,6 +15,7 @@
 #include "engine/log.h"
 #include "engine/output_files.h"
 #include "engine/timing.h"
+#include "engine/watchdog.h"
 #include "parallel/comm.h"
 
 /* A growable string. */
@@ -533,6 +534,7 @@ static int write_file(const char *path, const char *what, const char *a, const c
                       const char *c, char *err, size_t errlen) {
     output_whole o;
     char why[512];
+    watchdog_hold(watchdog_write_s((double)strlen(a) + strlen(b) + strlen(c)));
     if (output_whole_open(&o, path, why, sizeof why) != 0) {
         snprintf(err, errlen, "profile.%s %s: cannot write: %s", what, path, why);
         return -1;
@@ -621,6 +623,7 @@ static void trace_text(text *t, int rank) {
                 rank, st[i].step);
     const timing_record *r = timing_trace();
     for (size_t i = 0; i < timing_n_trace(); i++) {
+        if (i % 65536 == 0) watchdog_beat(); /* millions of records take seconds */
         put(t, "  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, "
                "\"pid\": %d, \"tid\": %d, \"args\": {\"step\": %d, \"layer\": %d, \"micro\": %d, "
                "\"phase\": \"%s\", \"parallelism\": \"%s\"",

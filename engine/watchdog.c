@@ -11,6 +11,7 @@
 #include "engine/timing.h"
 
 static _Atomic double g_last_ms;
+static _Atomic double g_hold_until_ms; /* watchdog_hold: no timeout counted before this */
 static _Atomic(const char *) g_waiting;
 static atomic_int g_running;
 static pthread_t g_thread;
@@ -27,6 +28,11 @@ void watchdog_set_comm_hooks(const char *(*poll)(void), void (*abort_all)(void))
 
 void watchdog_beat(void) { atomic_store_explicit(&g_last_ms, timing_now_ms(), memory_order_relaxed); }
 
+void watchdog_hold(double seconds) { atomic_store(&g_hold_until_ms, timing_now_ms() + seconds * 1e3); }
+
+/* 20 MB/s: a busy network file system's worst, so that only a disk that stopped is a hang */
+double watchdog_write_s(double bytes) { return bytes / 20e6; }
+
 void watchdog_waiting(const char *what) { atomic_store(&g_waiting, what); }
 
 static void *watch(void *arg) {
@@ -41,7 +47,8 @@ static void *watch(void *arg) {
             if (g_abort_all) g_abort_all();
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        double idle = timing_now_ms() - atomic_load(&g_last_ms);
+        double last = atomic_load(&g_last_ms), held = atomic_load(&g_hold_until_ms);
+        double idle = timing_now_ms() - (held > last ? held : last);
         if (idle < g_timeout_ms) continue;
         const char *what = atomic_load(&g_waiting);
         log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in step %ld%s%s: a peer "

@@ -9,6 +9,12 @@
 
 /* Marks progress; cheap enough to call per layer and per communication op. */
 void watchdog_beat(void);
+/* A wait of up to seconds that is not a hang: a write and fsync of rank 0's, sized by its
+ * bytes, that every rank waits for. The timeout counts from its end, or from a later beat
+ * if any comes after it. */
+void watchdog_hold(double seconds);
+/* The seconds watchdog_hold allows for writing bytes to a slow shared disk */
+double watchdog_write_s(double bytes);
 /* What this rank is about to wait in, for the message (a string literal or a buffer
  * that stays valid); NULL when not in communication. */
 void watchdog_waiting(const char *what);

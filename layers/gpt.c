@@ -9,6 +9,7 @@
 #include "engine/log.h"
 #include "engine/rng.h"
 #include "engine/timing.h"
+#include "engine/watchdog.h"
 
 int gpt_check_shape(const gpt_shape *s, int tp, char *err, size_t errlen) {
     const char *bad = NULL;
@@ -399,8 +400,10 @@ void gpt_init_random(gpt_model *m, uint64_t seed) {
         float *dst = host + t->offset;
         uint64_t key = rng_key(seed, t->name);
         float std = t->init == INIT_RESIDUAL ? resid_std : 0.02f;
+        /* a large model's takes minutes on one thread: progress, row by row */
         #pragma omp parallel for schedule(static)
-        for (long li = 0; li < t->local_rows; li++)
+        for (long li = 0; li < t->local_rows; li++) {
+            watchdog_beat();
             for (long lj = 0; lj < t->local_cols; lj++) {
                 long g = tp_global_index(t->shard, t->rows, t->cols, t->local_rows,
                                          t->local_cols, m->tp.rank, li, lj);
@@ -409,6 +412,7 @@ void gpt_init_random(gpt_model *m, uint64_t seed) {
                 else if (g >= 0 && t->init != INIT_ZERO) v = std * rng_normal(key, (uint64_t)g);
                 dst[li * t->local_cols + lj] = v;
             }
+        }
     }
     m->be->copy_from_host(m->params, host, bytes, m->stream);
     free(host);

@@ -189,6 +189,10 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
         }
     }
     if (rc == 0 && rank == 0 && with_optim) rc = ckpt_set_optim_t(f, t, err, errlen);
+    /* rank 0's flush, fsync and rename take a while on a slow disk, and every rank waits */
+    double bytes = 0;
+    for (int i = 0; full && i < n_full; i++) bytes += (double)full[i].rows * full[i].cols * sizeof(float);
+    watchdog_hold(watchdog_write_s(bytes * (with_optim ? 3 : 1)));
     if (rank == 0 && f) {
         if (rc == 0) rc = ckpt_commit(f, err, errlen);
         else ckpt_abort(f);

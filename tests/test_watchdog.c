@@ -1,0 +1,42 @@
+/* watchdog_hold on 2 ranks, timeout 0.5 s. "hold": a hold of 2 s then 1.5 s without a beat
+ * (rank 0 as in a long fsync, rank 1 as waiting for it) is not a hang, and the job exits
+ * 0. "expire": a hold of 0.5 s then 3 s without a beat is one: the watchdog ends the job,
+ * saying "no progress" (ctest expects that line). Also checks watchdog_write_s's rate. */
+#define _POSIX_C_SOURCE 200809L
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/watchdog.h"
+
+static void sleep_s(double s) {
+    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&t, NULL);
+}
+
+int main(int argc, char **argv) {
+    int provided = 0, rank = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int expire = argc > 1 && strcmp(argv[1], "expire") == 0;
+    long step = 0;
+    double rate = 1e9 / watchdog_write_s(1e9); /* bytes a second */
+    if (rate < 1e6 || rate > 1e9) {
+        printf("FAIL: watchdog_write_s allows %.3g bytes/s, not a slow disk's rate\n", rate);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (watchdog_start(0.5, rank, &step) != 0) {
+        printf("FAIL: no watchdog thread\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    watchdog_hold(expire ? 0.5 : 2.0);
+    sleep_s(expire ? 3.0 : 1.5);
+    watchdog_beat();
+    MPI_Barrier(MPI_COMM_WORLD);
+    watchdog_stop();
+    printf("%s: rank %d %s\n", expire ? "FAIL" : "ok", rank,
+           expire ? "was not stopped after its hold ran out" : "held through 1.5 s without a beat");
+    MPI_Finalize();
+    return expire;
+}
