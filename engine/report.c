@@ -675,7 +675,7 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
     if (rank == 0) {
         merged_kernel *k = NULL, *kp = NULL;
         int np = 0, n = merge_kernels(kern, &kp, &np, &k);
-        qsort(k, (size_t)n, sizeof(*k), by_total);
+        if (n > 0) qsort(k, (size_t)n, sizeof(*k), by_total); /* k is NULL when n is 0 */
         step_means pol, probe;
         mean_steps(steps, 0, &pol);
         mean_steps(steps, 1, &probe);
