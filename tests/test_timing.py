@@ -31,6 +31,7 @@ BASE = [f"--model.n_layer={L}", "--model.n_head=4", "--model.d_model=64", "--mod
 
 
 SHARED = {}  # run name: the communication kernels that several parallelisms run
+TIE = 0.0025  # us: a printed start this near a printed end may be either side of it
 STDOUT = {}  # run name: what it printed
 
 
@@ -294,14 +295,14 @@ def check_waits(name, report, events, ranks, tp, pp):
                     (key[0] == "reduce" and root != rank)
                 end = e["ts"] + e["dur"]
                 want = 0.0 if ends_first and latest >= end else min(latest - e["ts"], e["dur"])
-                # the trace's times are printed to 1 ns: a start within 2 ns of the end may
-                # have fallen on either side of it
-                alt = want if not ends_first or abs(latest - end) > 0.002 else \
+                # the trace's times are printed to 1 ns (an end, ts + dur, to 1.5 ns): a
+                # start within TIE of the end may have fallen on either side of it
+                alt = want if not ends_first or abs(latest - end) > TIE else \
                     (min(latest - e["ts"], e["dur"]) if want == 0.0 else 0.0)
                 if key[0] == "broadcast" and root == rank:
                     # its root waited for the members that came while it ran, none after
-                    early = [v[i]["ts"] for v in need if v[i]["ts"] < end - 0.002]
-                    near = [v[i]["ts"] for v in need if abs(v[i]["ts"] - end) <= 0.002]
+                    early = [v[i]["ts"] for v in need if v[i]["ts"] < end - TIE]
+                    near = [v[i]["ts"] for v in need if abs(v[i]["ts"] - end) <= TIE]
                     want = min(max([e["ts"]] + early) - e["ts"], e["dur"])
                     alt = min(max([e["ts"]] + early + near) - e["ts"], e["dur"])
                 got = e["args"].get("wait_us")
