@@ -26,7 +26,14 @@ void watchdog_set_comm_hooks(const char *(*poll)(void), void (*abort_all)(void))
     g_abort_all = abort_all;
 }
 
-void watchdog_beat(void) { atomic_store_explicit(&g_last_ms, timing_now_ms(), memory_order_relaxed); }
+static atomic_long g_beats;
+
+void watchdog_beat(void) {
+    atomic_store_explicit(&g_last_ms, timing_now_ms(), memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_beats, 1, memory_order_relaxed);
+}
+
+long watchdog_beats(void) { return atomic_load(&g_beats); }
 
 void watchdog_hold(double seconds) { atomic_store(&g_hold_until_ms, timing_now_ms() + seconds * 1e3); }
 

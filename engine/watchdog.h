@@ -9,6 +9,8 @@
 
 /* Marks progress; cheap enough to call per layer and per communication op. */
 void watchdog_beat(void);
+/* How many beats so far, watchdog or not (tests: that long work marks its progress) */
+long watchdog_beats(void);
 /* A wait of up to seconds that is not a hang: a write and fsync of rank 0's, sized by its
  * bytes, that every rank waits for. The timeout counts from its end, or from a later beat
  * if any comes after it. */

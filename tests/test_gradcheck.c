@@ -11,6 +11,7 @@
 
 #include "engine/backend.h"
 #include "engine/rng.h"
+#include "engine/watchdog.h"
 #include "layers/gpt.h"
 
 static const double RTOL = 1e-2, ATOL = 2e-4;
@@ -219,6 +220,16 @@ static void test_model(void) {
         printf("FAIL gpt_create: %s\n", err);
         g_failures++;
         return;
+    }
+    /* the initialisation is progress for the watchdog, row by row: a large model's takes
+     * longer than train.comm_timeout_s */
+    long beats = watchdog_beats(), rows = 0;
+    for (int i = 0; i < m.n_tensors; i++) rows += m.tensors[i].local_rows;
+    gpt_init_random(&m, 1);
+    if (watchdog_beats() - beats < rows) {
+        printf("FAIL gpt_init_random: %ld watchdog beats for %ld rows\n", watchdog_beats() - beats,
+               rows);
+        g_failures++;
     }
     /* larger weights than GPT-2's init so every gradient is well above the noise */
     for (int i = 0; i < m.n_tensors; i++) {

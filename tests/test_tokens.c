@@ -4,6 +4,7 @@
  * binary and reads them back through the loader. Writes its files under a temp dir. */
 #define _POSIX_C_SOURCE 200809L
 #include "data/tokens.h"
+#include "engine/watchdog.h"
 #include "tests/check.h"
 
 #include <dirent.h>
@@ -426,12 +427,19 @@ static void test_bad_token(void) {
      * than W / 8), step 31 reads window 123, steps 1..30 read 120 of the 199 windows (one
      * pass over every window's tokens, position 1234 included) */
     err[0] = 0;
+    /* and each window read, or each pass's chunk, is progress for the watchdog: a large
+     * file's check takes longer than train.comm_timeout_s */
+    long beats = watchdog_beats();
     check(loader_check(l, 1, 2, err, sizeof err) == 0, "loader_check steps 1..2: %s", err);
+    check(watchdog_beats() - beats >= 2 * B, "loader_check steps 1..2: %ld watchdog beats for "
+          "%d windows", watchdog_beats() - beats, 2 * B);
     check(loader_check(l, 31, 31, err, sizeof err) != 0 && strstr(err, key),
           "loader_check step 31: error \"%s\" lacks \"%s\"", err, key);
     err[0] = 0;
+    beats = watchdog_beats();
     check(loader_check(l, 1, 30, err, sizeof err) != 0 && strstr(err, key),
           "loader_check steps 1..30: error \"%s\" lacks \"%s\"", err, key);
+    check(watchdog_beats() > beats, "loader_check steps 1..30: no watchdog beat in its pass");
     loader_destroy(l);
 
     /* A file whose vocab_size (50257) is larger than the model's (256): it opens, and the
