@@ -59,11 +59,10 @@ def expect_refused(name, r, want):
     print(f"ok   {name}: {lines[0]}")
 
 
-def read_fifo(path, out, deadline_s):
-    """Reads the FIFO path until the writer that came has closed it (the bytes go to out):
-    its end is opened without waiting for a writer, and a read that finds no writer before
-    any byte came is tried again, until deadline_s."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+def read_fifo(fd, out, deadline_s):
+    """Reads the FIFO whose read end fd is (opened without waiting for a writer) until the
+    writer that came has closed it, the bytes to out; a read that finds no writer before
+    any byte came is tried again, until deadline_s. Closes fd."""
     end = time.monotonic() + deadline_s
     try:
         while time.monotonic() < end:
@@ -90,9 +89,9 @@ def check_report_fifos(a):
     readers = []
     for k, path in fifos.items():
         os.mkfifo(path)
-        readers.append(threading.Thread(target=read_fifo, args=(path, got[k], 100)))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # open before the run starts
+        readers.append(threading.Thread(target=read_fifo, args=(fd, got[k], 100)))
         readers[-1].start()
-    time.sleep(0.3)  # the readers' ends open
     r = run_train([f"{a}/cfg.ini", "--parallel.dp=2", "--train.log_file=",
                    "--profile.timing=kernel", f"--profile.trace={fifos['trace']}",
                    f"--profile.report={fifos['report']}"], np_ranks=2, timeout=90)
