@@ -693,6 +693,13 @@ int train_run(const gptc_config *c, const grid *g) {
     print_model(m, &bp, first, c->steps, c->precision);
     if (c->save_every > 0 && !c->save[0])
         log_warn("train.save_every = %ld has no effect: train.save is empty", c->save_every);
+    /* NCCL's settings: the CPU's communication threads have no CTAs to limit */
+    if (strcmp(c->device, "cpu") == 0 && c->comm_max_ctas != 0)
+        log_warn("overlap.comm_max_ctas = %d has no effect on train.device = cpu (an NCCL "
+                 "setting)", c->comm_max_ctas);
+    if (strcmp(c->device, "cpu") == 0 && strcmp(c->comm_cta_policy, "default") != 0)
+        log_warn("overlap.comm_cta_policy = %s has no effect on train.device = cpu (an NCCL "
+                 "setting)", c->comm_cta_policy);
     if (kernel_timing) warn_empty_statistics(c, first);
     if (g->dp > 1)
         log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)%s\n",

@@ -111,6 +111,18 @@ def check_report_fifos(a):
     print("ok   trace and report to FIFOs with readers: each gets its whole JSON (2 ranks)")
 
 
+def check_no_effect(a):
+    """Settings that do nothing in this run train, with one warning each naming the key:
+    save_every without train.save, and NCCL's CTA settings on the CPU."""
+    r = run_train([f"{a}/cfg.ini", "--train.save_every=1", "--overlap.comm_max_ctas=8",
+                   "--overlap.comm_cta_policy=zero"], timeout=60)
+    warns = [x for x in r.stderr.splitlines() if x.startswith("gptc: warning:")]
+    want = ["train.save_every = 1", "overlap.comm_max_ctas = 8", "overlap.comm_cta_policy = zero"]
+    if r.returncode or len(warns) != 3 or any(w not in x for w, x in zip(want, warns)):
+        fail(f"settings with no effect: exit {r.returncode}, warnings {warns}, want {want}")
+    print("ok   settings with no effect train, with a warning each: " + "; ".join(warns))
+
+
 def check_ranks_disagree(a, b):
     expect_refused("rank 1 alone has an unknown key",
                    mpmd([(a, ["--parallel.dp=2"]), (a, ["--parallel.dp=2", "--train.bogus=1"])]),
@@ -429,6 +441,7 @@ def main():
     r = run_train([f"{a}/cfg.ini", "--train.steps=0", f"--train.save={a}/ck.h5"])
     if r.returncode:
         fail(f"cannot write the checkpoint:\n{r.stderr}")
+    check_no_effect(a)
     check_ranks_disagree(a, b)
     check_thread_limit(a)
     check_outputs(a)
