@@ -30,6 +30,8 @@ static atomic_long g_beats;
 
 void watchdog_beat(void) {
     atomic_store_explicit(&g_last_ms, timing_now_ms(), memory_order_relaxed);
+    /* the held wait is over: a hang after it is timed from here, not from the hold's end */
+    atomic_store_explicit(&g_hold_until_ms, 0.0, memory_order_relaxed);
     atomic_fetch_add_explicit(&g_beats, 1, memory_order_relaxed);
 }
 

@@ -12,8 +12,8 @@ void watchdog_beat(void);
 /* How many beats so far, watchdog or not (tests: that long work marks its progress) */
 long watchdog_beats(void);
 /* A wait of up to seconds that is not a hang: a write and fsync of rank 0's, sized by its
- * bytes, that every rank waits for. The timeout counts from its end, or from a later beat
- * if any comes after it. */
+ * bytes, that every rank waits for. The timeout counts from its end, or from the first
+ * beat after it began (the wait is over), which ends the hold. */
 void watchdog_hold(double seconds);
 /* The seconds watchdog_hold allows for writing bytes to a slow shared disk */
 double watchdog_write_s(double bytes);

@@ -1,7 +1,9 @@
 /* watchdog_hold on 2 ranks, timeout 0.5 s. "hold": a hold of 3 s then 1.5 s without a beat
  * (rank 0 as in a long fsync, rank 1 as waiting for it) is not a hang, and the job exits
  * 0. "expire": a hold of 0.5 s then 3 s without a beat is one: the watchdog ends the job,
- * saying "no progress" (ctest expects that line). Also checks watchdog_write_s's rate. */
+ * saying "no progress" (ctest expects that line). "ended": a hold of 30 s that a beat ends
+ * at once (the wait was short), then 3 s without a beat: a hang, timed from the beat, not
+ * from the hold's end. Also checks watchdog_write_s's rate. */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <stdio.h>
@@ -19,7 +21,8 @@ int main(int argc, char **argv) {
     int provided = 0, rank = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    int expire = argc > 1 && strcmp(argv[1], "expire") == 0;
+    int ended = argc > 1 && strcmp(argv[1], "ended") == 0;
+    int expire = ended || (argc > 1 && strcmp(argv[1], "expire") == 0);
     long step = 0;
     double rate = 1e9 / watchdog_write_s(1e9); /* bytes a second */
     if (rate < 1e6 || rate > 1e9) {
@@ -30,7 +33,9 @@ int main(int argc, char **argv) {
         printf("FAIL: no watchdog thread\n");
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    watchdog_hold(expire ? 0.5 : 3.0); /* 2 s of slack for a loaded machine's scheduling */
+    watchdog_hold(ended ? 30.0 : expire ? 0.5 : 3.0); /* hold: 2 s of slack for a loaded
+                                                        * machine's scheduling */
+    if (ended) watchdog_beat();
     sleep_s(expire ? 3.0 : 1.5);
     watchdog_beat();
     MPI_Barrier(MPI_COMM_WORLD);
