@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import MPIRUN, TRAIN, env, fail, run_train, write_tokens  # noqa: E402
 
 D = tempfile.mkdtemp(prefix="gptc_start_")
+DATA = os.path.join(os.path.dirname(TRAIN), "gptc-data")  # the trainer's sibling
 CFG = """[model]
 n_layer = 2
 n_head = 2
@@ -338,14 +339,13 @@ def check_output_is_stdout(a):
     the key and the stream. Opened anew, the metrics' O_TRUNC had cut the run's lines to
     NUL bytes and both wrote over each other; a report or checkpoint renamed over the file
     sent the run's later lines to a file no name reaches."""
-    data = os.path.join(os.path.dirname(TRAIN), "gptc-data")
     cases = [("metrics", [TRAIN, f"{a}/cfg.ini", "--train.log_file={}"], "train.log_file", 1),
              ("report", [TRAIN, f"{a}/cfg.ini", "--profile.timing=kernel",
                          "--profile.report={}"], "profile.report", 1),
              ("checkpoint", [TRAIN, f"{a}/cfg.ini", "--train.save={}"], "train.save", 1),
              ("metrics to stderr's", [TRAIN, f"{a}/cfg.ini", "--train.log_file={}"],
               "train.log_file", 2),
-             ("gptc-data --out", [data, "--out", "{}", f"{a}/cfg.ini"], "--out", 1)]
+             ("gptc-data --out", [DATA, "--out", "{}", f"{a}/cfg.ini"], "--out", 1)]
     for what, cmd, key, fd in cases:
         path = f"{D}/same.out"
         with open(path, "w") as f:
@@ -369,12 +369,11 @@ def check_replaced_stdout(a):
     path, stdout sent to an empty file: refused, and /dev/stdout is still the system's
     link. A file written beside /dev/stdout and renamed over it replaced that link (root
     may write in /dev), not the file behind it, for every later process."""
-    data = os.path.join(os.path.dirname(TRAIN), "gptc-data")
     link = os.readlink("/dev/stdout") if os.path.islink("/dev/stdout") else None
     for path in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
         for what, cmd, key in (
                 ("train.save", [TRAIN, f"{a}/cfg.ini", f"--train.save={path}"], "train.save"),
-                ("gptc-data --out", [data, "--out", path, f"{a}/cfg.ini"], "--out")):
+                ("gptc-data --out", [DATA, "--out", path, f"{a}/cfg.ini"], "--out")):
             out = f"{D}/replaced.stdout"
             with open(out, "w") as f:
                 r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, timeout=60,
@@ -420,9 +419,8 @@ def check_stdout_closed(a):
     print("ok   a run with stdout closed: the metrics file and the checkpoint are whole")
     # stdin closed: /dev/null stands in, and a config or an input read from it was empty
     close0 = lambda: os.close(0)  # noqa: E731
-    data = os.path.join(os.path.dirname(TRAIN), "gptc-data")
     for what, cmd in (("gptc-train /dev/stdin", [TRAIN, "/dev/stdin", f"--data.path={D}/tok.h5"]),
-                      ("gptc-data -", [data, "--out", f"{D}/fromstdin.h5", f"{a}/cfg.ini", "-"])):
+                      ("gptc-data -", [DATA, "--out", f"{D}/fromstdin.h5", f"{a}/cfg.ini", "-"])):
         r = subprocess.run(cmd, capture_output=False, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True, timeout=60, env=env(),
                            preexec_fn=close0)

@@ -294,17 +294,18 @@ def check_waits(name, report, events, ranks, tp, pp):
                 ends_first = key[0] == "send" or (key[0] == "broadcast" and root == rank) or \
                     (key[0] == "reduce" and root != rank)
                 end = e["ts"] + e["dur"]
-                want = 0.0 if ends_first and latest >= end else min(latest - e["ts"], e["dur"])
                 # the trace's times are printed to 1 ns (an end, ts + dur, to 1.5 ns): a
                 # start within TIE of the end may have fallen on either side of it
-                alt = want if not ends_first or abs(latest - end) > TIE else \
-                    (min(latest - e["ts"], e["dur"]) if want == 0.0 else 0.0)
                 if key[0] == "broadcast" and root == rank:
                     # its root waited for the members that came while it ran, none after
                     early = [v[i]["ts"] for v in need if v[i]["ts"] < end - TIE]
                     near = [v[i]["ts"] for v in need if abs(v[i]["ts"] - end) <= TIE]
                     want = min(max([e["ts"]] + early) - e["ts"], e["dur"])
                     alt = min(max([e["ts"]] + early + near) - e["ts"], e["dur"])
+                else:
+                    want = 0.0 if ends_first and latest >= end else min(latest - e["ts"], e["dur"])
+                    alt = want if not ends_first or abs(latest - end) > TIE else \
+                        (min(latest - e["ts"], e["dur"]) if want == 0.0 else 0.0)
                 got = e["args"].get("wait_us")
                 if got is None or min(abs(got - want), abs(got - alt)) > 0.01 + 1e-6 * want:
                     fail(f"{name}: rank {rank} {key[0]} #{i} ({e['args']}) waited {got} us, the "
