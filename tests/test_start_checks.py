@@ -331,6 +331,7 @@ def check_stdout_file(a):
           "output, each whole")
     check_replaced_stdout(a)
     check_output_is_stdout(a)
+    check_saved_over_link(a)
     check_stdout_closed(a)
 
 
@@ -360,8 +361,22 @@ def check_output_is_stdout(a):
                 not in said or "\0" in text:
             fail(f"{what} to the file {stream} goes to: exit {r.returncode}, "
                  f"{said[-400:]!r}")
+    # the user's own link to /dev/stdout is not one of the names output_stream_open writes
+    # through the descriptor: opened anew, it was the second open file above
+    link, path = f"{D}/to_stdout.jsonl", f"{D}/same.out"
+    if os.path.lexists(link):
+        os.remove(link)
+    os.symlink("/dev/stdout", link)
+    for key in ("train.log_file", "train.save"):
+        with open(path, "w") as f:
+            r = subprocess.run([TRAIN, f"{a}/cfg.ini", f"--{key}={link}"], stdout=f,
+                               stderr=subprocess.PIPE, text=True, timeout=60, env=env())
+        if r.returncode != 1 or f"{key} {link}: is the file this run's stdout goes to" \
+                not in r.stderr or not os.path.islink(link):
+            fail(f"{key} a link to /dev/stdout (stdout a file): exit {r.returncode}, "
+                 f"{r.stderr[-400:]!r}")
     print("ok   metrics, report, checkpoint and gptc-data --out to the file stdout (stderr) "
-          "goes to: refused")
+          "goes to, and metrics and checkpoint to a link to /dev/stdout: refused")
 
 
 def check_replaced_stdout(a):
@@ -387,6 +402,32 @@ def check_replaced_stdout(a):
                      f"{'replaced by a file' if broken else 'kept'}: {r.stderr[-400:]!r}")
     print("ok   train.save and gptc-data --out to /dev/stdout, /dev/fd/1 and /proc/self/fd/1 "
           "refused; /dev/stdout kept")
+
+
+def check_saved_over_link(a):
+    """train.save and gptc-data's --out that are symbolic links to a file: the link is
+    replaced by the new file, and the file it pointed to (say, a shared pretrained
+    checkpoint or token file) is left byte for byte as it was."""
+    import hashlib
+    digest = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()  # noqa: E731
+    for what, target, cmd in (
+            ("train.save", f"{a}/ck.h5", [TRAIN, f"{a}/cfg.ini", "--train.steps=1",
+                                          "--train.save={}"]),
+            ("gptc-data --out", f"{D}/tok.h5", [DATA, "--out", "{}", f"{a}/cfg.ini"])):
+        link = f"{D}/link_out.h5"
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(target, link)
+        before = digest(target)
+        r = subprocess.run([x.format(link) for x in cmd], capture_output=True, text=True,
+                           timeout=60, env=env())
+        if r.returncode or digest(target) != before or os.path.islink(link) or \
+                not os.path.isfile(link) or digest(link) == before:
+            fail(f"{what} a link to {target}: exit {r.returncode}, the link "
+                 f"{'kept' if os.path.islink(link) else 'replaced'}, the target "
+                 f"{'kept' if digest(target) == before else 'changed'}: {r.stderr[-400:]!r}")
+        os.remove(link)
+    print("ok   train.save and gptc-data --out a link: the link replaced, its target kept")
 
 
 def check_stdout_closed(a):
