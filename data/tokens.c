@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -95,6 +96,7 @@ struct token_file {
     long n;       /* number of tokens */
     long vocab;   /* the file's vocab_size */
     long limit;   /* every token must be below it: vocab, or the model's if smaller */
+    int elem;     /* bytes a token in the file: 1, 2 or 4 */
     int fd;       /* HDF5's descriptor of the file (its sec2 driver), else -1: by path */
     file_stamp stamp; /* the file at open, by fd (a file renamed over its path is not it) */
     h5_source_files sources;  /* the files besides it that /tokens is read from */
@@ -244,6 +246,7 @@ static int check_element_type(token_file *f, char *err, size_t errlen) {
                 f->path, what);
     }
     H5Tclose(type);
+    f->elem = (int)size;
     return ok ? 0 : -1;
 }
 
@@ -614,13 +617,30 @@ batch_loader *loader_create(const char *path, int T, int B, int row_begin, int r
     return l;
 }
 
+/* An eighth of the windows or more: one sequential pass over all their tokens costs less
+ * than reading them one by one */
+static int check_in_one_pass(const batch_loader *l, long first, long last) {
+    return (double)(last - first + 1) * l->rows * 8 >= (double)l->W;
+}
+
+enum { CHECK_CHUNK = 1 << 20 }; /* tokens a read of the one pass */
+
+double loader_check_bytes(const batch_loader *l, long first, long last) {
+    const double min_read = 65536; /* a read's round trip on a network file system */
+    if (!l || last < first) return 0;
+    if (check_in_one_pass(l, first, last)) {
+        double n = (double)l->W * l->T + 1;
+        return n * l->file->elem + ceil(n / CHECK_CHUNK) * min_read;
+    }
+    double read = (double)(l->T + 1) * l->file->elem;
+    return (double)(last - first + 1) * l->rows * (read > min_read ? read : min_read);
+}
+
 int loader_check(batch_loader *l, long first, long last, char *err, size_t errlen) {
     if (last < first) return 0;
     long T = l->T;
-    if ((double)(last - first + 1) * l->rows * 8 >= (double)l->W) {
-        /* an eighth of the windows or more: one sequential pass over all their tokens
-         * costs less than reading them one by one */
-        long n = l->W * T + 1, chunk = n < (1L << 20) ? n : (1L << 20);
+    if (check_in_one_pass(l, first, last)) {
+        long n = l->W * T + 1, chunk = n < CHECK_CHUNK ? n : CHECK_CHUNK;
         int32_t *buf = malloc((size_t)chunk * sizeof *buf); /* [chunk] */
         if (!buf) {
             set_err(err, errlen, "data.path %s: out of memory for %ld tokens", l->file->path,
@@ -631,6 +651,7 @@ int loader_check(batch_loader *l, long first, long last, char *err, size_t errle
         /* a large file takes minutes: progress, for the other ranks' watchdogs and this one's */
         for (long s = 0; s < n && rc == 0; s += chunk) {
             watchdog_beat();
+            watchdog_test_slow_read();
             rc = tokens_read(l->file, s, n - s < chunk ? n - s : chunk, buf, err, errlen);
         }
         free(buf);
@@ -639,6 +660,7 @@ int loader_check(batch_loader *l, long first, long last, char *err, size_t errle
     for (long step = first; step <= last; step++)
         for (int r = 0; r < l->rows; r++) {
             watchdog_beat();
+            watchdog_test_slow_read();
             long w = loader_window(l, step, l->row_begin + r);
             if (tokens_read(l->file, w * T, T + 1, l->window, err, errlen)) return -1;
         }

@@ -534,7 +534,7 @@ static int write_file(const char *path, const char *what, const char *a, const c
                       const char *c, char *err, size_t errlen) {
     output_whole o;
     char why[512];
-    watchdog_hold(watchdog_write_s((double)strlen(a) + strlen(b) + strlen(c)));
+    watchdog_hold(watchdog_io_s((double)strlen(a) + strlen(b) + strlen(c)));
     if (output_whole_open(&o, path, why, sizeof why) != 0) {
         snprintf(err, errlen, "profile.%s %s: cannot write: %s", what, path, why);
         return -1;

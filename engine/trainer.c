@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -265,6 +266,12 @@ static void run_free(run_state *r) {
 /* Ranks that failed alone (a file one rank could not read) make every rank stop here:
  * returns nonzero on every rank if rc was nonzero on any. The lowest failing rank is then
  * r->speaker, which alone reports (the others would say the same, or less). */
+/* path's size in bytes; 0 when it cannot be told */
+static double file_bytes(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (double)st.st_size : 0;
+}
+
 static int agree(run_state *r, int rc) {
     if (!r->have_groups || r->g->world == 1) return rc;
     int world = r->g->world, worst = comm_max_int(&r->world, rc != 0 ? world - r->g->rank : 0);
@@ -636,6 +643,10 @@ int train_run(const gptc_config *c, const grid *g) {
                              c->shuffle, c->seed, err, sizeof(err));
     rc = r.loader ? 0 : -1;
     if (rc == 0) rc = loader_check(r.loader, first, c->steps, err, sizeof(err));
+    /* a peer may still be reading what this rank has checked (a cold cache, another
+     * node's disk: a large file's pass takes minutes), and the ranks meet next in
+     * plan_same_data or agree: waiting for it there is not a hang */
+    watchdog_hold(watchdog_io_s(loader_check_bytes(r.loader, first, c->steps)));
     if (g->world > 1) { /* every rank takes part, its own loader failed or not */
         uint64_t fp[3];
         if (rc == 0) rc = loader_fingerprint(r.loader, fp, err, sizeof(err));
@@ -661,6 +672,8 @@ int train_run(const gptc_config *c, const grid *g) {
         } else {
             rc = gpt_load(m, init, opt_m, opt_v, optim_t, why, sizeof(why));
         }
+        /* as for the tokens: a peer may still be reading its part of the file */
+        watchdog_hold(watchdog_io_s(file_bytes(c->init) + 65536.0 * 3 * m->n_tensors));
         if (rc != 0) snprintf(err, sizeof(err), "train.init %s", why);
         else if (has_optim) dp_scatter_state(&r.dpc, m, opt_m, opt_v);
         if (rc == 0 && g->rank == 0) note_unused_tensors(init, &shape);

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "engine/log.h"
@@ -40,7 +41,23 @@ long watchdog_beats(void) { return atomic_load(&g_beats); }
 void watchdog_hold(double seconds) { atomic_store(&g_hold_until_ms, timing_now_ms() + seconds * 1e3); }
 
 /* 20 MB/s: a busy network file system's worst, so that only a disk that stopped is a hang */
-double watchdog_write_s(double bytes) { return bytes / 20e6; }
+double watchdog_io_s(double bytes) {
+    static _Atomic double rate; /* read once: 0 until then */
+    double r = atomic_load(&rate);
+    if (r == 0) {
+        const char *v = getenv("GPTC_TEST_IO_RATE");
+        r = v && atof(v) > 0 ? atof(v) : 20e6;
+        atomic_store(&rate, r);
+    }
+    return bytes / r;
+}
+
+void watchdog_test_slow_read(void) {
+    const char *v = getenv("GPTC_TEST_SLOW_READS");
+    long ms = v ? atol(v) : 0;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    if (ms > 0) nanosleep(&ts, NULL);
+}
 
 void watchdog_waiting(const char *what) { atomic_store(&g_waiting, what); }
 

@@ -12,11 +12,18 @@ void watchdog_beat(void);
 /* How many beats so far, watchdog or not (tests: that long work marks its progress) */
 long watchdog_beats(void);
 /* A wait of up to seconds that is not a hang: a write and fsync of rank 0's, sized by its
- * bytes, that every rank waits for. The timeout counts from its end, or from the first
- * beat after it began (the wait is over), which ends the hold. */
+ * bytes, that every rank waits for, or a peer's reading of the inputs every rank reads,
+ * which a cold cache or another node's disk makes slower than this rank's. The timeout
+ * counts from its end, or from the first beat after it began (the wait is over), which
+ * ends the hold. */
 void watchdog_hold(double seconds);
-/* The seconds watchdog_hold allows for writing bytes to a slow shared disk */
-double watchdog_write_s(double bytes);
+/* The seconds watchdog_hold allows for moving bytes to or from a slow shared disk.
+ * Test-only: GPTC_TEST_IO_RATE = bytes a second in place of that disk's. */
+double watchdog_io_s(double bytes);
+/* Test-only: GPTC_TEST_SLOW_READS = ms makes each read of a start-up check or checkpoint
+ * load take that much longer (a cold cache, a slow disk), so that a test can make one
+ * rank read slower than its peers */
+void watchdog_test_slow_read(void);
 /* What this rank is about to wait in, for the message (a string literal or a buffer
  * that stays valid); NULL when not in communication. */
 void watchdog_waiting(const char *what);

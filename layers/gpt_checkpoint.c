@@ -192,7 +192,7 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     /* rank 0's flush, fsync and rename take a while on a slow disk, and every rank waits */
     double bytes = 0;
     for (int i = 0; full && i < n_full; i++) bytes += (double)full[i].rows * full[i].cols * sizeof(float);
-    watchdog_hold(watchdog_write_s(bytes * (with_optim ? 3 : 1)));
+    watchdog_hold(watchdog_io_s(bytes * (with_optim ? 3 : 1)));
     if (rank == 0 && f) {
         if (rc == 0) rc = ckpt_commit(f, err, errlen);
         else ckpt_abort(f);
@@ -216,6 +216,7 @@ int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, long t_opti
         float *dst = which == 1 ? opt_m : which == 2 ? opt_v : host;
         for (int i = 0; i < m->n_tensors && rc == 0; i++) {
             watchdog_beat();
+            watchdog_test_slow_read();
             const param_tensor *t = &m->tensors[i];
             rc = move_tensor(m, t, f, GROUPS[which], dst + t->offset, 1, err, errlen);
             /* a second moment is a mean of squares: a negative one would make the first

@@ -51,6 +51,30 @@ def mpmd(apps, timeout=120):
         fail(f"hang: {' '.join(cmd)}")
 
 
+def check_slow_peer(a):
+    """Rank 1 reads the tokens (its start-up check) or the checkpoint (train.init) slower
+    than rank 0 (GPTC_TEST_SLOW_READS: a cold cache, another node's disk) by more than
+    train.comm_timeout_s: rank 0, waiting for it at their next meeting, must hold its
+    watchdog for the time a slow disk takes to read those bytes (GPTC_TEST_IO_RATE makes
+    that disk 32 KiB/s), not take the wait for a hang. Rank 1 beats between its reads. Each
+    run is timed, so that a hold that did nothing (rank 1 fast after all) fails too."""
+    timeout_s = 2
+    for what, slow_ms, extra in (("tokens", 750, []),  # 4 reads of a window: 3 s
+                                 ("checkpoint", 100, [f"--train.init={a}/ck.h5"])):  # 28: 2.8 s
+        cmd = list(MPIRUN)
+        for rank in (0, 1):
+            cmd += ([":"] if rank else []) + ["-np", "1", "-wdir", a, "env", "GPTC_TEST_IO_RATE=32768"]
+            cmd += [f"GPTC_TEST_SLOW_READS={slow_ms}"] if rank else []
+            cmd += [TRAIN, "cfg.ini", f"--train.comm_timeout_s={timeout_s}", *extra]
+        t0 = time.monotonic()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env(2))
+        took = time.monotonic() - t0
+        if r.returncode or "done:" not in r.stdout or took < 2.5:
+            fail(f"rank 1 reads the {what} slowly: exit {r.returncode} after {took:.1f} s:\n"
+                 f"{(r.stdout + r.stderr)[-1500:]}")
+        print(f"ok   rank 1 reads the {what} {took:.1f} s slowly, rank 0 waits: trains")
+
+
 def expect_refused(name, r, want):
     lines = gptc_lines(r.stdout + r.stderr)
     if r.returncode == 0 or len(lines) != 1 or any(w not in lines[0] for w in want) or \
@@ -481,6 +505,7 @@ def main():
     if r.returncode:
         fail(f"cannot write the checkpoint:\n{r.stderr}")
     check_no_effect(a)
+    check_slow_peer(a)
     check_ranks_disagree(a, b)
     check_thread_limit(a)
     check_outputs(a)

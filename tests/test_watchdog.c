@@ -3,7 +3,7 @@
  * 0. "expire": a hold of 0.5 s then 3 s without a beat is one: the watchdog ends the job,
  * saying "no progress" (ctest expects that line). "ended": a hold of 30 s that a beat ends
  * at once (the wait was short), then 3 s without a beat: a hang, timed from the beat, not
- * from the hold's end. Also checks watchdog_write_s's rate. */
+ * from the hold's end. Also checks watchdog_io_s's rate. */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <stdio.h>
@@ -24,9 +24,9 @@ int main(int argc, char **argv) {
     int ended = argc > 1 && strcmp(argv[1], "ended") == 0;
     int expire = ended || (argc > 1 && strcmp(argv[1], "expire") == 0);
     long step = 0;
-    double rate = 1e9 / watchdog_write_s(1e9); /* bytes a second */
+    double rate = 1e9 / watchdog_io_s(1e9); /* bytes a second */
     if (rate < 1e6 || rate > 1e9) {
-        printf("FAIL: watchdog_write_s allows %.3g bytes/s, not a slow disk's rate\n", rate);
+        printf("FAIL: watchdog_io_s allows %.3g bytes/s, not a slow disk's rate\n", rate);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     if (watchdog_start(0.5, rank, &step) != 0) {

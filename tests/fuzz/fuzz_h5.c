@@ -14,6 +14,7 @@
 /* The loader marks its progress for the watchdog of a multi-rank run (engine/watchdog.c,
  * which needs MPI); this single-process target has none to tell. */
 void watchdog_beat(void) {}
+void watchdog_test_slow_read(void) {}
 
 static void try_tokens(const char *path) {
     char err[1024];
