@@ -617,54 +617,39 @@ batch_loader *loader_create(const char *path, int T, int B, int row_begin, int r
     return l;
 }
 
-/* An eighth of the windows or more: one sequential pass over all their tokens costs less
- * than reading them one by one */
-static int check_in_one_pass(const batch_loader *l, long first, long last) {
-    return (double)(last - first + 1) * l->rows * 8 >= (double)l->W;
+enum { CHECK_CHUNK = 1 << 20 }; /* tokens a read of the check */
+
+/* Part part of parts of the n tokens: [*begin, *end), the parts as even as can be */
+static void part_range(long n, int part, int parts, long *begin, long *end) {
+    *begin = (long)((double)n * part / parts);
+    *end = (long)((double)n * (part + 1) / parts);
 }
 
-enum { CHECK_CHUNK = 1 << 20 }; /* tokens a read of the one pass */
-
-double loader_check_bytes(const batch_loader *l, long first, long last) {
+double loader_check_bytes(const batch_loader *l, int parts) {
     const double min_read = 65536; /* a read's round trip on a network file system */
-    if (!l || last < first) return 0;
-    if (check_in_one_pass(l, first, last)) {
-        double n = (double)l->W * l->T + 1;
-        return n * l->file->elem + ceil(n / CHECK_CHUNK) * min_read;
-    }
-    double read = (double)(l->T + 1) * l->file->elem;
-    return (double)(last - first + 1) * l->rows * (read > min_read ? read : min_read);
+    if (!l || parts < 1) return 0;
+    double most = ceil((double)l->file->n / parts); /* the largest part's tokens */
+    return most * l->file->elem + ceil(most / CHECK_CHUNK) * min_read;
 }
 
-int loader_check(batch_loader *l, long first, long last, char *err, size_t errlen) {
-    if (last < first) return 0;
-    long T = l->T;
-    if (check_in_one_pass(l, first, last)) {
-        long n = l->W * T + 1, chunk = n < CHECK_CHUNK ? n : CHECK_CHUNK;
-        int32_t *buf = malloc((size_t)chunk * sizeof *buf); /* [chunk] */
-        if (!buf) {
-            set_err(err, errlen, "data.path %s: out of memory for %ld tokens", l->file->path,
-                    chunk);
-            return -1;
-        }
-        int rc = 0;
-        /* a large file takes minutes: progress, for the other ranks' watchdogs and this one's */
-        for (long s = 0; s < n && rc == 0; s += chunk) {
-            watchdog_beat();
-            watchdog_test_slow_read();
-            rc = tokens_read(l->file, s, n - s < chunk ? n - s : chunk, buf, err, errlen);
-        }
-        free(buf);
-        return rc ? rc : tokens_check_sources(l->file, err, errlen);
+int loader_check(batch_loader *l, int part, int parts, char *err, size_t errlen) {
+    long begin, end;
+    part_range(l->file->n, part, parts, &begin, &end);
+    long chunk = end - begin < CHECK_CHUNK ? end - begin : CHECK_CHUNK;
+    int32_t *buf = chunk > 0 ? malloc((size_t)chunk * sizeof *buf) : NULL; /* [chunk] */
+    if (chunk > 0 && !buf) {
+        set_err(err, errlen, "data.path %s: out of memory for %ld tokens", l->file->path, chunk);
+        return -1;
     }
-    for (long step = first; step <= last; step++)
-        for (int r = 0; r < l->rows; r++) {
-            watchdog_beat();
-            watchdog_test_slow_read();
-            long w = loader_window(l, step, l->row_begin + r);
-            if (tokens_read(l->file, w * T, T + 1, l->window, err, errlen)) return -1;
-        }
-    return tokens_check_sources(l->file, err, errlen);
+    int rc = 0;
+    /* a large file takes minutes: progress, for this rank's watchdog */
+    for (long s = begin; s < end && rc == 0; s += chunk) {
+        watchdog_beat();
+        watchdog_test_slow_read();
+        rc = tokens_read(l->file, s, end - s < chunk ? end - s : chunk, buf, err, errlen);
+    }
+    free(buf);
+    return rc ? rc : tokens_check_sources(l->file, err, errlen);
 }
 
 int loader_fingerprint(batch_loader *l, uint64_t fp[3], char *err, size_t errlen) {

@@ -56,15 +56,15 @@ long loader_window(const batch_loader *l, long step, int j); /* window of global
  * the prefetch. Returns 0, or -1 with err set. */
 int loader_get(batch_loader *l, long step, int32_t *inputs, int32_t *targets,
                char *err, size_t errlen);
-/* Reads every token this loader would read for steps first..last (the same windows, or
- * all windows' tokens in one pass when that is most of them) before any step runs, so
- * that a token >= the vocab limit stops the run at its start, not at the step that
- * meets it. Returns 0, or -1 with err naming the file and position. */
-int loader_check(batch_loader *l, long first, long last, char *err, size_t errlen);
-/* The bytes loader_check reads for steps first..last, each read counted as at least
- * 64 KiB (its round trip): what a peer on a slower disk may still be reading when this
- * rank is done. 0 for a NULL l. */
-double loader_check_bytes(const batch_loader *l, long first, long last);
+/* Reads part part (0-based) of parts even parts of the file's tokens, so that a token
+ * >= the vocab limit anywhere in the file stops the run at its start, whatever steps it
+ * runs (parts: the ranks, each checking its part). Returns 0, or -1 with err naming the
+ * file and position. */
+int loader_check(batch_loader *l, int part, int parts, char *err, size_t errlen);
+/* The bytes loader_check reads for the largest of parts parts, each read counted as at
+ * least 64 KiB (its round trip): what a peer on a slower disk may still be reading when
+ * this rank is done. 0 for a NULL l. */
+double loader_check_bytes(const batch_loader *l, int parts);
 /* fp[3] = the file's token count, its vocab_size and a hash of 64 spans of up to 256
  * tokens spread evenly over it: what ranks compare to tell that they read the same data
  * (node-local copies under one name may differ), without reading it all. Call before

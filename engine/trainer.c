@@ -642,11 +642,12 @@ int train_run(const gptc_config *c, const grid *g) {
     r.loader = loader_create(c->data_path, bp.T, bp.B, row0, row0 + rows, shape.vocab_size,
                              c->shuffle, c->seed, err, sizeof(err));
     rc = r.loader ? 0 : -1;
-    if (rc == 0) rc = loader_check(r.loader, first, c->steps, err, sizeof(err));
-    /* a peer may still be reading what this rank has checked (a cold cache, another
-     * node's disk: a large file's pass takes minutes), and the ranks meet next in
-     * plan_same_data or agree: waiting for it there is not a hang */
-    watchdog_hold(watchdog_io_s(loader_check_bytes(r.loader, first, c->steps)));
+    /* every rank checks its part of the file: the whole, in a world-th of the time */
+    if (rc == 0) rc = loader_check(r.loader, g->rank, g->world, err, sizeof(err));
+    /* a peer may still be reading its part (a cold cache, another node's disk: a large
+     * file's takes minutes), and the ranks meet next in plan_same_data or agree: waiting
+     * for it there is not a hang */
+    watchdog_hold(watchdog_io_s(loader_check_bytes(r.loader, g->world)));
     if (g->world > 1) { /* every rank takes part, its own loader failed or not */
         uint64_t fp[3];
         if (rc == 0) rc = loader_fingerprint(r.loader, fp, err, sizeof(err));

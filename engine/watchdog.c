@@ -54,9 +54,12 @@ double watchdog_io_s(double bytes) {
 
 void watchdog_test_slow_read(void) {
     const char *v = getenv("GPTC_TEST_SLOW_READS");
-    long ms = v ? atol(v) : 0;
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-    if (ms > 0) nanosleep(&ts, NULL);
+    /* in slices that beat: a slow read goes on, a hung one would not */
+    for (long ms = v ? atol(v) : 0; ms > 0; ms -= 100) {
+        struct timespec ts = {0, (ms < 100 ? ms : 100) * 1000000L};
+        nanosleep(&ts, NULL);
+        watchdog_beat();
+    }
 }
 
 void watchdog_waiting(const char *what) { atomic_store(&g_waiting, what); }

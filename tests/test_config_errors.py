@@ -120,6 +120,13 @@ CASES = [
     # a token far past what the first steps read: still refused before the first step
     ("token >= vocab late in the file", [f"--data.path={D}/latetok.h5"],
      ["data.path", "latetok.h5", "position 450"]),
+    # a token no step of the run reads (step 1 reads windows 0..3 of 312), and one in the
+    # tail no window holds (497 tokens make 31 windows of 16 + 1): the file is checked
+    # whole, so that whether it trains does not depend on train.steps
+    ("token >= vocab no step reads", [f"--data.path={D}/unreadtok.h5", "--train.steps=1"],
+     ["data.path", "unreadtok.h5", "position 4000"]),
+    ("token >= vocab in the tail", [f"--data.path={D}/tailtok.h5", "--train.steps=1"],
+     ["data.path", "tailtok.h5", "position 499"]),
     # outputs written after the last step, checked before the first
     ("save is a directory", [f"--train.save={D}"], ["train.save", "is a directory"]),
     ("trace is a directory", ["--profile.timing=kernel", f"--profile.trace={D}"],
@@ -428,6 +435,12 @@ def main():
     late = rng.integers(0, 50, 500)
     late[450] = 50
     write_tokens(f"{D}/latetok.h5", late, 50)
+    unread = rng.integers(0, 50, 5000)
+    unread[4000] = 50
+    write_tokens(f"{D}/unreadtok.h5", unread, 50)
+    tail = rng.integers(0, 50, 500)
+    tail[499] = 50
+    write_tokens(f"{D}/tailtok.h5", tail, 50)
     # a step-1 checkpoint with optimizer state, broken one way each
     r = run_train(BASE + ["--train.steps=1", f"--train.save={D}/ck1.h5"])
     if r.returncode:
@@ -472,9 +485,10 @@ def main():
          ["emptysection.ini", "line 3", "unknown section [dtaa]"], None),
         ("key before any section", [f"{D}/nosection.ini"] + BASE,
          ["nosection.ini", "line 1", "before any [section]"], None),
-        # a data or checkpoint error every rank meets: one line, from the lowest rank
+        # each rank checks its part of the tokens: 450 of 500 is rank 1's, and one line
         ("token >= vocab under mpirun", BASE + ["--parallel.dp=2", f"--data.path={D}/latetok.h5"],
-         ["data.path", "position 450", "rank 0"], 2),
+         ["data.path", "position 450", "rank 1"], 2),
+        # a checkpoint error every rank meets: one line, from the lowest rank
         ("checkpoint v < 0 under mpirun", BASE + ["--parallel.pp=2", f"--train.init={D}/vneg.h5",
                                                   "--train.steps=3"],
          ["train.init", "/optim/v/wte", "rank 0"], 2),

@@ -56,14 +56,14 @@ def check_slow_peer(a):
     than rank 0 (GPTC_TEST_SLOW_READS: a cold cache, another node's disk) by more than
     train.comm_timeout_s: rank 0, waiting for it at their next meeting, must hold its
     watchdog for the time a slow disk takes to read those bytes (GPTC_TEST_IO_RATE makes
-    that disk 32 KiB/s), not take the wait for a hang. Rank 1 beats between its reads. Each
-    run is timed, so that a hold that did nothing (rank 1 fast after all) fails too."""
+    that disk 16 KiB/s), not take the wait for a hang. Rank 1 beats as its reads go on.
+    Each run is timed, so that a hold that did nothing (rank 1 fast after all) fails too."""
     timeout_s = 2
-    for what, slow_ms, extra in (("tokens", 750, []),  # 4 reads of a window: 3 s
+    for what, slow_ms, extra in (("tokens", 3000, []),  # its half of the file in one read
                                  ("checkpoint", 100, [f"--train.init={a}/ck.h5"])):  # 28: 2.8 s
         cmd = list(MPIRUN)
         for rank in (0, 1):
-            cmd += ([":"] if rank else []) + ["-np", "1", "-wdir", a, "env", "GPTC_TEST_IO_RATE=32768"]
+            cmd += ([":"] if rank else []) + ["-np", "1", "-wdir", a, "env", "GPTC_TEST_IO_RATE=16384"]
             cmd += [f"GPTC_TEST_SLOW_READS={slow_ms}"] if rank else []
             cmd += [TRAIN, "cfg.ini", f"--train.comm_timeout_s={timeout_s}", *extra]
         t0 = time.monotonic()

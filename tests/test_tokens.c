@@ -423,23 +423,26 @@ static void test_bad_token(void) {
     err[0] = 0;
     check(loader_get(l, 32, in, tg, err, sizeof err) == 0, "bad token: step 32 after the error failed: %s",
           err);
-    /* loader_check before a run: steps 1..2 read windows 0..7 only (one by one: fewer
-     * than W / 8), step 31 reads window 123, steps 1..30 read 120 of the 199 windows (one
-     * pass over every window's tokens, position 1234 included) */
+    /* loader_check before a run: the whole file, whatever steps the run reads (steps 1..2
+     * read windows 0..7 only); in parts, the part holding position 1234 fails and the
+     * others pass: of 2 parts [1000, 2000), of 3 [666, 1333) and not [1333, 2000) */
     err[0] = 0;
-    /* and each window read, or each pass's chunk, is progress for the watchdog: a large
-     * file's check takes longer than train.comm_timeout_s */
+    /* each chunk read is progress for the watchdog: a large file's check takes longer
+     * than train.comm_timeout_s */
     long beats = watchdog_beats();
-    check(loader_check(l, 1, 2, err, sizeof err) == 0, "loader_check steps 1..2: %s", err);
-    check(watchdog_beats() - beats >= 2 * B, "loader_check steps 1..2: %ld watchdog beats for "
-          "%d windows", watchdog_beats() - beats, 2 * B);
-    check(loader_check(l, 31, 31, err, sizeof err) != 0 && strstr(err, key),
-          "loader_check step 31: error \"%s\" lacks \"%s\"", err, key);
-    err[0] = 0;
-    beats = watchdog_beats();
-    check(loader_check(l, 1, 30, err, sizeof err) != 0 && strstr(err, key),
-          "loader_check steps 1..30: error \"%s\" lacks \"%s\"", err, key);
-    check(watchdog_beats() > beats, "loader_check steps 1..30: no watchdog beat in its pass");
+    check(loader_check(l, 0, 1, err, sizeof err) != 0 && strstr(err, key),
+          "loader_check of the whole file: error \"%s\" lacks \"%s\"", err, key);
+    check(watchdog_beats() > beats, "loader_check: no watchdog beat in its pass");
+    const int parts[][3] = {{0, 2, 0}, {1, 2, 1}, {0, 3, 0}, {1, 3, 1}, {2, 3, 0}};
+    for (int i = 0; i < 5; i++) {
+        err[0] = 0;
+        int rc = loader_check(l, parts[i][0], parts[i][1], err, sizeof err);
+        check(parts[i][2] ? rc != 0 && strstr(err, key) : rc == 0,
+              "loader_check part %d of %d: rc %d, \"%s\"", parts[i][0], parts[i][1], rc, err);
+    }
+    /* the bytes a peer may still read: the largest part's uint16 tokens and a round trip */
+    check(loader_check_bytes(l, 3) == 667 * 2 + 65536.0, "loader_check_bytes of 3 parts: %g",
+          loader_check_bytes(l, 3));
     loader_destroy(l);
 
     /* A file whose vocab_size (50257) is larger than the model's (256): it opens, and the
