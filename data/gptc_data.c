@@ -318,7 +318,7 @@ int main(int argc, char **argv) {
     /* as the trainer's train.save: rename() would put the file in place of a device or a
      * FIFO (as root, of /dev/null itself) */
     char err[2048];
-    int refused = output_path_check("--out", o.out, 1, err, sizeof err) != 0;
+    int refused = output_path_check("--out", o.out, OUTPUT_TOKENS, err, sizeof err) != 0;
     if (refused) data_error("%s", err);
     if (refused || out_is_input(&o, tmp)) {
         free(tmp);

@@ -349,6 +349,18 @@ static int check_virtual(hid_t file, hid_t dcpl, const char *path, const char *w
 
 int h5_check_sources(hid_t file, hid_t dset, const char *path, const char *what,
                      h5_source_files *found, char *err, size_t errlen) {
+    /* reached through an external link, the dataset lives in the link's target, which
+     * the watch of path's own file does not see: a source too */
+    hid_t home = H5Iget_file_id(dset);
+    char mine[4096], its[4096];
+    if (home >= 0 && H5Fget_name(home, its, sizeof its) > 0 &&
+        H5Fget_name(file, mine, sizeof mine) > 0 && strcmp(its, mine) != 0 &&
+        note_source(found, its)) {
+        H5Fclose(home);
+        set_err(err, errlen, "%s %s: out of memory", what, path);
+        return -1;
+    }
+    if (home >= 0) H5Fclose(home);
     hid_t dcpl = H5Dget_create_plist(dset);
     hid_t space = H5Dget_space(dset), type = H5Dget_type(dset);
     hssize_t n = space >= 0 ? H5Sget_simple_extent_npoints(space) : -1;

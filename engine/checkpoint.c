@@ -800,6 +800,16 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim, const
                 f->path, dpath, filter);
         rc = -1;
     }
+    /* a source or external file that is missing or short reads as zeros; gptc and h5py
+     * conversions keep every tensor in the file itself, and only token files (which can
+     * be large) have those checked (data/h5_sources.c) */
+    if (rc == 0 && h5_stored_elsewhere(d)) {
+        set_err(err, errlen,
+                "%s: dataset %s is stored outside the file (a virtual dataset, or external "
+                "files), which a checkpoint's tensors cannot be: copy it into the file",
+                f->path, dpath);
+        rc = -1;
+    }
     /* its values would read as zeros: weights or moments lost without a word */
     if (rc == 0 && h5_unwritten(d, &unwritten, &total)) {
         if (unwritten == total)

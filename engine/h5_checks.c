@@ -87,3 +87,26 @@ const char *h5_open_hint(const char *cause) {
                ? " (another program has it open for writing?)"
                : " (truncated or damaged?)";
 }
+
+h5_kind h5_file_kind(const char *path) {
+    H5E_auto2_t func;
+    void *data;
+    H5Eget_auto2(H5E_DEFAULT, &func, &data);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    h5_kind kind = f < 0                          ? H5_UNKNOWN
+                   : H5Aexists(f, "format") > 0   ? H5_CHECKPOINT
+                   : H5Lexists(f, "tokens", H5P_DEFAULT) > 0 ? H5_TOKENS
+                                                  : H5_OTHER;
+    if (f >= 0) H5Fclose(f);
+    H5Eset_auto2(H5E_DEFAULT, func, data);
+    return kind;
+}
+
+int h5_stored_elsewhere(hid_t dset) {
+    hid_t dcpl = H5Dget_create_plist(dset);
+    if (dcpl < 0) return 0;
+    int elsewhere = H5Pget_layout(dcpl) == H5D_VIRTUAL || H5Pget_external_count(dcpl) > 0;
+    H5Pclose(dcpl);
+    return elsewhere;
+}

@@ -20,6 +20,10 @@ int h5_missing_filter(hid_t dset, char *name, size_t n);
  * written. */
 int h5_unwritten(hid_t dset, long long *unwritten, long long *total);
 
+/* 1 when dset is stored outside its file: a virtual dataset (its data in source
+ * datasets) or in external files; else 0 */
+int h5_stored_elsewhere(hid_t dset);
+
 /* The innermost description on this thread's HDF5 error stack, where the last failed call
  * found its fault ("unable to lock file, errno = 11, ..." where another program writes the
  * file), into buf[n]; "" when the stack is empty. Read it before the next HDF5 call, with
@@ -28,5 +32,12 @@ void h5_error_cause(char *buf, size_t n);
 /* " (another program has it open for writing?)" after a cause that is HDF5's file lock,
  * else " (truncated or damaged?)": what to tell a user whose file HDF5 cannot open */
 const char *h5_open_hint(const char *cause);
+
+/* What the HDF5 file at path is, for an output about to replace it: H5_CHECKPOINT (a root
+ * attribute format, as a gptc checkpoint has), H5_TOKENS (a /tokens link, as a token file
+ * has), H5_OTHER, or H5_UNKNOWN when HDF5 cannot open it (damaged, or locked by a writer).
+ * Prints nothing. */
+typedef enum { H5_UNKNOWN, H5_CHECKPOINT, H5_TOKENS, H5_OTHER } h5_kind;
+h5_kind h5_file_kind(const char *path);
 
 #endif

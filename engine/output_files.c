@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "engine/config.h"
+#include "engine/h5_checks.h"
 #include "engine/log.h"
 
 /* 1 when the file at fp has HDF5's signature where HDF5 looks for it: at byte 0, 512,
@@ -32,11 +33,12 @@ static int has_hdf5_signature(FILE *fp, long size) {
 }
 
 /* An existing file an output would overwrite must be one of its own kind: a checkpoint
- * (replaced) an HDF5 file, a stream (metrics, trace, report: JSON, appended to or
- * rewritten) one that starts with '{'; an empty file is either. Else a typo or a swapped
- * pair of paths would destroy the file (a checkpoint given as train.log_file). 0, or -1
- * with err set. */
-static int existing_is_own_kind(const char *key, const char *path, int replaced, char *err,
+ * (replaced) a checkpoint, a token file one with /tokens, a stream (metrics, trace,
+ * report: JSON, appended to or rewritten) one that starts with '{'; an empty file, or an
+ * HDF5 file HDF5 cannot open (a damaged one), is any. Else a typo or a swapped pair of
+ * paths would destroy the file (a checkpoint given as train.log_file, a token file as
+ * train.save). 0, or -1 with err set. */
+static int existing_is_own_kind(const char *key, const char *path, output_kind kind, char *err,
                                 size_t n) {
     FILE *fp = fopen(path, "rb");
     if (!fp) return 0; /* the write check that follows names the trouble */
@@ -47,11 +49,23 @@ static int existing_is_own_kind(const char *key, const char *path, int replaced,
         while (c == ' ' || c == '\t' || c == '\n' || c == '\r');
     }
     fclose(fp);
-    if (size <= 0 || (replaced ? hdf5 : !hdf5 && (c == '{' || c == EOF))) return 0;
+    if (size <= 0) return 0;
+    const char *what = NULL;
+    if (kind == OUTPUT_STREAM && hdf5) what = "an HDF5 file, not JSON";
+    else if (kind == OUTPUT_STREAM && c != '{' && c != EOF) what = "not JSON (no '{' first)";
+    else if (kind != OUTPUT_STREAM && !hdf5) what = "not an HDF5 file";
+    else if (kind != OUTPUT_STREAM) {
+        h5_kind is = h5_file_kind(path), want = kind == OUTPUT_CHECKPOINT ? H5_CHECKPOINT : H5_TOKENS;
+        if (is != H5_UNKNOWN && is != want)
+            what = is == H5_CHECKPOINT ? "a checkpoint, not a token file"
+                   : is == H5_TOKENS   ? "a token file (it has /tokens), not a checkpoint"
+                   : kind == OUTPUT_CHECKPOINT
+                       ? "an HDF5 file that is not a checkpoint (no format attribute)"
+                       : "an HDF5 file that is not a token file (no /tokens)";
+    }
+    if (!what) return 0;
     snprintf(err, n, "%s %s: exists and is %s, which this run would overwrite (name a new "
-             "file, or remove this one)", key, path,
-             hdf5 ? "an HDF5 file, not JSON"
-                  : replaced ? "not an HDF5 file" : "not JSON (no '{' first)");
+             "file, or remove this one)", key, path, what);
     return -1;
 }
 
@@ -99,23 +113,42 @@ static int in_proc(const char *path) {
 }
 
 /* 1 or 2 when st is the regular file that descriptor 1 or 2 writes to (a shell's > FILE),
- * else 0 */
-static int std_output_of(const struct stat *st) {
+ * else 0. A descriptor that is a pipe or a terminal is forwarded by the parent process
+ * (mpirun, whose ranks write to a pty and a pipe, or the far end of a shell's pipe): then
+ * the parent's descriptor is the file, and *parent names the parent (its comm). */
+static int std_output_of(const struct stat *st, char *parent, size_t n) {
     for (int fd = 1; fd <= 2; fd++) {
         struct stat o;
-        if (fstat(fd, &o) == 0 && S_ISREG(o.st_mode) && o.st_dev == st->st_dev &&
-            o.st_ino == st->st_ino)
-            return fd;
+        int via_parent = 0;
+        if (fstat(fd, &o) != 0) continue;
+        if (!S_ISREG(o.st_mode)) {
+            char p[64];
+            snprintf(p, sizeof p, "/proc/%ld/fd/%d", (long)getppid(), fd);
+            if (stat(p, &o) != 0) continue;
+            via_parent = 1;
+        }
+        if (!S_ISREG(o.st_mode) || o.st_dev != st->st_dev || o.st_ino != st->st_ino) continue;
+        parent[0] = '\0';
+        if (via_parent) {
+            char p[64];
+            snprintf(p, sizeof p, "/proc/%ld/comm", (long)getppid());
+            FILE *f = fopen(p, "r");
+            if (!f || !fgets(parent, (int)n, f)) snprintf(parent, n, "its parent process");
+            parent[strcspn(parent, "\n")] = '\0';
+            if (f) fclose(f);
+        }
+        return fd;
     }
     return 0;
 }
 
 /* Refuses an output path (key names it) that rank 0, which writes them all, could not write
  * at the end of a long run, or would block on: checkpoints, the trace and the report are
- * written after the last step. replaced: the file is written beside and renamed over the
- * path (a checkpoint), so its own permissions do not matter. */
-int output_path_check(const char *key, const char *path, int replaced, char *err, size_t n) {
+ * written after the last step. A replaced file (not a stream) is written beside and
+ * renamed over the path, so its own permissions do not matter. */
+int output_path_check(const char *key, const char *path, output_kind kind, char *err, size_t n) {
     if (!path[0]) return 0;
+    int replaced = kind != OUTPUT_STREAM;
     /* the rename would replace the link /dev/stdout itself (root may write in /dev), not
      * the file the shell sent stdout to: every later process's /dev/stdout broken */
     if (replaced && in_proc(path)) {
@@ -144,13 +177,14 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
     /* opened anew (or replaced) under its own name, the file the shell sent stdout to
      * took the run's lines at one offset and the output at another: each wrote over the
      * other (/dev/stdout is written through the descriptor, output_stream_open) */
-    int std = exists && own_descriptor(path) < 0 ? std_output_of(&st) : 0;
+    char parent[64] = "";
+    int std = exists && own_descriptor(path) < 0 ? std_output_of(&st, parent, sizeof parent) : 0;
     if (std) {
         const char *name = std == 1 ? "stdout" : "stderr";
-        snprintf(err, n, "%s %s: is the file this run's %s goes to: the run's lines and this "
-                 "output would write over each other (name another file%s%s%s)", key, path,
-                 name, replaced ? "" : ", or /dev/", replaced ? "" : name,
-                 replaced ? "" : " to mix them");
+        snprintf(err, n, "%s %s: is the file this run's %s goes to%s%s%s: the run's lines and "
+                 "this output would write over each other (name another file%s%s%s)", key, path,
+                 name, parent[0] ? " (through " : "", parent, parent[0] ? ")" : "",
+                 replaced ? "" : ", or /dev/", replaced ? "" : name, replaced ? "" : " to mix them");
         return -1;
     }
     if (exists && !S_ISREG(st.st_mode)) {
@@ -164,7 +198,7 @@ int output_path_check(const char *key, const char *path, int replaced, char *err
         }
         return 0;
     }
-    if (exists && existing_is_own_kind(key, path, replaced, err, n) != 0) return -1;
+    if (exists && existing_is_own_kind(key, path, kind, err, n) != 0) return -1;
     if (exists && replaced && is_mount_point(path)) {
         snprintf(err, n, "%s %s: is a mount point (a bind-mounted file): the file is written "
                  "beside it and renamed over it, which a mount point refuses; name a path in "
@@ -474,9 +508,8 @@ void save_keep_version(const char *path, long step, int keep, long *kept, int *n
     }
 }
 
-/* The step of a version of base (versioned_name) that an earlier run kept before step
- * first, or 0 when entry is none. */
-static long kept_step(const char *base, const char *entry, long first) {
+/* The step of a version of base (versioned_name) that entry names, or 0 when it is none */
+static long version_step(const char *base, const char *entry) {
     size_t len = strlen(base);
     int h5 = len > 3 && strcmp(base + len - 3, ".h5") == 0;
     char prefix[CFG_STR_MAX + 8], name[CFG_STR_MAX + 32]; /* versioned_name's, up to the step */
@@ -485,9 +518,30 @@ static long kept_step(const char *base, const char *entry, long first) {
     if (strncmp(entry, prefix, plen) != 0) return 0;
     char *end;
     long step = strtol(entry + plen, &end, 10);
-    if (end == entry + plen || step < 1 || step >= first) return 0;
+    if (end == entry + plen || step < 1) return 0;
     versioned_name(base, step, name, sizeof(name));
     return strcmp(name, entry) == 0 ? step : 0; /* else another file's name */
+}
+
+int save_versions_check(const char *path, long first, long last, long every, int keep,
+                        char *err, size_t n) {
+    if (!path[0] || keep < 2 || last < first) return 0;
+    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX];
+    snprintf(copy, sizeof(copy), "%s", path);
+    snprintf(dir_copy, sizeof(dir_copy), "%s", path);
+    const char *base = basename(copy), *dir = dirname(dir_copy);
+    DIR *d = opendir(dir);
+    int rc = 0;
+    for (struct dirent *e; d && rc == 0 && (e = readdir(d));) {
+        long step = version_step(base, e->d_name);
+        if (step < first || step > last || (step != last && (every <= 0 || step % every)))
+            continue; /* not one this run saves */
+        char full[2 * CFG_STR_MAX + 32];
+        versioned_name(path, step, full, sizeof(full));
+        rc = existing_is_own_kind("train.keep", full, OUTPUT_CHECKPOINT, err, n);
+    }
+    if (d) closedir(d);
+    return rc;
 }
 
 void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_kept) {
@@ -497,13 +551,13 @@ void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_ke
     const char *base = basename(copy), *dir = dirname(dir_copy);
     DIR *d = opendir(dir);
     if (!d) return;
-    long found[64]; /* [n]: the newest 64 versions at most, more than any keep needs */
+    long found[SAVE_KEPT_FOUND]; /* [n]: the newest versions */
     int n = 0;
     for (struct dirent *e; (e = readdir(d));) {
         remove_if_stale(dir, base, e->d_name);
-        long step = keep > 1 ? kept_step(base, e->d_name, first) : 0;
-        if (step == 0) continue;
-        if (n < 64) found[n++] = step;
+        long step = keep > 1 ? version_step(base, e->d_name) : 0;
+        if (step == 0 || step >= first) continue; /* not one an earlier run kept */
+        if (n < SAVE_KEPT_FOUND) found[n++] = step;
         else {
             int oldest = 0;
             for (int i = 1; i < n; i++) if (found[i] < found[oldest]) oldest = i;
@@ -516,14 +570,7 @@ void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_ke
             long t = found[j];
             found[j] = found[j - 1], found[j - 1] = t;
         }
-    /* the newest keep count against keep; older ones are what keep would have removed */
-    for (int i = 0; i < n; i++) {
-        if (n - i > keep) {
-            char full[2 * CFG_STR_MAX + 32];
-            versioned_name(path, found[i], full, sizeof(full));
-            unlink(full);
-        } else {
-            kept[(*n_kept)++] = found[i];
-        }
-    }
+    /* they count against keep, and the first save removes the oldest past it: not here,
+     * where a run that fails or saves nothing would have removed them for nothing */
+    for (int i = 0; i < n; i++) kept[(*n_kept)++] = found[i];
 }

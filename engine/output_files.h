@@ -5,10 +5,14 @@
 #include <stddef.h>
 #include <stdio.h>
 
+/* What an output is: a stream (metrics, trace, report: appended to or rewritten in place),
+ * or a file written beside its path and renamed over it (a checkpoint, gptc-data's token
+ * file), which an existing file at path must be one of. */
+typedef enum { OUTPUT_STREAM, OUTPUT_CHECKPOINT, OUTPUT_TOKENS } output_kind;
+
 /* 0 when rank 0 will be able to write path (the value of key; empty: nothing to check)
- * at the end of a long run, else -1 with err naming key and the cause. replaced: the file
- * is written beside path and renamed over it (a checkpoint). */
-int output_path_check(const char *key, const char *path, int replaced, char *err, size_t n);
+ * at the end of a long run, else -1 with err naming key and the cause. */
+int output_path_check(const char *key, const char *path, output_kind kind, char *err, size_t n);
 
 /* fopen(path, append ? "a" : "w") for a stream output (metrics, trace, report), except
  * that a FIFO with no reader fails at once, errno ENXIO (output_stream_error says so),
@@ -76,17 +80,26 @@ typedef struct {
  * resuming writes over the checkpoint it read. */
 int output_paths_distinct(const named_path *paths, int n, char *err, size_t errlen);
 
+/* Room kept[] needs: the newest SAVE_KEPT_FOUND versions an earlier run kept, and keep + 1 */
+enum { SAVE_KEPT_FOUND = 64 };
+
 /* train.keep = keep > 1: keeps the checkpoint just written to path for step as a hard
  * link under a name with the step in it (ckpt.h5 -> ckpt.step42.h5), appends step to
- * kept[] (oldest first, room for keep + 1) and removes the links older than the newest
- * keep. */
+ * kept[] (oldest first) and removes the links older than the newest keep. */
 void save_keep_version(const char *path, long step, int keep, long *kept, int *n_kept);
 
 /* At the start of a run that saves to path (rank 0), in one pass over its directory:
  * removes the PATH.tmp.<pid> files whose writer is gone (saves killed mid-write); and with
- * keep > 1, puts the versions an earlier run kept before step first into kept[] (oldest
- * first), so that they count against keep, and removes those older than the newest keep.
- * Later versions (of a run that went further) are left alone. */
+ * keep > 1, puts the versions an earlier run kept before step first (the newest
+ * SAVE_KEPT_FOUND) into kept[] (oldest first), so that they count against keep: the first
+ * save removes those older than the newest keep. Later versions (of a run that went
+ * further) are left alone. */
 void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_kept);
+
+/* With keep > 1, the versions this run will write (steps first..last: every every-th, and
+ * the last) replace files of their names: 0 when none of those that exist is other than a
+ * checkpoint (a user's file named like one), else -1 with err naming it. */
+int save_versions_check(const char *path, long first, long last, long every, int keep,
+                        char *err, size_t n);
 
 #endif

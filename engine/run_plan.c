@@ -173,7 +173,7 @@ int plan_check_device(const gptc_config *c, const gpt_shape *s, int T, char *err
  * report after the last step): a path that fails then, or that names another file the
  * run reads or writes, is refused now. A trace or report that goes to a FIFO is opened
  * now and held (output_whole_hold). Rank 0's. */
-int plan_check_outputs(const gptc_config *c, char *err, size_t n) {
+int plan_check_outputs(const gptc_config *c, long first, char *err, size_t n) {
     const named_path files[] = {
         {"train.save", c->save, 1},        {"train.log_file", c->log_file, 1},
         {"profile.trace", c->trace, 1},    {"profile.report", c->report, 1},
@@ -182,7 +182,11 @@ int plan_check_outputs(const gptc_config *c, char *err, size_t n) {
     if (output_paths_distinct(files, (int)(sizeof files / sizeof files[0]), err, n) != 0)
         return -1;
     for (int i = 0; i < 4; i++) /* the checkpoint is written beside and renamed over */
-        if (output_path_check(files[i].key, files[i].path, i == 0, err, n) != 0) return -1;
+        if (output_path_check(files[i].key, files[i].path, i == 0 ? OUTPUT_CHECKPOINT : OUTPUT_STREAM,
+                              err, n) != 0)
+            return -1;
+    if (save_versions_check(c->save, first, c->steps, c->save_every, c->keep, err, n) != 0)
+        return -1;
     for (int i = 2; i < 4; i++) { /* the trace and the report, written after the last step */
         char why[256];
         if (output_whole_hold(files[i].path, why, sizeof why) != 0) {

@@ -42,9 +42,10 @@ int plan_pipeline(const gptc_config *c, const grid *g, const gpt_shape *s,
 /* What train.device = cuda cannot run (head sizes, sequence length). */
 int plan_check_device(const gptc_config *c, const gpt_shape *s, int T, char *err, size_t n);
 /* Rank 0, which writes them: every output path writable, and none the file of an input
- * or of another output; a trace or report that goes to a FIFO is opened now and held
- * until the end (output_whole_hold). */
-int plan_check_outputs(const gptc_config *c, char *err, size_t n);
+ * or of another output, nor (train.keep) a version of the checkpoint that this run, from
+ * step first, would write over a file of another kind; a trace or report that goes to a
+ * FIFO is opened now and held until the end (output_whole_hold). */
+int plan_check_outputs(const gptc_config *c, long first, char *err, size_t n);
 /* Rank 0 prints the configuration as used: derived keys with the values they took. */
 void plan_print_effective(const gptc_config *c, const grid *g, const gpt_shape *s,
                           const batch_plan *bp);

@@ -228,7 +228,8 @@ typedef struct {
     FILE *log;
     long log_lost; /* lines of the metrics log that could not be written (the first said) */
     int32_t *inputs, *targets; /* [B/dp, T] each, this rank's rows of the step */
-    long *kept;                /* [keep + 1] steps whose checkpoints are kept, oldest first */
+    long *kept;                /* [SAVE_KEPT_FOUND + keep + 1] steps whose checkpoints are
+                                * kept, oldest first */
     int n_kept;
     int speaker;               /* the lowest rank that failed a collective check, or -1 */
 } run_state;
@@ -538,14 +539,14 @@ int train_run(const gptc_config *c, const grid *g) {
         plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0 ||
         plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
         goto fail_config;
-    if (g->rank == 0 && plan_check_outputs(c, err, sizeof(err)) != 0) goto fail_config;
-    if (plan_check_device(c, &shape, bp.T, err, sizeof(err)) != 0) goto fail_config;
     long first = init ? meta.step + 1 : 1;
     if (first > c->steps + 1) {
         snprintf(err, sizeof(err), "train.steps = %ld is before the checkpoint's step %ld (train.init %s)",
                  c->steps, meta.step, c->init);
         goto fail_config;
     }
+    if (g->rank == 0 && plan_check_outputs(c, first, err, sizeof(err)) != 0) goto fail_config;
+    if (plan_check_device(c, &shape, bp.T, err, sizeof(err)) != 0) goto fail_config;
     /* the ranks that passed meet the ones that failed (fail_config) here */
     if (train_refused(0, err, g->rank, g->world)) goto refused;
     plan_print_effective(c, g, &shape, &bp);
@@ -691,7 +692,7 @@ int train_run(const gptc_config *c, const grid *g) {
         r.log = metrics_open(c->log_file, first, err, sizeof(err));
         if (!r.log) rc = -1;
     }
-    r.kept = calloc((size_t)c->keep + 1, sizeof(long));
+    r.kept = calloc((size_t)SAVE_KEPT_FOUND + c->keep + 1, sizeof(long));
     r.inputs = malloc((size_t)rows * bp.T * sizeof(int32_t));
     r.targets = malloc((size_t)rows * bp.T * sizeof(int32_t));
     if (rc == 0 && (!r.inputs || !r.targets || !r.kept)) {

@@ -102,6 +102,11 @@ CASES = [
     # a tensor made and never written, or written in part (a writer killed part way)
     ("checkpoint tensor never written", [f"--train.init={D}/unwrittends.h5"],
      ["train.init", "unwrittends.h5", "/model/ln_f.weight", "never written"]),
+    # a missing source file, a short external file: each had loaded as zeros, exit 0
+    ("checkpoint tensor a virtual dataset", [f"--train.init={D}/vdsds.h5"],
+     ["train.init", "vdsds.h5", "/model/wte", "stored outside the file"]),
+    ("checkpoint tensor in an external file", [f"--train.init={D}/extds.h5"],
+     ["train.init", "extds.h5", "/model/ln_f.bias", "stored outside the file"]),
     ("checkpoint tensor written in part", [f"--train.init={D}/partds.h5"],
      ["train.init", "partds.h5", "/model/wte", "written only in part", "6 of its 7 chunks"]),
     # optimizer state that cannot be resumed, refused rather than dropped or run into NaN
@@ -383,6 +388,13 @@ def main():
     write_tokens(f"{D}/badtok.h5", bad, 50)
     # checkpoints broken one way each, from the good one
     import shutil
+
+    def vds_layout():
+        lay = h5py.VirtualLayout((50, 32), np.float32)
+        lay[:] = h5py.VirtualSource(f"{D}/no_such_source.h5", "wte", shape=(50, 32))
+        return lay
+    with open(f"{D}/short.bin", "wb") as f:
+        f.write(b"\0" * 40)
     raw = open(f"{D}/ck.h5", "rb").read()
     with open(f"{D}/truncated.h5", "wb") as f:
         f.write(raw[: len(raw) // 2])
@@ -403,6 +415,11 @@ def main():
                               f["model"].create_dataset("wte", (50, 32), np.float32, chunks=(8, 32)),
                               f["model"]["wte"].__setitem__(slice(0, 8),
                                                             np.zeros((8, 32), np.float32)))),
+        ("vdsds", lambda f: (f["model"].__delitem__("wte"),
+                             f["model"].create_virtual_dataset("wte", vds_layout()))),
+        ("extds", lambda f: (f["model"].__delitem__("ln_f.bias"),
+                             f["model"].create_dataset("ln_f.bias", (32,), np.float32,
+                                                       external=[(f"{D}/short.bin", 0, 128)]))),
         # h5py brings its lzf filter; libhdf5 does not, and a read fails with no reason
         ("lzf", lambda f: (f["model"].__delitem__("ln_f.bias"),
                            f["model"].create_dataset("ln_f.bias", data=np.zeros(32, np.float32),

@@ -101,6 +101,32 @@ def main():
         fail(f"train.keep=2 across a resume should leave cos.step6.h5 and cos.step9.h5, "
              f"found {kept}")
     print("keep: the versions of the run before count, the oldest is removed")
+    # the oldest is removed by the first save past keep, not at the start: a resumed run
+    # that saves nothing (no step left) or fails before its first save removed them for
+    # nothing
+    r = run_train(cos + [f"--train.init={d}/cos.h5", "--train.steps=12", f"--train.save={d}/cos.h5",
+                         "--train.save_every=3", "--train.keep=3"])
+    if r.returncode:
+        fail("resume to step 12 with train.keep=3 failed: " + r.stderr)
+    # the second diverges (loss not finite at step 14) before its first save, at 15
+    for run in (["--train.steps=12"], ["--train.steps=15", "--train.lr=1e30"]):
+        r = run_train(cos + [f"--train.init={d}/cos.h5", f"--train.save={d}/cos.h5",
+                             "--train.save_every=3", "--train.keep=2"] + run)
+        kept = sorted(x for x in os.listdir(d) if x.startswith("cos.step"))
+        if kept != ["cos.step12.h5", "cos.step6.h5", "cos.step9.h5"]:
+            fail(f"train.keep=2 in a run that saved nothing ({' '.join(run)}: exit "
+                 f"{r.returncode}) should leave the 3 versions, found {kept}")
+    # a file of a version this run would write, not a checkpoint: refused at the start
+    with open(f"{d}/cos.step15.h5", "w") as f:
+        f.write("my notes\n")
+    r = run_train(cos + [f"--train.init={d}/cos.h5", "--train.steps=15", f"--train.save={d}/cos.h5",
+                         "--train.save_every=3", "--train.keep=2"])
+    if r.returncode != 1 or "train.keep" not in r.stderr or "cos.step15.h5: exists and is not " \
+            "an HDF5 file" not in r.stderr or open(f"{d}/cos.step15.h5").read() != "my notes\n":
+        fail(f"train.keep over a text file named like a version: exit {r.returncode}, "
+             f"{r.stderr[-400:]!r}")
+    print("ok   keep: a run that saves nothing removes no version; a version's name held by "
+          "another file is refused")
     # a resumed run with no step left (train.steps read as "more steps", not "up to"):
     # train.save, here a later run's checkpoint, stays as it was
     before = open(f"{d}/full.h5", "rb").read()

@@ -267,18 +267,34 @@ def check_outputs(a):
          ["profile.report", "notes.txt", "not JSON"]),
         ("save onto a text file", [f"--train.save={D}/notes.txt"],
          ["train.save", "notes.txt", "not an HDF5 file"]),
+        # HDF5 both, but a token file (a validation set, say) is not a checkpoint
+        ("save onto a token file", [f"--train.save={D}/val_tok.h5"],
+         ["train.save", "val_tok.h5", "a token file (it has /tokens), not a checkpoint"]),
+        ("save onto another HDF5 file", [f"--train.save={D}/other.h5"],
+         ["train.save", "other.h5", "an HDF5 file that is not a checkpoint"]),
     ]
-    with open(f"{a}/ck.h5", "rb") as f:
-        ck_bytes = f.read()
+    write_tokens(f"{D}/val_tok.h5", np.arange(100) % 64, 64)
+    import h5py
+    with h5py.File(f"{D}/other.h5", "w") as f:
+        f["x"] = np.arange(4)
+    kept = {p: open(p, "rb").read() for p in (f"{a}/ck.h5", f"{D}/notes.txt",
+                                             f"{D}/val_tok.h5", f"{D}/other.h5")}
     for name, args, want in cases:
         try:
             r = run_train([f"{a}/cfg.ini"] + args, timeout=60)
         except subprocess.TimeoutExpired:
             fail(f"{name}: hang")
         expect_refused(name, r, want)
-    with open(f"{a}/ck.h5", "rb") as f, open(f"{D}/notes.txt") as g:
-        if f.read() != ck_bytes or g.read() != "my notes\n":
-            fail("a refused run changed the checkpoint or the text file it would overwrite")
+    # and gptc-data's token file onto a checkpoint
+    r = subprocess.run([DATA, "--out", f"{a}/ck.h5", f"{a}/cfg.ini"], capture_output=True,
+                       text=True, timeout=60, env=env())
+    if r.returncode != 1 or "--out" not in r.stderr or \
+            "ck.h5: exists and is a checkpoint, not a token file" not in r.stderr:
+        fail(f"gptc-data --out onto a checkpoint: exit {r.returncode}, {r.stderr[-400:]!r}")
+    print(f"ok   gptc-data --out onto a checkpoint: {r.stderr.strip()}")
+    for p, b in kept.items():
+        if open(p, "rb").read() != b:
+            fail(f"a refused run changed {p}, which it would have overwritten")
     # a FIFO: with no reader it is refused at once (opening it had waited forever); with
     # one, the reader gets the lines
     expect_refused("metrics to a FIFO with no reader", run_train(
@@ -385,6 +401,23 @@ def check_output_is_stdout(a):
                 not in said or "\0" in text:
             fail(f"{what} to the file {stream} goes to: exit {r.returncode}, "
                  f"{said[-400:]!r}")
+    # under mpirun a rank's stdout is a pty (stderr a pipe) that mpirun copies to its own:
+    # the file is mpirun's, and the metrics opened anew were written over by mpirun's copy
+    # of the run's lines (865 NUL bytes and no metrics line, exit 0)
+    for fd in (1, 2):
+        path = f"{D}/mpirun.out"
+        with open(path, "w") as f:
+            r = subprocess.run([*MPIRUN, "-np", "2", TRAIN, f"{a}/cfg.ini", "--parallel.dp=2",
+                                f"--train.log_file={path}"], stdout=f if fd == 1 else None,
+                               stderr=f if fd == 2 else subprocess.PIPE, text=True, timeout=120,
+                               env=env(2))
+        text = open(path, "rb").read().decode(errors="replace")
+        said = text if fd == 2 else r.stderr
+        stream = "stdout" if fd == 1 else "stderr"
+        if r.returncode == 0 or f"train.log_file {path}: is the file this run's {stream} goes " \
+                f"to (through mpirun)" not in said or "\0" in text or '{"step"' in text:
+            fail(f"metrics to the file mpirun's {stream} goes to: exit {r.returncode}, "
+                 f"{said[-600:]!r}")
     # the user's own link to /dev/stdout is not one of the names output_stream_open writes
     # through the descriptor: opened anew, it was the second open file above
     link, path = f"{D}/to_stdout.jsonl", f"{D}/same.out"
@@ -400,7 +433,8 @@ def check_output_is_stdout(a):
             fail(f"{key} a link to /dev/stdout (stdout a file): exit {r.returncode}, "
                  f"{r.stderr[-400:]!r}")
     print("ok   metrics, report, checkpoint and gptc-data --out to the file stdout (stderr) "
-          "goes to, and metrics and checkpoint to a link to /dev/stdout: refused")
+          "goes to, also through mpirun, and metrics and checkpoint to a link to /dev/stdout: "
+          "refused")
 
 
 def check_replaced_stdout(a):

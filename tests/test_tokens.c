@@ -948,6 +948,7 @@ static void test_file_changes(void) {
      * file, it reads on; cut short, it is refused */
     const char *ext = write_external("change_ext.h5", "change_ext.bin", 50, 50);
     const char *ext_bin = made[n_made - 2];
+    int rc;
     f = tokens_open(ext, 0, err, sizeof err);
     check(f != NULL, "file changes: open: %s", err);
     if (!f) return;
@@ -965,6 +966,33 @@ static void test_file_changes(void) {
           "file changes: external file cut: %d '%s'", cut_rc, err);
     tokens_close(f);
 
+    /* /tokens an external link to another file's: that file is watched as a source;
+     * written in place, it is refused (the link's own file is as it was) */
+    const char *target = write_ramp("change_target.h5", H5T_STD_U16LE, N, 1, 1 << 16);
+    const char *linked = tmp_path("change_link.h5");
+    hid_t lf = H5Fcreate(linked, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    H5Lcreate_external(target, "tokens", lf, "tokens", H5P_DEFAULT, H5P_DEFAULT);
+    long long v = 1 << 16;
+    hid_t as = H5Screate(H5S_SCALAR);
+    hid_t at = H5Acreate2(lf, "vocab_size", H5T_STD_I64LE, as, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(at, H5T_NATIVE_LLONG, &v);
+    H5Aclose(at), H5Sclose(as), H5Fclose(lf);
+    f = tokens_open(linked, 0, err, sizeof err);
+    check(f != NULL, "file changes: open through an external link: %s", err);
+    if (!f) return;
+    check(tokens_check_sources(f, err, sizeof err) == 0, "file changes: external link: %s", err);
+    fp = fopen(target, "r+b");
+    if (fp) fseek(fp, -2, SEEK_END), fwrite(&one, sizeof one, 1, fp), fclose(fp);
+    stat(target, &st);
+    later[1].tv_sec = st.st_mtim.tv_sec + 5;
+    utimensat(AT_FDCWD, target, later, 0);
+    rc = tokens_check_sources(f, err, sizeof err);
+    check(rc != 0 && has_all(err, (const char *const[]){"change_link.h5", "source file",
+                                                       "change_target.h5",
+                                                       "written to in place", NULL}),
+          "file changes: external link's target written in place: %d '%s'", rc, err);
+    tokens_close(f);
+
     /* through the loader: step 1 reads, the file is cut while step 2 is prefetched or
      * after; step 2 was read whole before the cut or is refused, and step 3 is refused */
     const char *lpath = write_ramp("change_loader.h5", H5T_STD_U16LE, N, 1, 1 << 16);
@@ -975,7 +1003,7 @@ static void test_file_changes(void) {
     check(loader_get(l, 1, in, tg, err, sizeof err) == 0, "file changes: step 1: %s", err);
     stat(lpath, &st);
     check(truncate(lpath, st.st_size / 2) == 0, "file changes: truncate");
-    int rc = loader_get(l, 2, in, tg, err, sizeof err);
+    rc = loader_get(l, 2, in, tg, err, sizeof err);
     if (rc == 0) rc = loader_get(l, 3, in, tg, err, sizeof err);
     check(rc != 0 && strstr(err, "changed during the run"),
           "file changes: loader steps 2 and 3: %d '%s'", rc, err);
