@@ -292,16 +292,26 @@ static int read_vocab(token_file *f, long model_vocab, char *err, size_t errlen)
     hid_t attr = H5Aopen(owner, "vocab_size", H5P_DEFAULT);
     hid_t type = attr >= 0 ? H5Aget_type(attr) : -1;
     hid_t space = attr >= 0 ? H5Aget_space(attr) : -1;
-    long long v = 0;
+    unsigned long long u = 0; /* an unsigned 64-bit value past LLONG_MAX: read whole */
     int ok = type >= 0 && space >= 0 && H5Tget_class(type) == H5T_INTEGER &&
-             H5Sget_simple_extent_npoints(space) == 1 &&
-             H5Aread(attr, H5T_NATIVE_LLONG, &v) >= 0;
+             H5Sget_simple_extent_npoints(space) == 1;
+    int sign = ok ? H5Tget_sign(type) == H5T_SGN_2 : 0;
+    long long v = 0;
+    ok = ok && H5Aread(attr, sign ? H5T_NATIVE_LLONG : H5T_NATIVE_ULLONG, sign ? (void *)&v
+                                                                          : (void *)&u) >= 0;
+    int too_big = ok && !sign && u > (unsigned long long)MAX_VOCAB;
+    if (!sign && !too_big) v = (long long)u;
     if (space >= 0) H5Sclose(space);
     if (type >= 0) H5Tclose(type);
     if (attr >= 0) H5Aclose(attr);
     if (!ok) {
         set_err(err, errlen, "data.path %s: vocab_size attribute is not a single integer",
                 f->path);
+        return -1;
+    }
+    if (too_big) {
+        set_err(err, errlen, "data.path %s: vocab_size %llu is outside [1, %lld]", f->path, u,
+                MAX_VOCAB);
         return -1;
     }
     if (v < 1 || v > MAX_VOCAB) {

@@ -366,6 +366,19 @@ static void test_open_errors(void) {
                         (const char *const[]){"novocab.h5", "no vocab_size attribute", NULL});
 
 
+    /* an unsigned 64-bit vocab_size past LLONG_MAX: said as it is (HDF5's conversion to
+     * long long had clipped it to 9223372036854775807) */
+    error_file("u64vocab.h5", &novocab, 100);
+    hid_t uf = H5Fopen(made[n_made - 1], H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t us = H5Screate(H5S_SCALAR);
+    hid_t ua = H5Acreate2(uf, "vocab_size", H5T_STD_U64LE, us, H5P_DEFAULT, H5P_DEFAULT);
+    unsigned long long most = ~0ull;
+    H5Awrite(ua, H5T_NATIVE_ULLONG, &most);
+    H5Aclose(ua), H5Sclose(us), H5Fclose(uf);
+    expect_create_error("vocab 2^64 - 1", made[n_made - 1], 4, 0,
+                        (const char *const[]){"u64vocab.h5", "vocab_size 18446744073709551615",
+                                              "outside", NULL});
+
     file_spec zero = {H5T_STD_U16LE, 0, VOCAB_ROOT, 0, "tokens"};
     error_file("zerovocab.h5", &zero, 100);
     expect_create_error("vocab 0", made[n_made - 1], 4, 0,
