@@ -636,10 +636,10 @@ static void part_range(long n, int part, int parts, long *begin, long *end) {
 }
 
 double loader_check_bytes(const batch_loader *l, int parts) {
-    const double min_read = 65536; /* a read's round trip on a network file system */
+    const double trip = 65536; /* a read's round trip on a network file system, in bytes */
     if (!l || parts < 1) return 0;
     double most = ceil((double)l->file->n / parts); /* the largest part's tokens */
-    return most * l->file->elem + ceil(most / CHECK_CHUNK) * min_read;
+    return most * l->file->elem + ceil(most / CHECK_CHUNK) * trip;
 }
 
 int loader_check(batch_loader *l, int part, int parts, char *err, size_t errlen) {

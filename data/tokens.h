@@ -61,9 +61,9 @@ int loader_get(batch_loader *l, long step, int32_t *inputs, int32_t *targets,
  * runs (parts: the ranks, each checking its part). Returns 0, or -1 with err naming the
  * file and position. */
 int loader_check(batch_loader *l, int part, int parts, char *err, size_t errlen);
-/* The bytes loader_check reads for the largest of parts parts, each read counted as at
- * least 64 KiB (its round trip): what a peer on a slower disk may still be reading when
- * this rank is done. 0 for a NULL l. */
+/* The bytes loader_check reads for the largest of parts parts, and 64 KiB more for each
+ * read (its round trip): what a peer on a slower disk may still be reading when this
+ * rank is done. 0 for a NULL l. */
 double loader_check_bytes(const batch_loader *l, int parts);
 /* fp[3] = the file's token count, its vocab_size and a hash of 64 spans of up to 256
  * tokens spread evenly over it: what ranks compare to tell that they read the same data

@@ -94,10 +94,12 @@ h5_kind h5_file_kind(const char *path) {
     H5Eget_auto2(H5E_DEFAULT, &func, &data);
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    h5_kind kind = f < 0                          ? H5_UNKNOWN
-                   : H5Aexists(f, "format") > 0   ? H5_CHECKPOINT
+    /* /tokens first: a token file of another tool may carry a format attribute of its
+     * own, and a checkpoint has no /tokens */
+    h5_kind kind = f < 0                                     ? H5_UNKNOWN
                    : H5Lexists(f, "tokens", H5P_DEFAULT) > 0 ? H5_TOKENS
-                                                  : H5_OTHER;
+                   : H5Aexists(f, "format") > 0              ? H5_CHECKPOINT
+                                                             : H5_OTHER;
     if (f >= 0) H5Fclose(f);
     H5Eset_auto2(H5E_DEFAULT, func, data);
     return kind;

@@ -33,10 +33,10 @@ void h5_error_cause(char *buf, size_t n);
  * else " (truncated or damaged?)": what to tell a user whose file HDF5 cannot open */
 const char *h5_open_hint(const char *cause);
 
-/* What the HDF5 file at path is, for an output about to replace it: H5_CHECKPOINT (a root
- * attribute format, as a gptc checkpoint has), H5_TOKENS (a /tokens link, as a token file
- * has), H5_OTHER, or H5_UNKNOWN when HDF5 cannot open it (damaged, or locked by a writer).
- * Prints nothing. */
+/* What the HDF5 file at path is, for an output about to replace it: H5_TOKENS (a /tokens
+ * link, as a token file has), else H5_CHECKPOINT (a root attribute format, as a gptc
+ * checkpoint has), else H5_OTHER; H5_UNKNOWN when HDF5 cannot open it (damaged, or
+ * locked by a writer). Prints nothing. */
 typedef enum { H5_UNKNOWN, H5_CHECKPOINT, H5_TOKENS, H5_OTHER } h5_kind;
 h5_kind h5_file_kind(const char *path);
 

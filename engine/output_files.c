@@ -16,6 +16,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "data/tokens.h"
 #include "engine/config.h"
 #include "engine/h5_checks.h"
 #include "engine/log.h"
@@ -113,15 +114,16 @@ static int in_proc(const char *path) {
 }
 
 /* 1 or 2 when st is the regular file that descriptor 1 or 2 writes to (a shell's > FILE),
- * else 0. A descriptor that is a pipe or a terminal is forwarded by the parent process
+ * else 0. A descriptor that is a pipe or a terminal may be forwarded by the parent process
  * (mpirun, whose ranks write to a pty and a pipe, or the far end of a shell's pipe): then
- * the parent's descriptor is the file, and *parent names the parent (its comm). */
+ * the parent's descriptor is the file, and *parent names the parent (its comm). /dev/null
+ * and other devices forward nothing. */
 static int std_output_of(const struct stat *st, char *parent, size_t n) {
     for (int fd = 1; fd <= 2; fd++) {
         struct stat o;
         int via_parent = 0;
         if (fstat(fd, &o) != 0) continue;
-        if (!S_ISREG(o.st_mode)) {
+        if (S_ISFIFO(o.st_mode) || isatty(fd)) {
             char p[64];
             snprintf(p, sizeof p, "/proc/%ld/fd/%d", (long)getppid(), fd);
             if (stat(p, &o) != 0) continue;
@@ -493,8 +495,21 @@ static void versioned_name(const char *path, long step, char *out, size_t n) {
 /* train.keep = k > 1 keeps the last k checkpoints as hard links to what path held, so
  * path is always the newest and every kept file is complete. Older links are removed. */
 void save_keep_version(const char *path, long step, int keep, long *kept, int *n_kept) {
-    char name[CFG_STR_MAX + 32];
+    char name[CFG_STR_MAX + 32], why[CFG_STR_MAX + 256];
     versioned_name(path, step, name, sizeof(name));
+    /* save_versions_check saw the steps a run saves by train.save_every; a save on a stop
+     * signal comes at any step */
+    struct stat st;
+    int other = lstat(name, &st) == 0 && !S_ISREG(st.st_mode);
+    if (!other && lstat(name, &st) == 0) {
+        tokens_hdf5_lock(); /* the loader's thread reads HDF5 meanwhile */
+        other = existing_is_own_kind("train.keep", name, OUTPUT_CHECKPOINT, why, sizeof why);
+        tokens_hdf5_unlock();
+    }
+    if (other) {
+        log_warn("did not keep %s: a file of another kind has that name", name);
+        return;
+    }
     unlink(name);
     if (link(path, name) != 0) {
         log_warn("could not keep %s: %s", name, strerror(errno));
@@ -538,7 +553,14 @@ int save_versions_check(const char *path, long first, long last, long every, int
             continue; /* not one this run saves */
         char full[2 * CFG_STR_MAX + 32];
         versioned_name(path, step, full, sizeof(full));
-        rc = existing_is_own_kind("train.keep", full, OUTPUT_CHECKPOINT, err, n);
+        struct stat st; /* a FIFO's open would wait for a writer */
+        if (lstat(full, &st) == 0 && !S_ISREG(st.st_mode)) {
+            snprintf(err, n, "train.keep %s: exists and is not a regular file, which this run "
+                     "would replace (name a new file, or remove this one)", full);
+            rc = -1;
+        } else {
+            rc = existing_is_own_kind("train.keep", full, OUTPUT_CHECKPOINT, err, n);
+        }
     }
     if (d) closedir(d);
     return rc;

@@ -264,15 +264,15 @@ static void run_free(run_state *r) {
     watchdog_stop();
 }
 
-/* Ranks that failed alone (a file one rank could not read) make every rank stop here:
- * returns nonzero on every rank if rc was nonzero on any. The lowest failing rank is then
- * r->speaker, which alone reports (the others would say the same, or less). */
 /* path's size in bytes; 0 when it cannot be told */
 static double file_bytes(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 ? (double)st.st_size : 0;
 }
 
+/* Ranks that failed alone (a file one rank could not read) make every rank stop here:
+ * returns nonzero on every rank if rc was nonzero on any. The lowest failing rank is then
+ * r->speaker, which alone reports (the others would say the same, or less). */
 static int agree(run_state *r, int rc) {
     if (!r->have_groups || r->g->world == 1) return rc;
     int world = r->g->world, worst = comm_max_int(&r->world, rc != 0 ? world - r->g->rank : 0);
@@ -332,8 +332,13 @@ static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n)
         if (rc == 0) dp_gather_state(&r->dpc, m, opt_m, opt_v);
         else snprintf(why, sizeof(why), "%s: out of host memory for the optimizer state", c->save);
     }
-    if (rc == 0)
+    if (rc == 0) {
+        /* rank 0 writes HDF5 while its loader's thread may read the next step's tokens: one
+         * at a time, for an HDF5 built without its thread-safe option (data/tokens.h) */
+        tokens_hdf5_lock();
         rc = gpt_save(m, &r->world, writer, c->save, step, opt_m, opt_v, t, why, sizeof(why));
+        tokens_hdf5_unlock();
+    }
     free(opt_m);
     free(opt_v);
     if (rc != 0) {
@@ -643,12 +648,14 @@ int train_run(const gptc_config *c, const grid *g) {
     r.loader = loader_create(c->data_path, bp.T, bp.B, row0, row0 + rows, shape.vocab_size,
                              c->shuffle, c->seed, err, sizeof(err));
     rc = r.loader ? 0 : -1;
-    /* every rank checks its part of the file: the whole, in a world-th of the time */
-    if (rc == 0) rc = loader_check(r.loader, g->rank, g->world, err, sizeof(err));
+    /* every rank checks its part of the file: the whole, in a world-th of the time; a run
+     * with no step to run (an initial checkpoint, a resume past train.steps) reads none */
+    int check = first <= c->steps;
+    if (rc == 0 && check) rc = loader_check(r.loader, g->rank, g->world, err, sizeof(err));
     /* a peer may still be reading its part (a cold cache, another node's disk: a large
      * file's takes minutes), and the ranks meet next in plan_same_data or agree: waiting
      * for it there is not a hang */
-    watchdog_hold(watchdog_io_s(loader_check_bytes(r.loader, g->world)));
+    if (check) watchdog_hold(watchdog_io_s(loader_check_bytes(r.loader, g->world)));
     if (g->world > 1) { /* every rank takes part, its own loader failed or not */
         uint64_t fp[3];
         if (rc == 0) rc = loader_fingerprint(r.loader, fp, err, sizeof(err));

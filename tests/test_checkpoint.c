@@ -10,6 +10,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "engine/checkpoint.h"
+#include "engine/output_files.h"
 
 #include <dirent.h>
 #include <hdf5.h>
@@ -334,6 +335,32 @@ static void test_atomic_replace(void) {
     check(holds(path, 2, 2.0f), "ckpt_abort leaves the old checkpoint untouched");
     check(count_temp_files() == 0, "ckpt_abort removes the temporary file");
     check(open_ids() == 0, "no HDF5 object open after abort");
+}
+
+/* train.keep's versions (engine/output_files.c): a version is a hard link to the
+ * checkpoint; a file of another kind at a version's name (a save on a stop signal comes
+ * at a step save_versions_check did not look at) is left as it is and not kept */
+static void test_keep_version(void) {
+    char path[1024], name[1024];
+    path_in_tmp(path, sizeof path, "kv.h5");
+    path_in_tmp(name, sizeof name, "kv.step5.h5");
+    if (commit_one(path, 5, 5.0f) < 0) return;
+    FILE *fp = fopen(name, "w");
+    if (fp) fputs("my notes\n", fp), fclose(fp);
+    long kept[SAVE_KEPT_FOUND + 3] = {0};
+    int n_kept = 0;
+    save_keep_version(path, 5, 2, kept, &n_kept);
+    char text[32] = "";
+    fp = fopen(name, "r");
+    if (fp) (void)!fgets(text, sizeof text, fp), fclose(fp);
+    check(n_kept == 0 && strcmp(text, "my notes\n") == 0,
+          "keep: a text file at the version's name was replaced");
+    remove(name);
+    save_keep_version(path, 5, 2, kept, &n_kept);
+    check(n_kept == 1 && kept[0] == 5 && holds(name, 5, 5.0f), "keep: the version was not kept");
+    /* a second save of the step (a resume that repeats it) replaces its own version */
+    save_keep_version(path, 5, 2, kept, &n_kept);
+    check(n_kept == 2 && holds(name, 5, 5.0f), "keep: the version of a repeated step");
 }
 
 /* ------------------------------------------------------------ error cases */
@@ -710,6 +737,7 @@ int main(int argc, char **argv) {
     }
     test_roundtrip();
     test_atomic_replace();
+    test_keep_version();
     without_stderr(test_open_errors, "open errors");
     without_stderr(test_read_errors, "read errors");
     without_stderr(test_create_errors, "create errors");

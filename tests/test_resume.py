@@ -108,14 +108,18 @@ def main():
                          "--train.save_every=3", "--train.keep=3"])
     if r.returncode:
         fail("resume to step 12 with train.keep=3 failed: " + r.stderr)
-    # the second diverges (loss not finite at step 14) before its first save, at 15
-    for run in (["--train.steps=12"], ["--train.steps=15", "--train.lr=1e30"]):
+    # the second diverges (as test_nan's) before its first save, at step 40
+    for run in (["--train.steps=12"], ["--train.steps=40", "--train.save_every=40", "--train.lr=1000",
+                                       "--train.lr_schedule=constant", "--train.grad_clip=0"]):
         r = run_train(cos + [f"--train.init={d}/cos.h5", f"--train.save={d}/cos.h5",
                              "--train.save_every=3", "--train.keep=2"] + run)
         kept = sorted(x for x in os.listdir(d) if x.startswith("cos.step"))
-        if kept != ["cos.step12.h5", "cos.step6.h5", "cos.step9.h5"]:
+        ended = "no step to run" in r.stdout if len(run) == 1 else \
+            r.returncode != 0 and "is not finite (train.nan_policy = stop)" in r.stderr
+        if kept != ["cos.step12.h5", "cos.step6.h5", "cos.step9.h5"] or not ended:
             fail(f"train.keep=2 in a run that saved nothing ({' '.join(run)}: exit "
-                 f"{r.returncode}) should leave the 3 versions, found {kept}")
+                 f"{r.returncode}) should leave the 3 versions, found {kept}:\n"
+                 f"{r.stdout[-400:]}{r.stderr[-400:]}")
     # a file of a version this run would write, not a checkpoint: refused at the start
     with open(f"{d}/cos.step15.h5", "w") as f:
         f.write("my notes\n")
@@ -125,6 +129,15 @@ def main():
             "an HDF5 file" not in r.stderr or open(f"{d}/cos.step15.h5").read() != "my notes\n":
         fail(f"train.keep over a text file named like a version: exit {r.returncode}, "
              f"{r.stderr[-400:]!r}")
+    # a FIFO there: refused, not opened (an open waits for a writer: the job hung)
+    os.remove(f"{d}/cos.step15.h5")
+    os.mkfifo(f"{d}/cos.step15.h5")
+    r = run_train(cos + [f"--train.init={d}/cos.h5", "--train.steps=15", f"--train.save={d}/cos.h5",
+                         "--train.save_every=3", "--train.keep=2"], timeout=60)
+    if r.returncode != 1 or "cos.step15.h5: exists and is not a regular file" not in r.stderr:
+        fail(f"train.keep over a FIFO named like a version: exit {r.returncode}, "
+             f"{r.stderr[-400:]!r}")
+    os.remove(f"{d}/cos.step15.h5")
     print("ok   keep: a run that saves nothing removes no version; a version's name held by "
           "another file is refused")
     # a resumed run with no step left (train.steps read as "more steps", not "up to"):

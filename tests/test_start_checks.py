@@ -275,6 +275,8 @@ def check_outputs(a):
     ]
     write_tokens(f"{D}/val_tok.h5", np.arange(100) % 64, 64)
     import h5py
+    with h5py.File(f"{D}/val_tok.h5", "r+") as f:  # another tool's own label: still tokens
+        f.attrs["format"] = "tokens-v1"
     with h5py.File(f"{D}/other.h5", "w") as f:
         f["x"] = np.arange(4)
     kept = {p: open(p, "rb").read() for p in (f"{a}/ck.h5", f"{D}/notes.txt",
@@ -295,6 +297,10 @@ def check_outputs(a):
     for p, b in kept.items():
         if open(p, "rb").read() != b:
             fail(f"a refused run changed {p}, which it would have overwritten")
+    r = subprocess.run([DATA, "--out", f"{D}/val_tok.h5", f"{a}/cfg.ini"], capture_output=True,
+                       text=True, timeout=60, env=env())
+    if r.returncode:
+        fail(f"gptc-data --out onto a token file (with a format attribute): {r.stderr[-400:]!r}")
     # a FIFO: with no reader it is refused at once (opening it had waited forever); with
     # one, the reader gets the lines
     expect_refused("metrics to a FIFO with no reader", run_train(
@@ -418,6 +424,17 @@ def check_output_is_stdout(a):
                 f"to (through mpirun)" not in said or "\0" in text or '{"step"' in text:
             fail(f"metrics to the file mpirun's {stream} goes to: exit {r.returncode}, "
                  f"{said[-600:]!r}")
+    # a run whose stdout is /dev/null, its parent's the file: the run's lines go nowhere,
+    # and the metrics are the file's alone (a device forwards nothing to the parent)
+    path = f"{D}/parent.out"
+    with open(path, "w") as f:
+        r = subprocess.run(["sh", "-c", f"'{TRAIN}' '{a}/cfg.ini' --train.log_file='{path}' "
+                            "> /dev/null"], stdout=f, stderr=subprocess.PIPE, text=True,
+                           timeout=60, env=env())
+    steps = [json.loads(x)["step"] for x in open(path)]
+    if r.returncode or steps != [1, 2]:
+        fail(f"metrics to the parent's stdout file, the run's own to /dev/null: exit "
+             f"{r.returncode}, steps {steps}: {r.stderr[-400:]!r}")
     # the user's own link to /dev/stdout is not one of the names output_stream_open writes
     # through the descriptor: opened anew, it was the second open file above
     link, path = f"{D}/to_stdout.jsonl", f"{D}/same.out"
