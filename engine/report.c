@@ -361,7 +361,9 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
             }
     }
     if (!rows) /* rather than a header over nothing */
-        printf("(no kernel rows: no step ran outside the warm-up and the contention probes)\n");
+        printf("(no kernel rows: %s)\n", timing_n_steps() == 0
+                   ? "no step ran"
+                   : "no step ran outside the warm-up and the contention probes");
     if (pol->n)
         printf("per step and rank (mean of %ld over %d rank(s)): iter %.2f ms, compute %.2f ms, "
                "comm %.2f ms, exposed comm %.2f ms (%.0f%% of comm hidden), nothing timed in "

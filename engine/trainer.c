@@ -408,6 +408,31 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
     return loss;
 }
 
+/* Ends a step's work: the stream, and with kernel timing the lanes too. Work still queued
+ * on a lane (ZeRO-1's prefetched gathers for the next step) belongs to this step's
+ * records: it must finish before they are read, and before the next step starts on the
+ * storage it writes them into. A timed step so ends with its last record, and its time
+ * covers every record's. */
+static void settle_step(run_state *r, int kernel_timing) {
+    const gptc_backend *be = r->model.be;
+    be->synchronize(r->model.stream);
+    comm_lane *lanes[3] = {&r->tp_lane, &r->pp_lane, &r->dp_lane};
+    for (int i = 0; i < 3 && kernel_timing; i++)
+        if (lanes[i]->stream) be->stream_synchronize(lanes[i]->stream);
+}
+
+/* The timing report and trace of the steps that ran, with every rank's records on rank 0's
+ * clock and each wait paired with the peer it waited for. Collective. */
+static int write_timing(run_state *r, double clock0_ms, double rtt0_ms, double at0_ms, char *err,
+                        size_t n) {
+    if (r->g->world > 1) {
+        align_clocks(r, clock0_ms, rtt0_ms, at0_ms);
+        comm_group *groups[] = {&r->world, &r->tp, &r->pp, &r->dp, &r->embedding};
+        comm_match_waits(groups, (int)(sizeof(groups) / sizeof(groups[0])));
+    }
+    return report_write(&r->world, r->c->report, r->c->trace, err, n);
+}
+
 /* Replays the step whose loss or norm was not finite with every op's output checked, and
  * names the first op (over all ranks) that wrote NaN or Inf. Collective; returns the rank
  * that should report and fills where. */
@@ -793,29 +818,30 @@ int train_run(const gptc_config *c, const grid *g) {
         double loss = train_step(&r, &bp, &t, lr, &oc, &norm, &skipped);
         if (skipped && !skip_bad) {
             /* the step that stopped the run has its line too: what went non-finite */
+            settle_step(&r, kernel_timing);
             double ms = timing_now_ms() - t0;
+            nvtx_pop();
             if (r.log)
                 log_metrics(&r, step, loss, norm, lr, ms, tokens_per_step / (ms / 1000.0), 1, NULL);
-            char where[256] = "";
+            /* closed before the replay, whose records stay out of the trace */
+            if (kernel_timing && m->be->timer_read)
+                timing_resolve_device(m->be->timer_read, m->be->timer_piece);
+            timing_end_step(ms);
+            char where[256] = "", why[ERR_LEN] = "";
             int reporter = kernel_timing ? locate_nonfinite(&r, &bp, where, sizeof(where)) : 0;
             snprintf(err, sizeof(err), "step %ld: loss %g, grad norm %g is not finite (train.nan_policy = stop)%s",
                      step, unsigned_nan(loss), unsigned_nan(norm), where);
             silent = g->rank != reporter;
+            /* the report and trace of the steps that ran, this one too: where one looks
+             * when a run blows up (every rank is here: the loss and norm are global) */
+            if (kernel_timing && write_timing(&r, clock0_ms, rtt0_ms, at0_ms, why, sizeof why))
+                log_warn("%s", why);
             goto fail;
         }
         if (skipped)
             log_info("step %ld: loss %g, grad norm %g is not finite: update skipped (train.nan_policy = skip)\n",
                      step, unsigned_nan(loss), unsigned_nan(norm));
-        m->be->synchronize(m->stream);
-        if (kernel_timing) {
-            /* work still queued on a lane (ZeRO-1's prefetched gathers for the next step)
-             * belongs to this step's records: it must finish before they are read, and
-             * before the next step starts on the storage it writes them into. A timed step
-             * so ends with its last record, and its time covers every record's. */
-            comm_lane *lanes[3] = {&r.tp_lane, &r.pp_lane, &r.dp_lane};
-            for (int i = 0; i < 3; i++)
-                if (lanes[i]->stream) m->be->stream_synchronize(lanes[i]->stream);
-        }
+        settle_step(&r, kernel_timing);
         double ms = timing_now_ms() - t0;
         nvtx_pop();
         if (kernel_timing && m->be->timer_read)
@@ -858,12 +884,8 @@ int train_run(const gptc_config *c, const grid *g) {
     if (c->save[0] && first > c->steps && fresh && !stopped &&
         save_checkpoint(&r, first - 1, t, err, sizeof(err)) != 0)
         goto fail;
-    if (kernel_timing && g->world > 1) {
-        align_clocks(&r, clock0_ms, rtt0_ms, at0_ms);
-        comm_group *groups[] = {&r.world, &r.tp, &r.pp, &r.dp, &r.embedding};
-        comm_match_waits(groups, (int)(sizeof(groups) / sizeof(groups[0])));
-    }
-    if (kernel_timing && report_write(&r.world, c->report, c->trace, err, sizeof(err)) != 0) goto fail;
+    if (kernel_timing && write_timing(&r, clock0_ms, rtt0_ms, at0_ms, err, sizeof(err)) != 0)
+        goto fail;
     if (timed_steps > 0)
         log_info("done: %ld steps, final loss %.6f, mean %.1f ms/step, %.0f tok/s (steps after the "
                  "first); wall clock %.1f ms/step with the per-step bookkeeping\n",

@@ -46,11 +46,29 @@ def main():
     if not re.search(r"first non-finite output: \w+ \(.*micro-batch \d+, (fwd|bwd)\) on rank 0", line):
         fail(f"stop with kernel timing does not name the op: {line}")
     print(f"ok   stop with kernel timing: {line}")
-    line = error_line(run_train(BASE + ["--profile.timing=kernel", "--parallel.tp=2"], np_ranks=2),
-                      "stop, tp2")
+    # the report and trace of the steps that ran, the one that stopped the run too: where
+    # one looks when a run blows up (none were written)
+    out = [f"--profile.report={D}/tp2.report.json", f"--profile.trace={D}/tp2.trace.json"]
+    line = error_line(run_train(BASE + ["--profile.timing=kernel", "--parallel.tp=2"] + out,
+                                np_ranks=2), "stop, tp2")
     if "first non-finite output" not in line:
         fail(f"tp2: the op is not named: {line}")
-    print(f"ok   tp2: {line}")
+    stopped = int(re.search(r"step (\d+):", line).group(1))
+    try:
+        report = json.load(open(f"{D}/tp2.report.json"))
+        trace = json.load(open(f"{D}/tp2.trace.json"))["traceEvents"]
+    except (OSError, ValueError) as e:
+        fail(f"tp2: no whole report and trace after the stop: {e}")
+    steps = sorted({(x["rank"], x["step"]) for x in report["steps"]})
+    events = [x for x in trace if x.get("ph") == "X"]
+    want = [(r, s) for r in (0, 1) for s in range(1, stopped + 1)]
+    # the replay's forward and backward are not a step's: one fc_gelu_fwd per layer a step
+    last = [x for x in events if x["name"].startswith("attention_fwd") and x["pid"] == 0
+            and x.get("args", {}).get("step") == stopped]
+    if steps != want or not report["kernels"] or len(last) > 2:
+        fail(f"tp2: the report holds steps {steps}, want {want}; {len(report['kernels'])} kernel "
+             f"rows; step {stopped} has {len(last)} attention_fwd on rank 0")
+    print(f"ok   tp2: {line}; report and trace of steps 1..{stopped} written")
     r = run_train(BASE + ["--train.nan_policy=skip", f"--train.log_file={D}/skip.jsonl"])
     if r.returncode != 0 or "update skipped" not in r.stdout:
         fail(f"skip: exit {r.returncode}, or no skipped update reported\n{r.stderr[-1000:]}")

@@ -435,6 +435,7 @@ def check_empty_statistics():
     both sides says nothing. Steps 1..3 (STEPS) on one rank."""
     cases = [  # args, the warning's words (None: no warning), the table has rows
         (["--profile.warmup=3"], ["profile.warmup = 3", "every step", "(1..3)"], False),
+        (["--train.steps=0"], None, False),
         (["--profile.contention_probe=1"],
          ["profile.contention_probe = 1", "every one of steps 1..3"], False),
         (["--profile.warmup=1", "--profile.contention_probe=4"],
@@ -445,7 +446,9 @@ def check_empty_statistics():
         r = run_train(BASE + args + ["--profile.timing=kernel"], timeout=120)
         warns = [x for x in r.stderr.splitlines() if x.startswith("gptc: warning: profile.")]
         empty = "(no kernel rows" in r.stdout
-        ok = r.returncode == 0 and empty != rows and (
+        # why there are none: no step at all is not a warm-up's or a probe's doing
+        why = "(no kernel rows: no step ran)" in r.stdout
+        ok = r.returncode == 0 and empty != rows and why == (args == ["--train.steps=0"]) and (
             warns == [] if words is None else len(warns) == 1 and all(w in warns[0] for w in words))
         if not ok:
             fail(f"empty statistics {args}: exit {r.returncode}, warnings {warns} (want "
