@@ -25,6 +25,12 @@ GPTC=$BUILD/gptc-train
 PY=/usr/bin/python3                    # Debian's interpreter: it has torch and h5py
 STEPS=${STEPS:-10}
 STEPS_124M=${STEPS_124M:-6}
+for v in STEPS STEPS_124M; do  # the medians are of steps 3 and on
+  case ${!v} in ''|*[!0-9]*) echo "cpu_throughput.sh: $v=${!v} is not a whole number" >&2; exit 2 ;; esac
+  if [ "${!v}" -lt 3 ]; then
+    echo "cpu_throughput.sh: $v=${!v}: need 3 or more (steps 1 and 2 are not timed)" >&2; exit 2
+  fi
+done
 WORK=$(mktemp -d /tmp/gptc-bench.XXXXXX)
 if [ "${KEEP:-0}" = 1 ]; then echo "work dir: $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
 

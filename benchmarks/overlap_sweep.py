@@ -198,7 +198,8 @@ def sweep(a):
         cols, steps, kernels, events = run_one(model, layout, label, overlap, a, work, tokens, rep)
         step_rows += steps
         kernel_rows += kernels
-        mean = np.mean([s["iter_ms"] for s in steps if s["step"] > 2] or [np.nan])
+        mean = np.mean([s["iter_ms"] for s in steps if s["step"] > 2 and not s.get("probe")]
+                       or [np.nan])
         print(f"[{rep + 1}/{a.repeats}] {run_id(model, layout, label):45s} {mean:8.1f} ms/step"
               f"  ({cols['wall_s']:.1f} s)", flush=True)
         if rep == 0 and (model, layout) == (tl_model, tl_layout) and \
@@ -258,11 +259,16 @@ def per_step(rows, key):
 
 
 def center(v, stat):
+    """nan for no values (CSVs of a sweep whose every measured step was a probe): no bar"""
+    if len(v) == 0:
+        return float("nan")
     return float(np.median(v) if stat == "median" else np.mean(v))
 
 
 def spread(v, stat):
     """(below, above) the center: the interquartile range for the median, +-std for the mean."""
+    if len(v) == 0:
+        return float("nan"), float("nan")
     if stat == "median":
         q1, q2, q3 = np.percentile(v, [25, 50, 75])
         return q2 - q1, q3 - q2
@@ -530,6 +536,10 @@ def main():
             ap.error(f"unknown layout {l}")
     if a.steps < 3 or a.timeline_step > a.steps:
         ap.error("need --steps >= 3 and --timeline-step <= --steps")
+    # gptc serializes every step s with s % N == 0; the bars leave those out
+    if a.contention_probe > 0 and all(s % a.contention_probe == 0 for s in range(3, a.steps + 1)):
+        ap.error(f"--contention-probe {a.contention_probe} makes every measured step (3..{a.steps}) "
+                 f"a probe step, which the bars leave out: use a larger N or more --steps")
     try:  # the plots at the end need it: say so before a sweep of minutes, not after
         import matplotlib  # noqa: F401
     except ImportError:

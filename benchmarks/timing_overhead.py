@@ -4,8 +4,10 @@ Debian's python3:  /usr/bin/python3 benchmarks/timing_overhead.py [--ranks 1] [-
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 
 import h5py
@@ -23,7 +25,21 @@ def main():
     a = ap.parse_args()
     if a.ranks < 1 or a.reps < 1 or a.steps < 3:
         ap.error("need --ranks >= 1, --reps >= 1 and --steps >= 3 (the first 2 are not timed)")
+    if not os.access(TRAIN, os.X_OK):
+        ap.error(f"no {TRAIN}: build first (README), or set GPTC_BUILD")
+    if 8 % (2 * a.ranks):
+        ap.error(f"--ranks {a.ranks}: the global batch of 8 rows, in micro-batches of 2, splits "
+                 f"over 1, 2 or 4 data-parallel ranks only")
     work = tempfile.mkdtemp(prefix="gptc_overhead_")
+    try:
+        measure(a, work)
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"timing_overhead: gptc-train exited {e.returncode} (its lines are above)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(a, work):
     tok = os.path.join(work, "tok.h5")
     with h5py.File(tok, "w") as f:
         f["tokens"] = np.random.default_rng(0).integers(0, 4096, 300_000).astype(np.uint16)

@@ -7,7 +7,9 @@ here and not in the few minutes of a GPU call:
   the variables of those that did, the timed row with its overhead and its steady-ops
   table with rates); the PyTorch rows are recorded as failed (no CUDA), not lost.
 - benchmarks/gpu/bench_kernel_attention.py on the CUDA emulator's attention_bench
-  (tests/cuda_emu), one small shape: a row of every gptc variant, its table."""
+  (tests/cuda_emu), one small shape: a row of every gptc variant, its table.
+- The CPU benchmarks refuse, in one line and before any run, the settings that had ended
+  them in a traceback after minutes, or printed a table of wrong columns."""
 import json
 import os
 import re
@@ -129,7 +131,28 @@ def bench_kernel_attention():
     print(f"ok   bench_kernel_attention on the emulator: {len(ran)} gptc rows, every variant")
 
 
+def cpu_bench_settings():
+    py = "/usr/bin/python3"
+    cases = [  # (command, extra environment, words of the one line)
+        # every measured step a probe step: the sweep ran, then its plots crashed
+        ([py, "benchmarks/overlap_sweep.py", "--steps", "4", "--contention-probe", "1"], {},
+         ["--contention-probe 1", "every measured step"]),
+        # a global batch of 8 over 3 ranks: gptc refused it, the script raised
+        ([py, "benchmarks/timing_overhead.py", "--ranks", "3"], {}, ["--ranks 3"]),
+        # 2 steps: no median, and the rss landed in the tokens/s column
+        (["bash", "benchmarks/cpu_throughput.sh"], {"STEPS": "2"}, ["STEPS=2", "3 or more"]),
+    ]
+    for cmd, extra, words in cases:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60,
+                           env=dict(env(), **extra))
+        last = r.stderr.strip().splitlines()[-1:] or [""]
+        if r.returncode != 2 or "Traceback" in r.stderr or not all(w in last[0] for w in words):
+            fail(f"{' '.join(cmd[1:])} {extra}: exit {r.returncode}, {r.stderr[-600:]!r}")
+    print("ok   the CPU benchmarks refuse settings they cannot measure, in one line")
+
+
 def main():
+    cpu_bench_settings()
     bench_gpt2()
     bench_kernel_attention()
     print("PASS: the GPU benchmarks' scripts run end to end")

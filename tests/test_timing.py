@@ -499,8 +499,20 @@ def check_compare_reports(a, b):
             "not a gptc timing report" not in bad.stderr:
         fail(f"compare_reports on a report with a mean of the wrong type: exit "
              f"{bad.returncode}, stdout {len(bad.stdout)} chars, stderr {bad.stderr!r}")
+    # a count that is not one scaled every per-step figure, with exit 0
+    for steps in (-4, 2.5):
+        rb["kernels"] = json.load(open(b))["kernels"]
+        rb["overlap"]["policy_steps"] = steps
+        with open(f"{D}/typo.report.json", "w") as f:
+            json.dump(rb, f)
+        bad = subprocess.run([sys.executable, tool, a, f"{D}/typo.report.json"],
+                             capture_output=True, text=True)
+        if bad.returncode != 1 or bad.stdout or "policy_steps" not in bad.stderr:
+            fail(f"compare_reports on policy_steps = {steps}: exit {bad.returncode}, "
+                 f"stderr {bad.stderr!r}")
     print("ok   tools/compare_reports.py: the two dp2 runs' step and all-reduce figures side "
-          "by side; a file that is no report, or one with a field of the wrong type, refused")
+          "by side; a file that is no report, or one with a field of the wrong type or a "
+          "count that is none, refused")
 
 
 def main():

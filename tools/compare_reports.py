@@ -129,7 +129,10 @@ def main():
         for r in list(oa.values()) + list(ob.values()):
             num(r[0], ".1f"), num(r[1], ".2f"), num(r[2], ".2f")
         for r in (a, b):
-            int(r["ranks"]), int(r["overlap"]["policy_steps"])
+            # counts: a fraction or a negative one scaled every "per step" figure
+            for key, v in (("ranks", r["ranks"]), ("overlap.policy_steps", r["overlap"]["policy_steps"])):
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise ValueError(f"{key} = {v!r} is not a count")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         print(f"compare_reports: {args.a} or {args.b}: not a gptc timing report as this tool "
               f"reads it ({type(e).__name__}: {e})", file=sys.stderr)
