@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 typedef int nvmlReturn_t;
@@ -79,6 +80,11 @@ int power_open(int device_index, const char *pci_bus_id, char *err, size_t errle
     power_close();
     const char *path = getenv("GPTC_NVML_PATH");
     if (!path || !*path) path = "libnvidia-ml.so.1";
+    struct stat st; /* a path (not a name the loader looks up): a FIFO's open would wait */
+    if (strchr(path, '/') && stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        fail(err, errlen, "cannot load %s (not a regular file)", path);
+        return -1;
+    }
     P.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!P.lib) {
         const char *why = dlerror();

@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/output_files.h"
@@ -174,11 +175,14 @@ int plan_check_device(const gptc_config *c, const gpt_shape *s, int T, char *err
  * run reads or writes, is refused now. A trace or report that goes to a FIFO is opened
  * now and held (output_whole_hold). Rank 0's. */
 int plan_check_outputs(const gptc_config *c, long first, char *err, size_t n) {
+    /* the CUDA backend's GEMM choices, appended during the run (engine/cuda/cuda_matmul.c) */
+    const char *gemm = getenv("GPTC_GEMM_CACHE");
     const named_path files[] = {
         {"train.save", c->save, 1},        {"train.log_file", c->log_file, 1},
         {"profile.trace", c->trace, 1},    {"profile.report", c->report, 1},
         {"the config file", c->source, 0}, {"data.path", c->data_path, 0},
-        {"train.init", c->init, 0}};
+        {"train.init", c->init, 0},
+        {"GPTC_GEMM_CACHE", gemm && strcmp(c->device, "cuda") == 0 ? gemm : "", 1}};
     if (output_paths_distinct(files, (int)(sizeof files / sizeof files[0]), err, n) != 0)
         return -1;
     for (int i = 0; i < 4; i++) /* the checkpoint is written beside and renamed over */

@@ -367,6 +367,31 @@ def check_variable_refusals(emu):
     check_start_refusal(emu, "emu_group_not_a_count", "GPTC_ATTENTION_GROUP=8k", 64,
                         {"GPTC_ATTENTION_GROUP": "8k"},
                         ["GPTC_ATTENTION_GROUP = 8k", "positive count"])
+    # the GEMM cache is appended during the run: a FIFO there hung the start (its open
+    # waits for a writer); the run's own metrics file took its lines (the metrics file
+    # was then refused as not JSON by every later run)
+    os.mkfifo(f"{D}/cache.fifo")
+    tune = {"GPTC_GEMM_CANDIDATES": "2", "GPTC_EMU_LT_CANDIDATES": "3"}
+    check_start_refusal(emu, "emu_gemm_cache_fifo", "GPTC_GEMM_CACHE a FIFO", 64,
+                        dict(tune, GPTC_GEMM_CACHE=f"{D}/cache.fifo"),
+                        ["GPTC_GEMM_CACHE", "cache.fifo", "not a regular file"])
+    os.remove(f"{D}/cache.fifo")
+    log = f"{D}/cache_metrics.jsonl"
+    args = ["--model.n_layer=1", "--model.n_head=1", "--model.d_model=64", "--model.n_ctx=32",
+            f"--model.vocab_size={VOCAB}", f"--data.path={D}/tok.h5", "--train.steps=1",
+            "--train.global_batch=2", "--train.seq_len=32", "--train.device=cuda"]
+    r = run_train(args + [f"--train.log_file={log}"], train=emu,
+                  extra_env=dict(tune, GPTC_GEMM_CACHE=log), timeout=120)
+    if r.returncode == 0 or "train.log_file" not in r.stderr or \
+            "GPTC_GEMM_CACHE" not in r.stderr or os.path.exists(log):
+        fail(f"GPTC_GEMM_CACHE the metrics file: exit {r.returncode}, {r.stderr[-600:]!r}")
+    # without GPTC_GEMM_CANDIDATES the cache is not used: said, not silent
+    r = run_train(args, train=emu, extra_env={"GPTC_GEMM_CACHE": f"{D}/unused_cache.txt"},
+                  timeout=120)
+    if r.returncode or "GPTC_GEMM_CACHE" not in r.stderr or "has no effect" not in r.stderr:
+        fail(f"GPTC_GEMM_CACHE without GPTC_GEMM_CANDIDATES: exit {r.returncode}, "
+             f"{r.stderr[-600:]!r}")
+    print("ok   GPTC_GEMM_CACHE: a FIFO and the metrics file refused, unused said")
 
 
 if __name__ == "__main__":

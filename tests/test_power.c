@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 enum { ENERGY_STEP_MJ = 1000 }; /* tests/fake_nvml.c: counter advance per reading */
 
@@ -259,6 +261,13 @@ int main(int argc, char **argv) {
     check_open_fails("bad_index", "bad_index", NULL, 0,
                      "nvmlDeviceGetHandleByIndex_v2(0) failed: Invalid Argument");
     check_open_fails("index 3", "ok", NULL, 3, "nvmlDeviceGetHandleByIndex_v2(3) failed: Invalid Argument");
+    /* a FIFO: dlopen's open waited for a writer, for ever */
+    char fifo[64];
+    snprintf(fifo, sizeof fifo, "/tmp/gptc_power_fifo.%ld", (long)getpid());
+    if (mkfifo(fifo, 0600) == 0) {
+        check_open_fails("a FIFO", "ok", fifo, 0, "not a regular file");
+        unlink(fifo);
+    }
     check_open_fails("missing library", "ok", "/nonexistent/libnvidia-ml.so.1", 0,
                      "cannot load /nonexistent/libnvidia-ml.so.1 (");
     /* After close and after failed opens, a new open works as the first did. */

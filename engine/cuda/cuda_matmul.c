@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { PLAN_SLOTS = 128, WORKSPACE_BYTES = 32 << 20, MAX_CANDIDATES = 16, TUNE_RUNS = 5,
@@ -207,6 +208,14 @@ int cuda_matmul_init(char *err, size_t errlen) {
     }
     const char *cache = getenv("GPTC_GEMM_CACHE");
     g.cache_path = cache && cache[0] && g.candidates > 1 ? cache : NULL;
+    if (cache && cache[0] && !g.cache_path)
+        log_warn("GPTC_GEMM_CACHE = %s has no effect: the cache keeps the choices of "
+                 "GPTC_GEMM_CANDIDATES >= 2, which is not set", cache);
+    struct stat st; /* a FIFO's open waits for a writer */
+    if (g.cache_path && stat(g.cache_path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "GPTC_GEMM_CACHE %s: not a regular file", g.cache_path);
+        return -1;
+    }
     if (g.cache_path && cache_load(err, errlen) != 0) return -1;
     if (g.cache_path)
         log_info("GPTC_GEMM_CACHE %s: %d product choice(s) for %s; the others are timed and "
