@@ -64,15 +64,16 @@ static void dir_of(const char *path, char *dir, size_t len) {
     dir[n] = '\0';
 }
 
-/* out = prefix (with "${ORIGIN}" replaced by origin_dir) / name */
-static void join(char *out, size_t len, const char *prefix, size_t plen, const char *origin_dir,
-                 const char *name) {
+/* out = prefix (with "${ORIGIN}" replaced by origin_dir) / name; 0 when it does not fit
+ * (out is then no path to look at) */
+static int join(char *out, size_t len, const char *prefix, size_t plen, const char *origin_dir,
+                const char *name) {
     static const char ORIGIN[] = "${ORIGIN}";
     size_t ol = sizeof ORIGIN - 1;
-    if (plen >= ol && strncmp(prefix, ORIGIN, ol) == 0)
-        snprintf(out, len, "%s%.*s/%s", origin_dir, (int)(plen - ol), prefix + ol, name);
-    else
-        snprintf(out, len, "%.*s/%s", (int)plen, prefix, name);
+    int n = plen >= ol && strncmp(prefix, ORIGIN, ol) == 0
+                ? snprintf(out, len, "%s%.*s/%s", origin_dir, (int)(plen - ol), prefix + ol, name)
+                : snprintf(out, len, "%.*s/%s", (int)plen, prefix, name);
+    return n >= 0 && (size_t)n < len;
 }
 
 /* The first existing path for name under the ':'-separated prefixes of env var; 1 if found */
@@ -83,10 +84,7 @@ static int under_env(const char *env, const char *origin_dir, const char *name, 
     for (const char *p = list; *p;) {
         const char *end = strchr(p, ':');
         size_t plen = end ? (size_t)(end - p) : strlen(p);
-        if (plen > 0) {
-            join(out, len, p, plen, origin_dir, name);
-            if (is_file(out)) return 1;
-        }
+        if (plen > 0 && join(out, len, p, plen, origin_dir, name) && is_file(out)) return 1;
         p += plen + (end ? 1 : 0);
     }
     return 0;
@@ -151,13 +149,21 @@ static int check_external(hid_t dset, hid_t dcpl, const char *path, const char *
         name[sizeof name - 1] = '\0';
         hsize_t need = size == H5F_UNLIMITED || size > bytes ? bytes : size;
         bytes -= need;
-        if (!under_env("HDF5_EXTFILE_PREFIX", dir, name, found, sizeof found))
+        /* as HDF5 opens it (H5_combine_path): one prefix, not a list, and with a prefix
+         * set, no other place */
+        const char *prefix = getenv("HDF5_EXTFILE_PREFIX");
+        if (name[0] != '/' && prefix && *prefix) {
+            if (!join(found, sizeof found, prefix, strlen(prefix), dir, name)) found[0] = '\0';
+        } else {
             snprintf(found, sizeof found, "%s", name);
+        }
         struct stat st;
         if (stat(found, &st) != 0 || !S_ISREG(st.st_mode)) {
             set_err(err, errlen, "%s %s: %s is stored in the external file %s, which cannot "
-                    "be found (relative names are from the working directory): its tokens "
-                    "would read as 0", what, path, dname, name);
+                    "be found as %s (relative names are from %s): its tokens would read as 0",
+                    what, path, dname, name, found,
+                    name[0] != '/' && prefix && *prefix ? "HDF5_EXTFILE_PREFIX"
+                                                        : "the working directory");
             return -1;
         }
         if ((hsize_t)st.st_size < (hsize_t)offset + need) {

@@ -723,10 +723,20 @@ static const char *write_vds(const char *vds_name, hsize_t n, int parts,
     return path;
 }
 
+static const char *write_external_as(const char *name, const char *ext_name, hsize_t n,
+                                     hsize_t have, int relative);
+
 /* A /tokens stored in the external file ext_name (n uint16 tokens i + 1 from offset 16, of
  * which only the first have tokens are written to it); returns the HDF5 file's path. */
 static const char *write_external(const char *name, const char *ext_name, hsize_t n,
                                   hsize_t have) {
+    return write_external_as(name, ext_name, n, have, 0);
+}
+
+/* write_external, the external file named relative (ext_name alone: HDF5 looks for it
+ * under HDF5_EXTFILE_PREFIX, else in the working directory) when relative */
+static const char *write_external_as(const char *name, const char *ext_name, hsize_t n,
+                                     hsize_t have, int relative) {
     const char *ext = tmp_path(ext_name);
     FILE *fp = fopen(ext, "wb");
     uint16_t pad[8] = {0};
@@ -739,7 +749,7 @@ static const char *write_external(const char *name, const char *ext_name, hsize_
     const char *path = tmp_path(name);
     tokens_hdf5_lock();
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    H5Pset_external(dcpl, ext, 16, n * 2);
+    H5Pset_external(dcpl, relative ? ext_name : ext, 16, n * 2);
     hid_t space = H5Screate_simple(1, &n, NULL);
     create_stored_elsewhere(path, space, dcpl);
     H5Sclose(space);
@@ -877,6 +887,31 @@ static void test_sources(void) {
                       9, 2, 0, 2, 0, 0, 0, err, sizeof err);
     check(l != NULL, "vds over an external file: %s", err);
     loader_destroy(l);
+
+    /* a relative external name, looked for as HDF5 1.10 does (H5_combine_path): under
+     * HDF5_EXTFILE_PREFIX, one prefix and no other place when it is set; a list, or the
+     * working directory besides the prefix, passed the check and then failed to read */
+    const char *rel = write_external_as("ext_rel.h5", "ext_rel.bin", 50, 50, 1);
+    char list[1200], here[1024];
+    snprintf(list, sizeof list, "/nonexistent:%s", tmpdir);
+    const char *prefixes[][2] = {{tmpdir, NULL}, {list, "cannot be found as /nonexistent:"},
+                                 {"/nonexistent", "cannot be found as /nonexistent/ext_rel.bin"}};
+    check(getcwd(here, sizeof here) != NULL && chdir(tmpdir) == 0, "external: chdir");
+    for (int i = 0; i < 3; i++) {
+        setenv("HDF5_EXTFILE_PREFIX", prefixes[i][0], 1);
+        err[0] = 0;
+        l = loader_create(rel, 9, 2, 0, 2, 0, 0, 0, err, sizeof err);
+        int32_t in[18], tg[18]; /* [rows, T] */
+        int read = l && loader_get(l, 1, in, tg, err, sizeof err) == 0 &&
+                   in[0] == 1 + 9 * loader_window(l, 1, 0);
+        check(prefixes[i][1] ? !l && strstr(err, prefixes[i][1]) && strstr(err, "HDF5_EXTFILE_PREFIX")
+                             : read,
+              "external file under HDF5_EXTFILE_PREFIX=%s: %s '%s'", prefixes[i][0],
+              l ? "opened" : "refused", err);
+        loader_destroy(l);
+    }
+    unsetenv("HDF5_EXTFILE_PREFIX");
+    check(chdir(here) == 0, "external: chdir back");
 }
 
 /* err holds every one of want (NULL-terminated) */
