@@ -57,14 +57,14 @@ static int differs_from_rank0(const gptc_config *c, int rank, int world, char *e
 }
 
 /* OpenMP's threads a rank (the CPU backend's, and the reference ops'): OMP_NUM_THREADS, if
- * set and not empty, must be a number from 1 to OMP_MAX, or a list of them (one a nesting
- * level). libgomp takes a bad value with a warning of its own and runs with its default,
- * and a huge one crashed the run at its first parallel loop (it could not make the
- * threads). 0, or -1 with err. */
+ * set, must be a number from 1 to OMP_MAX, or a list of them (one a nesting level).
+ * libgomp takes a bad value (an empty one too) with a warning of its own and runs with its
+ * default, and a huge one crashed the run at its first parallel loop (it could not make
+ * the threads). 0, or -1 with err. */
 enum { OMP_MAX = 4096 };
 static int check_omp_threads(char *err, size_t n) {
     const char *v = getenv("OMP_NUM_THREADS");
-    if (!v || !*v) return 0;
+    if (!v) return 0;
     for (const char *p = v;;) {
         while (*p == ' ' || *p == '\t') p++;
         size_t digits = strspn(p, "0123456789");

@@ -161,7 +161,7 @@ static int mpi_ready(comm_group *g) {
 static comm_options g_options;
 static comm_backend g_backend = COMM_MPI;
 static int g_backend_decided;
-static char g_backend_text[160] = "mpi";
+static char g_backend_text[256] = "mpi";
 
 void comm_set_options(const comm_options *o) { g_options = *o; }
 comm_backend comm_backend_in_use(void) { return g_backend; }
@@ -206,11 +206,13 @@ static void decide_backend(comm_group *g) {
         snprintf(g_backend_text, sizeof g_backend_text, "mpi with host staging: this build has no NCCL");
     } else if (shared && !multi_ok) {
         g_backend = COMM_MPI_STAGED;
+        char why[96];
+        if (version < 23000) snprintf(why, sizeof why, "is older than 2.30");
+        else if (!multi) snprintf(why, sizeof why, "has NCCL_MULTI_RANK_GPU_ENABLE unset");
+        else snprintf(why, sizeof why, "has NCCL_MULTI_RANK_GPU_ENABLE = %.24s (1 enables it)", multi);
         snprintf(g_backend_text, sizeof g_backend_text,
                  "mpi with host staging: ranks share a GPU (e.g. this rank and node rank %d) and "
-                 "NCCL %d.%d.%d %s", other, v1, v2, v3,
-                 version < 23000 ? "is older than 2.30"
-                                 : "has NCCL_MULTI_RANK_GPU_ENABLE unset");
+                 "NCCL %d.%d.%d %s", other, v1, v2, v3, why);
     } else {
         g_backend = COMM_NCCL;
         snprintf(g_backend_text, sizeof g_backend_text, "nccl %d.%d.%d%s", v1, v2, v3,

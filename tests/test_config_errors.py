@@ -242,7 +242,7 @@ def check_omp_threads():
     parallel loop (signal 11, no word), a malformed one ran on libgomp's default after a
     warning of its own. Refused by name, also when one rank alone has it."""
     import subprocess
-    for v in ("99999999", "abc", "0", "2,"):
+    for v in ("99999999", "abc", "0", "2,", ""):  # empty: libgomp warns, runs its default
         r = run_train(BASE, timeout=120, extra_env={"OMP_NUM_THREADS": v})
         check(f"OMP_NUM_THREADS={v}", None, ["OMP_NUM_THREADS", f"= {v}:", "from 1 to 4096"], r=r)
     r = run_train(BASE + ["--train.steps=1"], timeout=120, extra_env={"OMP_NUM_THREADS": "2,1"})
@@ -252,6 +252,14 @@ def check_omp_threads():
            TRAIN, *BASE]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env(2))
     check("OMP_NUM_THREADS=abc on rank 1 alone", None, ["rank 1", "OMP_NUM_THREADS = abc"], r=r)
+    # an empty OPENBLAS_CORETYPE is unset: gptc's own pick of the kernel family, not
+    # OpenBLAS's detection (another family sums in another order)
+    import re
+    fam = [re.search(r"OpenBLAS kernels (\S+)",
+                     run_train(BASE + ["--train.steps=1"], timeout=120, extra_env=e).stdout)
+           for e in ({}, {"OPENBLAS_CORETYPE": ""})]
+    if not all(fam) or fam[0].group(1) != fam[1].group(1):
+        fail(f"OPENBLAS_CORETYPE empty: kernels {[f and f.group(1) for f in fam]}, want the same")
 
 
 def check_memory_limit():

@@ -142,7 +142,13 @@ def main():
     compare_metrics(name, ref[:1], got, RTOL, "CPU")
     print(f"ok   {name:<24} without NCCL_MULTI_RANK_GPU_ENABLE: host-staged MPI, no NCCL op "
           f"({secs:.1f} s)")
-    print(f"PASS: {len(LAYOUTS) + 3} runs of the comm layer on the fake NCCL's build match the CPU")
+    # set, but not to 1 (NCCL's only "on"): the fallback says the value, not "unset"
+    got, r, secs = train("staged_true", 2, "cuda", ["--parallel.dp=2"], binary=emu,
+                         extra_env={"NCCL_MULTI_RANK_GPU_ENABLE": "true"}, steps=1)
+    if "NCCL 2.30.0 has NCCL_MULTI_RANK_GPU_ENABLE = true (1 enables it)" not in r.stdout:
+        fail(f"staged_true: the fallback's line does not give the value:\n{r.stdout[-2000:]}")
+    print("ok   NCCL_MULTI_RANK_GPU_ENABLE=true: host-staged MPI, the line gives the value")
+    print(f"PASS: {len(LAYOUTS) + 4} runs of the comm layer on the fake NCCL's build match the CPU")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,10 @@ static const char *core_for_this_cpu(void) {
 }
 
 static void load(void) {
-    const char *core = core_for_this_cpu();
-    if (core && !getenv("OPENBLAS_CORETYPE")) setenv("OPENBLAS_CORETYPE", core, 0);
+    /* a user's OPENBLAS_CORETYPE stands (the start-up line names the family that runs); an
+     * empty one is unset, which OpenBLAS would take for "detect it" */
+    const char *core = core_for_this_cpu(), *set = getenv("OPENBLAS_CORETYPE");
+    if (core && (!set || !*set)) setenv("OPENBLAS_CORETYPE", core, 1);
     const char *candidates[] = {GPTC_OPENBLAS_PATH, "libopenblas.so.0", "libopenblas.so"};
     void *lib = NULL;
     char first[384] = ""; /* why the build's own OpenBLAS did not load */
