@@ -25,11 +25,11 @@ def main():
     a = ap.parse_args()
     if a.ranks < 1 or a.reps < 1 or a.steps < 3:
         ap.error("need --ranks >= 1, --reps >= 1 and --steps >= 3 (the first 2 are not timed)")
-    if not os.access(TRAIN, os.X_OK):
-        ap.error(f"no {TRAIN}: build first (README), or set GPTC_BUILD")
     if 8 % (2 * a.ranks):
         ap.error(f"--ranks {a.ranks}: the global batch of 8 rows, in micro-batches of 2, splits "
                  f"over 1, 2 or 4 data-parallel ranks only")
+    if not os.access(TRAIN, os.X_OK):
+        ap.error(f"no {TRAIN}: build first (README), or set GPTC_BUILD")
     work = tempfile.mkdtemp(prefix="gptc_overhead_")
     try:
         measure(a, work)

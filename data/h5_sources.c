@@ -70,8 +70,10 @@ static int join(char *out, size_t len, const char *prefix, size_t plen, const ch
                 const char *name) {
     static const char ORIGIN[] = "${ORIGIN}";
     size_t ol = sizeof ORIGIN - 1;
+    /* a file named without a directory is in the working directory: "./", not "/" */
+    const char *origin = origin_dir[0] ? origin_dir : "./";
     int n = plen >= ol && strncmp(prefix, ORIGIN, ol) == 0
-                ? snprintf(out, len, "%s%.*s/%s", origin_dir, (int)(plen - ol), prefix + ol, name)
+                ? snprintf(out, len, "%s%.*s/%s", origin, (int)(plen - ol), prefix + ol, name)
                 : snprintf(out, len, "%.*s/%s", (int)plen, prefix, name);
     return n >= 0 && (size_t)n < len;
 }
@@ -158,6 +160,11 @@ static int check_external(hid_t dset, hid_t dcpl, const char *path, const char *
             snprintf(found, sizeof found, "%s", name);
         }
         struct stat st;
+        if (!found[0]) {
+            set_err(err, errlen, "%s %s: %s is stored in the external file %s, whose path under "
+                    "HDF5_EXTFILE_PREFIX is too long", what, path, dname, name);
+            return -1;
+        }
         if (stat(found, &st) != 0 || !S_ISREG(st.st_mode)) {
             set_err(err, errlen, "%s %s: %s is stored in the external file %s, which cannot "
                     "be found as %s (relative names are from %s): its tokens would read as 0",

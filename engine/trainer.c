@@ -441,7 +441,11 @@ static int locate_nonfinite(run_state *r, const batch_plan *bp, char *where, siz
     m->be->zero(m->grads, m->n_params * sizeof(float), m->stream);
     timed_backend_hunt(1);
     pp_run(&r->ppc, m, r->inputs, r->targets, bp->mb, bp->T, (float)(1.0 / ((double)bp->B * bp->T)));
-    m->be->synchronize(m->stream);
+    /* the replay's bucket reductions and other lane work end here, on every rank alike:
+     * the collectives that follow (write_timing's) run on the same communicators from this
+     * thread, and two threads in collectives on one communicator may pair them apart */
+    dp_finish_gradients(&r->dpc, m);
+    settle_step(r, 1);
     (void)gpt_loss_sum(m); /* the replay's losses are not needed; the count restarts */
     timed_backend_hunt(0);
     timing_finite_report f = timed_backend_first_nonfinite();
@@ -821,12 +825,20 @@ int train_run(const gptc_config *c, const grid *g) {
             settle_step(&r, kernel_timing);
             double ms = timing_now_ms() - t0;
             nvtx_pop();
-            if (r.log)
-                log_metrics(&r, step, loss, norm, lr, ms, tokens_per_step / (ms / 1000.0), 1, NULL);
             /* closed before the replay, whose records stay out of the trace */
             if (kernel_timing && m->be->timer_read)
                 timing_resolve_device(m->be->timer_read, m->be->timer_piece);
             timing_end_step(ms);
+            power_sample pw = {NAN, NAN, NAN};
+            if (c->power) {
+                power_step_end(&pw);
+                timing_note_power(pw.energy_j, pw.power_w, pw.sm_clock_mhz);
+            }
+            if (r.log)
+                log_metrics(&r, step, loss, norm, lr, ms, tokens_per_step / (ms / 1000.0), 1,
+                            c->power ? &pw : NULL);
+            /* the replay's records go to a step never closed (the buffer from its start) */
+            timing_begin_step(step, 0);
             char where[256] = "", why[ERR_LEN] = "";
             int reporter = kernel_timing ? locate_nonfinite(&r, &bp, where, sizeof(where)) : 0;
             snprintf(err, sizeof(err), "step %ld: loss %g, grad norm %g is not finite (train.nan_policy = stop)%s",

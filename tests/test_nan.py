@@ -62,13 +62,25 @@ def main():
     steps = sorted({(x["rank"], x["step"]) for x in report["steps"]})
     events = [x for x in trace if x.get("ph") == "X"]
     want = [(r, s) for r in (0, 1) for s in range(1, stopped + 1)]
-    # the replay's forward and backward are not a step's: one fc_gelu_fwd per layer a step
+    # the replay's forward and backward are not a step's: one attention_fwd per layer and
+    # micro-batch a step (2 layers, 1 micro-batch)
     last = [x for x in events if x["name"].startswith("attention_fwd") and x["pid"] == 0
             and x.get("args", {}).get("step") == stopped]
-    if steps != want or not report["kernels"] or len(last) > 2:
+    if steps != want or not report["kernels"] or len(last) != 2:
         fail(f"tp2: the report holds steps {steps}, want {want}; {len(report['kernels'])} kernel "
              f"rows; step {stopped} has {len(last)} attention_fwd on rank 0")
     print(f"ok   tp2: {line}; report and trace of steps 1..{stopped} written")
+    # dp2 with bucketed overlap: the replay's bucket all-reduces ran on the lane's thread
+    # while write_timing's collectives ran on the same communicator (they must end first)
+    line = error_line(run_train(BASE + ["--profile.timing=kernel", "--parallel.dp=2",
+                                        "--overlap.dp=bucket", "--overlap.dp_bucket_mb=0.01",
+                                        f"--profile.report={D}/dp2.report.json"],
+                                np_ranks=2, timeout=120), "stop, dp2 bucket")
+    stopped = int(re.search(r"step (\d+):", line).group(1))
+    steps = sorted({(x["rank"], x["step"]) for x in json.load(open(f"{D}/dp2.report.json"))["steps"]})
+    if steps != [(r, s) for r in (0, 1) for s in range(1, stopped + 1)]:
+        fail(f"dp2 bucket: the report holds steps {steps}, want 1..{stopped} on ranks 0 and 1")
+    print(f"ok   dp2 bucket: {line}; report of steps 1..{stopped} written")
     r = run_train(BASE + ["--train.nan_policy=skip", f"--train.log_file={D}/skip.jsonl"])
     if r.returncode != 0 or "update skipped" not in r.stdout:
         fail(f"skip: exit {r.returncode}, or no skipped update reported\n{r.stderr[-1000:]}")

@@ -264,10 +264,9 @@ int main(int argc, char **argv) {
     /* a FIFO: dlopen's open waited for a writer, for ever */
     char fifo[64];
     snprintf(fifo, sizeof fifo, "/tmp/gptc_power_fifo.%ld", (long)getpid());
-    if (mkfifo(fifo, 0600) == 0) {
-        check_open_fails("a FIFO", "ok", fifo, 0, "not a regular file");
-        unlink(fifo);
-    }
+    check(mkfifo(fifo, 0600) == 0, "cannot make the FIFO %s", fifo);
+    check_open_fails("a FIFO", "ok", fifo, 0, "not a regular file");
+    unlink(fifo);
     check_open_fails("missing library", "ok", "/nonexistent/libnvidia-ml.so.1", 0,
                      "cannot load /nonexistent/libnvidia-ml.so.1 (");
     /* After close and after failed opens, a new open works as the first did. */

@@ -910,6 +910,13 @@ static void test_sources(void) {
               l ? "opened" : "refused", err);
         loader_destroy(l);
     }
+    /* ${ORIGIN} for a token file named without a directory: the working directory (it
+     * had become "/", and the file was refused) */
+    setenv("HDF5_EXTFILE_PREFIX", "${ORIGIN}", 1);
+    err[0] = 0;
+    l = loader_create("ext_rel.h5", 9, 2, 0, 2, 0, 0, 0, err, sizeof err);
+    check(l != NULL, "external file under ${ORIGIN} of a bare file name: '%s'", err);
+    loader_destroy(l);
     unsetenv("HDF5_EXTFILE_PREFIX");
     check(chdir(here) == 0, "external: chdir back");
 }

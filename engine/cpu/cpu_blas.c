@@ -33,6 +33,7 @@ static void load(void) {
      * empty one is unset, which OpenBLAS would take for "detect it" */
     const char *core = core_for_this_cpu(), *set = getenv("OPENBLAS_CORETYPE");
     if (core && (!set || !*set)) setenv("OPENBLAS_CORETYPE", core, 1);
+    else if (set && !*set) unsetenv("OPENBLAS_CORETYPE");
     const char *candidates[] = {GPTC_OPENBLAS_PATH, "libopenblas.so.0", "libopenblas.so"};
     void *lib = NULL;
     char first[384] = ""; /* why the build's own OpenBLAS did not load */

@@ -210,7 +210,8 @@ int cuda_matmul_init(char *err, size_t errlen) {
     g.cache_path = cache && cache[0] && g.candidates > 1 ? cache : NULL;
     if (cache && cache[0] && !g.cache_path)
         log_warn("GPTC_GEMM_CACHE = %s has no effect: the cache keeps the choices of "
-                 "GPTC_GEMM_CANDIDATES >= 2, which is not set", cache);
+                 "GPTC_GEMM_CANDIDATES >= 2, which is %s", cache,
+                 env && env[0] ? env : "not set");
     struct stat st; /* a FIFO's open waits for a writer */
     if (g.cache_path && stat(g.cache_path, &st) == 0 && !S_ISREG(st.st_mode)) {
         snprintf(err, errlen, "GPTC_GEMM_CACHE %s: not a regular file", g.cache_path);
