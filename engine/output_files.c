@@ -494,19 +494,29 @@ static void versioned_name(const char *path, long step, char *out, size_t n) {
 
 /* train.keep = k > 1 keeps the last k checkpoints as hard links to what path held, so
  * path is always the newest and every kept file is complete. Older links are removed. */
+/* 0 when the file at name, which a version of the checkpoint would replace, is absent or
+ * a checkpoint; else -1 with err: it is not a regular file (a FIFO's open would wait for a
+ * writer), or a file of another kind */
+static int version_replaceable(const char *name, char *err, size_t n) {
+    struct stat st;
+    if (lstat(name, &st) != 0) return 0;
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, n, "train.keep %s: exists and is not a regular file, which this run "
+                 "would replace (name a new file, or remove this one)", name);
+        return -1;
+    }
+    tokens_hdf5_lock(); /* a loader's thread may read HDF5 meanwhile */
+    int rc = existing_is_own_kind("train.keep", name, OUTPUT_CHECKPOINT, err, n);
+    tokens_hdf5_unlock();
+    return rc;
+}
+
 void save_keep_version(const char *path, long step, int keep, long *kept, int *n_kept) {
     char name[CFG_STR_MAX + 32], why[CFG_STR_MAX + 256];
     versioned_name(path, step, name, sizeof(name));
     /* save_versions_check saw the steps a run saves by train.save_every; a save on a stop
      * signal comes at any step */
-    struct stat st;
-    int other = lstat(name, &st) == 0 && !S_ISREG(st.st_mode);
-    if (!other && lstat(name, &st) == 0) {
-        tokens_hdf5_lock(); /* the loader's thread reads HDF5 meanwhile */
-        other = existing_is_own_kind("train.keep", name, OUTPUT_CHECKPOINT, why, sizeof why);
-        tokens_hdf5_unlock();
-    }
-    if (other) {
+    if (version_replaceable(name, why, sizeof why) != 0) {
         log_warn("did not keep %s: a file of another kind has that name", name);
         return;
     }
@@ -553,14 +563,7 @@ int save_versions_check(const char *path, long first, long last, long every, int
             continue; /* not one this run saves */
         char full[2 * CFG_STR_MAX + 32];
         versioned_name(path, step, full, sizeof(full));
-        struct stat st; /* a FIFO's open would wait for a writer */
-        if (lstat(full, &st) == 0 && !S_ISREG(st.st_mode)) {
-            snprintf(err, n, "train.keep %s: exists and is not a regular file, which this run "
-                     "would replace (name a new file, or remove this one)", full);
-            rc = -1;
-        } else {
-            rc = existing_is_own_kind("train.keep", full, OUTPUT_CHECKPOINT, err, n);
-        }
+        rc = version_replaceable(full, err, n);
     }
     if (d) closedir(d);
     return rc;

@@ -421,6 +421,23 @@ static void settle_step(run_state *r, int kernel_timing) {
         if (lanes[i]->stream) be->stream_synchronize(lanes[i]->stream);
 }
 
+/* Closes the step begun at t0 (settled, its NVTX range popped, its device times read, its
+ * timing summary and, with profile.power, its power sample in *pw taken); returns its ms. */
+static double close_step(run_state *r, int kernel_timing, double t0, power_sample *pw) {
+    const gptc_backend *be = r->model.be;
+    settle_step(r, kernel_timing);
+    double ms = timing_now_ms() - t0;
+    nvtx_pop();
+    if (kernel_timing && be->timer_read) timing_resolve_device(be->timer_read, be->timer_piece);
+    timing_end_step(ms);
+    *pw = (power_sample){NAN, NAN, NAN};
+    if (r->c->power) {
+        power_step_end(pw);
+        timing_note_power(pw->energy_j, pw->power_w, pw->sm_clock_mhz);
+    }
+    return ms;
+}
+
 /* The timing report and trace of the steps that ran, with every rank's records on rank 0's
  * clock and each wait paired with the peer it waited for. Collective. */
 static int write_timing(run_state *r, double clock0_ms, double rtt0_ms, double at0_ms, char *err,
@@ -821,19 +838,10 @@ int train_run(const gptc_config *c, const grid *g) {
         int skipped;
         double loss = train_step(&r, &bp, &t, lr, &oc, &norm, &skipped);
         if (skipped && !skip_bad) {
-            /* the step that stopped the run has its line too: what went non-finite */
-            settle_step(&r, kernel_timing);
-            double ms = timing_now_ms() - t0;
-            nvtx_pop();
-            /* closed before the replay, whose records stay out of the trace */
-            if (kernel_timing && m->be->timer_read)
-                timing_resolve_device(m->be->timer_read, m->be->timer_piece);
-            timing_end_step(ms);
-            power_sample pw = {NAN, NAN, NAN};
-            if (c->power) {
-                power_step_end(&pw);
-                timing_note_power(pw.energy_j, pw.power_w, pw.sm_clock_mhz);
-            }
+            /* the step that stopped the run has its line too: what went non-finite; it is
+             * closed before the replay, whose records stay out of the trace */
+            power_sample pw;
+            double ms = close_step(&r, kernel_timing, t0, &pw);
             if (r.log)
                 log_metrics(&r, step, loss, norm, lr, ms, tokens_per_step / (ms / 1000.0), 1,
                             c->power ? &pw : NULL);
@@ -853,17 +861,8 @@ int train_run(const gptc_config *c, const grid *g) {
         if (skipped)
             log_info("step %ld: loss %g, grad norm %g is not finite: update skipped (train.nan_policy = skip)\n",
                      step, unsigned_nan(loss), unsigned_nan(norm));
-        settle_step(&r, kernel_timing);
-        double ms = timing_now_ms() - t0;
-        nvtx_pop();
-        if (kernel_timing && m->be->timer_read)
-            timing_resolve_device(m->be->timer_read, m->be->timer_piece);
-        timing_end_step(ms);
-        power_sample pw = {NAN, NAN, NAN};
-        if (c->power) {
-            power_step_end(&pw);
-            timing_note_power(pw.energy_j, pw.power_w, pw.sm_clock_mhz);
-        }
+        power_sample pw;
+        double ms = close_step(&r, kernel_timing, t0, &pw);
         if (step > first) { /* the first step pays for page faults and warm-up */
             total_ms += ms;
             total_wall_ms += timing_now_ms() - w0;
