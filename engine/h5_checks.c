@@ -1,4 +1,5 @@
-/* engine/h5_checks.h */
+/* What an HDF5 read would hide (filters this libhdf5 lacks, data stored outside the file,
+ * output kinds), found before the read: engine/h5_checks.h. */
 #include "engine/h5_checks.h"
 
 #include <stdio.h>

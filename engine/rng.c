@@ -45,12 +45,6 @@ static double to_unit(uint32_t hi, uint32_t lo) {
     return (double)(bits & ((1ull << 53) - 1)) * (1.0 / 9007199254740992.0);
 }
 
-double rng_uniform(uint64_t key, uint64_t index) {
-    uint32_t r[4];
-    rng_philox(key, index, r);
-    return to_unit(r[0], r[1]);
-}
-
 float rng_normal(uint64_t key, uint64_t index) {
     uint32_t r[4];
     rng_philox(key, index, r);

@@ -12,7 +12,5 @@ uint64_t rng_key(uint64_t seed, const char *name);
 void rng_philox(uint64_t key, uint64_t index, uint32_t out[4]);
 /* Standard normal draw for element index of the stream key (Box-Muller). */
 float rng_normal(uint64_t key, uint64_t index);
-/* Uniform in [0, 1) for element index of the stream key. */
-double rng_uniform(uint64_t key, uint64_t index);
 
 #endif

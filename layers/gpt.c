@@ -73,6 +73,9 @@ static int holds_layer(const gpt_model *m, int l) {
 static int has_embedding(const gpt_model *m) { return m->chunks[0].has_embedding; }
 static int has_head(const gpt_model *m) { return m->chunks[m->n_chunks - 1].has_head; }
 
+/* The most tensors build_table adds: 12 a layer, and ln_f's two, wpe and wte. */
+static size_t max_tensors(const gpt_shape *s) { return (size_t)12 * s->n_layer + 4; }
+
 /* Buffer order = order in which backward completes the gradients. */
 static void build_table(gpt_model *m) {
     const gpt_shape *s = &m->shape;
@@ -317,7 +320,7 @@ int gpt_create(gpt_model *m, const gpt_shape *shape, int B, int T, int n_micro,
         return -1;
     }
 
-    m->tensors = calloc((size_t)12 * shape->n_layer + 5, sizeof(param_tensor));
+    m->tensors = calloc(max_tensors(shape), sizeof(param_tensor));
     m->p.h = calloc((size_t)shape->n_layer, sizeof(block_views));
     m->g.h = calloc((size_t)shape->n_layer, sizeof(block_views));
     m->n_micro = n_micro > 0 ? n_micro : 1;
@@ -367,8 +370,8 @@ oom:
 }
 
 void gpt_destroy(gpt_model *m) {
-    if (m->be) tp_free(&m->tp);
     if (m->be) {
+        tp_free(&m->tp);
         if (m->params_act && m->params_act != m->params) m->be->release(m->params_act);
         if (m->params) m->be->release(m->params);
         if (m->grads) m->be->release(m->grads);
@@ -572,10 +575,10 @@ static void head_forward(gpt_model *m, slot_acts *sa, const gptc_act *x /* [Nl,C
                           d->Vl, d->v_valid, dloss, s);
     } else {
         be->vocab_max(sa->loss_max, sa->logits, N, d->Vl, d->v_valid, s);
-        tp_allreduce_max(&m->tp, sa->loss_max, (size_t)N, s);
+        tp_allreduce_max(&m->tp, sa->loss_max, (size_t)N);
         be->vocab_expsum(sa->loss_stats, sa->logits, sa->loss_max, sa->targets, N, d->Vl,
                          d->v_valid, d->v_start, s);
-        tp_allreduce_sum(&m->tp, sa->loss_stats, 2 * (size_t)N, s);
+        tp_allreduce_sum(&m->tp, sa->loss_stats, 2 * (size_t)N);
         be->vocab_ce_finish(sa->losses, sa->logits, sa->loss_max, sa->loss_stats, sa->targets,
                             N, d->Vl, d->v_valid, d->v_start, dloss, s);
     }
@@ -634,7 +637,7 @@ void gpt_chunk_forward(gpt_model *m, int c, int micro, const int32_t *tokens,
         be->copy_from_host(sa->tokens, tokens, N * sizeof(int32_t), s);
         be->embedding_forward(sa->input, sa->tokens, m->p.wte, m->tp.rank == 0 ? m->p.wpe : NULL,
                               d.N, d.T, d.C, d.v_start, d.Vl, s);
-        tp_reduce_rows(&m->tp, sa->input, d.Nl, d.C, s);
+        tp_reduce_rows(&m->tp, sa->input, d.Nl, d.C);
     }
     /* [Nl,C] this rank's rows of the residual stream entering each layer */
     const gptc_act *x = at(m, sa->input, (size_t)d.row0 * d.C);
@@ -706,7 +709,7 @@ void gpt_chunk_backward(gpt_model *m, int c, int micro, int final) {
     timing_set_context(-1, micro, PH_BWD);
     if (ch->has_embedding) {
         m->be->embedding_backward(m->g.wte, m->g.wpe,
-                                  tp_gather_rows(&m->tp, sa->grad, d.Nl, d.C, m->stream),
+                                  tp_gather_rows(&m->tp, sa->grad, d.Nl, d.C),
                                   sa->tokens, d.N, d.T, d.C, d.v_start, d.Vl, m->stream);
         if (final) grads_final(m, "wpe"); /* wte may still take the tied stage's part */
     }
@@ -726,20 +729,27 @@ void gpt_sequence_parallel_grads(gpt_model *m, size_t lo, size_t hi) {
     for (int i = 0; i < m->n_tensors; i++) {
         const param_tensor *t = &m->tensors[i];
         if (strstr(t->name, "ln_") && t->offset >= lo && t->offset < hi)
-            tp_allreduce_sum(&m->tp, m->grads + t->offset, t->numel, m->stream);
+            tp_allreduce_sum(&m->tp, m->grads + t->offset, t->numel);
     }
+}
+
+void gpt_bucket_piece(const gpt_model *m, int b, int shard_rank, size_t *lo, size_t *hi) {
+    const grad_bucket *bk = &m->buckets[b];
+    int shards = m->place.shards > 0 ? m->place.shards : 1;
+    size_t piece = bk->count / (size_t)shards;
+    *lo = bk->offset + (size_t)shard_rank * piece;
+    *hi = *lo + piece;
 }
 
 /* Adjacent counted tensors are summed as one run: on a GPU each sum is a round trip to
  * the host, so one per run rather than one per tensor. */
 double gpt_grad_sum_squares(gpt_model *m, int shard_rank) {
-    int shards = m->place.shards > 0 ? m->place.shards : 1;
     double sum = 0.0;
     size_t run_lo = 0, run_hi = 0; /* the run of counted elements not yet summed */
     for (int b = 0; b < m->n_buckets; b++) {
         const grad_bucket *bk = &m->buckets[b];
-        size_t piece = bk->count / (size_t)shards, a = bk->offset + (size_t)shard_rank * piece;
-        size_t z = a + piece;
+        size_t a, z;
+        gpt_bucket_piece(m, b, shard_rank, &a, &z);
         for (int i = bk->first_tensor; i < bk->first_tensor + bk->n_tensors; i++) {
             const param_tensor *t = &m->tensors[i];
             if (t->replicated && m->tp.rank != 0) continue;
@@ -762,15 +772,13 @@ double gpt_grad_sum_squares(gpt_model *m, int shard_rank) {
 
 param_tensor *gpt_full_table(const gpt_shape *shape, int *n_out) {
     gpt_model m;
-    char err[256];
     memset(&m, 0, sizeof(m));
     m.shape = *shape;
     m.tp = (tp_context){.size = 1};
-    m.tensors = calloc((size_t)12 * shape->n_layer + 5, sizeof(param_tensor));
+    m.tensors = calloc(max_tensors(shape), sizeof(param_tensor));
     chunk_info whole = {0, 0, shape->n_layer, 1, 1, 0, NULL};
     m.chunks = &whole;
     m.n_chunks = 1;
-    (void)err;
     if (m.tensors) build_table(&m);
     *n_out = m.n_tensors;
     return m.tensors;

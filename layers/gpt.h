@@ -225,6 +225,10 @@ void gpt_sequence_parallel_grads(gpt_model *m, size_t lo, size_t hi);
  * single-stage path and the tests). Returns the sum of the micro-batch's losses. */
 double gpt_forward_backward(gpt_model *m, const int32_t *tokens /* host [B*T] */,
                             const int32_t *targets /* host [B*T] */, float dloss);
+/* Piece shard_rank of m's bucket b (of place.shards equal pieces; the whole bucket without
+ * sharding): flat [lo, hi) of the parameters and gradients. */
+void gpt_bucket_piece(const gpt_model *m, int b, int shard_rank, size_t *lo, size_t *hi);
+
 /* This rank's share of the squared global gradient norm: its TP shards, replicated
  * tensors on TP rank 0 only, the tied wte on the first stage only, and with sharded
  * optimizer state only its piece of each bucket, so a sum over the TP, PP (and, when

@@ -48,7 +48,8 @@ static int move_tensor(const gpt_model *m, const param_tensor *t, ckpt_file *f, 
         long rows = blocks[i].count[0], w = blocks[i].count[1];
         float *packed = malloc((size_t)(rows * w) * sizeof(float)); /* [rows, w] */
         if (!packed) {
-            snprintf(err, errlen, "out of host memory for %s", t->name);
+            snprintf(err, errlen, "%s: out of host memory for %s", f ? ckpt_file_path(f) : "checkpoint",
+                     t->name);
             return -1;
         }
         if (reading) {
@@ -208,7 +209,8 @@ int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, long t_opti
              size_t errlen) {
     float *host = calloc(m->n_params, sizeof(float)); /* [n_params], padding stays 0 */
     if (!host) {
-        snprintf(err, errlen, "out of host memory loading a checkpoint");
+        snprintf(err, errlen, "%s: out of host memory for its %zu parameters", ckpt_file_path(f),
+                 m->n_params);
         return -1;
     }
     int rc = 0;

@@ -16,12 +16,9 @@ double lr_at_step(const optim_config *c, long step) {
 
 void optim_piece(const gpt_model *m, int b, int shard_rank, size_t *lo, size_t *hi,
                  size_t *state) {
-    const grad_bucket *bk = &m->buckets[b];
     int shards = m->place.shards > 0 ? m->place.shards : 1;
-    size_t piece = bk->count / (size_t)shards;
-    *lo = bk->offset + (size_t)shard_rank * piece;
-    *hi = *lo + piece;
-    *state = bk->offset / (size_t)shards; /* the pieces of earlier buckets come first */
+    gpt_bucket_piece(m, b, shard_rank, lo, hi);
+    *state = m->buckets[b].offset / (size_t)shards; /* the pieces of earlier buckets come first */
 }
 
 /* [lo, hi) of tensor t that falls in [a, b); returns 0 if empty */

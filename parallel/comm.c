@@ -575,10 +575,8 @@ static float *wide_scratch_get(size_t n) {
 static float *widened(comm_group *g, const char *op, const uint16_t *h /* [n] */, size_t n) {
     float *f = wide_scratch_get(n ? n : 1); /* [n] */
     if (!f) {
-        int world_rank = -1;
-        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
         log_error("rank %d: bf16 %s on %s: no memory for its fp32 copy (%zu floats)",
-                  world_rank, op, g->name, n);
+                  log_rank(), op, g->name, n);
         exit(EXIT_FAILURE);
     }
     for (size_t i = 0; i < n; i++) f[i] = bf16_to_float(h[i]);
@@ -867,10 +865,8 @@ static void run_staged(comm_task t, gptc_stream *s) {
     stage_buf *buf = stage_take(be, total ? total : 1);
     if (!buf) {
         /* skipping the op would leave the peers waiting in it: end the job, saying why */
-        int world_rank = -1;
-        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
         log_error("rank %d: host staging of %s on %s: no pinned host memory for %zu bytes",
-                  world_rank, op_name(&t), t.g->name, total);
+                  log_rank(), op_name(&t), t.g->name, total);
         exit(EXIT_FAILURE);
     }
     char *h[2];
@@ -996,10 +992,6 @@ void comm_reduce_sum_act(comm_group *g, gptc_act *buf, size_t n, int root, gptc_
     issue((comm_task){.kind = OP_REDUCE, .g = g, .recv = buf, .recv_n = n, .peer = root,
                       .type = t},
           s);
-}
-
-void comm_reduce_sum(comm_group *g, float *buf, size_t n, int root, gptc_stream *s) {
-    comm_reduce_sum_act(g, buf, n, root, GPTC_FP32, s);
 }
 
 void comm_send(comm_group *g, const void *buf, size_t bytes, int peer, int tag, gptc_stream *s) {

@@ -116,9 +116,8 @@ void comm_reduce_scatter_sum_act(comm_group *g, const gptc_act *send, gptc_act *
 void comm_allgather_act(comm_group *g, const gptc_act *send, gptc_act *recv, size_t n,
                         gptc_precision t, gptc_stream *s);
 void comm_broadcast(comm_group *g, void *buf, size_t bytes, int root, gptc_stream *s);
-/* buf[n] on root becomes the sum over the group (in place); other ranks' are read only. */
-void comm_reduce_sum(comm_group *g, float *buf, size_t n, int root, gptc_stream *s);
-/* The same on the activation type of precision t (bf16: as comm_allreduce_sum_act) */
+/* buf[n] (the activation type of precision t) on root becomes the sum over the group (in
+ * place; bf16 as comm_allreduce_sum_act); other ranks' are read only. */
 void comm_reduce_sum_act(comm_group *g, gptc_act *buf, size_t n, int root, gptc_precision t,
                          gptc_stream *s);
 /* peer is a group rank */

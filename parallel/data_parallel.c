@@ -25,8 +25,9 @@ static void issue_bucket(dp_context *dp, gpt_model *m, int b) {
         comm_allreduce_sum(dp->group, whole, bk->count, s);
         return;
     }
-    size_t piece = bk->count / (size_t)dp->size;
-    comm_reduce_scatter_sum(dp->group, whole, whole + (size_t)dp->rank * piece, piece, s);
+    size_t lo, hi;
+    gpt_bucket_piece(m, b, dp->rank, &lo, &hi);
+    comm_reduce_scatter_sum(dp->group, whole, m->grads + lo, hi - lo, s);
 }
 
 /* where a bucket's last tensor ends (its padding is never written) */
@@ -63,13 +64,14 @@ void dp_gather_params(dp_context *dp, gpt_model *m, gptc_stream *compute) {
     /* the forward reads the buckets last to first (wte and wpe first) */
     for (int b = m->n_buckets - 1; b >= 0; b--) {
         const grad_bucket *bk = &m->buckets[b];
-        size_t piece = bk->count / (size_t)dp->size;
+        size_t lo, hi;
+        gpt_bucket_piece(m, b, dp->rank, &lo, &hi);
         /* what compute reads: the bf16 copy when there is one (the optimizer wrote this
          * rank's piece of it; other pieces of the fp32 masters wait for a checkpoint,
          * dp_gather_masters), else the parameters themselves */
         gptc_act *whole = gptc_act_at(m->params_act, bk->offset, m->prec); /* [count] */
-        comm_allgather_act(dp->group, gptc_act_at(whole, (size_t)dp->rank * piece, m->prec),
-                           whole, piece, m->prec, s);
+        comm_allgather_act(dp->group, gptc_act_at(m->params_act, lo, m->prec), whole, hi - lo,
+                           m->prec, s);
         if (prefetch) dp->lane->be->event_record(dp->gathered[b], s);
     }
     if (prefetch) dp->n_gathered = m->n_buckets;
@@ -91,20 +93,13 @@ void dp_params_settle(dp_context *dp, gpt_model *m) {
     dp->n_gathered = 0;
 }
 
-void dp_free(dp_context *dp) {
-    for (int b = 0; b < dp->n_events; b++)
-        if (dp->gathered[b]) dp->lane->be->event_destroy(dp->gathered[b]);
-    free(dp->gathered);
-    dp->gathered = NULL;
-}
-
 void dp_gather_masters(dp_context *dp, gpt_model *m) {
     if (!dp->sharded || m->params_act == m->params) return;
     for (int b = 0; b < m->n_buckets; b++) {
-        const grad_bucket *bk = &m->buckets[b];
-        size_t piece = bk->count / (size_t)dp->size;
-        float *whole = m->params + bk->offset; /* [count] */
-        comm_allgather(dp->group, whole + (size_t)dp->rank * piece, whole, piece, NULL);
+        size_t lo, hi;
+        gpt_bucket_piece(m, b, dp->rank, &lo, &hi);
+        float *whole = m->params + m->buckets[b].offset; /* [count] */
+        comm_allgather(dp->group, m->params + lo, whole, hi - lo, NULL);
     }
 }
 
@@ -143,4 +138,11 @@ void dp_scatter_state(dp_context *dp, gpt_model *m, const float *m_full, const f
         m->be->copy_from_host(m->opt_m + state, m_full + lo, (hi - lo) * sizeof(float), NULL);
         m->be->copy_from_host(m->opt_v + state, v_full + lo, (hi - lo) * sizeof(float), NULL);
     }
+}
+
+void dp_free(dp_context *dp) {
+    for (int b = 0; b < dp->n_events; b++)
+        if (dp->gathered[b]) dp->lane->be->event_destroy(dp->gathered[b]);
+    free(dp->gathered);
+    dp->gathered = NULL;
 }

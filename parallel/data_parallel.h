@@ -49,10 +49,10 @@ void dp_gather_masters(dp_context *dp, gpt_model *m);
 void dp_params_needed(dp_context *dp, gpt_model *m, size_t lo, size_t hi);
 /* Waits for every all-gather still in flight (before a checkpoint reads parameters). */
 void dp_params_settle(dp_context *dp, gpt_model *m);
-void dp_free(dp_context *dp);
 /* Sharded optimizer state <-> the whole state in parameter layout ([n_params] each, for
  * checkpoints): gather assembles it on every rank, scatter keeps this rank's pieces. */
 void dp_gather_state(dp_context *dp, gpt_model *m, float *m_full, float *v_full);
 void dp_scatter_state(dp_context *dp, gpt_model *m, const float *m_full, const float *v_full);
+void dp_free(dp_context *dp);
 
 #endif

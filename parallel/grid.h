@@ -14,7 +14,6 @@ typedef struct {
 /* Fills g for this rank; dp = 0 means world / (tp*pp). Refuses a world that is not
  * tp*pp*dp with a one-line error naming the keys. */
 int grid_layout(grid *g, int world, int rank, int tp, int pp, int dp, char *err, size_t errlen);
-/* Rank of the given coordinates. */
 int grid_rank_of(const grid *g, int tp_rank, int pp_rank, int dp_rank);
 /* The lowest rank of MPI_COMM_WORLD whose failed is nonzero, or world when none. Every
  * rank calls it at the same point of its start-up checks: a rank that fails one alone (a

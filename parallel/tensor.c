@@ -62,8 +62,7 @@ static gptc_act *at(const tp_context *tp, const gptc_act *p, size_t i) {
     return gptc_act_at(p, i, prec(tp));
 }
 
-gptc_act *tp_gather_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C,
-                         gptc_stream *s) {
+gptc_act *tp_gather_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C) {
     if (tp->size > 1 && tp->sequence_parallel) {
         size_t n = rows_local * C;
         comm_allgather_act(tp->group, at(tp, buf, (size_t)tp->rank * n), buf, n, prec(tp),
@@ -73,8 +72,7 @@ gptc_act *tp_gather_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_
     return buf;
 }
 
-gptc_act *tp_reduce_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C,
-                         gptc_stream *s) {
+gptc_act *tp_reduce_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C) {
     if (tp->size == 1) return buf;
     size_t n = rows_local * C;
     gptc_act *mine = tp->sequence_parallel ? at(tp, buf, (size_t)tp->rank * n) : buf;
@@ -125,13 +123,6 @@ static gptc_event *piece_event(tp_context *tp, int p) {
     return tp->pieces && p < tp->n_pieces ? tp->pieces[p] : NULL;
 }
 
-void tp_free(tp_context *tp) {
-    for (int i = 0; tp->pieces && i < tp->n_pieces; i++)
-        if (tp->pieces[i]) tp->be->event_destroy(tp->pieces[i]);
-    free(tp->pieces);
-    tp->pieces = NULL;
-}
-
 /* Broadcasts every piece of buf [N,C] from its owner on the TP stream, each followed by
  * its event, and returns at once: the pieces arrive while the caller computes. */
 static void broadcast_pieces(tp_context *tp, gptc_act *buf, int N, int C) {
@@ -180,7 +171,7 @@ gptc_act *tp_column_parallel_forward(tp_context *tp, gptc_act *out, gptc_act *in
                                      const gptc_act *w, const gptc_act *bias, int N, int IC,
                                      int OC, int w_rows_out, gptc_act *gelu_out, gptc_stream *s) {
     if (!tp->sequence_parallel || !chunked(tp, N)) {
-        tp_gather_rows(tp, inp, (size_t)(tp->sequence_parallel ? N / tp->size : N), (size_t)IC, s);
+        tp_gather_rows(tp, inp, (size_t)(tp->sequence_parallel ? N / tp->size : N), (size_t)IC);
         column_rows(tp, out, gelu_out, inp, w, bias, 0, N, IC, OC, w_rows_out, s);
         return out;
     }
@@ -202,7 +193,7 @@ gptc_act *tp_row_parallel_forward(tp_context *tp, gptc_act *out, const gptc_act 
     if (!chunked(tp, N)) {
         tp->be->matmul_forward(out, inp, w, b, N, IC, OC, 0, s);
         return tp_reduce_rows(tp, out, (size_t)(tp->sequence_parallel ? N / tp->size : N),
-                              (size_t)OC, s);
+                              (size_t)OC);
     }
     for (int p = 0; p < n_pieces(tp); p++) {
         int r0, r1, owner;
@@ -222,7 +213,7 @@ gptc_act *tp_column_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw,
     if (!chunked(tp, N)) {
         tp->be->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, w_rows_out, s);
         return tp_reduce_rows(tp, dinp, (size_t)(tp->sequence_parallel ? N / tp->size : N),
-                              (size_t)IC, s);
+                              (size_t)IC);
     }
     for (int p = 0; p < n_pieces(tp); p++) {
         int r0, r1, owner;
@@ -256,7 +247,7 @@ void tp_row_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw, float *
                               gptc_act *dout, const gptc_act *inp, const gptc_act *w, int N,
                               int IC, int OC, const gptc_act *gelu_pre, gptc_stream *s) {
     if (!tp->sequence_parallel || !chunked(tp, N)) {
-        tp_gather_rows(tp, dout, (size_t)(tp->sequence_parallel ? N / tp->size : N), (size_t)OC, s);
+        tp_gather_rows(tp, dout, (size_t)(tp->sequence_parallel ? N / tp->size : N), (size_t)OC);
         if (gelu_pre) {
             row_dinp(tp, dinp, dout, w, gelu_pre, 0, N, IC, OC, s);
             tp->be->matmul_backward(NULL, dw, dbias, dout, inp, w, N, IC, OC, 0, s);
@@ -276,14 +267,21 @@ void tp_row_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw, float *
     comm_lane_join(tp->lane);
 }
 
-void tp_allreduce_sum(tp_context *tp, float *buf, size_t n, gptc_stream *s) {
+void tp_allreduce_sum(tp_context *tp, float *buf, size_t n) {
     if (tp->size == 1) return;
     comm_allreduce_sum(tp->group, buf, n, lane_begin(tp));
     comm_lane_join(tp->lane);
 }
 
-void tp_allreduce_max(tp_context *tp, float *buf, size_t n, gptc_stream *s) {
+void tp_allreduce_max(tp_context *tp, float *buf, size_t n) {
     if (tp->size == 1) return;
     comm_allreduce_max(tp->group, buf, n, lane_begin(tp));
     comm_lane_join(tp->lane);
+}
+
+void tp_free(tp_context *tp) {
+    for (int i = 0; tp->pieces && i < tp->n_pieces; i++)
+        if (tp->pieces[i]) tp->be->event_destroy(tp->pieces[i]);
+    free(tp->pieces);
+    tp->pieces = NULL;
 }

@@ -70,10 +70,10 @@ long tp_global_index(shard_kind k, long rows, long cols, long local_rows, long l
 /* Entering a parallel region: buf [N,C] holds this rank's rows (rows_local of them, at
  * their place); afterwards all N rows. Without sequence parallelism buf already holds
  * them all. Returns buf. */
-gptc_act *tp_gather_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C, gptc_stream *s);
+gptc_act *tp_gather_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C);
 /* Leaving a parallel region: buf [N,C] holds this rank's partial sums of all rows;
  * returns this rank's rows of the sum (all rows without sequence parallelism). */
-gptc_act *tp_reduce_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C, gptc_stream *s);
+gptc_act *tp_reduce_rows(tp_context *tp, gptc_act *buf, size_t rows_local, size_t C);
 /* A column-parallel projection entering a parallel region (c_attn, c_fc, the LM head):
  * out[N,OC] = inp[N,IC] @ W + bias, where with sequence parallelism inp holds only this
  * rank's rows at their place and is all-gathered first (chunked: piece by piece, each
@@ -92,8 +92,6 @@ void tp_row_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw /* [IC,O
                               float *dbias /* [OC] */, gptc_act *dout,
                               const gptc_act *inp /* [N,IC] */, const gptc_act *w /* [IC,OC] */,
                               int N, int IC, int OC, const gptc_act *gelu_pre, gptc_stream *s);
-/* Frees the chunking events. */
-void tp_free(tp_context *tp);
 /* A row-parallel projection leaving a parallel region (c_proj): out[N,OC] = the TP sum
  * of inp[N,IC] @ W (+ bias, added by rank 0 only), returned as this rank's rows (see
  * tp_reduce_rows). overlap.tp = chunked cuts the rows into tp->chunks pieces and reduces
@@ -110,8 +108,10 @@ gptc_act *tp_column_parallel_backward(tp_context *tp, gptc_act *dinp, float *dw,
                                       const gptc_act *dout, const gptc_act *inp,
                                       const gptc_act *w, int N, int IC, int OC, int w_rows_out,
                                       gptc_stream *s);
-/* Sum (or max) over the TP group of fp32 buf[n], in place, on stream s. */
-void tp_allreduce_sum(tp_context *tp, float *buf, size_t n, gptc_stream *s);
-void tp_allreduce_max(tp_context *tp, float *buf, size_t n, gptc_stream *s);
+/* Sum (or max) over the TP group of fp32 buf[n], in place, between the compute stream's
+ * work queued before and after the call (on the TP lane, which is tied to it). */
+void tp_allreduce_sum(tp_context *tp, float *buf, size_t n);
+void tp_allreduce_max(tp_context *tp, float *buf, size_t n);
+void tp_free(tp_context *tp);
 
 #endif

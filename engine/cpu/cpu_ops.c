@@ -522,7 +522,8 @@ static void f32_adamw(float *p /* [n] */, const float *g /* [n] */, float gscale
  * kernel adds to its exact old value). One copy of each computation thus serves both
  * precisions, and a bf16 result is by construction the fp32 op on the same values,
  * rounded once, which is the contract (engine/backend.h) and what tests/test_cpu_bf16.c
- * checks. Under GPTC_FP32 the kernels run on the buffers themselves: nothing changes. */
+ * checks. Under GPTC_FP32 the kernels run on the buffers themselves: nothing changes.
+ * The element-wise ops' views are all [n]. */
 
 static int bf16(void) { return g_precision == GPTC_BF16; }
 
@@ -582,8 +583,9 @@ void cpu_embedding_forward(gptc_act *out, const int32_t *tokens, const gptc_act 
     }
     size_t no = (size_t)N * C, nte = (size_t)v_local * C, npe = (size_t)T * C;
     float *next = arena(no + nte + npe);
-    const float *te = unpack(&next, wte, nte), *pe = unpack(&next, wpe, npe);
-    float *o = take(&next, no);
+    const float *te = unpack(&next, wte, nte) /* [v_local,C] */,
+                *pe = unpack(&next, wpe, npe) /* [T,C] */;
+    float *o = take(&next, no); /* [N,C] */
     f32_embedding_forward(o, tokens, te, pe, N, T, C, v_start, v_local);
     pack(out, o, no);
 }
@@ -597,7 +599,7 @@ void cpu_embedding_backward(float *dwte, float *dwpe, const gptc_act *dout,
     }
     size_t nd = (size_t)N * C;
     float *next = arena(nd);
-    const float *d = unpack(&next, dout, nd);
+    const float *d = unpack(&next, dout, nd); /* [N,C] */
     f32_embedding_backward(dwte, dwpe, d, tokens, N, T, C, v_start, v_local);
 }
 
@@ -609,8 +611,9 @@ void cpu_layernorm_forward(gptc_act *out, float *mean, float *rstd, const gptc_a
     }
     size_t nx = (size_t)N * C;
     float *next = arena(2 * nx + 2 * (size_t)C);
-    const float *x = unpack(&next, inp, nx), *wf = unpack(&next, w, C), *bf = unpack(&next, b, C);
-    float *o = take(&next, nx);
+    const float *x = unpack(&next, inp, nx) /* [N,C] */, *wf = unpack(&next, w, C) /* [C] */,
+                *bf = unpack(&next, b, C) /* [C] */;
+    float *o = take(&next, nx); /* [N,C] */
     f32_layernorm_forward(o, mean, rstd, x, wf, bf, N, C);
     pack(out, o, nx);
 }
@@ -636,9 +639,9 @@ void cpu_layernorm_backward(gptc_act *dinp, float *dw, float *db, float *dsum,
     }
     size_t nx = (size_t)N * C;
     float *next = arena((dsum ? 4 : 3) * nx + (size_t)C);
-    const float *d = unpack(&next, dout, nx), *x = unpack(&next, inp, nx);
-    const float *wf = unpack(&next, w, C);
-    float *dx = unpack(&next, dinp, nx); /* "+=": the kernel adds to the old value */
+    const float *d = unpack(&next, dout, nx) /* [N,C] */, *x = unpack(&next, inp, nx) /* [N,C] */;
+    const float *wf = unpack(&next, w, C); /* [C] */
+    float *dx = unpack(&next, dinp, nx); /* [N,C]; "+=": the kernel adds to the old value */
     f32_layernorm_backward(dx, dw, db, d, x, wf, mean, rstd, N, C);
     pack(dinp, dx, nx);
     if (dsum) f32_column_sums(dsum, unpack(&next, dinp, nx), N, C); /* as stored */
@@ -654,9 +657,9 @@ void cpu_matmul_forward(gptc_act *out, const gptc_act *inp, const gptc_act *w,
     }
     size_t nx = (size_t)N * IC, nw = (size_t)IC * OC, no = (size_t)N * OC;
     float *next = arena(nx + nw + (size_t)OC + no);
-    const float *x = unpack(&next, inp, nx), *wf = unpack(&next, w, nw);
-    const float *bf = unpack(&next, bias, OC);
-    float *o = take(&next, no);
+    const float *x = unpack(&next, inp, nx) /* [N,IC] */, *wf = unpack(&next, w, nw) /* [IC,OC] */;
+    const float *bf = unpack(&next, bias, OC); /* [OC] */
+    float *o = take(&next, no); /* [N,OC] */
     f32_matmul_forward(o, x, wf, bf, N, IC, OC, w_rows_out);
     pack(out, o, no);
 }
@@ -670,9 +673,10 @@ void cpu_matmul_backward(gptc_act *dinp, float *dw, float *dbias, const gptc_act
     }
     size_t nx = (size_t)N * IC, nw = (size_t)IC * OC, nd = (size_t)N * OC;
     float *next = arena(nd + nw + 2 * nx);
-    const float *d = unpack(&next, dout, nd);
-    const float *wf = unpack(&next, dinp ? w : NULL, nw), *x = unpack(&next, dw ? inp : NULL, nx);
-    float *dx = dinp ? take(&next, nx) : NULL;
+    const float *d = unpack(&next, dout, nd); /* [N,OC] */
+    const float *wf = unpack(&next, dinp ? w : NULL, nw) /* [IC,OC] */,
+                *x = unpack(&next, dw ? inp : NULL, nx) /* [N,IC] */;
+    float *dx = dinp ? take(&next, nx) : NULL; /* [N,IC] */
     f32_matmul_backward(dx, dw, dbias, d, x, wf, N, IC, OC, w_rows_out);
     if (dinp) pack(dinp, dx, nx);
 }
@@ -686,9 +690,9 @@ void cpu_matmul_gelu_forward(gptc_act *out, gptc_act *pre, const gptc_act *inp,
     }
     size_t nx = (size_t)N * IC, nw = (size_t)IC * OC, no = (size_t)N * OC;
     float *next = arena(nx + nw + (size_t)OC + 2 * no);
-    const float *x = unpack(&next, inp, nx), *wf = unpack(&next, w, nw);
-    const float *bf = unpack(&next, bias, OC);
-    float *p = take(&next, no), *o = take(&next, no);
+    const float *x = unpack(&next, inp, nx) /* [N,IC] */, *wf = unpack(&next, w, nw) /* [IC,OC] */;
+    const float *bf = unpack(&next, bias, OC); /* [OC] */
+    float *p = take(&next, no), *o = take(&next, no); /* [N,OC] each */
     /* the GELU reads the fp32 sum, before pre is rounded (as cuBLASLt's epilogue does) */
     f32_matmul_gelu_forward(o, p, x, wf, bf, N, IC, OC);
     pack(pre, p, no);
@@ -703,9 +707,9 @@ void cpu_matmul_dgelu_backward(gptc_act *dpre, const gptc_act *dout, const gptc_
     }
     size_t nd = (size_t)N * OC, nw = (size_t)IC * OC, np = (size_t)N * IC;
     float *next = arena(nd + nw + 2 * np);
-    const float *d = unpack(&next, dout, nd), *wf = unpack(&next, w, nw);
-    const float *p = unpack(&next, pre, np);
-    float *dp = take(&next, np); /* the product times gelu'(pre), rounded once */
+    const float *d = unpack(&next, dout, nd) /* [N,OC] */, *wf = unpack(&next, w, nw) /* [IC,OC] */;
+    const float *p = unpack(&next, pre, np); /* [N,IC] */
+    float *dp = take(&next, np); /* [N,IC]: the product times gelu'(pre), rounded once */
     f32_matmul_dgelu_backward(dp, d, wf, p, N, IC, OC);
     pack(dpre, dp, np);
 }
@@ -719,8 +723,8 @@ void cpu_attention_forward(gptc_act *out, float *att, const gptc_act *qkv, int B
     }
     size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
     float *next = arena(nqkv + no);
-    const float *q = unpack(&next, qkv, nqkv);
-    float *o = take(&next, no);
+    const float *q = unpack(&next, qkv, nqkv); /* [B,T,3C] */
+    float *o = take(&next, no); /* [B,T,C] */
     cpu_attention_forward_bf16(o, att, q, B, T, C, NH);
     pack(out, o, no);
 }
@@ -737,9 +741,9 @@ void cpu_attention_backward(gptc_act *dqkv, float *dbias, float *datt, const gpt
     }
     size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
     float *next = arena(2 * nqkv + 2 * no);
-    const float *d = unpack(&next, dout, no), *o = unpack(&next, out, no);
-    const float *q = unpack(&next, qkv, nqkv);
-    float *dq = take(&next, nqkv);
+    const float *d = unpack(&next, dout, no), *o = unpack(&next, out, no); /* [B,T,C] each */
+    const float *q = unpack(&next, qkv, nqkv); /* [B,T,3C] */
+    float *dq = take(&next, nqkv); /* [B,T,3C] */
     cpu_attention_backward_bf16(dq, datt, d, o, q, att, B, T, C, NH);
     pack(dqkv, dq, nqkv);
     if (dbias) {
@@ -817,7 +821,7 @@ void cpu_vocab_ce_finish(float *losses, gptc_act *logits, const float *mx, const
     }
     size_t nl = (size_t)N * Vl;
     float *next = arena(nl);
-    float *l = unpack(&next, logits, nl);
+    float *l = unpack(&next, logits, nl); /* [N,Vl] */
     f32_vocab_ce_finish(losses, l, mx, stats, targets, N, Vl, v_valid, v_start, dloss);
     pack(logits, l, nl);
 }

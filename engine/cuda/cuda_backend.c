@@ -57,7 +57,7 @@ static void check_launch(const char *op) {
 }
 
 cudaStream_t cuda_stream_of(gptc_stream *s) { return s ? s->s : g.compute; }
-static cudaStream_t cu(gptc_stream *s) { return s ? s->s : g.compute; }
+static cudaStream_t cu(gptc_stream *s) { return cuda_stream_of(s); }
 
 /* ---- memory ---- */
 

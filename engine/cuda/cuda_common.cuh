@@ -37,8 +37,8 @@ static __device__ __forceinline__ void act_st(gptc_act *base, size_t i, float x,
  * A plain aligned struct rather than uint4, which the CPU emulator (tests/cuda_emu)
  * does not define; nvcc still emits the v4 access for it. Element 2k is the low half of
  * w[k] (memory order on a little-endian device, as bf16x2_bits packs it). */
-typedef struct alignas(16) bf16x8 {
-    uint32_t w[4];
+typedef struct {
+    alignas(16) uint32_t w[4];
 } bf16x8;
 
 /* f[0..7] = the 8 bf16 of v, widened (exact) */
@@ -109,15 +109,6 @@ static __device__ __forceinline__ float warp_max(float v) {
  * gets the result. sh is the caller's scratch: __shared__ float/double sh[32]. The first
  * barrier lets a block call these back to back with the same scratch. The order of the
  * additions depends only on blockDim, so results are deterministic. */
-static __device__ __forceinline__ float block_sum(float v, float *sh /* [32] */) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    return warp_sum(lane < nw ? sh[lane] : 0.0f);
-}
-
 static __device__ __forceinline__ double block_sum_double(double v, double *sh /* [32] */) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = warp_sum_double(v);

@@ -392,6 +392,8 @@ static void tune_plan(plan *p, const void *A, const void *B, void *C, float beta
         g.n_not_first += cached != 0;
         return;
     }
+    /* the candidates' output when the product adds to C (beta != 0), so that timing them
+     * leaves C as it was: [ldc * n] of C's type, and 256 bytes to align it */
     void *scratch = NULL, *target = C;
     if (beta != 0.0f) {
         size_t bytes = (size_t)p->ldc * p->n * (p->c_type == CUDA_R_32F ? 4 : 2);
