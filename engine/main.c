@@ -10,6 +10,7 @@
 #include "engine/config.h"
 #include "engine/log.h"
 #include "engine/output_files.h"
+#include "engine/stop_signal.h"
 #include "engine/trainer.h"
 #include "parallel/grid.h"
 
@@ -88,7 +89,7 @@ int main(int argc, char **argv) {
                 "opened in its place\n");
         return EXIT_FAILURE;
     }
-    train_catch_stop_signals();
+    stop_catch_signals();
     ckpt_library_init();
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -5,8 +5,6 @@
 #include "engine/trainer.h"
 
 #include <errno.h>
-#include <signal.h>
-#include <stdatomic.h>
 #include <mpi.h>
 #include <math.h>
 #include <omp.h>
@@ -14,8 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "data/tokens.h"
 #include "engine/backend.h"
@@ -29,6 +25,7 @@
 #include "engine/output_files.h"
 #include "engine/report.h"
 #include "engine/run_plan.h"
+#include "engine/stop_signal.h"
 #include "engine/timed_backend.h"
 #include "engine/timing.h"
 #include "engine/watchdog.h"
@@ -42,108 +39,6 @@
 #include "parallel/tensor.h"
 
 enum { ERR_LEN = 1024 };
-
-/* SIGINT, SIGTERM (a user's Ctrl-C, a batch system's time limit), SIGUSR1, SIGUSR2 (Slurm's
- * --signal=USR1@60, sent ahead of the limit for a checkpoint) and SIGHUP (a closed
- * terminal or ssh session; left ignored when the run inherits it ignored, as under nohup):
- * finish the step in flight, write a checkpoint when train.save is set, and exit 0 on
- * every rank. Their default action ended the rank with no checkpoint.
- * A rank blocked where the flag is not looked at (its config read from a terminal or a
- * FIFO, a write to a stdout nobody reads, a library's start that never returns) would
- * never stop: a stop signal FORCE_AFTER_MS or more after the first takes the
- * signal's default action (the rank ends, mpirun ends the others). One sooner is the same
- * request delivered twice: a terminal's Ctrl-C reaches the ranks and mpirun forwards it.
- * And one stop signal in the start-up, before the ranks agree on it at step 1, ends the
- * rank the same way when that point is not reached within START_GRACE_S (a `timeout` or a
- * batch system sends one signal; a rank stuck in its start-up would outlive it). */
-enum { FORCE_AFTER_MS = 3000 };
-_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "the stop handler needs a lock-free atomic");
-static volatile sig_atomic_t g_stop_signal = 0;
-/* CLOCK_MONOTONIC ms of the first (0: none yet): set once, by compare-and-swap, so that
- * two threads taking signals at once agree which came first, and a later one reads it */
-static _Atomic long long g_stop_at_ms = 0;
-enum { START_GRACE_S = 20 };
-static unsigned g_start_grace_s = START_GRACE_S; /* GPTC_TEST_STOP_GRACE_S in the tests */
-static volatile sig_atomic_t g_started = 0;      /* 1 from the agreement before step 1 */
-
-/* Ends the process by sig's default action, after the line msg[len] on stderr */
-static void end_by_signal(int sig, const char *msg, size_t len) {
-    ssize_t unused = write(STDERR_FILENO, msg, len);
-    (void)unused;
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, NULL);
-    raise(sig); /* pending until the handler returns, then the default action */
-}
-
-/* SIGALRM, armed by a stop signal in the start-up */
-static void on_start_grace_over(int unused) {
-    (void)unused;
-    static const char msg[] = "gptc: a stop signal in the start-up, which has not ended "
-                              "since: ending now\n";
-    if (!g_started && g_stop_signal) end_by_signal(g_stop_signal, msg, sizeof msg - 1);
-}
-
-static void on_stop_signal(int sig) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    long long now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + 1, first = 0;
-    if (atomic_compare_exchange_strong(&g_stop_at_ms, &first, now)) {
-        g_stop_signal = sig;
-        if (!g_started) alarm(g_start_grace_s);
-        return;
-    }
-    if (now - first < FORCE_AFTER_MS) return;
-    static const char msg[] = "gptc: a second stop signal: ending now, without finishing the "
-                              "step or writing a checkpoint\n";
-    end_by_signal(sig, msg, sizeof msg - 1);
-}
-
-static const int STOP_SIGNALS[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP};
-enum { N_STOP_SIGNALS = sizeof STOP_SIGNALS / sizeof STOP_SIGNALS[0] };
-
-void train_catch_stop_signals(void) {
-    struct sigaction sa, was;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESTART; /* a read or write in flight goes on: the flag is looked at later */
-    sigset_t stop;
-    sigemptyset(&stop);
-    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaddset(&stop, STOP_SIGNALS[i]);
-    sa.sa_mask = stop; /* the handler is not re-entered by another of them */
-    for (int i = 0; i < N_STOP_SIGNALS; i++) {
-        int sig = STOP_SIGNALS[i];
-        if (sig == SIGHUP && sigaction(sig, NULL, &was) == 0 && was.sa_handler == SIG_IGN)
-            continue; /* nohup: a hangup is to go unnoticed */
-        sigaction(sig, &sa, NULL);
-    }
-    const char *grace = getenv("GPTC_TEST_STOP_GRACE_S");
-    if (grace && atoi(grace) > 0) g_start_grace_s = (unsigned)atoi(grace);
-    struct sigaction alrm;
-    memset(&alrm, 0, sizeof alrm);
-    alrm.sa_handler = on_start_grace_over;
-    alrm.sa_flags = SA_RESTART;
-    alrm.sa_mask = stop;
-    sigaction(SIGALRM, &alrm, NULL);
-    /* a launcher may pass them on blocked: they then stayed pending to the last step. Before
-     * MPI starts its threads, which inherit this mask */
-    sigaddset(&stop, SIGALRM);
-    sigprocmask(SIG_UNBLOCK, &stop, NULL);
-}
-
-/* " (SIGTERM)" for the stop signal this rank got, "" when another rank got it */
-static const char *stop_signal_name(void) {
-    switch (g_stop_signal) {
-    case SIGINT: return " (SIGINT)";
-    case SIGTERM: return " (SIGTERM)";
-    case SIGUSR1: return " (SIGUSR1)";
-    case SIGUSR2: return " (SIGUSR2)";
-    case SIGHUP: return " (SIGHUP)";
-    default: return "";
-    }
-}
 
 /* The compute backend of train.device, and NVML when profile.power is on. Collective: a
  * rank without a usable GPU, or with one whose shared memory the model's attention does
@@ -232,6 +127,20 @@ typedef struct {
                                 * kept, oldest first */
     int n_kept;
     int speaker;               /* the lowest rank that failed a collective check, or -1 */
+    /* the plan, from the start-up checks */
+    gpt_shape shape;
+    batch_plan bp;
+    long first;                /* the first step to run: train.init's step + 1, or 1 */
+    ckpt_file *init;           /* train.init, open from its check to its load; NULL: none */
+    ckpt_meta meta;            /* train.init's */
+    int has_optim;             /* train.init holds /optim, of AdamW's step optim_t */
+    long optim_t;
+    long t;                    /* AdamW's step count: optim_t, then one more an update */
+    int kernel_timing;         /* profile.timing = kernel */
+    long current_step;         /* what the watchdog reports (0: the start-up) */
+    /* with kernel timing, the clock offset to rank 0 at the time origin, measured at
+     * at0_ms (this rank's clock) within rtt0_ms / 2 */
+    double clock0_ms, rtt0_ms, at0_ms;
 } run_state;
 
 static void run_free(run_state *r) {
@@ -440,10 +349,9 @@ static double close_step(run_state *r, int kernel_timing, double t0, power_sampl
 
 /* The timing report and trace of the steps that ran, with every rank's records on rank 0's
  * clock and each wait paired with the peer it waited for. Collective. */
-static int write_timing(run_state *r, double clock0_ms, double rtt0_ms, double at0_ms, char *err,
-                        size_t n) {
+static int write_timing(run_state *r, char *err, size_t n) {
     if (r->g->world > 1) {
-        align_clocks(r, clock0_ms, rtt0_ms, at0_ms);
+        align_clocks(r, r->clock0_ms, r->rtt0_ms, r->at0_ms);
         comm_group *groups[] = {&r->world, &r->tp, &r->pp, &r->dp, &r->embedding};
         comm_match_waits(groups, (int)(sizeof(groups) / sizeof(groups[0])));
     }
@@ -554,211 +462,211 @@ int train_refused(int failed, const char *err, int rank, int world) {
     return first < world;
 }
 
-int train_run(const gptc_config *c, const grid *g) {
-    char err[ERR_LEN] = "";
-    run_state r;
-    memset(&r, 0, sizeof(r));
-    r.speaker = -1;
-    r.c = c;
-    r.g = g;
-    ckpt_file *init = NULL;
-    ckpt_meta meta;
-    int has_optim = 0, rc = 0, silent = 0;
-    long current_step = 0; /* what the watchdog reports */
-    long optim_t = 0;
-    gpt_shape shape;
-    batch_plan bp;
-
-    /* checks every rank makes identically: rank 0 reports */
-    if (config_validate(c, err, sizeof(err)) != 0 || plan_check_supported(c, g, err, sizeof(err)) != 0)
-        goto fail_config;
+/* The checks every rank makes alike before anything is allocated: the config, train.init's
+ * meta against [model] (and against rank 0's file), the shape, batch and pipeline plans,
+ * the first step, the outputs (rank 0) and what the device can run. -1 with err naming
+ * the first that fails. */
+static int plan_run(run_state *r, char *err, size_t n) {
+    const gptc_config *c = r->c;
+    const grid *g = r->g;
+    if (config_validate(c, err, n) != 0 || plan_check_supported(c, g, err, n) != 0) return -1;
     if (c->init[0]) {
         char why[ERR_LEN - 16];
-        init = ckpt_open(c->init, &meta, &has_optim, &optim_t, why, sizeof(why));
-        if (!init) {
-            memset(&meta, 0, sizeof(meta));
-            snprintf(err, sizeof(err), "train.init %s", why);
+        r->init = ckpt_open(c->init, &r->meta, &r->has_optim, &r->optim_t, why, sizeof(why));
+        if (!r->init) {
+            memset(&r->meta, 0, sizeof(r->meta));
+            snprintf(err, n, "train.init %s", why);
         }
         /* on every rank, opened or not: a broadcast (a rank that could not open it reports
          * that, not the difference) */
-        plan_same_init(c->init, &meta, has_optim, optim_t, g->world, err[0] ? NULL : err,
-                           sizeof(err));
-        if (err[0]) goto fail_config;
+        plan_same_init(c->init, &r->meta, r->has_optim, r->optim_t, g->world, err[0] ? NULL : err,
+                       n);
+        if (err[0]) return -1;
     }
-    if (plan_shape(c, init ? &meta : NULL, &shape, err, sizeof(err)) != 0 ||
-        gpt_check_shape(&shape, g->tp, err, sizeof(err)) != 0 ||
-        plan_batch(c, g, &shape, &bp, err, sizeof(err)) != 0 ||
-        plan_pipeline(c, g, &shape, &bp, err, sizeof(err)) != 0)
-        goto fail_config;
-    long first = init ? meta.step + 1 : 1;
-    if (first > c->steps + 1) {
-        snprintf(err, sizeof(err), "train.steps = %ld is before the checkpoint's step %ld (train.init %s)",
-                 c->steps, meta.step, c->init);
-        goto fail_config;
+    if (plan_shape(c, r->init ? &r->meta : NULL, &r->shape, err, n) != 0 ||
+        gpt_check_shape(&r->shape, g->tp, err, n) != 0 ||
+        plan_batch(c, g, &r->shape, &r->bp, err, n) != 0 ||
+        plan_pipeline(c, g, &r->shape, &r->bp, err, n) != 0)
+        return -1;
+    r->first = r->init ? r->meta.step + 1 : 1;
+    if (r->first > c->steps + 1) {
+        snprintf(err, n, "train.steps = %ld is before the checkpoint's step %ld (train.init %s)",
+                 c->steps, r->meta.step, c->init);
+        return -1;
     }
-    if (g->rank == 0 && plan_check_outputs(c, first, err, sizeof(err)) != 0) goto fail_config;
-    if (plan_check_device(c, &shape, bp.T, err, sizeof(err)) != 0) goto fail_config;
-    /* the ranks that passed meet the ones that failed (fail_config) here */
-    if (train_refused(0, err, g->rank, g->world)) goto refused;
-    plan_print_effective(c, g, &shape, &bp);
-    nvtx_enable(c->nvtx);
-    const gptc_backend *be = start_backend(c, g, &shape, err, sizeof(err));
-    if (!be) {
-        /* the ranks that failed have said why */
-        silent = !err[0];
-        goto fail;
-    }
-    be->set_precision(strcmp(c->precision, "bf16") == 0 ? GPTC_BF16 : GPTC_FP32);
-    int kernel_timing = strcmp(c->timing, "kernel") == 0, failed = 0;
-    if (kernel_timing) {
-        /* room for the ops of a step: ~50 records per layer and micro-batch, plus the
-         * loss, optimizer and bucket traffic, with a margin; chunked TP multiplies them,
-         * and the records grow past this where a step needs it (timing.c) */
-        size_t per_step = ((size_t)shape.n_layer * 64 + 128) * (size_t)bp.n_micro +
-                          (size_t)shape.n_layer * 64 + 1024;
-        if (timing_init(1, per_step) != 0) {
-            snprintf(err, sizeof(err), "profile.timing = kernel: out of memory for %zu records", per_step);
-            failed = 1;
-        } else {
-            timing_set_warmup(c->prof_warmup);
-            be = timed_backend(be);
-        }
-    }
+    if (g->rank == 0 && plan_check_outputs(c, r->first, err, n) != 0) return -1;
+    return plan_check_device(c, &r->shape, r->bp.T, err, n);
+}
 
-    /* From here on a rank may fail alone: it reports, and every rank agrees to stop. The
-     * watchdog runs from here, so that a rank hanging in communicator set-up (NCCL's
-     * init waits for every rank) ends the job too; step 0 is the set-up. */
-    watchdog_set_comm_hooks(comm_poll_async_errors, comm_abort_all);
-    int wd = 0;
-    if (!failed && test_thread_failure("watchdog", g->rank)) wd = EAGAIN;
-    else if (!failed) wd = watchdog_start(c->comm_timeout_s, g->rank, &current_step);
-    if (wd) snprintf(err, sizeof(err), "could not start the watchdog thread: %s", strerror(wd));
-    /* agreed before the communicators: the others would wait in their set-up for a rank
-     * that failed until their watchdogs ended the job (train.comm_timeout_s) */
-    if (train_refused(failed || wd != 0, err, g->rank, g->world)) goto refused;
+/* profile.timing = kernel: room for a step's records, and *be wrapped so that every op is
+ * timed. -1 with err when the records cannot be had. */
+static int start_kernel_timing(run_state *r, const gptc_backend **be, char *err, size_t n) {
+    const gpt_shape *s = &r->shape;
+    /* room for the ops of a step: ~50 records per layer and micro-batch, plus the loss,
+     * optimizer and bucket traffic, with a margin; chunked TP multiplies them, and the
+     * records grow past this where a step needs it (timing.c) */
+    size_t per_step = ((size_t)s->n_layer * 64 + 128) * (size_t)r->bp.n_micro +
+                      (size_t)s->n_layer * 64 + 1024;
+    if (timing_init(1, per_step) != 0) {
+        snprintf(err, n, "profile.timing = kernel: out of memory for %zu records", per_step);
+        return -1;
+    }
+    timing_set_warmup(r->c->prof_warmup);
+    *be = timed_backend(*be);
+    return 0;
+}
+
+/* The communicators (the world, each parallelism's group, the tied embedding's), a stream
+ * for each parallelism, and the TP and pipeline contexts. Collective; -1 with err on the
+ * rank that failed (every rank returns -1). */
+static int start_comm(run_state *r, const gptc_backend *be, char *err, size_t n) {
+    const gptc_config *c = r->c;
+    const grid *g = r->g;
     comm_options copt = {c->comm_max_ctas, strcmp(c->comm_cta_policy, "efficiency") == 0 ? 1
                                            : strcmp(c->comm_cta_policy, "zero") == 0     ? 2
                                                                                          : 0};
     comm_set_options(&copt);
-    if (comm_world(&r.world, be) != 0 ||
-        comm_grid_groups(&r.world, g, &r.tp, &r.pp, &r.dp, err, sizeof(err)) != 0) {
-        if (!err[0]) snprintf(err, sizeof(err), "comm: %s", comm_error(&r.world));
-        goto fail;
+    if (comm_world(&r->world, be) != 0 ||
+        comm_grid_groups(&r->world, g, &r->tp, &r->pp, &r->dp, err, n) != 0) {
+        if (!err[0]) snprintf(err, n, "comm: %s", comm_error(&r->world));
+        return -1;
     }
-    r.have_groups = 1;
-    int high = strcmp(c->comm_priority, "high") == 0;
+    r->have_groups = 1;
+    int high = strcmp(c->comm_priority, "high") == 0, rc;
     errno = 0;
     if (test_thread_failure("lanes", g->rank)) {
         errno = EAGAIN, rc = -1;
     } else {
-        rc = (g->tp > 1 && comm_lane_init(&r.tp_lane, be, high) != 0) ||
-                     (g->pp > 1 && comm_lane_init(&r.pp_lane, be, high) != 0) ||
-                     (g->dp > 1 && comm_lane_init(&r.dp_lane, be, high) != 0)
+        rc = (g->tp > 1 && comm_lane_init(&r->tp_lane, be, high) != 0) ||
+                     (g->pp > 1 && comm_lane_init(&r->pp_lane, be, high) != 0) ||
+                     (g->dp > 1 && comm_lane_init(&r->dp_lane, be, high) != 0)
                  ? -1
                  : 0;
     }
     if (rc) {
         int e = errno; /* the CPU streams' thread creation sets it */
-        snprintf(err, sizeof(err), "could not create the communication streams%s%s",
-                 e ? ": " : "", e ? strerror(e) : "");
+        snprintf(err, n, "could not create the communication streams%s%s", e ? ": " : "",
+                 e ? strerror(e) : "");
     }
     /* a rank that failed here alone would leave the others waiting in its first op */
-    if (agree(&r, rc)) goto fail;
-    r.tpc = (tp_context){g->tp, g->tp_rank, g->tp > 1 ? &r.tp : NULL, c->sequence_parallel,
-                         g->tp > 1 ? &r.tp_lane : NULL,
-                         strcmp(c->overlap_tp, "chunked") == 0 ? c->tp_chunks : 1, NULL, NULL, 0};
+    if (agree(r, rc)) return -1;
+    r->tpc = (tp_context){g->tp, g->tp_rank, g->tp > 1 ? &r->tp : NULL, c->sequence_parallel,
+                          g->tp > 1 ? &r->tp_lane : NULL,
+                          strcmp(c->overlap_tp, "chunked") == 0 ? c->tp_chunks : 1, NULL, NULL, 0};
     /* the tied wte: first and last stage of the same (tp, dp) position */
     int ends = g->pp > 1 && (g->pp_rank == 0 || g->pp_rank == g->pp - 1);
-    if (comm_split(&r.world, &r.embedding, "embed", ends ? g->tp_rank + g->tp * g->dp_rank : -1,
+    if (comm_split(&r->world, &r->embedding, "embed", ends ? g->tp_rank + g->tp * g->dp_rank : -1,
                    g->pp_rank) != 0) {
-        const char *e = comm_error(&r.embedding);
-        snprintf(err, sizeof(err), "comm: %s", e ? e : comm_error(&r.world));
-        goto fail;
+        const char *e = comm_error(&r->embedding);
+        snprintf(err, n, "comm: %s", e ? e : comm_error(&r->world));
+        return -1;
     }
     /* the groups stand: from here on a failed op cannot be agreed on, and ends the job */
     comm_end_job_on_error(1);
-    if (pp_setup(&r.ppc, c->schedule, g->pp, c->virtual_stages, bp.n_micro, g->pp_rank, &r.pp,
-                 &r.embedding, g->pp > 1 ? &r.pp_lane : NULL, strcmp(c->overlap_pp, "async") == 0,
-                 err, sizeof(err)) != 0)
-        goto fail;
+    return pp_setup(&r->ppc, c->schedule, g->pp, c->virtual_stages, r->bp.n_micro, g->pp_rank,
+                    &r->pp, &r->embedding, g->pp > 1 ? &r->pp_lane : NULL,
+                    strcmp(c->overlap_pp, "async") == 0, err, n);
+}
+
+/* train.init into the model just created: parameters, and the optimizer state when it
+ * has one (a step-0 checkpoint without /optim is a plain initialisation). Closes it. */
+static int load_init(run_state *r, char *err, size_t n) {
+    const gptc_config *c = r->c;
+    gpt_model *m = &r->model;
+    char why[ERR_LEN - 16];
+    int rc;
+    float *opt_m = r->has_optim ? calloc(m->n_params, sizeof(float)) : NULL; /* [n_params] */
+    float *opt_v = r->has_optim ? calloc(m->n_params, sizeof(float)) : NULL; /* [n_params] */
+    if (r->has_optim && !(opt_m && opt_v)) {
+        snprintf(why, sizeof(why), "%s: out of host memory for its optimizer state", c->init);
+        rc = -1;
+    } else {
+        rc = gpt_load(m, r->init, opt_m, opt_v, r->optim_t, why, sizeof(why));
+    }
+    /* as for the tokens: a peer may still be reading its part of the file */
+    watchdog_hold(watchdog_io_s(file_bytes(c->init) + 65536.0 * 3 * m->n_tensors));
+    if (rc != 0) snprintf(err, n, "train.init %s", why);
+    else if (r->has_optim) dp_scatter_state(&r->dpc, m, opt_m, opt_v);
+    if (rc == 0 && r->g->rank == 0) note_unused_tensors(r->init, &r->shape);
+    free(opt_m);
+    free(opt_v);
+    ckpt_close(r->init);
+    r->init = NULL;
+    return rc;
+}
+
+/* The data (checked whole, over the ranks), the model with its parameters (train.init's,
+ * or drawn from the seed), the metrics log and the step's buffers. Collective; -1 with
+ * err on the rank that failed (every rank returns -1). */
+static int start_model(run_state *r, const gptc_backend *be, char *err, size_t n) {
+    const gptc_config *c = r->c;
+    const grid *g = r->g;
+    const batch_plan *bp = &r->bp;
     int sharded = strcmp(c->dp_shard, "optimizer") == 0 && g->dp > 1;
     /* floats a bucket, at least one: a bucket_mb under 4 bytes' worth gave 0, which
      * cut_buckets reads as no limit (one bucket, the largest) */
     size_t bucket_floats = (size_t)(c->dp_bucket_mb * 1048576.0 / sizeof(float));
-    gpt_placement place = {g->pp, g->pp_rank, c->virtual_stages, r.ppc.slots,
+    gpt_placement place = {g->pp, g->pp_rank, c->virtual_stages, r->ppc.slots,
                            bucket_floats > 0 ? bucket_floats : 1, sharded ? g->dp : 1};
-    dp_init(&r.dpc, g->dp, g->dp_rank, sharded, strcmp(c->overlap_dp, "bucket") == 0, &r.dp,
-            g->dp > 1 ? &r.dp_lane : NULL);
+    dp_init(&r->dpc, g->dp, g->dp_rank, sharded, strcmp(c->overlap_dp, "bucket") == 0, &r->dp,
+            g->dp > 1 ? &r->dp_lane : NULL);
 
-    int rows = bp.B / g->dp, row0 = g->dp_rank * rows;
-    r.loader = loader_create(c->data_path, bp.T, bp.B, row0, row0 + rows, shape.vocab_size,
-                             c->shuffle, c->seed, err, sizeof(err));
-    rc = r.loader ? 0 : -1;
+    int rows = bp->B / g->dp, row0 = g->dp_rank * rows;
+    r->loader = loader_create(c->data_path, bp->T, bp->B, row0, row0 + rows, r->shape.vocab_size,
+                              c->shuffle, c->seed, err, n);
+    int rc = r->loader ? 0 : -1;
     /* every rank checks its part of the file: the whole, in a world-th of the time; a run
      * with no step to run (an initial checkpoint, a resume past train.steps) reads none */
-    int check = first <= c->steps;
-    if (rc == 0 && check) rc = loader_check(r.loader, g->rank, g->world, err, sizeof(err));
+    int check = r->first <= c->steps;
+    if (rc == 0 && check) rc = loader_check(r->loader, g->rank, g->world, err, n);
     /* a peer may still be reading its part (a cold cache, another node's disk: a large
      * file's takes minutes), and the ranks meet next in plan_same_data or agree: waiting
      * for it there is not a hang */
-    if (check) watchdog_hold(watchdog_io_s(loader_check_bytes(r.loader, g->world)));
+    if (check) watchdog_hold(watchdog_io_s(loader_check_bytes(r->loader, g->world)));
     if (g->world > 1) { /* every rank takes part, its own loader failed or not */
         uint64_t fp[3];
-        if (rc == 0) rc = loader_fingerprint(r.loader, fp, err, sizeof(err));
-        if (plan_same_data(c->data_path, rc == 0 ? fp : NULL, g->world, err, sizeof(err)) != 0)
-            rc = -1;
+        if (rc == 0) rc = loader_fingerprint(r->loader, fp, err, n);
+        if (plan_same_data(c->data_path, rc == 0 ? fp : NULL, g->world, err, n) != 0) rc = -1;
     }
     if (rc == 0)
-        rc = gpt_create(&r.model, &shape, bp.mb, bp.T, bp.n_micro, be, &r.tpc, &place, err,
-                        sizeof(err));
-    if (agree(&r, rc)) goto fail;
-    gpt_model *m = &r.model;
+        rc = gpt_create(&r->model, &r->shape, bp->mb, bp->T, bp->n_micro, be, &r->tpc, &place,
+                        err, n);
+    if (agree(r, rc)) return -1;
+    gpt_model *m = &r->model;
     m->on_grads_final = on_grads_final;
     m->on_params_needed = on_params_needed;
-    m->hook_ctx = &r;
-    if (init) {
-        /* a step-0 checkpoint without /optim is a plain initialisation */
-        char why[ERR_LEN - 16];
-        float *opt_m = has_optim ? calloc(m->n_params, sizeof(float)) : NULL; /* [n_params] */
-        float *opt_v = has_optim ? calloc(m->n_params, sizeof(float)) : NULL; /* [n_params] */
-        if (has_optim && !(opt_m && opt_v)) {
-            snprintf(why, sizeof(why), "%s: out of host memory for its optimizer state", c->init);
-            rc = -1;
-        } else {
-            rc = gpt_load(m, init, opt_m, opt_v, optim_t, why, sizeof(why));
-        }
-        /* as for the tokens: a peer may still be reading its part of the file */
-        watchdog_hold(watchdog_io_s(file_bytes(c->init) + 65536.0 * 3 * m->n_tensors));
-        if (rc != 0) snprintf(err, sizeof(err), "train.init %s", why);
-        else if (has_optim) dp_scatter_state(&r.dpc, m, opt_m, opt_v);
-        if (rc == 0 && g->rank == 0) note_unused_tensors(init, &shape);
-        free(opt_m);
-        free(opt_v);
-        ckpt_close(init);
-        init = NULL;
-        if (agree(&r, rc)) goto fail;
+    m->hook_ctx = r;
+    if (r->init) {
+        if (agree(r, load_init(r, err, n))) return -1;
     } else {
         gpt_init_random(m, c->seed);
     }
-    long t = has_optim ? optim_t : 0;
+    r->t = r->has_optim ? r->optim_t : 0;
     if (c->log_file[0] && g->rank == 0) {
-        r.log = metrics_open(c->log_file, first, err, sizeof(err));
-        if (!r.log) rc = -1;
+        r->log = metrics_open(c->log_file, r->first, err, n);
+        if (!r->log) rc = -1;
     }
-    r.kept = calloc((size_t)SAVE_KEPT_FOUND + c->keep + 1, sizeof(long));
-    r.inputs = malloc((size_t)rows * bp.T * sizeof(int32_t));
-    r.targets = malloc((size_t)rows * bp.T * sizeof(int32_t));
-    if (rc == 0 && (!r.inputs || !r.targets || !r.kept)) {
-        snprintf(err, sizeof(err), "out of host memory for the batch");
+    r->kept = calloc((size_t)SAVE_KEPT_FOUND + c->keep + 1, sizeof(long));
+    r->inputs = malloc((size_t)rows * bp->T * sizeof(int32_t));
+    r->targets = malloc((size_t)rows * bp->T * sizeof(int32_t));
+    if (rc == 0 && (!r->inputs || !r->targets || !r->kept)) {
+        snprintf(err, n, "out of host memory for the batch");
         rc = -1;
     }
-    if (agree(&r, rc)) goto fail;
+    if (agree(r, rc)) return -1;
+    r->policy_dp = r->dpc.overlap;
+    r->policy_pp = r->ppc.async;
+    r->policy_tp_chunks = m->tp.chunks;
+    return 0;
+}
 
-    r.policy_dp = r.dpc.overlap;
-    r.policy_pp = r.ppc.async;
-    r.policy_tp_chunks = m->tp.chunks;
-    if (c->save[0] && g->rank == 0) save_dir_tidy(c->save, first, c->keep, r.kept, &r.n_kept);
-    print_model(m, &bp, first, c->steps, c->precision);
+/* What the run is, before its first step: the model and its memory, and the settings
+ * that have no effect or will leave the statistics empty. */
+static void announce(const run_state *r) {
+    const gptc_config *c = r->c;
+    const grid *g = r->g;
+    const gpt_model *m = &r->model;
+    print_model(m, &r->bp, r->first, c->steps, c->precision);
     if (c->save_every > 0 && !c->save[0])
         log_warn("train.save_every = %ld has no effect: train.save is empty", c->save_every);
     /* NCCL's settings: the CPU's communication threads have no CTAs to limit */
@@ -768,62 +676,76 @@ int train_run(const gptc_config *c, const grid *g) {
     if (strcmp(c->device, "cpu") == 0 && strcmp(c->comm_cta_policy, "default") != 0)
         log_warn("overlap.comm_cta_policy = %s has no effect on train.device = cpu (an NCCL "
                  "setting)", c->comm_cta_policy);
-    if (kernel_timing) warn_empty_statistics(c, first);
+    if (r->kernel_timing) warn_empty_statistics(c, r->first);
     if (g->dp > 1)
         log_info("data parallel: %d buckets over %d ranks (overlap.dp_bucket_mb = %g)%s\n",
                  m->n_buckets, g->dp, c->dp_bucket_mb,
-                 sharded ? ", optimizer state sharded (ZeRO-1)" : "");
+                 r->dpc.sharded ? ", optimizer state sharded (ZeRO-1)" : "");
     if (g->pp > 1) /* what the report's pp_comm_wait_ms is to be read against */
         log_info("pipeline: %s, %d stages x %d chunk(s), %d micro-batch(es) a step: a bubble "
                  "of %.1f%% of the step where the stages are equal\n", c->schedule, g->pp,
-                 c->virtual_stages, bp.n_micro,
-                 100.0 * pp_span_bubble(c->virtual_stages, bp.n_micro, r.ppc.span));
+                 c->virtual_stages, r->bp.n_micro,
+                 100.0 * pp_span_bubble(c->virtual_stages, r->bp.n_micro, r->ppc.span));
+}
+
+/* One time origin for all ranks, so that their traces line up: rank 0's clock now, in
+ * each rank's clock. A barrier would not do: ranks leave it up to a scheduler's time
+ * slice apart (milliseconds on a loaded node). Collective. */
+static void start_clocks(run_state *r) {
+    const grid *g = r->g;
+    double rtt = 0, at = 0;
+    double offset = g->world > 1 ? comm_clock_offset_ms(&r->world, &rtt, &at) : 0;
+    double origin[2] = {g->rank == 0 ? timing_now_ms() : 0, rtt / 2}; /* [0] rank 0's */
+    r->clock0_ms = offset, r->rtt0_ms = rtt, r->at0_ms = at;
+    if (g->world > 1) {
+        comm_sum_doubles(&r->world, origin, 1);
+        origin[1] = comm_max_double(&r->world, origin[1]);
+        log_info("kernel timing: the %d ranks' clocks agree with rank 0's within %.1f us "
+                 "(half the shortest round trip to it)\n", g->world, origin[1] * 1e3);
+    }
+    timing_set_origin(origin[0] + offset);
+}
+
+/* What the steps did, for the run's last line */
+typedef struct {
+    long last_run;    /* the last step that ran (first - 1: none) */
+    int stopped;      /* by a stop signal, before step last_run + 1 */
+    double last_loss; /* step last_run's */
+    /* over the steps after the first (which pays for page faults and warm-up): iter_ms,
+     * and the wall time, which adds what kernel timing does around a step (the device
+     * timer's reset, reading the records back, the step's analysis) and so counts in the
+     * timing's overhead */
+    double total_ms, total_wall_ms;
+    long timed_steps;
+} run_totals;
+
+/* The steps first..train.steps, each logged, saved when due, until a stop signal (agreed
+ * by every rank after the step) or a step whose loss or norm is not finite under
+ * nan_policy = stop. -1 with err to fail the run (*silent: another rank reports). */
+static int run_steps(run_state *r, run_totals *tot, int *silent, char *err, size_t n) {
+    const gptc_config *c = r->c;
+    const grid *g = r->g;
+    gpt_model *m = &r->model;
     optim_config oc = {c->lr, c->min_lr, c->warmup_steps, c->steps,
                        strcmp(c->lr_schedule, "cosine") == 0, c->beta1, c->beta2, c->eps,
                        c->weight_decay, c->grad_clip};
-    int skip_bad = strcmp(c->nan_policy, "skip") == 0;
-    current_step = first;
-    long last_run = first - 1; /* the last step that ran */
-    int stopped = 0;
-    /* the clock offset to rank 0 at the time origin: measured at at0_ms (this rank's clock) */
-    double clock0_ms = 0, rtt0_ms = 0, at0_ms = 0;
-    if (kernel_timing) {
-        /* one time origin for all ranks, so their traces line up: rank 0's clock now, in
-         * each rank's clock. A barrier would not do: ranks leave it up to a scheduler's
-         * time slice apart (milliseconds on a loaded node). */
-        double rtt = 0, at = 0;
-        double offset = g->world > 1 ? comm_clock_offset_ms(&r.world, &rtt, &at) : 0;
-        double origin[2] = {g->rank == 0 ? timing_now_ms() : 0, rtt / 2}; /* [0] rank 0's */
-        clock0_ms = offset, rtt0_ms = rtt, at0_ms = at;
-        if (g->world > 1) {
-            comm_sum_doubles(&r.world, origin, 1);
-            origin[1] = comm_max_double(&r.world, origin[1]);
-            log_info("kernel timing: the %d ranks' clocks agree with rank 0's within %.1f us "
-                     "(half the shortest round trip to it)\n", g->world, origin[1] * 1e3);
-        }
-        timing_set_origin(origin[0] + offset);
-    }
-    double tokens_per_step = (double)bp.B * bp.T;
-    double total_ms = 0, last_loss = NAN;
-    /* the steps' wall time: iter_ms plus what kernel timing does around it (the device
-     * timer's reset, reading the records back, the step's analysis), which lengthens a
-     * run too and so counts in the timing's overhead */
-    double total_wall_ms = 0;
-    long timed_steps = 0;
+    int skip_bad = strcmp(c->nan_policy, "skip") == 0, kernel_timing = r->kernel_timing;
+    double tokens_per_step = (double)r->bp.B * r->bp.T;
+    *tot = (run_totals){r->first - 1, 0, NAN, 0, 0, 0};
     /* a signal in the start-up (MPI's, loading train.init, checking the data: seconds in a
      * large run) stops every rank before the first step, as one in a step does after it */
-    g_started = 1;
-    alarm(0); /* a stop signal's start-up grace: this is the point it waited for */
-    stopped = g_stop_signal != 0;
-    if (g->world > 1) stopped = comm_max_int(&r.world, stopped);
-    if (stopped)
-        log_info("stopped by a signal before step %ld: no step ran%s\n", first, stop_signal_name());
-    for (long step = first; step <= c->steps && !stopped; step++) {
+    stop_startup_over();
+    tot->stopped = stop_requested();
+    if (g->world > 1) tot->stopped = comm_max_int(&r->world, tot->stopped);
+    if (tot->stopped)
+        log_info("stopped by a signal before step %ld: no step ran%s\n", r->first,
+                 stop_signal_name());
+    for (long step = r->first; step <= c->steps && !tot->stopped; step++) {
         double w0 = timing_now_ms();
-        current_step = step;
+        r->current_step = step;
         watchdog_beat();
         int probe = c->contention_probe > 0 && step % c->contention_probe == 0;
-        set_policies(&r, !probe);
+        set_policies(r, !probe);
         timing_begin_step(step, probe);
         timing_set_context(-1, -1, PH_FWD); /* the batch is read, and agreed on, for the forward */
         if (kernel_timing && m->be->timer_reset) m->be->timer_reset();
@@ -832,90 +754,148 @@ int train_run(const gptc_config *c, const grid *g) {
         snprintf(step_name, sizeof step_name, "step %ld", step);
         nvtx_push(step_name);
         double t0 = timing_now_ms();
-        rc = loader_get(r.loader, step, r.inputs, r.targets, err, sizeof(err));
-        if (agree(&r, rc)) goto fail;
+        if (agree(r, loader_get(r->loader, step, r->inputs, r->targets, err, n))) return -1;
         double lr = lr_at_step(&oc, step), norm;
         int skipped;
-        double loss = train_step(&r, &bp, &t, lr, &oc, &norm, &skipped);
+        double loss = train_step(r, &r->bp, &r->t, lr, &oc, &norm, &skipped);
         if (skipped && !skip_bad) {
             /* the step that stopped the run has its line too: what went non-finite; it is
              * closed before the replay, whose records stay out of the trace */
             power_sample pw;
-            double ms = close_step(&r, kernel_timing, t0, &pw);
-            if (r.log)
-                log_metrics(&r, step, loss, norm, lr, ms, tokens_per_step / (ms / 1000.0), 1,
+            double ms = close_step(r, kernel_timing, t0, &pw);
+            if (r->log)
+                log_metrics(r, step, loss, norm, lr, ms, tokens_per_step / (ms / 1000.0), 1,
                             c->power ? &pw : NULL);
             /* the replay's records go to a step never closed (the buffer from its start) */
             timing_begin_step(step, 0);
             char where[256] = "", why[ERR_LEN] = "";
-            int reporter = kernel_timing ? locate_nonfinite(&r, &bp, where, sizeof(where)) : 0;
-            snprintf(err, sizeof(err), "step %ld: loss %g, grad norm %g is not finite (train.nan_policy = stop)%s",
+            int reporter = kernel_timing ? locate_nonfinite(r, &r->bp, where, sizeof(where)) : 0;
+            snprintf(err, n, "step %ld: loss %g, grad norm %g is not finite (train.nan_policy = stop)%s",
                      step, unsigned_nan(loss), unsigned_nan(norm), where);
-            silent = g->rank != reporter;
+            *silent = g->rank != reporter;
             /* the report and trace of the steps that ran, this one too: where one looks
              * when a run blows up (every rank is here: the loss and norm are global) */
-            if (kernel_timing && write_timing(&r, clock0_ms, rtt0_ms, at0_ms, why, sizeof why))
-                log_warn("%s", why);
-            goto fail;
+            if (kernel_timing && write_timing(r, why, sizeof why)) log_warn("%s", why);
+            return -1;
         }
         if (skipped)
             log_info("step %ld: loss %g, grad norm %g is not finite: update skipped (train.nan_policy = skip)\n",
                      step, unsigned_nan(loss), unsigned_nan(norm));
         power_sample pw;
-        double ms = close_step(&r, kernel_timing, t0, &pw);
-        if (step > first) { /* the first step pays for page faults and warm-up */
-            total_ms += ms;
-            total_wall_ms += timing_now_ms() - w0;
-            timed_steps++;
+        double ms = close_step(r, kernel_timing, t0, &pw);
+        if (step > r->first) {
+            tot->total_ms += ms;
+            tot->total_wall_ms += timing_now_ms() - w0;
+            tot->timed_steps++;
         }
-        last_loss = loss;
+        tot->last_loss = loss;
         double tps = tokens_per_step / (ms / 1000.0);
         log_info("step %5ld/%ld | loss %.6f | lr %.3e | grad norm %.4f | %8.1f ms | %8.0f tok/s\n",
                  step, c->steps, unsigned_nan(loss), lr, unsigned_nan(norm), ms, tps);
-        if (r.log) log_metrics(&r, step, loss, norm, lr, ms, tps, skipped, c->power ? &pw : NULL);
+        if (r->log) log_metrics(r, step, loss, norm, lr, ms, tps, skipped, c->power ? &pw : NULL);
         /* a signal on any rank stops every rank after this same step */
-        int stop = g_stop_signal != 0;
-        if (g->world > 1) stop = comm_max_int(&r.world, stop);
+        int stop = stop_requested();
+        if (g->world > 1) stop = comm_max_int(&r->world, stop);
         int due = c->save[0] && ((c->save_every > 0 && step % c->save_every == 0) ||
                                  step == c->steps || stop);
-        if (due && save_checkpoint(&r, step, t, err, sizeof(err)) != 0) goto fail;
-        last_run = step;
+        if (due && save_checkpoint(r, step, r->t, err, n) != 0) return -1;
+        tot->last_run = step;
         if (stop) { /* the report and trace still cover the steps that ran */
             log_info("stopped by a signal after step %ld%s%s\n", step, stop_signal_name(),
                      c->save[0] ? ": checkpoint written, train.init it to resume" : "");
-            stopped = 1;
-            break;
+            tot->stopped = 1;
         }
     }
+    return 0;
+}
+
+/* After the steps: the step-0 checkpoint of a run with none to take, the timing report
+ * and trace, and the run's last line. -1 with err to fail the run. */
+static int finish_run(run_state *r, const run_totals *tot, char *err, size_t n) {
+    const gptc_config *c = r->c;
+    long first = r->first;
     /* train.steps = 0 from scratch (or from a step-0 initialisation, converted weights)
      * writes the initialisation itself, a step-0 checkpoint without /optim. A resumed run
      * with no step left writes nothing: it holds only what train.init holds, and would
      * replace train.save (a later run's, perhaps) with it. */
-    int fresh = !c->init[0] || (first == 1 && !has_optim);
-    if (c->save[0] && first > c->steps && fresh && !stopped &&
-        save_checkpoint(&r, first - 1, t, err, sizeof(err)) != 0)
-        goto fail;
-    if (kernel_timing && write_timing(&r, clock0_ms, rtt0_ms, at0_ms, err, sizeof(err)) != 0)
-        goto fail;
-    if (timed_steps > 0)
+    int fresh = !c->init[0] || (first == 1 && !r->has_optim);
+    if (c->save[0] && first > c->steps && fresh && !tot->stopped &&
+        save_checkpoint(r, first - 1, r->t, err, n) != 0)
+        return -1;
+    if (r->kernel_timing && write_timing(r, err, n) != 0) return -1;
+    double tokens_per_step = (double)r->bp.B * r->bp.T;
+    if (tot->timed_steps > 0)
         log_info("done: %ld steps, final loss %.6f, mean %.1f ms/step, %.0f tok/s (steps after the "
                  "first); wall clock %.1f ms/step with the per-step bookkeeping\n",
-                 last_run - first + 1, unsigned_nan(last_loss), total_ms / timed_steps,
-                 tokens_per_step * timed_steps / (total_ms / 1000.0), total_wall_ms / timed_steps);
-    else if (last_run >= first)
-        log_info("done: %ld steps, final loss %.6f\n", last_run - first + 1, unsigned_nan(last_loss));
+                 tot->last_run - first + 1, unsigned_nan(tot->last_loss),
+                 tot->total_ms / tot->timed_steps,
+                 tokens_per_step * tot->timed_steps / (tot->total_ms / 1000.0),
+                 tot->total_wall_ms / tot->timed_steps);
+    else if (tot->last_run >= first)
+        log_info("done: %ld steps, final loss %.6f\n", tot->last_run - first + 1,
+                 unsigned_nan(tot->last_loss));
     else if (first > c->steps) /* (one stopped before its first step has said so) */
         log_info("done: no step to run (train.steps = %ld)%s\n", c->steps,
                  c->save[0] && !fresh ? "; nothing written to train.save" : "");
+    return 0;
+}
+
+int train_run(const gptc_config *c, const grid *g) {
+    char err[ERR_LEN] = "";
+    run_state r;
+    memset(&r, 0, sizeof(r));
+    r.speaker = -1;
+    r.c = c;
+    r.g = g;
+    int silent = 0;
+
+    /* 1. Checks every rank makes identically (rank 0 reports). Usually every rank finds
+     * the same and rank 0 says it once; a rank that failed alone (a file its node lacks)
+     * says it, and the ranks that passed stop too, meeting the failed ones here. */
+    int failed = plan_run(&r, err, sizeof err) != 0;
+    if (train_refused(failed, err, g->rank, g->world)) goto refused;
+    plan_print_effective(c, g, &r.shape, &r.bp);
+
+    /* 2. The device, kernel timing and the watchdog */
+    nvtx_enable(c->nvtx);
+    const gptc_backend *be = start_backend(c, g, &r.shape, err, sizeof(err));
+    if (!be) {
+        silent = !err[0]; /* the ranks that failed have said why */
+        goto fail;
+    }
+    be->set_precision(strcmp(c->precision, "bf16") == 0 ? GPTC_BF16 : GPTC_FP32);
+    r.kernel_timing = strcmp(c->timing, "kernel") == 0;
+    failed = r.kernel_timing && start_kernel_timing(&r, &be, err, sizeof err) != 0;
+    /* From here on a rank may fail alone: it reports, and every rank agrees to stop. The
+     * watchdog runs from here, so that a rank hanging in communicator set-up (NCCL's
+     * init waits for every rank) ends the job too; step 0 is the set-up. */
+    watchdog_set_comm_hooks(comm_poll_async_errors, comm_abort_all);
+    int wd = 0;
+    if (!failed && test_thread_failure("watchdog", g->rank)) wd = EAGAIN;
+    else if (!failed) wd = watchdog_start(c->comm_timeout_s, g->rank, &r.current_step);
+    if (wd) snprintf(err, sizeof(err), "could not start the watchdog thread: %s", strerror(wd));
+    /* agreed before the communicators: the others would wait in their set-up for a rank
+     * that failed until their watchdogs ended the job (train.comm_timeout_s) */
+    if (train_refused(failed || wd != 0, err, g->rank, g->world)) goto refused;
+
+    /* 3. Communicators, data and model */
+    if (start_comm(&r, be, err, sizeof err) != 0 || start_model(&r, be, err, sizeof err) != 0)
+        goto fail;
+    if (c->save[0] && g->rank == 0) save_dir_tidy(c->save, r.first, c->keep, r.kept, &r.n_kept);
+    announce(&r);
+
+    /* 4. The steps, and what comes after them */
+    r.current_step = r.first;
+    if (r.kernel_timing) start_clocks(&r);
+    run_totals tot;
+    if (run_steps(&r, &tot, &silent, err, sizeof err) != 0 ||
+        finish_run(&r, &tot, err, sizeof err) != 0)
+        goto fail;
     run_free(&r);
     return 0;
 
-fail_config:
-    /* usually every rank found the same, and rank 0 says it once; a rank that failed alone
-     * (a file its node lacks) says it, and the ranks that passed stop too */
-    train_refused(1, err, g->rank, g->world);
 refused:
-    if (init) ckpt_close(init);
+    if (r.init) ckpt_close(r.init);
     run_free(&r);
     return 1;
 fail:
@@ -925,7 +905,7 @@ fail:
         if (g->world > 1) log_error("rank %d: %s", g->rank, err);
         else log_error("%s", err);
     }
-    if (init) ckpt_close(init);
+    if (r.init) ckpt_close(r.init);
     run_free(&r);
     return 1;
 }

@@ -8,10 +8,6 @@
 /* Runs the whole job. Returns the process exit code (0 on success); every failure has
  * already been reported as one line. */
 int train_run(const gptc_config *cfg, const grid *g);
-/* SIGINT and SIGTERM from here on stop the run cleanly (train_run looks before its first
- * step and after each): called first thing, as a batch system's signal may come while
- * MPI starts or a large train.init loads, which killed the rank outright. */
-void train_catch_stop_signals(void);
 /* The start-up checks' verdict, called by every rank at the same point: 1 on every rank when
  * failed is nonzero on any, and then the lowest failing rank says err (naming itself when it
  * is not rank 0: the cause may be its node's alone). */
