@@ -65,7 +65,8 @@ fail:
     return -1;
 }
 
-/* A config file with text, under name in a fresh directory; its path in path. */
+/* A config file with text, under name in a directory of its own (made at the first
+ * call); its path in path. */
 static void write_config(char *path, size_t n, const char *name, const char *text) {
     static char dir[] = "/tmp/gptc_test_configs_XXXXXX";
     if (dir[strlen(dir) - 1] == 'X' && !mkdtemp(dir)) {
@@ -92,31 +93,26 @@ int main(int argc, char **argv) {
         if (rc == 0) printf("%s: %s: ok\n", argv[i], line);
     }
     /* the test of the test: a file its name contradicts, and a layout that does not
-     * divide its model, fail */
+     * divide its model, fail (each file in a directory of its own, removed after) */
     const char *model = "[model]\nn_layer = 6\nn_head = 6\nd_model = 192\nn_ctx = 128\n"
                         "vocab_size = 256\n[train]\nglobal_batch = 16\n[data]\npath = t.h5\n";
-    char text[512];
-    snprintf(text, sizeof text, "%s[parallel]\ntp = 2\n", model);
-    write_config(path, sizeof path, "m-tp4.ini", text);
-    check(plan_config(path, line, sizeof line, err, sizeof err) != 0 &&
-              strstr(err, "parallel.tp = 2, but the name says 4"),
-          "a tp 2 file named tp4 is refused (%s)", err);
-    write_config(path, sizeof path, "m-dp2.ini", text);
-    check(plan_config(path, line, sizeof line, err, sizeof err) != 0 &&
-              strstr(err, "parallel.tp = 2, but the name says 1"),
-          "a tp 2 file whose name does not say tp is refused (%s)", err);
-    snprintf(text, sizeof text, "%s[parallel]\npp = 4\n", model);
-    write_config(path, sizeof path, "m-pp4.ini", text);
-    check(plan_config(path, line, sizeof line, err, sizeof err) != 0 &&
-              strstr(err, "model.n_layer = 6 is not divisible"),
-          "6 layers over pp 4 are refused (%s)", err);
-    snprintf(text, sizeof text, "%s[parallel]\ntp = 4\n[train]\ndevice = cuda\n", model);
-    write_config(path, sizeof path, "m-tp4.ini", text);
-    check(plan_config(path, line, sizeof line, err, sizeof err) != 0 && strstr(err, "n_head"),
-          "6 heads over tp 4 are refused (%s)", err);
-    for (const char *f = "m-tp4.ini\0m-dp2.ini\0m-pp4.ini\0"; *f; f += strlen(f) + 1) {
-        char *slash = strrchr(path, '/');
-        snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "%s", f);
+    const struct { const char *name, *layout, *refusal, *what; } bad[] = {
+        {"m-tp4.ini", "[parallel]\ntp = 2\n", "parallel.tp = 2, but the name says 4",
+         "a tp 2 file named tp4"},
+        {"m-dp2.ini", "[parallel]\ntp = 2\n", "parallel.tp = 2, but the name says 1",
+         "a tp 2 file whose name does not say tp"},
+        {"m-pp4.ini", "[parallel]\npp = 4\n", "model.n_layer = 6 is not divisible",
+         "6 layers over pp 4"},
+        {"m-tp4.ini", "[parallel]\ntp = 4\n[train]\ndevice = cuda\n", "n_head",
+         "6 heads over tp 4"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "%s%s", model, bad[i].layout);
+        write_config(path, sizeof path, bad[i].name, text);
+        check(plan_config(path, line, sizeof line, err, sizeof err) != 0 &&
+                  strstr(err, bad[i].refusal),
+              "%s is refused: '%s' (%s)", bad[i].what, bad[i].refusal, err);
         remove(path);
     }
     *strrchr(path, '/') = '\0';
