@@ -76,12 +76,23 @@ static const gptc_backend *start_backend(const gptc_config *c, const grid *g,
     return NULL;
 }
 
+/* The whole model's parameters, unpadded: what a checkpoint holds, whatever part of them a
+ * rank's buffers hold (a TP shard, a pipeline stage, with padding) */
+static double model_params(const gpt_shape *s) {
+    int n = 0;
+    param_tensor *all = gpt_full_table(s, &n);
+    double count = 0;
+    for (int i = 0; all && i < n; i++) count += (double)all[i].rows * all[i].cols;
+    free(all);
+    return count;
+}
+
 static void print_model(const gpt_model *m, const batch_plan *bp, long first, long last,
                         const char *c_precision) {
     const gpt_shape *s = &m->shape;
     log_info("model: %d layers, %d heads, d_model %d, n_ctx %d, vocab %d (padded %d): %.3f M parameters\n",
              s->n_layer, s->n_head, s->d_model, s->n_ctx, s->vocab_size, s->vocab_padded,
-             (double)(m->n_params - (size_t)(s->vocab_padded - s->vocab_size) * s->d_model) / 1e6);
+             (double)model_params(s) / 1e6);
     log_info("batch: %d rows x %d tokens, %d micro-batch(es) of %d; steps %ld..%ld\n", bp->B, bp->T,
              bp->n_micro, bp->mb, first, last);
     size_t copy = m->params_act != m->params ? m->n_params * gptc_act_bytes(m->prec) : 0;

@@ -267,10 +267,15 @@ static int place_chunks(gpt_model *m, const gpt_placement *pl) {
 
 /* Groups the tensors into buckets of about bucket_floats (whole tensors; the first one
  * at most 1 MiB, so its reduction can start as early as possible) and moves them apart
- * so that every bucket ends padded to a multiple of `shards`. */
+ * so that every bucket ends padded to a multiple of `shards` pieces of 64 floats. Whole
+ * pieces for the sharded optimizer state; of 64 so that each piece, and every tensor of
+ * the buckets after it, stays on 256 bytes: a bucket padded to a multiple of 3 moved all
+ * later tensors to odd offsets, where the GPU's vector loads and cuBLASLt's fused
+ * epilogues do not go (bf16 products then round twice, GELU's among them). */
 static int cut_buckets(gpt_model *m, size_t bucket_floats, int shards) {
     m->buckets = calloc((size_t)m->n_tensors, sizeof(grad_bucket));
     if (!m->buckets) return -1;
+    size_t pad = shards > 1 ? (size_t)shards * 64 : 1;
     size_t cap = bucket_floats ? bucket_floats : (size_t)-1;
     size_t first_cap = cap < 262144 ? cap : 262144;
     size_t cur = 0;
@@ -280,7 +285,7 @@ static int cut_buckets(gpt_model *m, size_t bucket_floats, int shards) {
         size_t limit = m->n_buckets <= 1 ? first_cap : cap;
         if (!b || (b->count > 0 && b->count + t->numel > limit)) {
             if (b) {
-                b->count = (b->count + shards - 1) / shards * shards;
+                b->count = (b->count + pad - 1) / pad * pad;
                 cur = b->offset + b->count;
             }
             b = &m->buckets[m->n_buckets++];
@@ -291,7 +296,7 @@ static int cut_buckets(gpt_model *m, size_t bucket_floats, int shards) {
         b->count += t->numel;
         b->n_tensors++;
     }
-    if (b) b->count = (b->count + shards - 1) / shards * shards;
+    if (b) b->count = (b->count + pad - 1) / pad * pad;
     m->n_params = b ? b->offset + b->count : 0;
     m->n_opt = m->n_params / shards;
     return 0;

@@ -31,7 +31,19 @@ def train(name, ranks, vocab, extra, extra_env=None):
     if r.returncode:
         fail(f"{name}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     check_bubble_line(name, extra, r.stdout)
+    check_params_line(name, vocab, r.stdout)
     return read_metrics(log)
+
+
+def check_params_line(name, vocab, stdout):
+    """The start-up line counts the whole model's parameters, unpadded (what a checkpoint
+    holds), on every layout: not rank 0's shard or stage."""
+    L, C, n_ctx = 4, 64, 32
+    want = vocab * C + n_ctx * C + L * (12 * C * C + 13 * C) + 2 * C
+    got = re.search(r"^model: .*: ([\d.]+) M parameters$", stdout, re.M)
+    if not got or got.group(1) != f"{want / 1e6:.3f}":
+        fail(f"{name}: expected the start-up line 'model: ... {want / 1e6:.3f} M parameters', "
+             f"got {got.group(0) if got else 'none'}")
 
 
 def check_bubble_line(name, extra, stdout):

@@ -58,7 +58,7 @@ else
   # not test_bench_smoke, which checks the benchmarks' Python scripts (the Release run did)
   # while an ASan gptc-train is in every other test, nor test_configs_train, whose layouts
   # and policies test_layouts runs too
-  leak_checked='test_configs|test_gradcheck|test_cpu_math|test_tokens|test_checkpoint|test_schedule|test_cpu_stream|test_power|test_cuda_emu|test_cuda_ops_emu|test_cuda_ops_emu_rows128|test_cuda_ops_emu_attn_bias|test_cuda_ops_emu_plain_pass|test_cuda_ops_emu_dq_fused|test_cuda_ops_emu_dq_fused_bias|test_cuda_ops_emu_dq_atomic|test_cuda_ops_emu_fwd_pipelined|test_cuda_ops_emu_fwd_wide|test_timing_device'
+  leak_checked='test_buckets|test_configs|test_gradcheck|test_cpu_math|test_tokens|test_checkpoint|test_schedule|test_cpu_stream|test_power|test_cuda_emu|test_cuda_ops_emu|test_cuda_ops_emu_rows128|test_cuda_ops_emu_attn_bias|test_cuda_ops_emu_plain_pass|test_cuda_ops_emu_dq_fused|test_cuda_ops_emu_dq_fused_bias|test_cuda_ops_emu_dq_atomic|test_cuda_ops_emu_fwd_pipelined|test_cuda_ops_emu_fwd_wide|test_timing_device'
   stage "ASan + UBSan tests"
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$(nproc)" -E "^(test_bench_smoke|test_configs_train|$leak_checked)\$"

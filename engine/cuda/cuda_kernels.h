@@ -109,6 +109,13 @@ void cuda_add(gptc_act *out, const gptc_act *a, const gptc_act *b, size_t n, gpt
  * per row, rounded once */
 void cuda_bias_round(gptc_act *out, int ldo, const float *src, const gptc_act *bias, int m,
                      int n, gptc_precision p, cudaStream_t s);
+/* The GELU epilogue of a product left unfused: x = src (fp32 m x n, packed) + bias[m] per
+ * row (bias NULL: none); act pre = x and act out = gelu(x), each rounded once from x */
+void cuda_bias_gelu_round(gptc_act *out, gptc_act *pre, const float *src, const gptc_act *bias,
+                          int m, size_t total, gptc_precision p, cudaStream_t s);
+/* The DGELU epilogue: act dpre = src (the fp32 product) * gelu'(pre), rounded once */
+void cuda_dgelu_round(gptc_act *dpre, const float *src, const gptc_act *pre, size_t total,
+                      gptc_precision p, cudaStream_t s);
 /* act dst[n] = src[n] rounded (engine/backend.h: to_act) */
 void cuda_to_act(gptc_act *dst, const float *src, size_t n, gptc_precision p, cudaStream_t s);
 

@@ -490,6 +490,8 @@ static int gemm_epi(int ta, int tb, int m, int n, int k, const gptc_act *A, int 
      * before the epilogue (gemm) */
     if (epi != EPI_NONE && g.act == CUDA_R_16BF && !rows_aligned16(m, A, lda, B, ldb, C, ldc))
         return 0;
+    /* nor with a bias off 16 bytes (gemm) */
+    if (epi != EPI_NONE && bias && alignment(bias) < 16) return 0;
     plan key = {0};
     key.ta = ta, key.tb = tb, key.m = m, key.n = n, key.k = k;
     key.lda = lda, key.ldb = ldb, key.ldc = ldc, key.bias = bias != NULL;
@@ -509,22 +511,33 @@ static int gemm_epi(int ta, int tb, int m, int n, int k, const gptc_act *A, int 
     return 1;
 }
 
+/* op(A) @ op(B) into a new fp32 scratch (column-major m x n, packed, m and n > 0), for an
+ * epilogue a kernel does; the caller frees it (cudaFreeAsync on s) */
+static float *gemm_fp32(int ta, int tb, int m, int n, int k, const gptc_act *A, int lda,
+                        const gptc_act *B, int ldb, cudaStream_t s) {
+    float *tmp = NULL; /* [n, m] the unrounded product */
+    cuda_check(cudaMallocAsync((void **)&tmp, (size_t)m * n * sizeof(float), s),
+               "cudaMallocAsync (a product's fp32 scratch)");
+    gemm_epi(ta, tb, m, n, k, A, lda, B, ldb, tmp, m, CUDA_R_32F, 0, NULL, EPI_NONE, NULL, 0, s);
+    return tmp;
+}
+
 /* an activation-type product: C of the activation type, overwritten.
- * Under bf16, for matrices whose rows are not whole 16-byte groups, cuBLASLt 13's
- * kernels add the bias to the product already rounded to bf16 (an H200 run of
- * test_cuda_ops: 33x7x5 with bias 4.6x one rounding off, 37x45x100 36x, where the bias
- * cancels most of the product): there the product goes to an fp32 scratch and
- * cuda_bias_round adds the bias and rounds once. GPT-2's shapes are all aligned. */
+ * The bias gets a pass of its own (the product to an fp32 scratch, then cuda_bias_round
+ * adds the bias and rounds once) where cuBLASLt's epilogue would not do: under bf16, for
+ * matrices whose rows are not whole 16-byte groups, cuBLASLt 13's kernels add the bias to
+ * the product already rounded to bf16 (an H200 run of test_cuda_ops: 33x7x5 with bias
+ * 4.6x one rounding off, 37x45x100 36x, where the bias cancels most of the product); and
+ * for a bias off 16 bytes, which the plan's alignment preferences (A, B, C, D) do not
+ * cover and a kernel loading it 16 bytes at a time would fault on. GPT-2's shapes, with
+ * the buffers' tensors on 256 bytes (layers/gpt.c: cut_buckets), take neither. */
 static void gemm(int ta, int tb, int m, int n, int k, const gptc_act *A, int lda,
                  const gptc_act *B, int ldb, gptc_act *C, int ldc, const gptc_act *bias,
                  cudaStream_t s) {
-    float *tmp = NULL; /* [n, m] the unrounded product */
-    if (bias && g.act == CUDA_R_16BF && m > 0 && n > 0 &&
-        !rows_aligned16(m, A, lda, B, ldb, C, ldc)) {
-        cuda_check(cudaMallocAsync((void **)&tmp, (size_t)m * n * sizeof(float), s),
-                   "cudaMallocAsync (a product's fp32 scratch)");
-        gemm_epi(ta, tb, m, n, k, A, lda, B, ldb, tmp, m, CUDA_R_32F, 0, NULL, EPI_NONE, NULL, 0,
-                 s);
+    if (bias && m > 0 && n > 0 &&
+        (alignment(bias) < 16 ||
+         (g.act == CUDA_R_16BF && !rows_aligned16(m, A, lda, B, ldb, C, ldc)))) {
+        float *tmp = gemm_fp32(ta, tb, m, n, k, A, lda, B, ldb, s); /* [n, m] */
         cuda_bias_round(C, ldc, tmp, bias, m, n, g.precision, s);
         cuda_check(cudaFreeAsync(tmp, s), "cudaFreeAsync");
         return;
@@ -572,7 +585,14 @@ void cuda_matmul_gelu_forward(gptc_act *out, gptc_act *pre, const gptc_act *inp,
     if (gemm_epi(0, 0, OC, N, IC, w, OC, inp, IC, out, OC, g.act, 0, bias, EPI_GELU_AUX, pre,
                  OC, s))
         return;
-    gemm(0, 0, OC, N, IC, w, OC, inp, IC, pre, OC, bias, s);
+    if (g.act == CUDA_R_16BF && N > 0 && OC > 0) {
+        /* the GELU of the fp32 sum, as the epilogue takes it, not of pre rounded */
+        float *tmp = gemm_fp32(0, 0, OC, N, IC, w, OC, inp, IC, s); /* [N, OC] */
+        cuda_bias_gelu_round(out, pre, tmp, bias, OC, (size_t)N * OC, g.precision, s);
+        cuda_check(cudaFreeAsync(tmp, s), "cudaFreeAsync");
+        return;
+    }
+    gemm(0, 0, OC, N, IC, w, OC, inp, IC, pre, OC, bias, s); /* fp32: pre is the sum itself */
     cuda_gelu_forward(out, pre, (size_t)N * OC, g.precision, s);
 }
 
@@ -582,7 +602,13 @@ void cuda_matmul_dgelu_backward(gptc_act *dpre, const gptc_act *dout, const gptc
     if (gemm_epi(1, 0, IC, N, OC, w, OC, dout, OC, dpre, IC, g.act, 0, NULL, EPI_DGELU, pre, IC,
                  s))
         return;
-    /* under bf16 the product is rounded once more here, before the kernel reads it */
-    gemm(1, 0, IC, N, OC, w, OC, dout, OC, dpre, IC, NULL, s);
+    if (g.act == CUDA_R_16BF && N > 0 && IC > 0) {
+        /* gelu' times the fp32 product, as the epilogue takes it, not the product rounded */
+        float *tmp = gemm_fp32(1, 0, IC, N, OC, w, OC, dout, OC, s); /* [N, IC] */
+        cuda_dgelu_round(dpre, tmp, pre, (size_t)N * IC, g.precision, s);
+        cuda_check(cudaFreeAsync(tmp, s), "cudaFreeAsync");
+        return;
+    }
+    gemm(1, 0, IC, N, OC, w, OC, dout, OC, dpre, IC, NULL, s); /* fp32: exact as it is */
     cuda_gelu_backward(dpre, pre, dpre, (size_t)N * IC, g.precision, s);
 }

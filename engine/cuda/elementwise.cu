@@ -157,6 +157,30 @@ __global__ void bias_round_kernel(gptc_act *out /* [n, ldo] */, int ldo,
     }
 }
 
+/* The GELU epilogue done here, for a product cuBLASLt does not fuse: x = src + bias[i] on
+ * row i (column-major m x n, packed), pre = x and out = gelu(x), each rounded once from the
+ * fp32 x, as the epilogue rounds them (backend.h: matmul_gelu_forward). */
+__global__ void bias_gelu_round_kernel(gptc_act *out /* [n, m] */, gptc_act *pre /* [n, m] */,
+                                       const float *src /* [n, m] */,
+                                       const gptc_act *bias /* [m] or NULL */, int m,
+                                       size_t total, int bf16) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
+        float x = src[e] + (bias ? act_ld(bias, e % (size_t)m, bf16) : 0.0f);
+        act_st(pre, e, x, bf16);
+        act_st(out, e, gelu_fwd(x), bf16);
+    }
+}
+
+/* The DGELU epilogue done here: dpre = src * gelu'(pre) from the fp32 product src, rounded
+ * once (backend.h: matmul_dgelu_backward). */
+__global__ void dgelu_round_kernel(gptc_act *dpre /* [total] */, const float *src /* [total] */,
+                                   const gptc_act *pre /* [total] */, size_t total, int bf16) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride)
+        act_st(dpre, e, gelu_bwd(act_ld(pre, e, bf16), src[e]), bf16);
+}
+
 /* Quiet NaN 0x7fc00000 everywhere; same layout as add_kernel. */
 __global__ void fill_nan_kernel(float *x /* [n] */, size_t n, int vec) {
     size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -317,6 +341,20 @@ void cuda_bias_round(gptc_act *out, int ldo, const float *src, const gptc_act *b
     if (total == 0) return;
     bias_round_kernel<<<ew_grid(total, 0, 0), EW_THREADS, 0, s>>>(out, ldo, src, bias, m, total,
                                                                   p == GPTC_BF16);
+}
+
+void cuda_bias_gelu_round(gptc_act *out, gptc_act *pre, const float *src, const gptc_act *bias,
+                          int m, size_t total, gptc_precision p, cudaStream_t s) {
+    if (total == 0) return;
+    bias_gelu_round_kernel<<<ew_grid(total, 0, 0), EW_THREADS, 0, s>>>(out, pre, src, bias, m,
+                                                                       total, p == GPTC_BF16);
+}
+
+void cuda_dgelu_round(gptc_act *dpre, const float *src, const gptc_act *pre, size_t total,
+                      gptc_precision p, cudaStream_t s) {
+    if (total == 0) return;
+    dgelu_round_kernel<<<ew_grid(total, 0, 0), EW_THREADS, 0, s>>>(dpre, src, pre, total,
+                                                                   p == GPTC_BF16);
 }
 
 void cuda_fill_nan(float *x, size_t n, cudaStream_t s) {

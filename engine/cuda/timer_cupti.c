@@ -20,6 +20,7 @@
 #include "engine/cuda/cuda_internal.h"
 
 #include "engine/kernel_name.h"
+#include "engine/log.h"
 #include "engine/timing.h"
 
 #include <cupti.h>
@@ -177,6 +178,13 @@ int cupti_timer_start(char *why, size_t whylen) {
         call = "cuptiActivityEnable";
         rc = cuptiActivityEnable(kinds[i]);
     }
+    /* each step's origin (cupti_timer_reset): without it every time would be off by the
+     * whole clock, so a CUPTI that cannot give it leaves timing to the events */
+    uint64_t ts = 0;
+    if (rc == CUPTI_SUCCESS) {
+        call = "cuptiGetTimestamp";
+        rc = cuptiGetTimestamp(&ts);
+    }
     if (rc != CUPTI_SUCCESS) {
         const char *msg = NULL;
         cuptiGetResultString(rc, &msg);
@@ -196,7 +204,14 @@ void cupti_timer_reset(void) {
     g.n_ops = 0;
     g.resolved = 0;
     uint64_t ts = 0;
-    cuptiGetTimestamp(&ts);
+    CUptiResult rc = cuptiGetTimestamp(&ts); /* it worked at the start */
+    if (rc != CUPTI_SUCCESS) {
+        const char *msg = NULL;
+        cuptiGetResultString(rc, &msg);
+        log_error("rank %d: CUPTI: cuptiGetTimestamp: %s (GPTC_TIMER=events times with CUDA "
+                  "events instead)", log_rank(), msg ? msg : "error");
+        exit(EXIT_FAILURE);
+    }
     g.origin_ms = timing_now_ms();
     g.origin_ts = ts;
 }
