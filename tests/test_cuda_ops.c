@@ -477,6 +477,49 @@ static void test_matmul(int N, int IC, int OC, int w_rows_out, int with_bias) {
     if (d_bias_alloc) gpu->release(d_bias_alloc);
 }
 
+/* More distinct products than the GEMM plan table holds (128): the plans used longest ago
+ * are dropped and made again when needed, the others kept; every result stays right,
+ * those of shapes dropped and made again, and those of shapes kept, alike. */
+static void test_plan_table(void) {
+    int IC = 16, OC = 8, shapes = 160;
+    float *w = host_randn_act((size_t)IC * OC, 0.1f, 60), *bias = host_randn_act(OC, 1, 61);
+    gptc_act *d_w = act_to_gpu(w, (size_t)IC * OC), *d_bias = act_to_gpu(bias, OC);
+    double worst = 0;
+    int runs = 0;
+    /* the second pass: the first shapes (dropped since) and every 7th (some kept) */
+    for (int pass = 0; pass < 2; pass++)
+        for (int N = 1; N <= shapes; N += pass ? 7 : 1) {
+            size_t ni = (size_t)N * IC, no = (size_t)N * OC;
+            float *inp = host_randn_act(ni, 1, 62 + (uint64_t)N);
+            float *out = malloc(no * sizeof(float)); /* [N,OC] */
+            cpu->matmul_forward(out, inp, w, bias, N, IC, OC, 0, NULL);
+            gptc_act *d_inp = act_to_gpu(inp, ni), *d_out = act_poisoned(no);
+            gpu->matmul_forward(d_out, d_inp, d_w, d_bias, N, IC, OC, 0, NULL);
+            float *got = act_to_host(d_out, no);
+            double max_err = 0, max_ref = 0;
+            for (size_t i = 0; i < no; i++) {
+                double e = isfinite(got[i]) ? fabs((double)got[i] - out[i]) : INFINITY;
+                if (!(e <= max_err)) max_err = e;
+                if (fabs(out[i]) > max_ref) max_ref = fabs(out[i]);
+            }
+            double rel = max_ref > 0 ? max_err / max_ref : max_err;
+            if (!(rel <= worst)) worst = rel;
+            runs++;
+            free(inp), free(out), free(got);
+            gpu->release(d_inp), gpu->release(d_out);
+        }
+    if (worst <= 1e-5) {
+        printf("ok   %-28s %d products of %d shapes: rel err %.3g\n", "GEMM plan table", runs,
+               shapes, worst);
+    } else {
+        printf("FAIL %-28s %d products of %d shapes: rel err %.3g > 1e-5\n", "GEMM plan table",
+               runs, shapes, worst);
+        g_failures++;
+    }
+    free(w), free(bias);
+    gpu->release(d_w), gpu->release(d_bias);
+}
+
 /* The MLP's fused GELU: matmul_gelu_forward (pre and out) and matmul_dgelu_backward
  * against the CPU, which runs the unfused steps. With OC and IC multiples of 8 cuBLASLt's
  * epilogues run (if it has them for the shape); otherwise the GEMM and the GELU kernels:
@@ -1434,6 +1477,7 @@ int main(int argc, char **argv) {
     test_matmul(37, 48, 144, 0, 2); /* a bias off 16 bytes: added on a pass of its own */
     test_matmul_gelu(37, 48, 192);  /* the epilogues */
     test_matmul_gelu(37, 45, 100);  /* leading dimensions not multiples of 8: the kernels */
+    if (!quick) test_plan_table();
     test_attention(2, 37, 64, 4);   /* hs 16 */
     test_attention(1, 130, 128, 2); /* hs 64, T beyond one tile */
     if (!quick) test_attention(2, 64, 256, 2); /* hs 128 */

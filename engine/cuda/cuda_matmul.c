@@ -47,6 +47,7 @@ enum { EPI_NONE, EPI_GELU_AUX, EPI_DGELU };
 
 typedef struct {
     int used;
+    unsigned long last_use; /* g.use_clock at its last call: the table drops the oldest */
     int ta, tb, m, n, k, lda, ldb, ldc, bias, accumulate;
     int epi, ldaux; /* EPI_*, and the aux matrix's leading dimension */
     int unfused;    /* cuBLASLt has no algorithm with this epilogue: the caller runs it apart */
@@ -68,6 +69,8 @@ static struct {
     cudaDataType_t act; /* the activation type: CUDA_R_32F, or CUDA_R_16BF under bf16 */
     void *workspace; /* [WORKSPACE_BYTES] */
     plan plans[PLAN_SLOTS];
+    unsigned long use_clock; /* products run so far */
+    int evicted;             /* a plan was dropped for another (said once) */
     int candidates;         /* GPTC_GEMM_CANDIDATES: how many to time per plan (1: none) */
     int n_tuned, n_not_first; /* plans tuned, and of those, how many the first did not win */
     int n_cached;             /* plans whose choice came from GPTC_GEMM_CACHE */
@@ -258,16 +261,20 @@ static plan *make_plan(const plan *key) {
             break;
         }
     }
-    if (!p) { /* full: a run has a few dozen distinct products, so simply start over */
-        for (int i = 0; i < PLAN_SLOTS; i++) {
-            plan *q = &g.plans[i];
-            g.api.desc_destroy(q->op);
-            g.api.layout_destroy(q->a);
-            g.api.layout_destroy(q->b);
-            g.api.layout_destroy(q->c);
-            q->used = 0;
-        }
+    if (!p) {
+        /* full (a run has a few dozen distinct products): the plan used longest ago goes,
+         * the others keep their algorithms (a re-made plan asks, and times, again) */
         p = &g.plans[0];
+        for (int i = 1; i < PLAN_SLOTS; i++)
+            if (g.plans[i].last_use < p->last_use) p = &g.plans[i];
+        g.api.desc_destroy(p->op);
+        g.api.layout_destroy(p->a);
+        g.api.layout_destroy(p->b);
+        g.api.layout_destroy(p->c);
+        if (!g.evicted++)
+            log_info("cuBLASLt: more than %d distinct products: the plans used longest ago are "
+                     "made again when needed%s\n", PLAN_SLOTS,
+                     g.candidates > 1 ? " (and their candidates timed again)" : "");
     }
     *p = *key;
     /* strict fp32 accumulation (no TF32) for fp32 and bf16 operands alike */
@@ -459,10 +466,14 @@ static plan *find_plan(const plan *key) {
             q->bias == key->bias && q->accumulate == key->accumulate && q->ab_type == key->ab_type &&
             q->c_type == key->c_type &&
             q->epi == key->epi && q->ldaux == key->ldaux &&
-            memcmp(q->align, key->align, sizeof q->align) == 0)
+            memcmp(q->align, key->align, sizeof q->align) == 0) {
+            q->last_use = ++g.use_clock;
             return q;
+        }
     }
-    return make_plan(key);
+    plan *p = make_plan(key);
+    p->last_use = ++g.use_clock;
+    return p;
 }
 
 /* 1 when every matrix of the product has rows of whole 16-byte groups on 16 bytes */
