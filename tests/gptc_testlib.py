@@ -1,8 +1,11 @@
 """Shared helpers for the end-to-end tests: run the built binaries, make small inputs."""
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -157,6 +160,39 @@ def compare_bf16_run(name, ref_bf16, got):
     return worst
 
 
+_DIRS = []      # the test's directories (work_dir)
+_FAILED = False  # fail() was called, or an exception ended the test
+
+
+def work_dir(prefix):
+    """A fresh directory for a test's files (checkpoints, token files, traces: a test can
+    leave a gigabyte), removed when the test ends well and kept, with a line naming it,
+    when it fails: run after run, a suite that left them filled the disk."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    _DIRS.append(d)
+    return d
+
+
+def _remove_dirs():
+    for d in _DIRS:
+        if _FAILED:
+            print(f"(the test's files are kept in {d})")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _note_exception(kind, value, tb, previous=sys.excepthook):
+    global _FAILED
+    _FAILED = True
+    previous(kind, value, tb)
+
+
+atexit.register(_remove_dirs)
+sys.excepthook = _note_exception
+
+
 def fail(msg):
+    global _FAILED
+    _FAILED = True
     print("FAIL: " + msg)
     sys.exit(1)

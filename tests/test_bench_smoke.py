@@ -15,13 +15,12 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import BUILD, env, fail  # noqa: E402
+from gptc_testlib import BUILD, env, fail, work_dir  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-D = tempfile.mkdtemp(prefix="gptc_bench_smoke_")
+D = work_dir("gptc_bench_smoke_")
 VARIANTS = {"bf16_attn_bias_pass": ["GPTC_ATTENTION_BIAS"],
             "bf16_rows64": ["GPTC_ATTENTION_FWD_ROWS"],
             "bf16_dq_atomic": ["GPTC_ATTENTION_DQ"],
@@ -101,6 +100,38 @@ def bench_gpt2():
           f"{won or 'none'}{', best row ' + best['env'] if best else ''}")
 
 
+def bench_gpt2_issue():
+    """GPTC_BENCH_ROWS=issue: issue 5's rows alone (gptc fp32 and bf16 climbing to their
+    largest micro-batch, the PyTorch rows), none of the timing, variant or best rows."""
+    out = os.path.join(D, "gpt2_issue")
+    e = env()
+    e.update(GPTC_BUILD=BUILD, GPTC_BENCH_OUT=out, GPTC_BENCH_ROWS="issue", GPTC_BENCH_BATCHES="2",
+             GPTC_BENCH_BUDGET_S="240",
+             GPTC_BENCH_EXTRA="--train.device=cpu --model.n_layer=1 --model.d_model=64 "
+                              "--model.n_head=2 --train.seq_len=32 --model.n_ctx=32")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "bench_gpt2.py")],
+                       capture_output=True, text=True, env=e, timeout=300)
+    if r.returncode:
+        fail(f"bench_gpt2 issue rows: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
+    rows = {row["row"]: row for row in rows_of(os.path.join(out, "gpt2.jsonl"))}
+    want = ["fp32", "bf16", "bf16_b4", "bf16_b8", "bf16_b16", "fp32_b4", "fp32_b8", "fp32_b16",
+            "torch_fp32", "torch_bf16", "torch_bf16_compile"]
+    unwanted = [t for t in rows if "timing" in t or t in VARIANTS or t.startswith("bf16_best")]
+    missing = [w for w in want if w not in rows]
+    if missing or unwanted:
+        fail(f"bench_gpt2 issue rows: {missing} missing, {unwanted} not asked for; it wrote "
+             f"{sorted(rows)}")
+    for tag in want[:8]:
+        if rows[tag].get("ms_per_step", 0) <= 0:
+            fail(f"bench_gpt2 issue rows: row {tag} did not run: {rows[tag]}")
+    e["GPTC_BENCH_ROWS"] = "bf16s"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "bench_gpt2.py")],
+                       capture_output=True, text=True, env=e, timeout=60)
+    if r.returncode == 0 or "GPTC_BENCH_ROWS=bf16s: all, bf16 or issue" not in r.stderr:
+        fail(f"bench_gpt2: GPTC_BENCH_ROWS=bf16s was not refused: {r.returncode} {r.stderr[-300:]}")
+    print(f"ok   bench_gpt2 GPTC_BENCH_ROWS=issue on the CPU: {len(rows)} rows, those asked for")
+
+
 def bench_kernel_attention():
     emu = os.path.join(BUILD, "tests", "attention_bench_emu")
     if not os.path.exists(emu):
@@ -154,6 +185,7 @@ def cpu_bench_settings():
 def main():
     cpu_bench_settings()
     bench_gpt2()
+    bench_gpt2_issue()
     bench_kernel_attention()
     print("PASS: the GPU benchmarks' scripts run end to end")
 

@@ -24,12 +24,12 @@ The tiny GPT-2 of test_layouts for 5 steps. What bf16 must show, and why these n
     and with ZeRO-1, whose steps gather only the bf16 copy."""
 import os
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import compare_metrics, fail, read_metrics, run_train, write_tokens  # noqa: E402
+from gptc_testlib import (compare_metrics, fail, read_metrics, run_train, work_dir,  # noqa: E402
+                          write_tokens)
 
 APART = 2e-5
 STEP1_GRAD = 2e-5
@@ -38,7 +38,7 @@ ALL_STEPS = 3e-3
 TP_STEP1_GRAD = 1e-3
 TP_STEP1_LOSS = 1e-4
 TP_ALL_STEPS = 1e-2
-D = tempfile.mkdtemp(prefix="gptc_bf16_")
+D = work_dir("gptc_bf16_")
 
 
 def train(name, ranks, extra):

@@ -3,14 +3,14 @@ nonzero exit on every rank. Each case lists the arguments and words the message 
 import concurrent.futures
 import os
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import MPIRUN, TRAIN, env, fail, gpu_present, run_train, write_tokens  # noqa: E402
+from gptc_testlib import (MPIRUN, TRAIN, env, fail, gpu_present, run_train, work_dir,  # noqa: E402
+                          write_tokens)
 
-D = tempfile.mkdtemp(prefix="gptc_cfg_")
+D = work_dir("gptc_cfg_")
 MODEL = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=32", "--model.n_ctx=16",
          "--model.vocab_size=50"]
 BASE = MODEL + [f"--data.path={D}/tok.h5", "--train.steps=2", "--train.global_batch=4",

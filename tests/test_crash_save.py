@@ -12,16 +12,15 @@ import resource
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import TRAIN, env, fail, run_train, write_tokens  # noqa: E402
+from gptc_testlib import TRAIN, env, fail, run_train, work_dir, write_tokens  # noqa: E402
 
-D = tempfile.mkdtemp(prefix="gptc_crash_")
+D = work_dir("gptc_crash_")
 # big enough that a save (model + two moments, ~50 MB) takes a good part of each step
 MODEL = ["--model.n_layer=4", "--model.n_head=4", "--model.d_model=256", "--model.n_ctx=32",
          "--model.vocab_size=4096", f"--data.path={D}/tok.h5", "--train.global_batch=2",

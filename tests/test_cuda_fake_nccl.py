@@ -23,19 +23,18 @@ import json
 import os
 import re
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import (compare_bf16_run, compare_metrics, compare_params, fail,  # noqa: E402
-                          train_tiny, write_tokens)
+                          work_dir, train_tiny, write_tokens)
 
 RTOL = 1e-5
 PARAM_TENSOR_RTOL = 1e-3
 STEPS = 4
 VOCAB = 251
-D = tempfile.mkdtemp(prefix="gptc_cuda_fake_nccl_")
+D = work_dir("gptc_cuda_fake_nccl_")
 NCCL_ENV = {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "GPTC_FAKE_NCCL_STATS": "1"}
 KINDS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "send", "recv")
 

@@ -35,20 +35,19 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import (compare_bf16_run, compare_metrics, compare_params, fail,  # noqa: E402
-                          run_train, train_tiny, write_tokens)
+                          work_dir, run_train, train_tiny, write_tokens)
 
 RTOL = 1e-5
 PARAM_TENSOR_RTOL = 1e-3
 STEPS = 2 if "--quick" in sys.argv else 4
 RESUME = STEPS // 2  # the step whose checkpoint emu_resume_tp2 goes on from
 VOCAB = 251
-D = tempfile.mkdtemp(prefix="gptc_cuda_fake_train_")
+D = work_dir("gptc_cuda_fake_train_")
 
 
 def train(name, ranks, device, extra, binary=None, extra_env=None):

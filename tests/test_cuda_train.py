@@ -6,16 +6,15 @@ match the single-rank CPU run to 1e-4 relative; the final checkpoints' parameter
 Exits 77 (skipped) when no GPU is visible."""
 import os
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import (compare_bf16_run, compare_metrics, compare_params, fail,  # noqa: E402
-                          gpu_present, train_tiny, write_tokens)
+                          gpu_present, work_dir, train_tiny, write_tokens)
 
 RTOL = 1e-4
-D = tempfile.mkdtemp(prefix="gptc_cuda_train_")
+D = work_dir("gptc_cuda_train_")
 VOCAB = 251
 
 

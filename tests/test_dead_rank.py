@@ -20,13 +20,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import MPIRUN, TRAIN, env, fail, gpu_present, read_metrics, write_tokens  # noqa: E402
+from gptc_testlib import (MPIRUN, TRAIN, env, fail, gpu_present, read_metrics,  # noqa: E402
+                          work_dir, write_tokens)
 
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cpu"
 EMU_NCCL = DEVICE == "emu-nccl"
@@ -36,7 +36,7 @@ if EMU_NCCL:
 else:
     EXTRA_ENV = {}
 
-D = tempfile.mkdtemp(prefix="gptc_dead_")
+D = work_dir("gptc_dead_")
 # the emulated GPU's steps take seconds each on a loaded 2-core machine (8 s a step was
 # seen with other tests beside it): at 4 s its watchdog fired before step 3
 TIMEOUT = 8 if EMU_NCCL else 4

@@ -5,15 +5,15 @@ layout resumes under another with the losses of the uninterrupted single-rank ru
 import os
 import re
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import compare_metrics, compare_params, fail, read_metrics, run_train, write_tokens  # noqa: E402,E501
+from gptc_testlib import (compare_metrics, compare_params, fail, read_metrics,  # noqa: E402
+                          run_train, work_dir, write_tokens)
 
 RTOL = 1e-5
-D = tempfile.mkdtemp(prefix="gptc_layouts_")
+D = work_dir("gptc_layouts_")
 
 
 def model(vocab):

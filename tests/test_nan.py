@@ -7,14 +7,13 @@ import math
 import os
 import re
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import fail, run_train, write_tokens  # noqa: E402
+from gptc_testlib import fail, run_train, work_dir, write_tokens  # noqa: E402
 
-D = tempfile.mkdtemp(prefix="gptc_nan_")
+D = work_dir("gptc_nan_")
 BASE = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.n_ctx=32",
         "--model.vocab_size=256", f"--data.path={D}/tok.h5", "--train.steps=30",
         "--train.global_batch=4", "--train.lr=1000", "--train.grad_clip=0"]

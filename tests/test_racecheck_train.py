@@ -16,12 +16,11 @@ Open MPI's own synchronization is not instrumented: tests/tsan.supp.
     test_racecheck_train.py GPTC_TRAIN_EMU GPTC_TRAIN_EMU_NCCL"""
 import os
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import fail, run_train, write_tokens  # noqa: E402
+from gptc_testlib import fail, run_train, work_dir, write_tokens  # noqa: E402
 
 SUPP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tsan.supp")
 
@@ -43,7 +42,7 @@ RUNS = [
 def main():
     if len(sys.argv) != 3:
         fail("usage: test_racecheck_train.py GPTC_TRAIN_EMU GPTC_TRAIN_EMU_NCCL")
-    d = tempfile.mkdtemp(prefix="gptc_racecheck_")
+    d = work_dir("gptc_racecheck_")
     write_tokens(f"{d}/tok.h5", np.random.default_rng(5).integers(0, 256, 4000), 256)
     # small: TSan and the emulator together are ~1000 times slower than the CPU backend
     base = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.n_ctx=16",

@@ -5,20 +5,19 @@ a constant rate, whose values do not depend on train.steps; a cosine run checks 
 resumed run continues the schedule of the step it resumes at."""
 import os
 import sys
-import tempfile
 
 import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import fail, read_metrics, run_train, write_tokens  # noqa: E402
+from gptc_testlib import fail, read_metrics, run_train, work_dir, write_tokens  # noqa: E402
 
 MODEL = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=32", "--model.n_ctx=16",
          "--model.vocab_size=50"]
 
 
 def main():
-    d = tempfile.mkdtemp(prefix="gptc_resume_")
+    d = work_dir("gptc_resume_")
     rng = np.random.default_rng(3)
     write_tokens(f"{d}/tok.h5", rng.integers(0, 50, 3000), 50)
     common = MODEL + [f"--data.path={d}/tok.h5", "--train.global_batch=4", "--train.micro_batch=2",

@@ -11,15 +11,15 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import MPIRUN, TRAIN, env, fail, read_metrics, run_train, write_tokens  # noqa: E402
+from gptc_testlib import (MPIRUN, TRAIN, env, fail, read_metrics, run_train,  # noqa: E402
+                          work_dir, write_tokens)
 
-D = tempfile.mkdtemp(prefix="gptc_signals_")
+D = work_dir("gptc_signals_")
 STEPS = 300
 BASE = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.n_ctx=32",
         "--model.vocab_size=64", f"--data.path={D}/tok.h5", f"--train.steps={STEPS}",

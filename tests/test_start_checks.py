@@ -7,16 +7,15 @@ import os
 import select
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import MPIRUN, TRAIN, env, fail, run_train, write_tokens  # noqa: E402
+from gptc_testlib import MPIRUN, TRAIN, env, fail, run_train, work_dir, write_tokens  # noqa: E402
 
-D = tempfile.mkdtemp(prefix="gptc_start_")
+D = work_dir("gptc_start_")
 DATA = os.path.join(os.path.dirname(TRAIN), "gptc-data")  # the trainer's sibling
 CFG = """[model]
 n_layer = 2

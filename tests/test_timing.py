@@ -15,15 +15,15 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gptc_testlib import MPIRUN, TRAIN, env, fail, read_metrics, run_train, write_tokens  # noqa: E402
+from gptc_testlib import (MPIRUN, TRAIN, env, fail, read_metrics, run_train,  # noqa: E402
+                          work_dir, write_tokens)
 
-D = tempfile.mkdtemp(prefix="gptc_timing_")
+D = work_dir("gptc_timing_")
 L, STEPS, GB, MB = 4, 3, 8, 2
 BASE = [f"--model.n_layer={L}", "--model.n_head=4", "--model.d_model=64", "--model.n_ctx=32",
         "--model.vocab_size=256", f"--data.path={D}/tok.h5", f"--train.steps={STEPS}",

@@ -25,6 +25,8 @@ they run, so that a budget that ends early cuts the least needed:
   PyTorch fp32 (TF32 off), bf16 autocast, and bf16 + torch.compile at M;
   then gptc fp32 and each PyTorch row that ran at 2, 4 and 8 times M, up to the first that
   does not fit (fp32_b2M, torch_bf16_compile_b4M, ...): each at its largest micro-batch.
+GPTC_BENCH_ROWS=issue leaves out the timing, variant and best rows (issue 5's figures
+alone); =bf16 the fp32, timing-overhead and candidate rows.
 MFU counts 6 * params + 12 * layers * T * d_model FLOPs per token (as torch_gpt2.py) over
 the card's dense peak for the precision (H100/H200: fp32 67, bf16 989 TFLOP/s).
 gptc's ms/step is its own mean over the steps after the first. A timed row's overhead is
@@ -51,6 +53,12 @@ BUDGET_S = float(os.environ.get("GPTC_BENCH_BUDGET_S", "170"))
 # the climb, the per-op table, PyTorch bf16 eager and compiled at that micro-batch), a
 # recheck of a bf16 change in half the time; no fp32, timing-overhead or candidate rows
 BF16_ONLY = os.environ.get("GPTC_BENCH_ROWS", "all") == "bf16"
+# GPTC_BENCH_ROWS=issue: the figures issue 5 asks for and nothing else, in one device call:
+# gptc fp32 and bf16 and the three PyTorch rows, each at its largest micro-batch; no timing,
+# variant or best rows (measured before), so that the budget goes to the climbs
+ISSUE_ONLY = os.environ.get("GPTC_BENCH_ROWS", "all") == "issue"
+if os.environ.get("GPTC_BENCH_ROWS", "all") not in ("all", "bf16", "issue"):
+    sys.exit(f"GPTC_BENCH_ROWS={os.environ['GPTC_BENCH_ROWS']}: all, bf16 or issue")
 BF16_STEPS = 16  # the bf16 rows at the first micro-batch: 15 timed steps after the first
 START = time.time()
 N_LAYER, D_MODEL, T, VOCAB = 12, 768, 1024, 50257
@@ -232,7 +240,7 @@ def main():
         return 1
     for tag, extra, env in (("fp32_timing_cupti", ["--profile.timing=kernel"], None),
                             ("fp32_timing_events", ["--profile.timing=kernel"], {"GPTC_TIMER": "events"})):
-        if left() < 30 or BF16_ONLY:
+        if left() < 30 or BF16_ONLY or ISSUE_ONLY:
             break
         row = gptc(tag, micro, 6, extra, env)
         if "ms_per_step" in row and "ms_per_step" in rows[0]:
@@ -268,7 +276,7 @@ def main():
                 # log says, per product, which candidate won and by how much
                 ("bf16_gemm_candidates8", "gemm", {"GPTC_GEMM_CANDIDATES": "8"}))
     results = []  # (part, speed-up, env) of each variant that ran
-    for tag, part, env in variants if bf else ():
+    for tag, part, env in variants if bf and not ISSUE_ONLY else ():
         if left() < 30:
             break
         row = bf16_variant(tag, micro, env, bf)
@@ -305,7 +313,7 @@ def main():
     # behind each op (profile.warmup = 1: the first step, which holds lazy module loading
     # and is ~4x a later one, left out), whose report keeps both (bf16_report_b*.json),
     # and whose trace gives steady_ops.py's table
-    if bf and left() >= 30:
+    if bf and left() >= 30 and not ISSUE_ONLY:
         trace = os.path.join(OUT, "bf16_trace.json")
         report = os.path.join(OUT, f"bf16_report_b{micro}.json")
         row = gptc("bf16_timing_cupti", micro, BF16_STEPS,

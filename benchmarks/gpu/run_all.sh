@@ -25,7 +25,8 @@
 #
 # Time: the whole run keeps within GPTC_GPU_BUDGET_S (default 540 s). A stage starts only
 # if the budget has its minimum left, and its timeout is cut to what remains.
-# Environment: GPTC_GPU_BUDGET_S, GPTC_GPU_PREFIX (see prepare.sh), GPTC_GPU_BUILD
+# Environment: GPTC_GPU_BUDGET_S, GPTC_GPU_PREFIX (see prepare.sh), GPTC_GPU_BUILD,
+# GPTC_GPU_SANITIZER=0 (no compute-sanitizer stage: the GPU tests, then the benchmarks)
 # (default build-gpu), GPTC_GPU_CMAKE_EXTRA (more cmake -D flags), GPTC_GPU_TORCH_SMOKE,
 # GPTC_GPU_BENCH_TIMEOUT_S (per benchmark, default 180), GPTC_GPU_BENCH_DIR (tests only).
 # A benchmark finds the build in $GPTC_BUILD and writes its results under $GPTC_BENCH_OUT.
@@ -185,7 +186,9 @@ fi
 # compute-sanitizer memcheck, racecheck and synccheck on the op tests, before the benchmarks: the
 # racecheck is the one check of the kernels' shared-memory barriers and cp.async waits on a
 # real GPU, and on the quick shapes it takes seconds (1.1 s + 3.6 s on an H200)
-if [ "$BUILD_OK" = 1 ] && [ "$ONLY" != bench ] && [ "$ONLY" != none ]; then
+if [ "$BUILD_OK" = 1 ] && [ "${GPTC_GPU_SANITIZER:-1}" = 0 ]; then
+  skip ctest_sanitizer "GPTC_GPU_SANITIZER=0"
+elif [ "$BUILD_OK" = 1 ] && [ "$ONLY" != bench ] && [ "$ONLY" != none ]; then
   stage ctest_sanitizer 30 200 bash -c "cd '$BUILD' && ctest --output-on-failure -L sanitizer --timeout 180"
   grep -q 'No tests were found' "$RES/ctest_sanitizer.log" 2>/dev/null &&
     note "               (no compute-sanitizer found at configure time)"

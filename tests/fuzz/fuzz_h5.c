@@ -49,8 +49,12 @@ static void try_checkpoint(const char *path) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    char path[64];
-    snprintf(path, sizeof(path), "/tmp/gptc_fuzz_%ld.h5", (long)getpid());
+    /* the input as a file, in GPTC_FUZZ_TMP (run.sh's folder, removed with it: an input
+     * that crashes in libhdf5 leaves its file) */
+    const char *dir = getenv("GPTC_FUZZ_TMP");
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/gptc_fuzz_%ld.h5", dir && dir[0] ? dir : "/tmp",
+             (long)getpid());
     FILE *f = fopen(path, "wb");
     if (!f) return 0;
     fwrite(data, 1, size, f);

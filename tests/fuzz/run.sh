@@ -11,6 +11,9 @@ build=$(cd "$1" && pwd)
 secs=${2:-20}
 out=$build/fuzz
 mkdir -p "$out"
+# the HDF5 target's input files (one a process; a crash leaves its own)
+export GPTC_FUZZ_TMP=$out/tmp
+rm -rf "$GPTC_FUZZ_TMP" && mkdir -p "$GPTC_FUZZ_TMP"
 if ! echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }' |
     clang -x c -fsanitize=fuzzer - -o "$out/probe" 2>/dev/null; then
   echo "fuzz: clang with libFuzzer not available, skipped"
