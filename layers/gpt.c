@@ -267,11 +267,12 @@ static int place_chunks(gpt_model *m, const gpt_placement *pl) {
 
 /* Groups the tensors into buckets of about bucket_floats (whole tensors; the first one
  * at most 1 MiB, so its reduction can start as early as possible) and moves them apart
- * so that every bucket ends padded to a multiple of `shards` pieces of 64 floats. Whole
- * pieces for the sharded optimizer state; of 64 so that each piece, and every tensor of
- * the buckets after it, stays on 256 bytes: a bucket padded to a multiple of 3 moved all
- * later tensors to odd offsets, where the GPU's vector loads and cuBLASLt's fused
- * epilogues do not go (bf16 products then round twice, GELU's among them). */
+ * so that every bucket ends padded to a multiple of `shards` pieces of 64 elements. Whole
+ * pieces for the sharded optimizer state; of 64 so that each piece, and each bucket after
+ * it, starts on 256 bytes of the fp32 buffers and 128 of the bf16 copy (and so every
+ * tensor whose predecessors' sizes are multiples of 8, as GPT-2's are): a bucket padded
+ * to a multiple of 3 alone moved all later tensors to odd offsets, where the GPU's vector
+ * loads and cuBLASLt's fused epilogues do not go. */
 static int cut_buckets(gpt_model *m, size_t bucket_floats, int shards) {
     m->buckets = calloc((size_t)m->n_tensors, sizeof(grad_bucket));
     if (!m->buckets) return -1;

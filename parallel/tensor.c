@@ -49,8 +49,8 @@ long tp_global_index(shard_kind k, long rows, long cols, long local_rows, long l
 }
 
 /* overlap.tp = none: each collective runs on the TP stream after the compute that made
- * its input, and the compute that follows waits for it. (s, the caller's compute
- * stream, is the default one.) */
+ * its input (on the default stream, the one the lane is tied to), and the compute that
+ * follows waits for it. */
 static gptc_stream *lane_begin(tp_context *tp) {
     comm_lane_after_compute(tp->lane);
     return tp->lane ? tp->lane->stream : NULL;

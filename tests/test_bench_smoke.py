@@ -35,15 +35,22 @@ def rows_of(path):
         return [json.loads(ln) for ln in f if ln.strip()]
 
 
+def run_bench_gpt2(out, rows, layers, T, timeout=300):
+    """bench_gpt2.py on the CPU backend (a model of layers layers of d_model 64, T tokens)
+    with GPTC_BENCH_ROWS=rows, its results in out; returns the CompletedProcess."""
+    e = env()
+    e.update(GPTC_BUILD=BUILD, GPTC_BENCH_OUT=out, GPTC_BENCH_ROWS=rows, GPTC_BENCH_BATCHES="2",
+             GPTC_BENCH_BUDGET_S="240",
+             GPTC_BENCH_EXTRA=f"--train.device=cpu --model.n_layer={layers} --model.d_model=64 "
+                              f"--model.n_head=2 --train.seq_len={T} --model.n_ctx={T}")
+    script = os.path.join(ROOT, "benchmarks", "gpu", "bench_gpt2.py")
+    return subprocess.run([sys.executable, script], capture_output=True, text=True, env=e,
+                          timeout=timeout)
+
+
 def bench_gpt2():
     out = os.path.join(D, "gpt2")
-    e = env()
-    e.update(GPTC_BUILD=BUILD, GPTC_BENCH_OUT=out, GPTC_BENCH_ROWS="bf16", GPTC_BENCH_BATCHES="2",
-             GPTC_BENCH_BUDGET_S="240",
-             GPTC_BENCH_EXTRA="--train.device=cpu --model.n_layer=2 --model.d_model=64 "
-                              "--model.n_head=2 --train.seq_len=64 --model.n_ctx=64")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "bench_gpt2.py")],
-                       capture_output=True, text=True, env=e, timeout=300)
+    r = run_bench_gpt2(out, "bf16", 2, 64)
     if r.returncode:
         fail(f"bench_gpt2: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
     rows = {row["row"]: row for row in rows_of(os.path.join(out, "gpt2.jsonl"))}
@@ -104,13 +111,7 @@ def bench_gpt2_issue():
     """GPTC_BENCH_ROWS=issue: issue 5's rows alone (gptc fp32 and bf16 climbing to their
     largest micro-batch, the PyTorch rows), none of the timing, variant or best rows."""
     out = os.path.join(D, "gpt2_issue")
-    e = env()
-    e.update(GPTC_BUILD=BUILD, GPTC_BENCH_OUT=out, GPTC_BENCH_ROWS="issue", GPTC_BENCH_BATCHES="2",
-             GPTC_BENCH_BUDGET_S="240",
-             GPTC_BENCH_EXTRA="--train.device=cpu --model.n_layer=1 --model.d_model=64 "
-                              "--model.n_head=2 --train.seq_len=32 --model.n_ctx=32")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "bench_gpt2.py")],
-                       capture_output=True, text=True, env=e, timeout=300)
+    r = run_bench_gpt2(out, "issue", 1, 32)
     if r.returncode:
         fail(f"bench_gpt2 issue rows: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
     rows = {row["row"]: row for row in rows_of(os.path.join(out, "gpt2.jsonl"))}
@@ -124,9 +125,7 @@ def bench_gpt2_issue():
     for tag in want[:8]:
         if rows[tag].get("ms_per_step", 0) <= 0:
             fail(f"bench_gpt2 issue rows: row {tag} did not run: {rows[tag]}")
-    e["GPTC_BENCH_ROWS"] = "bf16s"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "bench_gpt2.py")],
-                       capture_output=True, text=True, env=e, timeout=60)
+    r = run_bench_gpt2(os.path.join(D, "gpt2_bad"), "bf16s", 1, 32, timeout=60)
     if r.returncode == 0 or "GPTC_BENCH_ROWS=bf16s: all, bf16 or issue" not in r.stderr:
         fail(f"bench_gpt2: GPTC_BENCH_ROWS=bf16s was not refused: {r.returncode} {r.stderr[-300:]}")
     print(f"ok   bench_gpt2 GPTC_BENCH_ROWS=issue on the CPU: {len(rows)} rows, those asked for")

@@ -1,7 +1,8 @@
-/* The configs/ files, each run through every check gptc-train makes of a config before it
- * allocates anything (the keys, the layout for the world they name, the model shape, the
- * batch and pipeline plans, what the device can run), so that a shipped config for 8 GPUs
- * is known to start without 8 GPUs here. A file's name says its layout (tp2, pp2, dp8; a
+/* The configs/ files, each run through the checks gptc-train makes of a config itself
+ * before it allocates anything (the keys, the layout for the world they name, the model
+ * shape, the batch and pipeline plans, what the device can run; not those of the files it
+ * names, data, train.init and outputs, which are the user's), so that a shipped config for
+ * 8 GPUs is known to start without 8 GPUs here. A file's name says its layout (tp2, pp2, dp8; a
  * parallelism it does not name is 1), and the test holds the file to it.
  *   test_configs configs/[name].ini ... */
 #define _POSIX_C_SOURCE 200809L

@@ -12,11 +12,10 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import (BUILD, compare_metrics, fail, read_metrics,  # noqa: E402
-                          run_train)
+                          run_train, work_dir)
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 STEPS = 3
@@ -61,18 +60,18 @@ def main():
     layouts = sorted(glob.glob(os.path.join(CONFIGS, "tiny-*.ini")))
     if not layouts:
         fail(f"no configs/tiny-*.ini in {CONFIGS}")
-    with tempfile.TemporaryDirectory(prefix="gptc_configs_") as d:
-        # tiny.ini's data is the demo's license texts: any text trains the same way here
-        texts = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "*.py")))
-        subprocess.run([os.path.join(BUILD, "gptc-data"), "--out", f"{d}/tok.h5", *texts],
-                       check=True, capture_output=True)
-        ref = train(os.path.join(CONFIGS, "tiny.ini"), d, 1)
-        for config in layouts:
-            name = os.path.basename(config)[:-4]
-            got = train(config, d, ranks_of(name))
-            worst = compare_metrics(name, ref, got, RTOL, "tiny.ini")
-            print(f"ok   {name:<20} {ranks_of(name)} ranks, worst relative difference "
-                  f"{worst:.2e}")
+    d = work_dir("gptc_configs_")
+    # tiny.ini's data is the demo's license texts: any text trains the same way here
+    texts = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "*.py")))
+    subprocess.run([os.path.join(BUILD, "gptc-data"), "--out", f"{d}/tok.h5", *texts],
+                   check=True, capture_output=True)
+    ref = train(os.path.join(CONFIGS, "tiny.ini"), d, 1)
+    for config in layouts:
+        name = os.path.basename(config)[:-4]
+        got = train(config, d, ranks_of(name))
+        worst = compare_metrics(name, ref, got, RTOL, "tiny.ini")
+        print(f"ok   {name:<20} {ranks_of(name)} ranks, worst relative difference "
+              f"{worst:.2e}")
     print(f"all {len(layouts)} layout configs train as tiny.ini")
 
 

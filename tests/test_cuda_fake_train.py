@@ -218,6 +218,18 @@ def main():
           f"{perr:.1e} ({secs:.1f} s); report: {len(cupti_names)} op names timed from CUPTI records, "
           f"{n_dev} (op, device kernel) pairs")
 
+    # a CUPTI that fails part-way through its start (an activity kind it refuses): CUDA
+    # events time the run, and what had been switched on is off again (the fake says so at
+    # exit of a kind left on and never read, which train_tiny fails on)
+    name = "emu_cupti_fails"
+    got, out, secs = train(name, 1, "cuda", ["--profile.timing=kernel"], binary=emu,
+                           extra_env={"GPTC_EMU_CUPTI": "runtime_fails"})
+    if "kernel timing: CUDA events around each op (CUPTI: cuptiActivityEnable" not in out:
+        fail(f"{name}: the run did not fall back to CUDA events:\n{out[-2000:]}")
+    worst, perr = compare(name, ref, got)
+    print(f"ok   {name:<24} 1 rank(s): CUPTI refused a kind, CUDA events timed the run; "
+          f"losses within {worst:.1e} ({secs:.1f} s)")
+
     # the same with cuBLASLt's candidates timed at each product's first call: those calls'
     # ops hold every candidate's runs, so they must be read as untimed: at least one op,
     # at most one per product (an op may run two products, as the backward's dinp and dw;

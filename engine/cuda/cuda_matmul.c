@@ -70,7 +70,7 @@ static struct {
     void *workspace; /* [WORKSPACE_BYTES] */
     plan plans[PLAN_SLOTS];
     unsigned long use_clock; /* products run so far */
-    int evicted;             /* a plan was dropped for another (said once) */
+    long made, evicted;      /* plans made, and dropped for another (the first said) */
     int candidates;         /* GPTC_GEMM_CANDIDATES: how many to time per plan (1: none) */
     int n_tuned, n_not_first; /* plans tuned, and of those, how many the first did not win */
     int n_cached;             /* plans whose choice came from GPTC_GEMM_CACHE */
@@ -274,9 +274,11 @@ static plan *make_plan(const plan *key) {
         if (!g.evicted++)
             log_info("cuBLASLt: more than %d distinct products: the plans used longest ago are "
                      "made again when needed%s\n", PLAN_SLOTS,
-                     g.candidates > 1 ? " (and their candidates timed again)" : "");
+                     g.candidates > 1 && !g.cache_path ? " (and their candidates timed again)"
+                                                       : "");
     }
     *p = *key;
+    g.made++;
     /* strict fp32 accumulation (no TF32) for fp32 and bf16 operands alike */
     lt_check(g.api.desc_create(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     cublasOperation_t ta = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -331,8 +333,9 @@ static plan *make_plan(const plan *key) {
         if (found[i].state == CUBLAS_STATUS_SUCCESS) p->candidates[p->n_candidates++] = found[i].algo;
     n_found = p->n_candidates;
     if (n_found == 0 && key->epi != EPI_NONE) {
-        /* said once per shape: an unfused GELU costs a pass over the activations and their
-         * gradient each way, a slowdown to look for in the timing report */
+        /* said when the plan is made (once a shape, but for a plan dropped from a full
+         * table and made again): an unfused GELU costs a pass over the activations and
+         * their gradient each way, a slowdown to look for in the timing report */
         log_info("cuBLASLt has no %s epilogue for the %d x %d x %d product: GEMM and GELU "
                  "run as separate kernels\n", key->epi == EPI_GELU_AUX ? "GELU" : "DGELU",
                  key->m, key->n, key->k);
@@ -450,6 +453,11 @@ static void tune_plan(plan *p, const void *A, const void *B, void *C, float beta
              "(the heuristic's first: %s)\n", p->m, p->n, p->k,
              p->epi == EPI_GELU_AUX ? " + GELU" : p->epi == EPI_DGELU ? " * GELU'" : "",
              pick + 1, p->n_candidates, best_of[pick], first);
+}
+
+void cuda_matmul_plans(long *made, long *dropped) {
+    *made = g.made;
+    *dropped = g.evicted;
 }
 
 void cuda_matmul_tuning(int *tuned, int *cached, int *not_first) {

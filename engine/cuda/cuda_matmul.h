@@ -23,6 +23,9 @@ void cuda_matmul_set_precision(gptc_precision p);
  * candidates so far, how many took their choice from GPTC_GEMM_CACHE instead, and in how
  * many of both the heuristic's first was not the choice. */
 void cuda_matmul_tuning(int *tuned, int *cached, int *not_first);
+/* Plans made so far, and how many of them were dropped for another from a full table
+ * (the one used longest ago goes) */
+void cuda_matmul_plans(long *made, long *dropped);
 
 /* act out[N,OC] = inp[N,IC] @ W (+ bias[OC], fused as the GEMM's epilogue; under bf16 with
  * rows of partial 16-byte groups, added to the fp32 product by a kernel), all act */

@@ -166,26 +166,31 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 }
 
 int cupti_timer_start(char *why, size_t whylen) {
-    const char *call = "cuptiActivityRegisterCallbacks";
-    CUptiResult rc = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+    /* each step's origin (cupti_timer_reset) first: without it every time would be off by
+     * the whole clock, so a CUPTI that cannot give it leaves timing to the events, before
+     * any activity is on (enabled, its records would pile up unread all run) */
+    uint64_t ts = 0;
+    const char *call = "cuptiGetTimestamp";
+    CUptiResult rc = cuptiGetTimestamp(&ts);
+    if (rc == CUPTI_SUCCESS) {
+        call = "cuptiActivityRegisterCallbacks";
+        rc = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+    }
     /* EXTERNAL_CORRELATION records are emitted for API records only, so the runtime and
      * driver API kinds must be on too (their own records are skipped when read) */
     static const CUpti_ActivityKind kinds[] = {
         CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
         CUPTI_ACTIVITY_KIND_MEMSET,            CUPTI_ACTIVITY_KIND_RUNTIME,
         CUPTI_ACTIVITY_KIND_DRIVER,            CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
-    for (size_t i = 0; rc == CUPTI_SUCCESS && i < sizeof kinds / sizeof kinds[0]; i++) {
+    size_t on = 0; /* kinds enabled */
+    for (; rc == CUPTI_SUCCESS && on < sizeof kinds / sizeof kinds[0]; on++) {
         call = "cuptiActivityEnable";
-        rc = cuptiActivityEnable(kinds[i]);
-    }
-    /* each step's origin (cupti_timer_reset): without it every time would be off by the
-     * whole clock, so a CUPTI that cannot give it leaves timing to the events */
-    uint64_t ts = 0;
-    if (rc == CUPTI_SUCCESS) {
-        call = "cuptiGetTimestamp";
-        rc = cuptiGetTimestamp(&ts);
+        rc = cuptiActivityEnable(kinds[on]);
+        if (rc != CUPTI_SUCCESS) break;
     }
     if (rc != CUPTI_SUCCESS) {
+        /* the events time the run: what was switched on goes off again */
+        for (size_t k = 0; k < on; k++) cuptiActivityDisable(kinds[k]);
         const char *msg = NULL;
         cuptiGetResultString(rc, &msg);
         snprintf(why, whylen, "%s: %s", call, msg ? msg : "error");

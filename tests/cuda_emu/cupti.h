@@ -105,6 +105,7 @@ typedef void (*CUpti_BuffersCallbackCompleteFunc)(CUcontext context, uint32_t st
 #define cuptiGetResultString emu_cuptiGetResultString
 #define cuptiActivityRegisterCallbacks emu_cuptiActivityRegisterCallbacks
 #define cuptiActivityEnable emu_cuptiActivityEnable
+#define cuptiActivityDisable emu_cuptiActivityDisable
 #define cuptiActivityFlushAll emu_cuptiActivityFlushAll
 #define cuptiGetTimestamp emu_cuptiGetTimestamp
 #define cuptiActivityPushExternalCorrelationId emu_cuptiActivityPushExternalCorrelationId
@@ -116,6 +117,7 @@ CUptiResult emu_cuptiGetResultString(CUptiResult result, const char **str);
 CUptiResult emu_cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc request,
                                                CUpti_BuffersCallbackCompleteFunc complete);
 CUptiResult emu_cuptiActivityEnable(CUpti_ActivityKind kind);
+CUptiResult emu_cuptiActivityDisable(CUpti_ActivityKind kind);
 CUptiResult emu_cuptiActivityFlushAll(uint32_t flag);
 CUptiResult emu_cuptiGetTimestamp(uint64_t *timestamp);
 CUptiResult emu_cuptiActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint64_t id);

@@ -42,9 +42,17 @@ CUptiResult emu_cuptiGetResultString(CUptiResult result, const char **str) {
     return CUPTI_SUCCESS;
 }
 
+/* GPTC_EMU_CUPTI=1 lets the fake start; =runtime_fails too, but the enable of the
+ * RUNTIME kind fails (the client must then switch off what it had switched on: at exit
+ * the fake says so when a kind was left on with no flush since) */
 static int cupti_wanted(void) {
     const char *e = getenv("GPTC_EMU_CUPTI");
-    return e && strcmp(e, "1") == 0;
+    return e && (strcmp(e, "1") == 0 || strcmp(e, "runtime_fails") == 0);
+}
+
+static int runtime_fails(void) {
+    const char *e = getenv("GPTC_EMU_CUPTI");
+    return e && strcmp(e, "runtime_fails") == 0;
 }
 
 enum { MAX_DEPTH = 64 };
@@ -197,8 +205,19 @@ CUptiResult emu_cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc 
     return CUPTI_SUCCESS;
 }
 
+static int flushed; /* cuptiActivityFlushAll has run */
+
+static void check_left_on(void) {
+    if ((atomic_load(&C.kinds) || C.external_on) && !flushed)
+        fprintf(stderr, "cuda_emu: CUPTI activity kinds left enabled (0x%x) and never flushed: "
+                "their records pile up unread\n", atomic_load(&C.kinds));
+}
+
 CUptiResult emu_cuptiActivityEnable(CUpti_ActivityKind kind) {
     if (!atomic_load(&C.on)) return CUPTI_ERROR_NOT_INITIALIZED;
+    static int registered;
+    if (!registered++) atexit(check_left_on);
+    if (kind == CUPTI_ACTIVITY_KIND_RUNTIME && runtime_fails()) return CUPTI_ERROR_INVALID_KIND;
     switch (kind) {
     case CUPTI_ACTIVITY_KIND_MEMCPY:
     case CUPTI_ACTIVITY_KIND_MEMSET:
@@ -216,8 +235,17 @@ CUptiResult emu_cuptiActivityEnable(CUpti_ActivityKind kind) {
     }
 }
 
+CUptiResult emu_cuptiActivityDisable(CUpti_ActivityKind kind) {
+    if (!atomic_load(&C.on)) return CUPTI_ERROR_NOT_INITIALIZED;
+    if (kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) C.external_on = 0;
+    else if ((int)kind >= 0 && kind < 32) atomic_fetch_and(&C.kinds, ~(1u << kind));
+    else return CUPTI_ERROR_INVALID_KIND;
+    return CUPTI_SUCCESS;
+}
+
 CUptiResult emu_cuptiActivityFlushAll(uint32_t flag) {
     if (!atomic_load(&C.on)) return CUPTI_ERROR_NOT_INITIALIZED;
+    flushed = 1;
     pthread_mutex_lock(&C.mu);
     uint8_t *b = C.buf;
     size_t size = C.size, used = C.used;
