@@ -146,6 +146,14 @@ int plan_pipeline(const gptc_config *c, const grid *g, const gpt_shape *s,
     return pp_schedule_validate(c->schedule, g->pp, c->virtual_stages, bp->n_micro, err, n);
 }
 
+int plan_layout(const gptc_config *c, const grid *g, const ckpt_meta *meta, gpt_shape *s,
+                batch_plan *bp, char *err, size_t n) {
+    if (plan_shape(c, meta, s, err, n) != 0 || gpt_check_shape(s, g->tp, err, n) != 0 ||
+        plan_batch(c, g, s, bp, err, n) != 0 || plan_pipeline(c, g, s, bp, err, n) != 0)
+        return -1;
+    return 0;
+}
+
 /* The CUDA attention kernels handle head sizes up to 128 in fp32, and multiples of 8 up
  * to 128 on tensor cores under precision = bf16 (16-byte rows for ldmatrix); the CPU's
  * attention, any. Their grids hold a sequence's 64-row tiles in y, which stops at 65535. */

@@ -39,6 +39,11 @@ int plan_batch(const gptc_config *c, const grid *g, const gpt_shape *s, batch_pl
 /* Whole layers per pipeline chunk, and a schedule that exists for the plan. */
 int plan_pipeline(const gptc_config *c, const grid *g, const gpt_shape *s,
                   const batch_plan *bp, char *err, size_t n);
+/* The model shape (plan_shape, with train.init's meta or NULL) checked for the layout,
+ * and the batch and pipeline plans: what a config asks of the layout, in the order the
+ * run checks it (tests/test_configs.c runs the shipped configs through it). */
+int plan_layout(const gptc_config *c, const grid *g, const ckpt_meta *meta, gpt_shape *s,
+                batch_plan *bp, char *err, size_t n);
 /* What train.device = cuda cannot run (head sizes, sequence length). */
 int plan_check_device(const gptc_config *c, const gpt_shape *s, int T, char *err, size_t n);
 /* Rank 0, which writes them: every output path writable, and none the file of an input

@@ -494,10 +494,7 @@ static int plan_run(run_state *r, char *err, size_t n) {
                        n);
         if (err[0]) return -1;
     }
-    if (plan_shape(c, r->init ? &r->meta : NULL, &r->shape, err, n) != 0 ||
-        gpt_check_shape(&r->shape, g->tp, err, n) != 0 ||
-        plan_batch(c, g, &r->shape, &r->bp, err, n) != 0 ||
-        plan_pipeline(c, g, &r->shape, &r->bp, err, n) != 0)
+    if (plan_layout(c, g, r->init ? &r->meta : NULL, &r->shape, &r->bp, err, n) != 0)
         return -1;
     r->first = r->init ? r->meta.step + 1 : 1;
     if (r->first > c->steps + 1) {

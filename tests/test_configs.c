@@ -51,10 +51,7 @@ static int plan_config(const char *path, char *line, size_t ln, char *err, size_
     /* every rank's plan is rank 0's: the checks depend on the layout's sizes alone */
     if (grid_layout(&g, world, 0, c.tp, c.pp, c.dp, why, sizeof why) != 0 ||
         plan_check_supported(&c, &g, why, sizeof why) != 0 ||
-        plan_shape(&c, NULL, &s, why, sizeof why) != 0 ||
-        gpt_check_shape(&s, g.tp, why, sizeof why) != 0 ||
-        plan_batch(&c, &g, &s, &bp, why, sizeof why) != 0 ||
-        plan_pipeline(&c, &g, &s, &bp, why, sizeof why) != 0 ||
+        plan_layout(&c, &g, NULL, &s, &bp, why, sizeof why) != 0 ||
         plan_check_device(&c, &s, bp.T, why, sizeof why) != 0)
         goto fail;
     snprintf(line, ln, "%s, %d rank(s) (tp %d, pp %d, dp %d), %d layers, d_model %d, %d rows of "

@@ -83,33 +83,38 @@ static int32_t *ints_to_gpu(const int32_t *h, size_t n) {
     return d;
 }
 
-/* Compares got (host memory) with the host reference; returns the error. */
-static double compare_host(const char *what, const float *got, const float *ref, size_t n,
-                           double tol) {
+/* The largest error of got[n] against ref[n] over ref's largest magnitude, and in *worst
+ * where it is; INFINITY where a non-finite value on either side is not matched exactly
+ * (NaN never is). */
+static double rel_error(const float *got, const float *ref, size_t n, size_t *worst) {
     double max_ref = 0, max_err = 0;
-    size_t worst = 0;
-    int bad = 0;
+    *worst = 0;
     for (size_t i = 0; i < n; i++) {
-        /* a non-finite value on either side must be matched exactly (NaN never is) */
         if (!(isfinite(got[i]) && isfinite(ref[i])) && !(got[i] == ref[i])) {
-            bad = 1;
-            worst = i;
-            break;
+            *worst = i;
+            return INFINITY;
         }
         if (!isfinite(ref[i])) continue;
         double e = fabs((double)got[i] - ref[i]);
-        if (e > max_err) max_err = e, worst = i;
+        if (e > max_err) max_err = e, *worst = i;
         if (fabs(ref[i]) > max_ref) max_ref = fabs(ref[i]);
     }
-    double rel = max_ref > 0 ? max_err / max_ref : max_err;
-    if (bad || !(rel <= tol)) {
-        printf("FAIL %-28s rel err %.3g > %.1g (element %zu: gpu %.9g, cpu %.9g)\n", what,
-               bad ? INFINITY : rel, tol, worst, got[worst], ref[worst]);
+    return max_ref > 0 ? max_err / max_ref : max_err;
+}
+
+/* Compares got (host memory) with the host reference; returns the error. */
+static double compare_host(const char *what, const float *got, const float *ref, size_t n,
+                           double tol) {
+    size_t worst;
+    double rel = rel_error(got, ref, n, &worst);
+    if (!(rel <= tol)) {
+        printf("FAIL %-28s rel err %.3g > %.1g (element %zu: gpu %.9g, cpu %.9g)\n", what, rel,
+               tol, worst, got[worst], ref[worst]);
         g_failures++;
     } else {
         printf("ok   %-28s rel err %.3g\n", what, rel);
     }
-    return bad ? INFINITY : rel;
+    return rel;
 }
 
 /* Compares the device tensor with the host reference; frees nothing. */
@@ -491,15 +496,11 @@ static double plan_table_product(int N, const float *w, const float *bias,
     gptc_act *d_inp = act_to_gpu(inp, ni), *d_out = act_poisoned(no);
     gpu->matmul_forward(d_out, d_inp, d_w, d_bias, N, IC, OC, 0, NULL);
     float *got = act_to_host(d_out, no);
-    double max_err = 0, max_ref = 0;
-    for (size_t i = 0; i < no; i++) {
-        double e = isfinite(got[i]) ? fabs((double)got[i] - out[i]) : INFINITY;
-        if (!(e <= max_err)) max_err = e;
-        if (fabs(out[i]) > max_ref) max_ref = fabs(out[i]);
-    }
+    size_t worst;
+    double rel = rel_error(got, out, no, &worst);
     free(inp), free(out), free(got);
     gpu->release(d_inp), gpu->release(d_out);
-    return max_ref > 0 ? max_err / max_ref : max_err;
+    return rel;
 }
 
 static void test_plan_table(void) {
