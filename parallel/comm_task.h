@@ -1,5 +1,7 @@
-/* One communication op as the comm layer carries it from issue to run; shared by the MPI
- * path (comm.c) and the NCCL path (comm_nccl.c). */
+/* One communication op as the comm layer carries it from issue to run, and what the comm
+ * layer's files share: the issuing (comm.c), the groups (comm_group.c), the MPI calls
+ * (comm_mpi.c), the host-side calls (comm_host.c) and the NCCL path (comm_nccl.c). Not for
+ * callers outside the layer: they have comm.h. */
 #ifndef GPTC_COMM_TASK_H
 #define GPTC_COMM_TASK_H
 
@@ -32,5 +34,20 @@ typedef struct {
 
 /* g's error becomes "call on <group>: what" unless it has one already (comm_error). */
 void comm_record_error(comm_group *g, const char *call, const char *what);
+
+/* 1 when rc is MPI_SUCCESS; otherwise records rc as g's error and returns 0. */
+int comm_mpi_ok(comm_group *g, const char *call, int rc);
+
+/* Runs t's MPI calls on host memory, blocking until they are done (comm_mpi.c). */
+void comm_mpi_run(const comm_task *t);
+
+/* Ends the job if g has an error and comm_end_job_on_error(1) was called (comm.c). */
+void comm_end_job_if_failed(const comm_group *g);
+
+/* Whose traffic g carries, for timing (comm_group.c). */
+timing_par comm_group_par(const comm_group *g);
+
+/* The op's place among the other ranks' ops, counted at issue (comm_group.c). */
+timing_match comm_group_match(comm_group *g, op_kind kind, int peer, int tag);
 
 #endif

@@ -519,7 +519,7 @@ const gptc_backend *cuda_backend(int local_rank, char *err, size_t errlen) {
             return NULL;
         }
     }
-    /* comm.c's decide_backend forces host-staged MPI on "mpi" and takes NCCL otherwise */
+    /* comm_group.c's decide_backend forces host-staged MPI on "mpi" and takes NCCL otherwise */
     const char *force = getenv("GPTC_COMM");
     if (force && force[0] && strcmp(force, "mpi") != 0) {
         snprintf(err, errlen, "GPTC_COMM = %s: give mpi (host-staged MPI instead of NCCL), or "

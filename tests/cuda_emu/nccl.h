@@ -6,7 +6,7 @@
  *
  * Values of enums, constants and the config's layout are those of NCCL 2.28's header, so
  * that code passing them through as numbers means the same thing; the version claimed is
- * 2.30.0, the first that accepts several ranks on one GPU (parallel/comm.c decides by
+ * 2.30.0, the first that accepts several ranks on one GPU (parallel/comm_group.c decides by
  * it and NCCL_MULTI_RANK_GPU_ENABLE, and every fake rank shares the one fake GPU). */
 #ifndef GPTC_CUDA_EMU_NCCL_H
 #define GPTC_CUDA_EMU_NCCL_H
