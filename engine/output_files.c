@@ -23,6 +23,21 @@
 
 /* 1 when the file at fp has HDF5's signature where HDF5 looks for it: at byte 0, 512,
  * 1024, 2048, ... (after a user block) */
+/* A path's directory and last name, as dirname and basename give them; each works on a
+ * copy of its own, since both may write into the string they are given. */
+typedef struct {
+    char dir[CFG_STR_MAX];
+    char base[CFG_STR_MAX];
+} path_parts;
+
+static void path_split(const char *path, path_parts *p) {
+    char copy[CFG_STR_MAX];
+    snprintf(copy, sizeof copy, "%s", path);
+    snprintf(p->dir, sizeof p->dir, "%s", dirname(copy));
+    snprintf(copy, sizeof copy, "%s", path);
+    snprintf(p->base, sizeof p->base, "%s", basename(copy));
+}
+
 static int has_hdf5_signature(FILE *fp, long size) {
     static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
     for (long at = 0; at + 8 <= size; at = at ? 2 * at : 512) {
@@ -158,9 +173,9 @@ int output_path_check(const char *key, const char *path, output_kind kind, char 
                  "is written beside its path and renamed over it): name a file", key, path);
         return -1;
     }
-    char copy[CFG_STR_MAX];
-    snprintf(copy, sizeof(copy), "%s", path);
-    const char *dir = dirname(copy);
+    path_parts parts;
+    path_split(path, &parts);
+    const char *dir = parts.dir;
     struct stat st;
     int fd, found = stat(dir, &st) == 0;
     if (!found && errno == ENOENT) {
@@ -439,11 +454,11 @@ static int same_file(const char *a, const char *b) {
     if (ea || eb)
         return ea && eb && S_ISREG(sa.st_mode) && S_ISREG(sb.st_mode) && sa.st_dev == sb.st_dev &&
                sa.st_ino == sb.st_ino;
-    char ca[CFG_STR_MAX], cb[CFG_STR_MAX], da[CFG_STR_MAX], db[CFG_STR_MAX];
-    snprintf(ca, sizeof ca, "%s", a), snprintf(da, sizeof da, "%s", a);
-    snprintf(cb, sizeof cb, "%s", b), snprintf(db, sizeof db, "%s", b);
-    return strcmp(basename(ca), basename(cb)) == 0 && stat(dirname(da), &sa) == 0 &&
-           stat(dirname(db), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    path_parts pa, pb;
+    path_split(a, &pa);
+    path_split(b, &pb);
+    return strcmp(pa.base, pb.base) == 0 && stat(pa.dir, &sa) == 0 && stat(pb.dir, &sb) == 0 &&
+           sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 int output_paths_distinct(const named_path *paths, int n, char *err, size_t errlen) {
@@ -551,10 +566,9 @@ static long version_step(const char *base, const char *entry) {
 int save_versions_check(const char *path, long first, long last, long every, int keep,
                         char *err, size_t n) {
     if (!path[0] || keep < 2 || last < first) return 0;
-    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX];
-    snprintf(copy, sizeof(copy), "%s", path);
-    snprintf(dir_copy, sizeof(dir_copy), "%s", path);
-    const char *base = basename(copy), *dir = dirname(dir_copy);
+    path_parts parts;
+    path_split(path, &parts);
+    const char *base = parts.base, *dir = parts.dir;
     DIR *d = opendir(dir);
     int rc = 0;
     for (struct dirent *e; d && rc == 0 && (e = readdir(d));) {
@@ -570,10 +584,9 @@ int save_versions_check(const char *path, long first, long last, long every, int
 }
 
 void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_kept) {
-    char copy[CFG_STR_MAX], dir_copy[CFG_STR_MAX];
-    snprintf(copy, sizeof(copy), "%s", path);
-    snprintf(dir_copy, sizeof(dir_copy), "%s", path);
-    const char *base = basename(copy), *dir = dirname(dir_copy);
+    path_parts parts;
+    path_split(path, &parts);
+    const char *base = parts.base, *dir = parts.dir;
     DIR *d = opendir(dir);
     if (!d) return;
     long found[SAVE_KEPT_FOUND]; /* [n]: the newest versions */
