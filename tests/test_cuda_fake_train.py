@@ -396,13 +396,19 @@ def check_variable_refusals(emu):
     if r.returncode == 0 or "train.log_file" not in r.stderr or \
             "GPTC_GEMM_CACHE" not in r.stderr or os.path.exists(log):
         fail(f"GPTC_GEMM_CACHE the metrics file: exit {r.returncode}, {r.stderr[-600:]!r}")
-    # without GPTC_GEMM_CANDIDATES the cache is not used: said, not silent
-    r = run_train(args, train=emu, extra_env={"GPTC_GEMM_CACHE": f"{D}/unused_cache.txt"},
-                  timeout=120)
+    # without GPTC_GEMM_CANDIDATES the cache is not used: said, not silent, and not a
+    # reason to refuse the file it names (here the metrics file, which stays JSON)
+    unused = f"{D}/unused_cache.jsonl"
+    r = run_train(args + [f"--train.log_file={unused}"], train=emu,
+                  extra_env={"GPTC_GEMM_CACHE": unused}, timeout=120)
     if r.returncode or "GPTC_GEMM_CACHE" not in r.stderr or "has no effect" not in r.stderr:
         fail(f"GPTC_GEMM_CACHE without GPTC_GEMM_CANDIDATES: exit {r.returncode}, "
              f"{r.stderr[-600:]!r}")
-    print("ok   GPTC_GEMM_CACHE: a FIFO and the metrics file refused, unused said")
+    with open(unused) as f:
+        steps = [json.loads(line)["step"] for line in f]
+    if steps != [1]:
+        fail(f"GPTC_GEMM_CACHE without GPTC_GEMM_CANDIDATES: metrics steps {steps}")
+    print("ok   GPTC_GEMM_CACHE: a FIFO and the metrics file refused, unused said and not refused")
 
 
 if __name__ == "__main__":
