@@ -178,10 +178,6 @@ int plan_check_device(const gptc_config *c, const gpt_shape *s, int T, char *err
     return 0;
 }
 
-/* The outputs are written at the end of a long run (checkpoints, the trace and the
- * report after the last step): a path that fails then, or that names another file the
- * run reads or writes, is refused now. A trace or report that goes to a FIFO is opened
- * now and held (output_whole_hold). Rank 0's. */
 /* The file the CUDA backend appends its GEMM choices to during the run, "" when none: only
  * with GPTC_GEMM_CANDIDATES >= 2 (engine/cuda/cuda_matmul.c; a bad count is refused there) */
 static const char *gemm_cache_written(const gptc_config *c) {
@@ -192,6 +188,10 @@ static const char *gemm_cache_written(const gptc_config *c) {
     return end != candidates && !*end && k >= 2 ? cache : "";
 }
 
+/* The outputs are written at the end of a long run (checkpoints, the trace and the
+ * report after the last step): a path that fails then, or that names another file the
+ * run reads or writes, is refused now. A trace or report that goes to a FIFO is opened
+ * now and held (output_whole_hold). Rank 0's. */
 int plan_check_outputs(const gptc_config *c, long first, char *err, size_t n) {
     const named_path files[] = {
         {"train.save", c->save, 1},        {"train.log_file", c->log_file, 1},
