@@ -42,14 +42,39 @@ static double dot(const float *y, const float *r, size_t n) {
 
 typedef double (*scalar_fn)(void *ctx);
 
-/* Compares grad[idx] with central differences of f at up to max_checks elements of x. */
+static size_t gcd(size_t a, size_t b) {
+    while (b) {
+        size_t t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
+
+/* The distance between probes: about n / count, so that they spread over the whole
+ * tensor, and coprime to n, so that they are distinct and step through every column of
+ * a [rows, C] tensor in turn (C divides n). A step sharing a factor with C reaches only
+ * some columns: the old (i * 7919 + 13) % n probed odd columns alone wherever C was 16
+ * or 40, and a backward that dropped every even channel's gradient passed. */
+static size_t probe_step(size_t n, size_t count) {
+    size_t step = count < n ? n / count : 1;
+    while (gcd(step, n) != 1) step++;
+    return step;
+}
+
+/* Element k of the count probes of an n-element tensor. */
+static size_t probe_at(size_t n, size_t count, size_t k) {
+    return (13 + k * probe_step(n, count)) % n;
+}
+
+/* Compares grad[idx] with central differences of f at min(n, max_checks) elements of x
+ * (probe_at). */
 static void check(const char *what, float *x, const float *grad, size_t n, scalar_fn f,
                   void *ctx, float h, int max_checks) {
     double worst = 0;
-    size_t stride = n / (size_t)max_checks + 1, bad_at = 0;
+    size_t count = (size_t)max_checks < n ? (size_t)max_checks : n, bad_at = 0;
     double bad_fd = 0, bad_an = 0;
-    for (size_t i = 0; i < n; i += stride) {
-        size_t idx = (i * 7919 + 13) % n; /* spread the probes over the tensor */
+    for (size_t k = 0; k < count; k++) {
+        size_t idx = probe_at(n, count, k);
         float keep = x[idx];
         x[idx] = keep + h;
         double lp = f(ctx);
@@ -252,14 +277,39 @@ static void test_model(void) {
         size_t real = (size_t)t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
         char what[80];
         snprintf(what, sizeof(what), "model d/%s", t->name);
-        check(what, m.params + t->offset, m.grads + t->offset, real, model_loss, &c, 1e-2f, 12);
+        check(what, m.params + t->offset, m.grads + t->offset, real, model_loss, &c, 1e-2f, 16);
     }
     gpt_destroy(&m);
+}
+
+/* The probes are distinct and reach as many columns of a [rows, C] tensor as there are
+ * probes (up to C): the shapes the checks below probe. */
+static void test_probes(void) {
+    static const size_t shapes[][3] = {/* rows, C, probes */
+                                       {1, 40, 40},  {16, 40, 60}, {16, 16, 16}, {1, 16, 16},
+                                       {16, 48, 16}, {64, 16, 16}, {37, 16, 48}, {12, 16, 40}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        size_t rows = shapes[i][0], C = shapes[i][1], n = rows * C, count = shapes[i][2];
+        if (count > n) count = n;
+        unsigned char seen[4096] = {0}, col[64] = {0};
+        size_t distinct = 0, cols = 0;
+        for (size_t k = 0; k < count; k++) {
+            size_t idx = probe_at(n, count, k);
+            distinct += !seen[idx]++;
+            cols += !col[idx % C]++;
+        }
+        size_t want = count < C ? count : C;
+        int ok = distinct == count && cols == want;
+        printf("%-4s probes of [%zu, %zu]: %zu distinct of %zu, %zu columns of %zu\n",
+               ok ? "ok" : "FAIL", rows, C, distinct, count, cols, want);
+        if (!ok) g_failures++;
+    }
 }
 
 int main(void) {
     be = cpu_backend();
     if (!be) return 1;
+    test_probes();
     test_embedding();
     test_layernorm();
     test_matmul(0);
