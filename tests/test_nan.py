@@ -8,6 +8,7 @@ import os
 import re
 import sys
 
+import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -116,7 +117,6 @@ def main():
                    f"--train.save={D}/last_good.h5"])
     if r.returncode != 0:
         fail(f"skip: the run to step {good[-1]} failed: {r.stderr[-600:]}")
-    import h5py
     with h5py.File(f"{D}/skip.h5") as fs, h5py.File(f"{D}/last_good.h5") as fr:
         if int(fs["optim"].attrs["t"]) != len(good) or int(fs.attrs["step"]) != 30:
             fail(f"skip: the checkpoint of step {int(fs.attrs['step'])} has optimizer t "
