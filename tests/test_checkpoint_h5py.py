@@ -24,6 +24,13 @@ TENSORS = [("wte", (5, 3)), ("wpe", (4, 3)), ("h.0.ln_1.weight", (3,)),
 GROUPS = ["model", "optim/m", "optim/v"]
 
 
+def check(ok, msg):
+    """An assert that PYTHONOPTIMIZE cannot remove."""
+    if not ok:
+        print(f"FAIL: {msg}")
+        sys.exit(1)
+
+
 def ref_array(group, k, shape):
     i = np.arange(int(np.prod(shape)), dtype=np.int64)
     vals = (i * 37 + (k + 10 * group) * 101) % 257 - 128
@@ -37,20 +44,20 @@ def as_text(v):
 def check_c_written(path):
     with h5py.File(path, "r") as f:
         fmt = f.attrs["format"]
-        assert fmt == "gpt-ckpt", f"format attribute reads as {fmt!r}"
-        assert isinstance(fmt, str), f"format should read as str, got {type(fmt)}"
+        check(fmt == "gpt-ckpt", f"format attribute reads as {fmt!r}")
+        check(isinstance(fmt, str), f"format should read as str, got {type(fmt)}")
         for key, want in [("version", 1)] + list(META.items()):
             v = f.attrs[key]
-            assert v == want and v.dtype == np.int64, f"attribute {key} = {v!r} ({v.dtype})"
-        assert f["optim"].attrs["t"] == OPTIM_T
+            check(v == want and v.dtype == np.int64, f"attribute {key} = {v!r} ({v.dtype})")
+        check(f["optim"].attrs["t"] == OPTIM_T, f"/optim t = {f['optim'].attrs['t']!r}")
         for g, group in enumerate(GROUPS):
             names = sorted(f[group].keys())
-            assert names == sorted(n for n, _ in TENSORS), f"/{group} holds {names}"
+            check(names == sorted(n for n, _ in TENSORS), f"/{group} holds {names}")
             for k, (name, shape) in enumerate(TENSORS):
                 d = f[group][name]
-                assert d.dtype == np.float32, f"/{group}/{name} is {d.dtype}"
-                assert d.shape == shape, f"/{group}/{name} has shape {d.shape}"
-                assert np.array_equal(d[()], ref_array(g, k, shape)), f"/{group}/{name} values"
+                check(d.dtype == np.float32, f"/{group}/{name} is {d.dtype}")
+                check(d.shape == shape, f"/{group}/{name} has shape {d.shape}")
+                check(np.array_equal(d[()], ref_array(g, k, shape)), f"/{group}/{name} values")
     print(f"h5py checked {path}")
 
 
@@ -86,13 +93,13 @@ def main():
 
         c_path = os.path.join(d, "c_written.h5")
         rc, out = run_c(binary, "--write", c_path)
-        assert rc == 0, "C writer failed"
+        check(rc == 0, "C writer failed")
         check_c_written(c_path)
 
         py_path = os.path.join(d, "py_written.h5")
         write_py(py_path)
         rc, out = run_c(binary, "--check", py_path)
-        assert rc == 0, "C reader refused the h5py-written checkpoint"
+        check(rc == 0, "C reader refused the h5py-written checkpoint")
 
         for name, kwargs, words in [
             ("py_v2.h5", {"version": 2}, ["py_v2.h5", "version 2"]),
@@ -101,9 +108,9 @@ def main():
             bad = os.path.join(d, name)
             write_py(bad, **kwargs)
             rc, out = run_c(binary, "--check", bad)
-            assert rc != 0, f"C reader accepted {name}"
+            check(rc != 0, f"C reader accepted {name}")
             for w in words:
-                assert w in out, f"message for {name} lacks {w!r}: {out}"
+                check(w in out, f"message for {name} lacks {w!r}: {out}")
     print("checkpoint h5py cross-check passed")
 
 
