@@ -17,6 +17,7 @@ abort the job well before the timeout.
 Without the fake NCCL, a third run makes one MPI op of rank 1 fail (GPTC_TEST_COMM_FAIL_OP,
 parallel/comm.c): the job must end at once with rank 1's line naming the op."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,11 +114,18 @@ def main():
         sys.exit(77)
     write_tokens(f"{D}/tok.h5", np.random.default_rng(8).integers(0, 64, 20000), 64)
     took, err = run("kill", signal.SIGKILL)
+    if took > TIMEOUT + 20:
+        fail(f"SIGKILL: took {took:.1f} s with train.comm_timeout_s = {TIMEOUT}")
     print(f"ok   SIGKILL of one rank: the job ended nonzero after {took:.1f} s")
     took, err = run("stop", signal.SIGSTOP)
+    # rank 0 notices (rank 1 is the one stopped) and, on the CPU, says which collective it
+    # waits in: the MPI op runs on its host thread (NCCL's are enqueued on the device)
     lines = [ln for ln in err.splitlines() if "no progress" in ln]
-    if not lines or "peer rank has died or hung" not in lines[0] or "rank " not in lines[0]:
-        fail(f"SIGSTOP: no watchdog message naming the rank:\n{err[-2000:]}")
+    if not lines or not lines[0].startswith("gptc: error: rank 0: no progress for ") or \
+            "a peer rank has died or hung" not in lines[0] or \
+            (DEVICE == "cpu" and not re.search(r", waiting in \w+ on tp: ", lines[0])):
+        fail(f"SIGSTOP: no watchdog line from rank 0 naming itself"
+             f"{' and the op it waits in' if DEVICE == 'cpu' else ''}:\n{err[-2000:]}")
     if took > TIMEOUT + 20:
         fail(f"SIGSTOP: took {took:.1f} s with train.comm_timeout_s = {TIMEOUT}")
     print(f"ok   SIGSTOP of one rank: aborted after {took:.1f} s: {lines[0]}")
