@@ -128,6 +128,14 @@ LAYOUTS = [
     ("dp4 ZeRO-1, buckets of 0.01 MB", 4, ["--parallel.dp=4", "--overlap.dp_shard=optimizer",
                                            "--overlap.dp_bucket_mb=0.01"]),
     ("tp2 x dp2 ZeRO-1", 4, ["--parallel.tp=2", "--parallel.dp=2", "--overlap.dp_shard=optimizer"]),
+    # each stage's optimizer state sharded over its dp ranks (a shard-dependent bug
+    # confined to pipelined runs passed every other layout)
+    ("pp2 interleaved x dp2 ZeRO-1 bucket", 4, ["--parallel.pp=2", "--parallel.dp=2",
+                                                "--parallel.schedule=interleaved",
+                                                "--parallel.virtual_stages=2",
+                                                "--overlap.dp=bucket",
+                                                "--overlap.dp_shard=optimizer",
+                                                "--overlap.dp_bucket_mb=0.01"]),
 ]
 
 
