@@ -6,8 +6,10 @@
 #include "parallel/comm_task.h"
 
 #include "engine/timing.h"
+#include "engine/watchdog.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* The host-side reductions block the caller: each is one record on it (stream 0, as an
@@ -15,15 +17,21 @@
  * the gradients' all-reduces in the report. 1 when MPI_Allreduce succeeded, else 0. */
 static int host_allreduce(comm_group *g, const void *in, void *out, int n, MPI_Datatype type,
                           MPI_Op op) {
+    const char *name = op == MPI_MAX ? "host_allreduce_max" : "host_allreduce";
+    /* named to the watchdog as a stream's op is: a peer lost before a step's agreement
+     * leaves this rank waiting here */
+    static _Thread_local char what[64]; /* outlives the call: the watchdog may print it */
+    snprintf(what, sizeof what, "%s on %s", name, g->name);
+    watchdog_waiting(what);
     timing_match match = comm_group_match(g, OP_ALLREDUCE, -1, 0);
     double t0 = timing_on() ? timing_now_ms() : 0;
     int rc = comm_mpi_ok(g, "MPI_Allreduce", MPI_Allreduce(in, out, n, type, op, g->comm));
+    watchdog_waiting(NULL);
     int elem = 0;
     MPI_Type_size(type, &elem);
     if (timing_on())
-        timing_record_op(op == MPI_MAX ? "host_allreduce_max" : "host_allreduce", TK_COMM,
-                         comm_group_par(g), 0, timing_context(), (timing_work){0.0, (double)n * elem},
-                         match, t0, timing_now_ms());
+        timing_record_op(name, TK_COMM, comm_group_par(g), 0, timing_context(),
+                         (timing_work){0.0, (double)n * elem}, match, t0, timing_now_ms());
     comm_end_job_if_failed(g);
     return rc;
 }

@@ -43,6 +43,19 @@ D = work_dir("gptc_dead_")
 TIMEOUT = 8 if EMU_NCCL else 4
 
 
+def world_rank(pid):
+    """The MPI rank of a rank process (Open MPI's environment), or its pid where that is not
+    readable (pids rise in launch order but for a wrap-around)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for var in f.read().split(b"\0"):
+                if var.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    return int(var.split(b"=", 1)[1])
+    except (OSError, ValueError):
+        pass
+    return pid
+
+
 def run(name, sig, extra_env=None):
     """Starts 2 ranks; once 3 steps are logged, sends sig to the second (None: sends
     nothing, waits for the job to end by itself). Returns the seconds from the signal (or
@@ -69,7 +82,7 @@ def run(name, sig, extra_env=None):
     if len(ranks) != 2:
         p.kill()
         fail(f"{name}: expected 2 rank processes, found {ranks}")
-    victim = max(ranks)  # the second one launched
+    victim = max(ranks, key=world_rank)  # rank 1: rank 0 is the one that reports
     t0 = time.time()
     if sig is not None:
         os.kill(victim, sig)
@@ -119,11 +132,12 @@ def main():
     print(f"ok   SIGKILL of one rank: the job ended nonzero after {took:.1f} s")
     took, err = run("stop", signal.SIGSTOP)
     # rank 0 notices (rank 1 is the one stopped) and, on the CPU, says which collective it
-    # waits in: the MPI op runs on its host thread (NCCL's are enqueued on the device)
+    # waits in (a TP op, or the step's agreement over the world): the MPI op runs on a
+    # host thread (NCCL's are enqueued on the device)
     lines = [ln for ln in err.splitlines() if "no progress" in ln]
     if not lines or not lines[0].startswith("gptc: error: rank 0: no progress for ") or \
             "a peer rank has died or hung" not in lines[0] or \
-            (DEVICE == "cpu" and not re.search(r", waiting in \w+ on tp: ", lines[0])):
+            (DEVICE == "cpu" and not re.search(r", waiting in \w+ on (tp|world): ", lines[0])):
         fail(f"SIGSTOP: no watchdog line from rank 0 naming itself"
              f"{' and the op it waits in' if DEVICE == 'cpu' else ''}:\n{err[-2000:]}")
     if took > TIMEOUT + 20:
