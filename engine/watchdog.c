@@ -13,7 +13,13 @@
 
 static _Atomic double g_last_ms;
 static _Atomic double g_hold_until_ms; /* watchdog_hold: no timeout counted before this */
-static _Atomic(const char *) g_waiting;
+/* What each thread waits in (watchdog_waiting), a slot a thread: the main thread's host
+ * reductions and the streams' ops run at once (a ZeRO-1 prefetch in flight while the step
+ * agrees), and one shared name was cleared by whichever finished first. Threads past the
+ * slots share them (the name is for the message only). */
+enum { WAIT_SLOTS = 32 };
+static _Atomic(const char *) g_waiting[WAIT_SLOTS];
+static atomic_int g_wait_threads;
 static atomic_int g_running;
 static pthread_t g_thread;
 static double g_timeout_ms;
@@ -62,7 +68,24 @@ void watchdog_test_slow_read(void) {
     }
 }
 
-void watchdog_waiting(const char *what) { atomic_store(&g_waiting, what); }
+void watchdog_waiting(const char *what) {
+    static _Thread_local int slot = -1;
+    if (slot < 0) slot = atomic_fetch_add(&g_wait_threads, 1) % WAIT_SLOTS;
+    atomic_store(&g_waiting[slot], what);
+}
+
+/* ", waiting in A and B" for the threads that wait, "" when none does */
+static void waiting_text(char *out, size_t n) {
+    size_t len = 0;
+    out[0] = '\0';
+    for (int i = 0; i < WAIT_SLOTS && len < n; i++) {
+        const char *w = atomic_load(&g_waiting[i]);
+        if (w) {
+            int k = snprintf(out + len, n - len, "%s%s", len ? " and " : ", waiting in ", w);
+            len = k < 0 ? n : len + (size_t)k;
+        }
+    }
+}
 
 static void *watch(void *arg) {
     (void)arg;
@@ -79,11 +102,11 @@ static void *watch(void *arg) {
         double last = atomic_load(&g_last_ms), held = atomic_load(&g_hold_until_ms);
         double idle = timing_now_ms() - (held > last ? held : last);
         if (idle < g_timeout_ms) continue;
-        const char *what = atomic_load(&g_waiting);
-        log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in step %ld%s%s: a peer "
+        char what[256];
+        waiting_text(what, sizeof what);
+        log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in step %ld%s: a peer "
                   "rank has died or hung; aborting the job",
-                  g_rank, idle / 1e3, g_step ? *g_step : 0L, what ? ", waiting in " : "",
-                  what ? what : "");
+                  g_rank, idle / 1e3, g_step ? *g_step : 0L, what);
         if (g_abort_all) g_abort_all();
         MPI_Abort(MPI_COMM_WORLD, 1);
     }

@@ -24,8 +24,9 @@ double watchdog_io_s(double bytes);
  * load take that much longer (a cold cache, a slow disk), so that a test can make one
  * rank read slower than its peers */
 void watchdog_test_slow_read(void);
-/* What this rank is about to wait in, for the message (a string literal or a buffer
- * that stays valid); NULL when not in communication. */
+/* What the calling thread is about to wait in, for the message (a string literal or a
+ * buffer that stays valid); NULL when it is done. Each thread has its own: the message
+ * names every thread's. */
 void watchdog_waiting(const char *what);
 /* Starts the thread (no-op for a single rank): 0, or pthread_create's error number. */
 int watchdog_start(double timeout_s, int rank, long *step);

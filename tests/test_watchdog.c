@@ -3,9 +3,13 @@
  * 0. "expire": a hold of 0.5 s then 3 s without a beat is one: the watchdog ends the job,
  * saying "no progress" (ctest expects that line). "ended": a hold of 30 s that a beat ends
  * at once (the wait was short), then 3 s without a beat: a hang, timed from the beat, not
- * from the hold's end. Also checks watchdog_io_s's rate. */
+ * from the hold's end. "waiting": "expire", where the main thread waits in one op and two
+ * other threads in others, one of which ends its op: the line names the two still waiting
+ * (ctest expects both names; one name shared by all threads was cleared by the first to
+ * finish). Also checks watchdog_io_s's rate. */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -17,12 +21,20 @@ static void sleep_s(double s) {
     nanosleep(&t, NULL);
 }
 
+/* a stream's op: waits in arg; the first ends its op, the second is still in it */
+static void *op_thread(void *arg) {
+    watchdog_waiting(arg);
+    if (strcmp(arg, "allgather on dp") == 0) watchdog_waiting(NULL);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     int provided = 0, rank = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int ended = argc > 1 && strcmp(argv[1], "ended") == 0;
-    int expire = ended || (argc > 1 && strcmp(argv[1], "expire") == 0);
+    int waiting = argc > 1 && strcmp(argv[1], "waiting") == 0;
+    int expire = ended || waiting || (argc > 1 && strcmp(argv[1], "expire") == 0);
     long step = 0;
     double rate = 1e9 / watchdog_io_s(1e9); /* bytes a second */
     if (rate < 1e6 || rate > 1e9) {
@@ -36,6 +48,14 @@ int main(int argc, char **argv) {
     watchdog_hold(ended ? 30.0 : expire ? 0.5 : 3.0); /* hold: 2 s of slack for a loaded
                                                         * machine's scheduling */
     if (ended) watchdog_beat();
+    if (waiting) {
+        watchdog_waiting("host_allreduce on world");
+        const char *ops[2] = {"allgather on dp", "reduce_scatter on dp"};
+        for (int i = 0; i < 2; i++) { /* one after the other: their slots in this order */
+            pthread_t t;
+            if (pthread_create(&t, NULL, op_thread, (void *)ops[i]) == 0) pthread_join(t, NULL);
+        }
+    }
     sleep_s(expire ? 3.0 : 1.5);
     watchdog_beat();
     MPI_Barrier(MPI_COMM_WORLD);
