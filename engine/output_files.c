@@ -21,8 +21,6 @@
 #include "engine/h5_checks.h"
 #include "engine/log.h"
 
-/* 1 when the file at fp has HDF5's signature where HDF5 looks for it: at byte 0, 512,
- * 1024, 2048, ... (after a user block) */
 /* A path's directory and last name, as dirname and basename give them; each works on a
  * copy of its own, since both may write into the string they are given. */
 typedef struct {
@@ -38,6 +36,8 @@ static void path_split(const char *path, path_parts *p) {
     snprintf(p->base, sizeof p->base, "%s", basename(copy));
 }
 
+/* 1 when the file at fp has HDF5's signature where HDF5 looks for it: at byte 0, 512,
+ * 1024, 2048, ... (after a user block) */
 static int has_hdf5_signature(FILE *fp, long size) {
     static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
     for (long at = 0; at + 8 <= size; at = at ? 2 * at : 512) {

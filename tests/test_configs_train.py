@@ -13,6 +13,8 @@ move the parameters by ~1e-4 of lr, under the noise an optimizer bug would have 
 by 3e-6 and passed; at the full rate by 2.5e-5). Measured at the full rate: losses and
 grad norms within 7.9e-7, parameters within 1.0e-6 normwise, each tensor within ~5e-5
 (the key biases, whose gradient is zero but for rounding: gptc_testlib.compare_params).
+The tokens are tests/*.py made into a token file, so these figures move a little when a
+test file changes.
 """
 import glob
 import json
