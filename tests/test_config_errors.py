@@ -2,6 +2,7 @@
 nonzero exit on every rank. Each case lists the arguments and words the message needs."""
 import concurrent.futures
 import os
+import re
 import sys
 
 import numpy as np
@@ -153,7 +154,8 @@ def check(name, args, words, np_ranks=None, r=None):
     err_lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gptc: error:")]
     if r.returncode == 0:
         fail(f"{name}: exit code 0, expected an error")
-    if "step " in r.stdout and "/2 | loss" in r.stdout:
+    # a step's line (step     1/3 | loss ...): whatever the case's step count
+    if re.search(r"^step +\d+/\d+ \| loss", r.stdout, re.M):
         fail(f"{name}: training started before the error")
     # every rank finds the same problem, and rank 0 alone reports it
     if len(err_lines) != 1:
