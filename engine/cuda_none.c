@@ -19,3 +19,4 @@ const char *cuda_backend_attention_kernels(int head_size, gptc_precision p, char
 int cuda_backend_device(void) { return -1; }
 int cuda_device_count(void) { return 0; }
 const char *cuda_backend_pci_bus_id(char *buf, int len) { return NULL; }
+const char *cuda_backend_gemm_cache(void) { return NULL; }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/cuda/cuda_backend.h"
 #include "engine/output_files.h"
 #include "parallel/schedule.h"
 
@@ -178,27 +179,19 @@ int plan_check_device(const gptc_config *c, const gpt_shape *s, int T, char *err
     return 0;
 }
 
-/* The file the CUDA backend appends its GEMM choices to during the run, "" when none: only
- * with GPTC_GEMM_CANDIDATES >= 2 (engine/cuda/cuda_matmul.c; a bad count is refused there) */
-static const char *gemm_cache_written(const gptc_config *c) {
-    const char *cache = getenv("GPTC_GEMM_CACHE"), *candidates = getenv("GPTC_GEMM_CANDIDATES");
-    if (!cache || strcmp(c->device, "cuda") != 0 || !candidates) return "";
-    char *end;
-    long k = strtol(candidates, &end, 10);
-    return end != candidates && !*end && k >= 2 ? cache : "";
-}
-
 /* The outputs are written at the end of a long run (checkpoints, the trace and the
  * report after the last step): a path that fails then, or that names another file the
  * run reads or writes, is refused now. A trace or report that goes to a FIFO is opened
  * now and held (output_whole_hold). Rank 0's. */
 int plan_check_outputs(const gptc_config *c, long first, char *err, size_t n) {
+    /* the CUDA backend's GEMM choices, appended during the run */
+    const char *gemm = strcmp(c->device, "cuda") == 0 ? cuda_backend_gemm_cache() : NULL;
     const named_path files[] = {
         {"train.save", c->save, 1},        {"train.log_file", c->log_file, 1},
         {"profile.trace", c->trace, 1},    {"profile.report", c->report, 1},
         {"the config file", c->source, 0}, {"data.path", c->data_path, 0},
         {"train.init", c->init, 0},
-        {"GPTC_GEMM_CACHE", gemm_cache_written(c), 1}};
+        {"GPTC_GEMM_CACHE", gemm ? gemm : "", 1}};
     if (output_paths_distinct(files, (int)(sizeof files / sizeof files[0]), err, n) != 0)
         return -1;
     for (int i = 0; i < 4; i++) /* the checkpoint is written beside and renamed over */

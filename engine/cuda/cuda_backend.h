@@ -25,6 +25,10 @@ int cuda_backend_device(void);
 const char *cuda_backend_pci_bus_id(char *buf, int len);
 /* GPUs visible to this process; 0 when there is none or no working driver. */
 int cuda_device_count(void);
+/* The file the GEMM choices are appended to during the run (GPTC_GEMM_CACHE, kept only
+ * with GPTC_GEMM_CANDIDATES a count of 2 or more: cuda_matmul.c), or NULL; from the
+ * environment alone, so that the start-up checks know it before the backend starts. */
+const char *cuda_backend_gemm_cache(void);
 /* Builds without CUDA link engine/cuda_none.c, whose cuda_backend says so in err. */
 
 

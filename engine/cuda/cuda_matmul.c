@@ -194,23 +194,34 @@ static void cache_add(const plan *p, int pick) {
     if (fd >= 0) close(fd);
 }
 
+/* GPTC_GEMM_CANDIDATES: 1 when unset or empty, -1 when it is no count from 1 to
+ * MAX_CANDIDATES */
+static long candidates_from_env(void) {
+    const char *env = getenv("GPTC_GEMM_CANDIDATES");
+    if (!env || !env[0]) return 1;
+    char *end;
+    long n = strtol(env, &end, 10);
+    return *end || n < 1 || n > MAX_CANDIDATES ? -1 : n;
+}
+
+const char *cuda_backend_gemm_cache(void) {
+    const char *cache = getenv("GPTC_GEMM_CACHE");
+    return cache && cache[0] && candidates_from_env() > 1 ? cache : NULL;
+}
+
 int cuda_matmul_init(char *err, size_t errlen) {
     cuda_matmul_set_precision(GPTC_FP32);
     if (cublaslt_load(&g.api, err, errlen) != 0) return -1;
     const char *env = getenv("GPTC_GEMM_CANDIDATES");
-    g.candidates = 1;
-    if (env && env[0]) {
-        char *end;
-        long n = strtol(env, &end, 10);
-        if (*end || n < 1 || n > MAX_CANDIDATES) {
-            snprintf(err, errlen, "GPTC_GEMM_CANDIDATES = %s: give a count from 1 to %d", env,
-                     MAX_CANDIDATES);
-            return -1;
-        }
-        g.candidates = (int)n;
+    long n = candidates_from_env();
+    if (n < 0) {
+        snprintf(err, errlen, "GPTC_GEMM_CANDIDATES = %s: give a count from 1 to %d", env,
+                 MAX_CANDIDATES);
+        return -1;
     }
+    g.candidates = (int)n;
     const char *cache = getenv("GPTC_GEMM_CACHE");
-    g.cache_path = cache && cache[0] && g.candidates > 1 ? cache : NULL;
+    g.cache_path = cuda_backend_gemm_cache();
     if (cache && cache[0] && !g.cache_path)
         log_warn("GPTC_GEMM_CACHE = %s has no effect: the cache keeps the choices of "
                  "GPTC_GEMM_CANDIDATES >= 2, which is %s", cache,
