@@ -378,6 +378,11 @@ def check_variable_refusals(emu):
     check_start_refusal(emu, "emu_group_not_a_count", "GPTC_ATTENTION_GROUP=8k", 64,
                         {"GPTC_ATTENTION_GROUP": "8k"},
                         ["GPTC_ATTENTION_GROUP = 8k", "positive count"])
+    # a count of candidates the backend cannot time: refused by name at the start (with a
+    # cache named too, which is then no output of the run)
+    check_start_refusal(emu, "emu_gemm_candidates_bad", "GPTC_GEMM_CANDIDATES=100", 64,
+                        {"GPTC_GEMM_CANDIDATES": "100", "GPTC_GEMM_CACHE": f"{D}/c100.txt"},
+                        ["GPTC_GEMM_CANDIDATES = 100", "give a count"])
     # the GEMM cache is appended during the run: a FIFO there hung the start (its open
     # waits for a writer); the run's own metrics file took its lines (the metrics file
     # was then refused as not JSON by every later run)
