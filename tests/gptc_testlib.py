@@ -131,6 +131,20 @@ def compare_params(name, ref_path, got_path, rtol, tensor_rtol, ref_name="the CP
     return worst
 
 
+def tensors_differ(path_a, path_b):
+    """Checkpoint path_a's tensors (/model, /optim/m, /optim/v) that path_b does not hold
+    bit for bit ("group/name", one missing there included), and how many were compared."""
+    import h5py
+    differ, n = [], 0
+    with h5py.File(path_a) as fa, h5py.File(path_b) as fb:
+        for group in ("model", "optim/m", "optim/v"):
+            for name in fa[group]:
+                key, n = f"{group}/{name}", n + 1
+                if key not in fb or not np.array_equal(fa[key][()], fb[key][()]):
+                    differ.append(key)
+    return differ, n
+
+
 # precision = bf16 across devices: a bf16 run against the CPU's bf16 run of the same
 # layout. Each op's bf16 outputs may differ between devices by one bf16 step where their
 # fp32 sums add in another order (and the flash attention rounds its probabilities
