@@ -43,6 +43,14 @@ void comm_end_job_if_failed(const comm_group *g) {
 
 /* ---- issuing on a stream ---- */
 
+void comm_waiting(const char *op, const comm_group *g) {
+    /* one a thread, which waits in one op at a time; it outlives the op: the watchdog
+     * may print it after */
+    static _Thread_local char what[64];
+    snprintf(what, sizeof what, "%s on %s", op, g->name);
+    watchdog_waiting(what);
+}
+
 static const char *op_name(const comm_task *t) {
     switch (t->kind) {
     case OP_ALLREDUCE: return t->op == MPI_MAX ? "allreduce_max" : "allreduce";
@@ -93,9 +101,7 @@ static long comm_delay_us(void) {
 /* Timed on the thread that runs it, so a record is exactly the op's time on that thread
  * (for a blocking transfer that includes waiting for the peer). */
 static void run_task(const comm_task *t) {
-    static _Thread_local char what[64]; /* outlives the op: the watchdog may print it */
-    snprintf(what, sizeof(what), "%s on %s", op_name(t), t->g->name);
-    watchdog_waiting(what);
+    comm_waiting(op_name(t), t->g);
     double t0 = timing_on() ? timing_now_ms() : 0;
     long delay = t->stream ? comm_delay_us() : 0;
     if (delay > 0) {

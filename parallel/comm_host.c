@@ -9,7 +9,6 @@
 #include "engine/watchdog.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 /* The host-side reductions block the caller: each is one record on it (stream 0, as an
@@ -20,9 +19,7 @@ static int host_allreduce(comm_group *g, const void *in, void *out, int n, MPI_D
     const char *name = op == MPI_MAX ? "host_allreduce_max" : "host_allreduce";
     /* named to the watchdog as a stream's op is: a peer lost before a step's agreement
      * leaves this rank waiting here */
-    static _Thread_local char what[64]; /* outlives the call: the watchdog may print it */
-    snprintf(what, sizeof what, "%s on %s", name, g->name);
-    watchdog_waiting(what);
+    comm_waiting(name, g);
     timing_match match = comm_group_match(g, OP_ALLREDUCE, -1, 0);
     double t0 = timing_on() ? timing_now_ms() : 0;
     int rc = comm_mpi_ok(g, "MPI_Allreduce", MPI_Allreduce(in, out, n, type, op, g->comm));

@@ -44,6 +44,10 @@ void comm_mpi_run(const comm_task *t);
 /* Ends the job if g has an error and comm_end_job_on_error(1) was called (comm.c). */
 void comm_end_job_if_failed(const comm_group *g);
 
+/* Tells the watchdog that the calling thread now waits in "op on <group>" (comm.c); the
+ * op clears it with watchdog_waiting(NULL). */
+void comm_waiting(const char *op, const comm_group *g);
+
 /* Whose traffic g carries, for timing (comm_group.c). */
 timing_par comm_group_par(const comm_group *g);
 
