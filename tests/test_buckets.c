@@ -1,4 +1,4 @@
-/* The flat buffers' bucket layout (layers/gpt.c, cut_buckets): every tensor in its bucket,
+/* The flat buffers' bucket layout (layers/gpt.c, cut_buckets): every tensor in one bucket,
  * buckets back to back, and with sharded optimizer state (ZeRO-1) every bucket a whole
  * number of shards pieces of 64 floats, so that pieces and the tensors after them stay on
  * 256 bytes whatever the DP size (a bucket padded to a multiple of 3 alone put every later
@@ -11,11 +11,17 @@
 
 /* Checks m's layout for shards pieces a bucket; returns how many buckets it has. */
 static int check_layout(const gpt_model *m, int shards, const char *what) {
-    size_t end = 0;
+    size_t end = 0, tensor_end = 0; /* where the last bucket and the last tensor ended */
+    int next_tensor = 0;
     for (int b = 0; b < m->n_buckets; b++) {
         const grad_bucket *bk = &m->buckets[b];
         check(bk->offset == end, "%s: bucket %d at %zu, not where the last ended (%zu)", what, b,
               bk->offset, end);
+        /* each tensor in exactly one bucket: a tensor in two would be reduced twice */
+        check(bk->first_tensor == next_tensor && bk->n_tensors >= 1,
+              "%s: bucket %d holds tensors %d..%d, not from %d on", what, b, bk->first_tensor,
+              bk->first_tensor + bk->n_tensors - 1, next_tensor);
+        next_tensor = bk->first_tensor + bk->n_tensors;
         if (shards > 1)
             check(bk->count % ((size_t)shards * 64) == 0,
                   "%s: bucket %d of %zu floats, not whole pieces of 64 for %d shards", what, b,
@@ -27,10 +33,16 @@ static int check_layout(const gpt_model *m, int shards, const char *what) {
             /* every size of this shape is a multiple of 8 floats: so must every offset be */
             check(t->offset % 8 == 0, "%s: %s at offset %zu, off 32 bytes", what, t->name,
                   t->offset);
+            /* buffer order: two tensors sharing floats would sum each other's gradients */
+            check(t->offset >= tensor_end, "%s: %s at %zu overlaps the tensor before (ends %zu)",
+                  what, t->name, t->offset, tensor_end);
+            tensor_end = t->offset + t->numel;
         }
         end = bk->offset + bk->count;
     }
     check(end == m->n_params, "%s: buckets end at %zu of %zu floats", what, end, m->n_params);
+    check(next_tensor == m->n_tensors, "%s: buckets hold %d of %d tensors", what, next_tensor,
+          m->n_tensors);
     check(m->n_opt * (size_t)(shards > 1 ? shards : 1) == m->n_params,
           "%s: optimizer state of %zu floats for %zu parameters over %d shards", what, m->n_opt,
           m->n_params, shards);
