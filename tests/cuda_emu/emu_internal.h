@@ -23,6 +23,12 @@ int emu_stream_valid(cudaStream_t s);
  * hang reports; it must live until the work ran (a string literal). */
 void emu_stream_run(cudaStream_t s, void (*fn)(void *), void *arg, const char *what);
 
+/* Under lazy module loading (CUDA_MODULE_LOADING other than EAGER when CUDA started),
+ * the first use of the kernel `key` waits for every stream, as its module load may wait
+ * for the device; later uses, and every use under EAGER, go on at once. name names it
+ * in a hang report. */
+void emu_module_first_use(uint64_t key, const char *name);
+
 /* Where a range of memory lies. */
 typedef enum {
     EMU_MEM_PAGEABLE, /* no allocation of ours: plain host memory, which the GPU cannot touch */

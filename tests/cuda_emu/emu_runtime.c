@@ -989,6 +989,7 @@ void emu_launch_kernel(const void *kernel, const char *name, emu_uint3 grid, emu
         free_ctx(ctx);
         return;
     }
+    emu_module_first_use((uint64_t)(uintptr_t)kernel, name);
     *l = (launch){name, grid, block, dyn_smem, body, ctx, ctx_bytes, free_ctx, emu_cupti_api()};
     emu_stream_run(stream, run_launch, l, name);
 }

@@ -644,6 +644,11 @@ cublasStatus_t emu_cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, co
     }
     gemm_job *job = malloc(sizeof *job);
     if (!job) return CUBLAS_STATUS_ALLOC_FAILED;
+    /* cuBLASLt's kernels load as ours do: one a kind of problem (types, epilogue, the
+     * algorithm's index and transposes), its bit 63 set to keep it apart from our
+     * kernels' addresses */
+    uint64_t kind = (a[7] * 0x9E3779B97F4A7C15u) ^ (a[6] << 16) ^ (uint64_t)d->epilogue;
+    emu_module_first_use((uint64_t)1 << 63 | kind, "a cuBLASLt kernel");
     *job = g;
     job->corr = emu_cupti_api();
     emu_stream_run(stream, run_gemm, job, "cublasLtMatmul");

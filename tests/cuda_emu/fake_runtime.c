@@ -35,6 +35,11 @@
  *  - calls that synchronise the whole device in CUDA (cudaDeviceSynchronize, cudaFree,
  *    cudaFreeHost) wait for every stream, so a host function that makes one while a
  *    stream waits for it deadlocks here as it would on a GPU.
+ *  - lazy module loading (CUDA's default since 12.2): the first launch of each kernel, and
+ *    cuBLASLt's first matmul of each kind, waits for every stream, as loading a module may
+ *    wait for the device to go idle; a kernel that spins on its stream until a peer rank
+ *    moves can then hold the launch for ever. CUDA_MODULE_LOADING = EAGER, as the
+ *    process had it at its first CUDA call, loads everything at start: no such wait.
  *  - GPTC_EMU_JITTER_US=n delays each piece of a stream's work by a random pause of up to
  *    n us, to vary how streams and the host interleave (a stress test for ordering bugs).
  *  - a host wait (stream, event or device synchronisation) that lasts GPTC_EMU_HANG_S
@@ -154,17 +159,54 @@ cudaError_t emu_func_get_attributes(cudaFuncAttributes *attr, const void *kernel
     return cudaSuccess;
 }
 
+/* ------------------------------------------------------------------ module loading */
+
+static void drain_streams(int blocking_only, const char *what);
+
+static int lazy_loading;
+static pthread_once_t loading_read = PTHREAD_ONCE_INIT;
+static void read_loading(void) {
+    const char *v = getenv("CUDA_MODULE_LOADING");
+    lazy_loading = !(v && strcmp(v, "EAGER") == 0);
+}
+
+/* the driver reads the variable once, when CUDA starts: so does the fake, at its first
+ * device call */
+static void module_loading_start(void) { pthread_once(&loading_read, read_loading); }
+
+enum { MAX_LOADED = 1024 };
+static uint64_t loaded[MAX_LOADED];
+static int n_loaded;
+static pthread_mutex_t loaded_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void emu_module_first_use(uint64_t key, const char *name) {
+    module_loading_start();
+    if (!lazy_loading) return;
+    pthread_mutex_lock(&loaded_mu);
+    int seen = 0;
+    for (int i = 0; i < n_loaded && !seen; i++) seen = loaded[i] == key;
+    if (!seen && n_loaded < MAX_LOADED) loaded[n_loaded++] = key;
+    pthread_mutex_unlock(&loaded_mu);
+    if (seen) return;
+    char what[200];
+    snprintf(what, sizeof what, "the first launch of %s (lazy module loading waits for the "
+             "device; CUDA_MODULE_LOADING = EAGER loads it at start)", name);
+    drain_streams(0, what);
+}
+
 static int sm_count(void) {
     const char *e = getenv("GPTC_EMU_SM");
     return e && atoi(e) > 0 ? atoi(e) : 2;
 }
 
 cudaError_t emu_cudaGetDeviceCount(int *count) {
+    module_loading_start();
     *count = device_count();
     return *count > 0 ? cudaSuccess : emu_set_error(cudaErrorNoDevice);
 }
 
 cudaError_t emu_cudaSetDevice(int device) {
+    module_loading_start();
     if (device < 0 || device >= device_count()) return emu_set_error(cudaErrorInvalidDevice);
     current_device = device;
     return cudaSuccess;

@@ -19,16 +19,22 @@
  *    "race 7" are what the racecheck build must report, ctest test_cuda_emu_race*_reported,
  *    and "race 4" and "race 5" what the emulator must stop at, test_cuda_emu_sync*_reported);
  *  - fill_nan, which is no op of the op table (tests poison with it), aligned and not;
- *  - wait_flag and set_flag, the host flags of host_tasks.c, on host memory.
+ *  - wait_flag and set_flag, the host flags of host_tasks.c, on host memory;
+ *  - lazy module loading: a kernel's first launch waits for a kernel spinning on another
+ *    stream, as loading its module may on a GPU (host_tasks.c says why it matters), and
+ *    its later launches do not.
  * Everything else runs on the NULL stream, which the emulator runs before a launch
  * returns, so results are read at once. A few milliseconds, under GPTC_SANITIZE=address too. */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/bf16.h"
@@ -210,6 +216,51 @@ static void test_host_flags(void) {
     g_failures += !ok;
 }
 
+typedef struct {
+    volatile unsigned int *flag;
+    unsigned int value;
+} later_set;
+
+static void *set_later(void *arg) {
+    const later_set *l = arg;
+    struct timespec pause = {1, 0}; /* long past a launch that goes on at once */
+    nanosleep(&pause, NULL);
+    *l->flag = l->value;
+    return NULL;
+}
+
+/* Under lazy module loading (main starts CUDA with CUDA_MODULE_LOADING unset) the first
+ * launch of to_act waits until the kernel spinning on stream s ends, which a thread ends
+ * 1 s later; its second launch, behind a second spin, returns before the thread ends that
+ * one. Both on the NULL stream, which does not wait for a non-blocking stream itself. */
+static void test_lazy_loading(void) {
+    static volatile unsigned int flag;
+    float src[4] = {1, 2, 3, 4}, dst[4];
+    cudaStream_t s;
+    int ok = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, waited = 0,
+        went_on = 0;
+    for (unsigned int round = 1; ok && round <= 2; round++) {
+        later_set l = {&flag, round};
+        pthread_t t;
+        cuda_wait_flag(&flag, round, s);
+        if (pthread_create(&t, NULL, set_later, &l) != 0) {
+            ok = 0;
+            break;
+        }
+        cuda_to_act(dst, src, 4, GPTC_FP32, NULL);
+        if (round == 1) waited = flag >= 1;
+        else went_on = flag < 2;
+        pthread_join(t, NULL);
+    }
+    ok = ok && cudaStreamSynchronize(s) == cudaSuccess && cuda_check_launch() == 0;
+    if (ok) cudaStreamDestroy(s);
+    ok = ok && waited && went_on && memcmp(dst, src, sizeof src) == 0;
+    printf("%s %-28s first launch waited for the spinning stream: %s, the second: %s\n",
+           ok ? "ok  " : "FAIL", "lazy module loading", waited ? "yes" : "no",
+           went_on ? "no" : "yes");
+    g_failures += !ok;
+}
+
 /* race_check.cu's kernels made safe, and their results */
 static void test_race_check_kernels(void) {
     static const char *const name[8] = {"race_check shared, barrier", "race_check cp.async, barrier",
@@ -266,6 +317,7 @@ static int run_unsafe(int which) {
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* in order with the emulator's messages on stderr */
     if (argc == 3 && strcmp(argv[1], "race") == 0) return run_unsafe(atoi(argv[2]));
+    unsetenv("CUDA_MODULE_LOADING"); /* before the first CUDA call: lazy, CUDA's default */
     test_attention_unsupported();
     test_race_check_kernels();
     test_mma();
@@ -276,6 +328,7 @@ int main(int argc, char **argv) {
     test_fill_nan(100003, 0);
     test_fill_nan(1003, 1);
     test_host_flags();
+    test_lazy_loading();
     if (g_failures) {
         printf("%d check(s) failed\n", g_failures);
         return 1;
