@@ -1,12 +1,11 @@
 /* Every rank turns its summaries into text; rank 0 gathers the text, merges the kernel
- * statistics by name and writes the files. Text keeps the gather to one MPI_Gatherv per
- * section and the files readable by anything that reads JSON. */
+ * statistics by name and writes the files. Text keeps the gather to one per section and
+ * the files readable by anything that reads JSON. */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/report.h"
 
 #include <errno.h>
 #include <math.h>
-#include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,38 +41,54 @@ static void put(text *t, const char *fmt, ...) {
     }
 }
 
-/* Concatenation of every rank's text on rank 0 (NULL elsewhere). */
+/* take of comm_gather_host: appends a rank's text to the text arg */
+static int append_text(int rank, const void *bytes, size_t n, void *arg) {
+    text *all = arg;
+    (void)rank;
+    if (all->n + n + 1 > all->cap) {
+        all->cap = all->n + n + 1 > 2 * all->cap ? all->n + n + 1 : 2 * all->cap;
+        all->s = log_realloc(all->s, all->cap, "the report");
+    }
+    memcpy(all->s + all->n, bytes, n);
+    all->n += n;
+    all->s[all->n] = 0;
+    return 0;
+}
+
+/* Concatenation of every rank's text on rank 0 (NULL elsewhere). In pieces, one rank's at a
+ * time (comm_gather_host): eight ranks' traces at their cap pass 2 GiB together, where one
+ * MPI_Gatherv's int displacements went negative (rank 0 crashed in it, no report). */
 static char *gather_text(comm_group *world, const text *mine, size_t *len) {
-    int size = world ? world->size : 1, rank = world ? world->rank : 0;
-    int n = (int)mine->n;
-    if (size == 1) {
-        char *all = log_calloc(mine->n + 1, 1, "the report");
-        memcpy(all, mine->s ? mine->s : "", mine->n);
-        all[mine->n] = 0;
-        *len = mine->n;
-        return all;
+    text all = {0};
+    append_text(0, "", 0, &all); /* an empty text is "" */
+    if (world) comm_gather_host(world, mine->s ? mine->s : "", mine->n, append_text, &all);
+    else append_text(0, mine->s ? mine->s : "", mine->n, &all);
+    *len = all.n;
+    if (world && world->rank != 0) {
+        free(all.s);
+        return NULL;
     }
-    int *counts = NULL, *displs = NULL; /* [size] each, on rank 0 */
-    if (rank == 0) {
-        counts = log_calloc((size_t)size, sizeof(int), "the report's gather");
-        displs = log_calloc((size_t)size, sizeof(int), "the report's gather");
+    return all.s;
+}
+
+/* The line at *p (without its newline) into *line, grown as needed (*cap); moves *p past
+ * it. 0, or -1 at the end of the text. Each parse then reads one line: sscanf and strstr
+ * on the rest of the whole text went to its end each time, so that the rows of a long
+ * run took hours to read (8000 took 31 s, 16000 126 s). */
+static int next_line(const char **p, char **line, size_t *cap) {
+    static long lines;
+    if (!*p || !**p) return -1;
+    if (++lines % 65536 == 0) watchdog_beat(); /* a long run's rows take seconds */
+    const char *nl = strchr(*p, '\n');
+    size_t n = nl ? (size_t)(nl - *p) : strlen(*p);
+    if (n + 1 > *cap) {
+        *cap = 2 * (n + 1);
+        *line = log_realloc(*line, *cap, "the report's lines");
     }
-    MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, world->comm);
-    char *all = NULL;
-    long total = 0;
-    if (rank == 0) {
-        for (int r = 0; r < size; r++) {
-            displs[r] = (int)total;
-            total += counts[r];
-        }
-        all = log_calloc((size_t)total + 1, 1, "the report");
-    }
-    MPI_Gatherv(mine->s ? mine->s : "", n, MPI_CHAR, all, counts, displs, MPI_CHAR, 0, world->comm);
-    if (all) all[total] = 0;
-    *len = (size_t)total;
-    free(counts);
-    free(displs);
-    return all;
+    memcpy(*line, *p, n);
+    (*line)[n] = 0;
+    *p += nl ? n + 1 : n;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ kernels */
@@ -129,17 +144,17 @@ static int merge_kernels(const char *lines, merged_kernel **by_par, int *n_par,
                          merged_kernel **out) {
     int np = 0, cap_p = 0, n = 0, cap = 0;
     merged_kernel *kp = NULL, *k = NULL;
-    for (const char *p = lines; p && *p;) {
+    char *line = NULL;
+    size_t line_cap = 0;
+    for (const char *p = lines; next_line(&p, &line, &line_cap) == 0;) {
         merged_kernel r;
-        int used = 0;
-        if (sscanf(p, "%63s %d %d %d %ld %lf %ld %lf %ld %lf %lf %lf %ld %lf\n%n", r.name,
+        if (sscanf(line, "%63s %d %d %d %ld %lf %ld %lf %ld %lf %lf %lf %ld %lf", r.name,
                    &r.kind, &r.probe, &r.par, &r.count, &r.sum, &r.n_iso, &r.iso, &r.n_ovl,
-                   &r.ovl, &r.flops, &r.bytes, &r.n_wait, &r.wait, &used) != 14 ||
-            used == 0)
+                   &r.ovl, &r.flops, &r.bytes, &r.n_wait, &r.wait) != 14)
             break;
-        p += used;
         kp = add_kernel(kp, &np, &cap_p, &r, 0);
     }
+    free(line);
     for (int i = 0; i < np; i++) k = add_kernel(k, &n, &cap, &kp[i], 1);
     *by_par = kp;
     *n_par = np;
@@ -237,7 +252,11 @@ static void add_par_means(const char *row, const char *end, step_means *m) {
 
 static void mean_steps(const char *rows, int probe, step_means *m) {
     memset(m, 0, sizeof(*m));
-    for (const char *p = rows; p && (p = strstr(p, "\"iter_ms\": ")); p++) {
+    char *line = NULL; /* one row a line */
+    size_t line_cap = 0;
+    for (const char *q = rows; next_line(&q, &line, &line_cap) == 0;) {
+        const char *p = strstr(line, "\"iter_ms\": ");
+        if (!p) continue;
         double a, b, c, d;
         char flag[8] = "", warm[8] = "";
         if (sscanf(p, "\"iter_ms\": %lf, \"compute_ms\": %lf, \"comm_ms\": %lf, "
@@ -254,6 +273,7 @@ static void mean_steps(const char *rows, int probe, step_means *m) {
         add_par_means(p, strchr(p, '}'), m);
         add_wait_means(p, strchr(p, '}'), d, m);
     }
+    free(line);
     if (m->n) {
         m->iter /= m->n;
         m->compute /= m->n;
@@ -440,14 +460,13 @@ static int by_op_then_kernel(const void *a, const void *b) {
 static int merge_device(const char *lines, merged_device **out) {
     merged_device *d = NULL;
     int n = 0, cap = 0;
-    for (const char *p = lines; p && *p;) {
+    char *line = NULL;
+    size_t line_cap = 0;
+    for (const char *p = lines; next_line(&p, &line, &line_cap) == 0;) {
         merged_device r = {0};
-        int used = 0;
-        if (sscanf(p, "%63s %255s %ld %lf %ld %lf %ld %lf\n%n", r.op, r.kernel, &r.count,
-                   &r.sum, &r.n_iso, &r.iso, &r.n_ovl, &r.ovl, &used) != 8 ||
-            used == 0)
+        if (sscanf(line, "%63s %255s %ld %lf %ld %lf %ld %lf", r.op, r.kernel, &r.count,
+                   &r.sum, &r.n_iso, &r.iso, &r.n_ovl, &r.ovl) != 8)
             break;
-        p += used;
         int i = 0;
         while (i < n && !(strcmp(d[i].op, r.op) == 0 && strcmp(d[i].kernel, r.kernel) == 0)) i++;
         if (i == n) {
@@ -465,6 +484,7 @@ static int merge_device(const char *lines, merged_device **out) {
             d[i].ovl += r.ovl;
         }
     }
+    free(line);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++)
             if (strcmp(d[i].op, d[j].op) == 0) d[i].op_sum += d[j].sum;
@@ -531,19 +551,21 @@ static void print_device(const merged_device *d, int n, const merged_kernel *k, 
 
 /* ------------------------------------------------------------------ writing */
 
-/* path = a b c, replacing the earlier file only once the new one is whole (output_whole) */
-static int write_file(const char *path, const char *what, const char *a, const char *b,
-                      const char *c, char *err, size_t errlen) {
+/* path = the parts, in order, up to a NULL; the earlier file is replaced only once the new
+ * one is whole (output_whole). Parts, not one formatted string: vsnprintf stops at INT_MAX
+ * bytes, which a long run's step rows can pass. */
+static int write_file(const char *path, const char *what, const char *const *parts, char *err,
+                      size_t errlen) {
     output_whole o;
     char why[512];
-    watchdog_hold(watchdog_io_s((double)strlen(a) + strlen(b) + strlen(c)));
+    double bytes = 0;
+    for (int i = 0; parts[i]; i++) bytes += (double)strlen(parts[i]);
+    watchdog_hold(watchdog_io_s(bytes));
     if (output_whole_open(&o, path, why, sizeof why) != 0) {
         snprintf(err, errlen, "profile.%s %s: cannot write: %s", what, path, why);
         return -1;
     }
-    fputs(a, o.f);
-    fputs(b, o.f);
-    fputs(c, o.f);
+    for (int i = 0; parts[i]; i++) fputs(parts[i], o.f);
     if (output_whole_close(&o, why, sizeof why) != 0) {
         snprintf(err, errlen, "profile.%s %s: write failed: %s", what, path, why);
         return -1;
@@ -662,16 +684,20 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
     kernels_text(&kt);
     device_text(&dt);
     if (trace_path && trace_path[0]) trace_text(&tt, rank);
+    /* dropped records, trace events omitted, untimed compute ops, untimed comm ops, and
+     * the bytes of text rank 0 gathers, reads and writes */
+    double counts[5] = {(double)timing_dropped(),
+                        trace_path && trace_path[0] ? (double)timing_trace_omitted() : 0,
+                        (double)timing_untimed(TK_COMPUTE), (double)timing_untimed(TK_COMM),
+                        (double)(st.n + kt.n + dt.n + tt.n)};
+    if (world && size > 1) comm_sum_doubles(world, counts, 5);
+    /* every rank waits for rank 0 to take in, read and write all of it: not a hang */
+    watchdog_hold(watchdog_io_s(counts[4]));
     size_t ns, nk, nt = 0;
     size_t nd;
     char *steps = gather_text(world, &st, &ns), *kern = gather_text(world, &kt, &nk), *trace = NULL;
     char *dev = gather_text(world, &dt, &nd);
     if (trace_path && trace_path[0]) trace = gather_text(world, &tt, &nt);
-    /* dropped records, trace events omitted, untimed compute ops, untimed comm ops */
-    double counts[4] = {(double)timing_dropped(),
-                        trace_path && trace_path[0] ? (double)timing_trace_omitted() : 0,
-                        (double)timing_untimed(TK_COMPUTE), (double)timing_untimed(TK_COMM)};
-    if (world && size > 1) comm_sum_doubles(world, counts, 4);
     long dropped = (long)counts[0], omitted = (long)counts[1];
     long untimed[2] = {(long)counts[2], (long)counts[3]};
     if (rank == 0) {
@@ -727,8 +753,8 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             device_json(&dj, d, ndev, k, n, pol.n);
             put(&head, "{\n  \"ranks\": %d,\n  \"dropped_records\": %ld,\n  \"trace_omitted_records\": %ld,\n"
                        "  \"untimed_records\": {\"compute\": %ld, \"comm\": %ld},\n"
-                       "  \"warmup_steps\": %d,\n  \"steps\": [\n%s  ],\n  \"kernels\": [\n",
-                size, dropped, omitted, untimed[0], untimed[1], timing_warmup(), steps);
+                       "  \"warmup_steps\": %d,\n  \"steps\": [\n",
+                size, dropped, omitted, untimed[0], untimed[1], timing_warmup());
             /* means over the steps run with the policies: null where none did (each a probe
              * or a warm-up), not a 0 that reads as a measurement */
             double have = pol.n ? 0.0 : NAN;
@@ -767,7 +793,9 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                     num(g, "%.4f", pol.n && pol.iter > 0 ? probe.iter / pol.iter : NAN, "null"));
             else
                 put(&tail, "\"serialized_iter_ms\": null, \"ideal_iter_ms\": null, \"gain\": null}\n}\n");
-            rc = write_file(report_path, "report", head.s, kj.s ? kj.s : "", tail.s, err, errlen);
+            const char *parts[] = {head.s, steps, "  ],\n  \"kernels\": [\n", kj.s ? kj.s : "",
+                                   tail.s, NULL};
+            rc = write_file(report_path, "report", parts, err, errlen);
             free(head.s);
             free(tail.s);
             free(dj.s);
@@ -776,8 +804,9 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
         }
         if (rc == 0 && trace) {
             close_list(trace, nt);
-            rc = write_file(trace_path, "trace", "{\"traceEvents\": [\n", trace,
-                            "], \"displayTimeUnit\": \"ms\"}\n", err, errlen);
+            const char *parts[] = {"{\"traceEvents\": [\n", trace,
+                                   "], \"displayTimeUnit\": \"ms\"}\n", NULL};
+            rc = write_file(trace_path, "trace", parts, err, errlen);
         }
         print_table(k, n, kp, np, &pol, &probe, &work, size, dropped, omitted, untimed);
         print_device(d, ndev, k, n, pol.n);

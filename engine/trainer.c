@@ -241,14 +241,17 @@ static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n)
     gpt_model *m = &r->model;
     char why[ERR_LEN - 16];
     int writer = r->g->dp_rank == 0, rc = 0;
-    /* the optimizer state in parameter layout, assembled from the DP shards if sharded */
-    float *opt_m = NULL, *opt_v = NULL; /* [n_params] each */
+    /* the optimizer state in parameter layout, assembled from the DP shards if sharded, on
+     * the writers (DP rank 0) only: the other DP ranks hold the same tensors */
+    float *opt_m = NULL, *opt_v = NULL; /* [n_params] each, writers' */
     dp_params_settle(&r->dpc, m); /* prefetched all-gathers land before parameters are read */
     dp_gather_masters(&r->dpc, m);
     if (t > 0) {
-        opt_m = calloc(m->n_params, sizeof(float));
-        opt_v = calloc(m->n_params, sizeof(float));
-        rc = agree(r, opt_m && opt_v ? 0 : -1);
+        if (writer) {
+            opt_m = calloc(m->n_params, sizeof(float));
+            opt_v = calloc(m->n_params, sizeof(float));
+        }
+        rc = agree(r, opt_m && opt_v ? 0 : writer ? -1 : 0);
         if (rc == 0) dp_gather_state(&r->dpc, m, opt_m, opt_v);
         else snprintf(why, sizeof(why), "%s: out of host memory for the optimizer state", c->save);
     }

@@ -117,57 +117,51 @@ static int write_packed(ckpt_file *f, const char *group, const param_tensor *t, 
     return 0;
 }
 
-/* Gathers every writer's slabs of one tensor on rank 0 of world, which writes them.
- * full names the tensor and its unsharded shape; t is this rank's copy, or NULL. */
+/* take of comm_gather_host: rank 0 writes one rank's packed slabs */
+typedef struct {
+    ckpt_file *f;
+    const char *group;
+    const param_tensor *full;
+    char *err;
+    size_t errlen;
+} slab_writer;
+
+static int write_rank(int rank, const void *bytes, size_t n, void *arg) {
+    const slab_writer *w = arg;
+    (void)rank, (void)n;
+    return write_packed(w->f, w->group, w->full, bytes, w->err, w->errlen);
+}
+
+/* Gathers every writer's slabs of one tensor on rank 0 of world, which writes them, one
+ * rank's at a time and in pieces (comm_gather_host): a slab past 2 GiB, or slabs past it
+ * together, overflowed one MPI_Gatherv's int counts and displacements (a 12288-wide
+ * embedding at tp 8). full names the tensor and its unsharded shape; t is this rank's
+ * copy, or NULL. */
 static int gather_and_write(const gpt_model *m, comm_group *world, ckpt_file *f,
                             const char *group, const param_tensor *full, const param_tensor *t,
                             const float *local /* [t->local_rows, t->local_cols]; NULL with t */,
                             int writer, char *err, size_t errlen) {
-    char *mine;
-    int bytes = (int)pack_tensor(m, t, local, writer, &mine);
-    int size = world ? world->size : 1, rank = world ? world->rank : 0, rc = 0;
-    if (size == 1) {
-        rc = write_packed(f, group, full, mine, err, errlen);
-        free(mine);
-        return rc;
-    }
-    int *counts = NULL, *displs = NULL;
-    char *all = NULL;
-    if (rank == 0) {
-        counts = log_calloc((size_t)size, sizeof(int), "a checkpoint's gather"); /* [size] */
-        displs = log_calloc((size_t)size, sizeof(int), "a checkpoint's gather"); /* [size] */
-    }
-    MPI_Gather(&bytes, 1, MPI_INT, counts, 1, MPI_INT, 0, world->comm);
-    if (rank == 0) {
-        long total = 0;
-        for (int r = 0; r < size; r++) {
-            displs[r] = (int)total;
-            total += counts[r];
-        }
-        all = log_calloc((size_t)total, 1, "a checkpoint's gather"); /* [total] bytes */
-    }
-    MPI_Gatherv(mine, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, world->comm);
-    if (rank == 0)
-        for (int r = 0; r < size && rc == 0; r++)
-            rc = write_packed(f, group, full, all + displs[r], err, errlen);
+    char *mine; /* [bytes] */
+    size_t bytes = pack_tensor(m, t, local, writer, &mine);
+    slab_writer w = {f, group, full, err, errlen};
+    int rc = world && world->size > 1 ? comm_gather_host(world, mine, bytes, write_rank, &w)
+                                      : write_rank(0, mine, bytes, &w);
     free(mine);
-    free(all);
-    free(counts);
-    free(displs);
     return rc;
 }
 
 int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path, long step,
              const float *opt_m, const float *opt_v, long t, char *err, size_t errlen) {
-    int with_optim = opt_m && opt_v;
+    int with_optim = t > 0;
     const gpt_shape *s = &m->shape;
     ckpt_meta meta = {step, s->n_layer, s->n_head, s->d_model, s->n_ctx, s->vocab_size};
     int rank = world ? world->rank : 0;
-    float *host = malloc(m->n_params * sizeof(float)); /* [n_params] staging copy */
+    /* [n_params] staging copy, on the writers: the others send nothing */
+    float *host = writer ? malloc(m->n_params * sizeof(float)) : NULL;
     int n_full = 0;
     param_tensor *full = gpt_full_table(s, &n_full); /* [n_full]: every rank walks all tensors */
     ckpt_file *f = NULL;
-    int rc = host && full ? 0 : -1;
+    int rc = (host || !writer) && full && (!with_optim || !writer || (opt_m && opt_v)) ? 0 : -1;
     if (rc) snprintf(err, errlen, "%s: out of host memory", path);
     if (rc == 0 && rank == 0) {
         f = ckpt_create(path, &meta, err, errlen);
@@ -176,8 +170,8 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     /* every rank walks the same tensors; the writer (rank 0) stops at its first error */
     if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
     for (int which = 0; which < (with_optim ? 3 : 1) && rc == 0; which++) {
-        const float *src = which == 1 ? opt_m : which == 2 ? opt_v : host;
-        if (which == 0) {
+        const float *src = which == 1 ? opt_m : which == 2 ? opt_v : host; /* NULL: no writer */
+        if (which == 0 && host) {
             m->be->copy_to_host(host, m->params, m->n_params * sizeof(float), m->stream);
             m->be->synchronize(m->stream);
         }
@@ -185,7 +179,7 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
             watchdog_beat(); /* a big model's save takes a while, tensor by tensor */
             const param_tensor *t = gpt_find_tensor(m, full[i].name);
             rc = gather_and_write(m, world, f, GROUPS[which], &full[i], t,
-                                  t ? src + t->offset : NULL, writer, err, errlen);
+                                  t && src ? src + t->offset : NULL, writer, err, errlen);
             if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
         }
     }

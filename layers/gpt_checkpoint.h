@@ -10,10 +10,11 @@
 
 typedef struct comm_group comm_group;
 
-/* Writes /model and, when opt_m and opt_v are given (host, [n_params] each, in the
- * parameter layout), /optim (m, v, t) for a checkpoint of step. Collective over world
- * (NULL for one rank): each rank with writer set sends its shards (replicated tensors
- * only from TP rank 0), and world rank 0 writes the file. */
+/* Writes /model and, when t > 0 (updates taken), /optim (m, v, t) for a checkpoint of
+ * step, from opt_m and opt_v (host, [n_params] each, in the parameter layout; read on the
+ * writers only: the others may pass NULL). Collective over world (NULL for one rank):
+ * each rank with writer set sends its shards (replicated tensors only from TP rank 0), and
+ * world rank 0 writes the file. */
 int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path, long step,
              const float *opt_m, const float *opt_v, long t, char *err, size_t errlen);
 /* Reads every parameter from an open checkpoint whose meta already matched the model

@@ -150,6 +150,16 @@ void comm_sum_doubles(comm_group *g, double *x, int n); /* 1 <= n <= COMM_SUM_MA
 double comm_max_double(comm_group *g, double x);
 int comm_max_int(comm_group *g, int x);
 
+/* Every rank's host bytes to rank 0 of g, one rank at a time in rank order: rank 0 calls
+ * take(r, bytes, n, arg) for each rank r (its own `mine` first, uncopied), the bytes valid
+ * during the call only; the others send theirs. Any size: sent in pieces (an MPI count is
+ * an int), and rank 0 holds one rank's bytes at a time, not all of them. After a take
+ * that fails, the rest are still received (no rank is left waiting) but not taken.
+ * Returns 0, or the first nonzero take's return (on rank 0), or -1 when MPI failed
+ * (comm_error). Collective. */
+int comm_gather_host(comm_group *g, const void *mine, size_t n,
+                     int (*take)(int rank, const void *bytes, size_t n, void *arg), void *arg);
+
 /* This rank's clock (timing_now_ms) minus rank 0's of g, in ms, estimated NTP-style
  * from round trips with rank 0: the one with the shortest round trip, *rtt_ms, gives the
  * estimate, which is then off by at most half of it (0 and 0 on rank 0), and holds at
@@ -172,7 +182,7 @@ void comm_end_job_on_error(int on);
 
 /* Tests only: split every MPI call into pieces of at most max_count elements (0 restores
  * INT_MAX), so the path for counts above INT_MAX runs on small buffers. Call it while no
- * op is in flight. */
+ * op is in flight. A run of gptc-train takes it from GPTC_TEST_MPI_PIECE (comm_world). */
 void comm_set_max_count_for_testing(size_t max_count);
 
 #endif

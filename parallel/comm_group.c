@@ -223,6 +223,8 @@ void comm_abort_all(void) {
 /* A duplicate rather than MPI_COMM_WORLD itself, so that our error handler and our
  * messages stay apart from whatever else the program does on MPI_COMM_WORLD. */
 int comm_world(comm_group *g, const gptc_backend *be) {
+    const char *piece = getenv("GPTC_TEST_MPI_PIECE");
+    if (piece && atol(piece) > 0) comm_set_max_count_for_testing((size_t)atol(piece));
     group_init(g, "world", be);
     if (!mpi_ready(g)) return -1;
     MPI_Comm c;

@@ -1,14 +1,18 @@
 /* The comm layer's host-side calls, made on the caller and blocking it: small reductions
- * of doubles and ints that every rank must agree on, and the clock offsets that put every
+ * of doubles and ints that every rank must agree on, the gather of every rank's host bytes
+ * to rank 0 (checkpoints, the timing report), and the clock offsets that put every
  * rank's timing records on rank 0's clock. */
 #define _POSIX_C_SOURCE 200809L
 #include "parallel/comm.h"
 #include "parallel/comm_task.h"
 
+#include "engine/log.h"
 #include "engine/timing.h"
 #include "engine/watchdog.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The host-side reductions block the caller: each is one record on it (stream 0, as an
@@ -53,6 +57,44 @@ int comm_max_int(comm_group *g, int x) {
     int max = x;
     host_allreduce(g, &x, &max, 1, MPI_INT, MPI_MAX);
     return max;
+}
+
+int comm_gather_host(comm_group *g, const void *mine, size_t n,
+                     int (*take)(int rank, const void *bytes, size_t n, void *arg), void *arg) {
+    enum { TAG = 7342 };
+    if (g->size == 1) return take(0, mine, n, arg);
+    size_t piece = comm_mpi_piece();
+    uint64_t mine64 = n, *sizes = NULL; /* [size], rank 0's */
+    if (g->rank == 0) sizes = log_calloc((size_t)g->size, sizeof(*sizes), "a gather's sizes");
+    comm_waiting("gather to rank 0", g);
+    int ok = comm_mpi_ok(g, "MPI_Gather", MPI_Gather(&mine64, 1, MPI_UINT64_T, sizes, 1,
+                                                     MPI_UINT64_T, 0, g->comm));
+    int rc = 0;
+    if (g->rank != 0) {
+        for (size_t at = 0; ok && at < n; at += piece)
+            ok = comm_mpi_ok(g, "MPI_Send", MPI_Send((const char *)mine + at,
+                                                     (int)(n - at < piece ? n - at : piece),
+                                                     MPI_BYTE, 0, TAG, g->comm));
+    } else if (ok) {
+        size_t most = 0;
+        for (int r = 1; r < g->size; r++) most = sizes[r] > most ? (size_t)sizes[r] : most;
+        char *buf = log_calloc(most ? most : 1, 1, "a gather's bytes"); /* [most] */
+        rc = take(0, mine, n, arg);
+        for (int r = 1; ok && r < g->size; r++) {
+            for (size_t got = 0; ok && got < sizes[r]; got += piece) {
+                size_t len = sizes[r] - got < piece ? sizes[r] - got : piece;
+                ok = comm_mpi_ok(g, "MPI_Recv", MPI_Recv(buf + got, (int)len, MPI_BYTE, r, TAG,
+                                                         g->comm, MPI_STATUS_IGNORE));
+            }
+            if (ok && rc == 0) rc = take(r, buf, sizes[r], arg);
+            watchdog_beat(); /* one rank's bytes came */
+        }
+        free(buf);
+    }
+    watchdog_waiting(NULL);
+    free(sizes);
+    comm_end_job_if_failed(g);
+    return ok ? rc : -1;
 }
 
 double comm_clock_offset_ms(comm_group *g, double *rtt_ms, double *at_ms) {

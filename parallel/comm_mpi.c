@@ -37,6 +37,7 @@ int comm_mpi_ok(comm_group *g, const char *call, int rc) {
 /* ---- the MPI calls, in pieces of at most max_count elements ---- */
 
 static size_t piece_size(void) { return atomic_load(&max_count); }
+size_t comm_mpi_piece(void) { return piece_size(); }
 
 /* At least one piece, so that an empty message is still sent and matched. */
 static size_t piece_count(size_t n, size_t piece) { return n == 0 ? 1 : (n + piece - 1) / piece; }

@@ -38,6 +38,9 @@ void comm_record_error(comm_group *g, const char *call, const char *what);
 /* 1 when rc is MPI_SUCCESS; otherwise records rc as g's error and returns 0. */
 int comm_mpi_ok(comm_group *g, const char *call, int rc);
 
+/* The most elements one MPI call moves: INT_MAX, or less in tests (comm_mpi.c). */
+size_t comm_mpi_piece(void);
+
 /* Runs t's MPI calls on host memory, blocking until they are done (comm_mpi.c). */
 void comm_mpi_run(const comm_task *t);
 

@@ -103,31 +103,28 @@ void dp_gather_masters(dp_context *dp, gpt_model *m) {
     }
 }
 
-/* The state of a sharded bucket is gathered where the backend keeps memory: the CPU's
- * straight into the host arrays; a device's into the gradient buffer (unused between
- * steps, and laid out like the parameters) and then copied to the host, since NCCL
- * reads and writes device memory only. */
+/* A sharded bucket's state is gathered into the gradient buffer (unused between steps,
+ * laid out like the parameters, on the device where there is one: NCCL reads and writes
+ * device memory only) and copied from there to the host, on the ranks that want it (a
+ * checkpoint's writers). The others take part in the all-gathers and keep nothing: eight
+ * DP ranks each holding a 1.5B model's whole state was 50 GB of host memory a node. */
 void dp_gather_state(dp_context *dp, gpt_model *m, float *m_full, float *v_full) {
     for (int b = 0; b < m->n_buckets; b++) {
         const grad_bucket *bk = &m->buckets[b];
         size_t lo, hi, state;
         optim_piece(m, b, dp->sharded ? dp->rank : 0, &lo, &hi, &state);
         if (!dp->sharded) {
+            if (!m_full) continue;
             m->be->copy_to_host(m_full + lo, m->opt_m + state, (hi - lo) * sizeof(float), NULL);
             m->be->copy_to_host(v_full + lo, m->opt_v + state, (hi - lo) * sizeof(float), NULL);
             continue;
         }
         size_t all = (size_t)dp->size * (hi - lo);
-        if (!m->be->on_device) {
-            comm_allgather(dp->group, m->opt_m + state, m_full + bk->offset, hi - lo, NULL);
-            comm_allgather(dp->group, m->opt_v + state, v_full + bk->offset, hi - lo, NULL);
-            continue;
-        }
         float *scratch = m->grads + bk->offset; /* [dp * (hi - lo)] */
         comm_allgather(dp->group, m->opt_m + state, scratch, hi - lo, NULL);
-        m->be->copy_to_host(m_full + bk->offset, scratch, all * sizeof(float), NULL);
+        if (m_full) m->be->copy_to_host(m_full + bk->offset, scratch, all * sizeof(float), NULL);
         comm_allgather(dp->group, m->opt_v + state, scratch, hi - lo, NULL);
-        m->be->copy_to_host(v_full + bk->offset, scratch, all * sizeof(float), NULL);
+        if (v_full) m->be->copy_to_host(v_full + bk->offset, scratch, all * sizeof(float), NULL);
     }
 }
 

@@ -184,10 +184,13 @@ def main():
         fail(f"host-staged run does not say which comm it used:\n{r.stdout[-1500:]}")
 
     # cross-layout resume: 2 steps under tp2 x pp2 with a checkpoint, then steps 3-4 under
-    # dp2, and under tp4
+    # dp2, and under tp4. Every MPI call of the first run in pieces of 997 elements
+    # (GPTC_TEST_MPI_PIECE; INT_MAX in a real run), so that rank 0 takes every writer's
+    # slabs in pieces, as it must past 2 GiB, and the resumed runs see them rejoined
     ref = read_metrics(f"{D}/single-v256.jsonl")
     first = train("resume-a", 4, 256, ["--parallel.tp=2", "--parallel.pp=2", "--train.save_every=2",
-                                        f"--train.save={D}/tp2pp2.h5", "--train.keep=2"])
+                                        f"--train.save={D}/tp2pp2.h5", "--train.keep=2"],
+                  {"GPTC_TEST_MPI_PIECE": "997"})
     compare("tp2 x pp2 run with checkpoints", ref, first)
     second = train("resume-b", 2, 256, ["--parallel.dp=2", f"--train.init={D}/tp2pp2.step2.h5"])
     compare("tp2 x pp2 step 2 -> dp2 steps 3-4", ref[2:], second)

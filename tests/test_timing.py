@@ -644,8 +644,15 @@ def main():
         fail("timing changed the losses or gradient norms")
     print("ok   timing = kernel leaves losses and gradient norms bit for bit unchanged")
 
-    # four ranks, tp2 x pp2: both kinds, every rank, exposure
-    events, report, _ = timed("tp2pp2", 4, ["--parallel.tp=2", "--parallel.pp=2"])
+    # four ranks, tp2 x pp2: both kinds, every rank, exposure. Rank 0 takes in the other
+    # ranks' text in pieces (of INT_MAX bytes: eight ranks' traces pass 2 GiB), here of 997
+    # (GPTC_TEST_MPI_PIECE, every MPI call's), so that every row and record is cut
+    # somewhere and the checks below read them rejoined
+    os.environ["GPTC_TEST_MPI_PIECE"] = "997"
+    try:
+        events, report, _ = timed("tp2pp2", 4, ["--parallel.tp=2", "--parallel.pp=2"])
+    finally:
+        del os.environ["GPTC_TEST_MPI_PIECE"]
     check_report("tp2pp2", report, 4)
     check_steps_contain_ops("tp2pp2", events)
     pids = {e["pid"] for e in events if e.get("ph") == "X"}
