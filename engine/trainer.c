@@ -579,28 +579,24 @@ static int start_comm(run_state *r, const gptc_backend *be, char *err, size_t n)
                     strcmp(c->overlap_pp, "async") == 0, err, n);
 }
 
+/* gpt_load's keep: this rank's pieces of a moment (all of it, unless ZeRO-1 shards it) */
+static void keep_moment(const float *full, int which, void *arg) {
+    run_state *r = arg;
+    dp_scatter_moment(&r->dpc, &r->model, which, full);
+}
+
 /* train.init into the model just created: parameters, and the optimizer state when it
  * has one (a step-0 checkpoint without /optim is a plain initialisation). Closes it. */
 static int load_init(run_state *r, char *err, size_t n) {
     const gptc_config *c = r->c;
     gpt_model *m = &r->model;
     char why[ERR_LEN - 16];
-    int rc;
-    float *opt_m = r->has_optim ? calloc(m->n_params, sizeof(float)) : NULL; /* [n_params] */
-    float *opt_v = r->has_optim ? calloc(m->n_params, sizeof(float)) : NULL; /* [n_params] */
-    if (r->has_optim && !(opt_m && opt_v)) {
-        snprintf(why, sizeof(why), "%s: out of host memory for its optimizer state", c->init);
-        rc = -1;
-    } else {
-        rc = gpt_load(m, r->init, opt_m, opt_v, r->optim_t, why, sizeof(why));
-    }
+    int rc = gpt_load(m, r->init, r->has_optim ? keep_moment : NULL, r, r->optim_t, why,
+                      sizeof(why));
     /* as for the tokens: a peer may still be reading its part of the file */
     watchdog_hold(watchdog_io_s(file_bytes(c->init) + 65536.0 * 3 * m->n_tensors));
     if (rc != 0) snprintf(err, n, "train.init %s", why);
-    else if (r->has_optim) dp_scatter_state(&r->dpc, m, opt_m, opt_v);
     if (rc == 0 && r->g->rank == 0) note_unused_tensors(r->init, &r->shape);
-    free(opt_m);
-    free(opt_v);
     ckpt_close(r->init);
     r->init = NULL;
     return rc;

@@ -199,17 +199,18 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     return rc;
 }
 
-int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, long t_optim, char *err,
-             size_t errlen) {
-    float *host = calloc(m->n_params, sizeof(float)); /* [n_params], padding stays 0 */
+int gpt_load(gpt_model *m, ckpt_file *f, gpt_keep_moment keep, void *arg, long t_optim,
+             char *err, size_t errlen) {
+    /* [n_params], the parameters, then each moment; padding stays 0 */
+    float *host = calloc(m->n_params, sizeof(float));
     if (!host) {
         snprintf(err, errlen, "%s: out of host memory for its %zu parameters", ckpt_file_path(f),
                  m->n_params);
         return -1;
     }
     int rc = 0;
-    for (int which = 0; which < (opt_m && opt_v ? 3 : 1) && rc == 0; which++) {
-        float *dst = which == 1 ? opt_m : which == 2 ? opt_v : host;
+    for (int which = 0; which < (keep ? 3 : 1) && rc == 0; which++) {
+        float *dst = host;
         for (int i = 0; i < m->n_tensors && rc == 0; i++) {
             watchdog_beat();
             watchdog_test_slow_read();
@@ -236,6 +237,7 @@ int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, long t_opti
         }
         if (rc == 0 && which == 0)
             m->be->copy_from_host(m->params, host, m->n_params * sizeof(float), m->stream);
+        if (rc == 0 && which > 0) keep(host, which - 1, arg);
     }
     if (rc == 0) gpt_params_changed(m);
     m->be->synchronize(m->stream);

@@ -17,10 +17,14 @@ typedef struct comm_group comm_group;
  * world rank 0 writes the file. */
 int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path, long step,
              const float *opt_m, const float *opt_v, long t, char *err, size_t errlen);
+/* Hands one whole moment of the optimizer state (host, [n_params], parameter layout; 0:
+ * m, 1: v) to the caller, who keeps what it needs before the buffer is reused. */
+typedef void (*gpt_keep_moment)(const float *full, int which, void *arg);
 /* Reads every parameter from an open checkpoint whose meta already matched the model
- * shape, and the optimizer moments into opt_m, opt_v (host, [n_params]) when given, with
- * t_optim the updates /optim says they hold (moments other than zero after none are refused). */
-int gpt_load(gpt_model *m, ckpt_file *f, float *opt_m, float *opt_v, long t_optim, char *err,
-             size_t errlen);
+ * shape and, when keep is given, each optimizer moment in turn, through one host buffer
+ * of n_params (three whole copies a rank were a 1.5B model's 19 GB); t_optim is the
+ * updates /optim says they hold (moments other than zero after none are refused). */
+int gpt_load(gpt_model *m, ckpt_file *f, gpt_keep_moment keep, void *arg, long t_optim,
+             char *err, size_t errlen);
 
 #endif

@@ -128,12 +128,12 @@ void dp_gather_state(dp_context *dp, gpt_model *m, float *m_full, float *v_full)
     }
 }
 
-void dp_scatter_state(dp_context *dp, gpt_model *m, const float *m_full, const float *v_full) {
+void dp_scatter_moment(dp_context *dp, gpt_model *m, int which, const float *full) {
+    float *state_of = which == 0 ? m->opt_m : m->opt_v; /* [n_opt] */
     for (int b = 0; b < m->n_buckets; b++) {
         size_t lo, hi, state;
         optim_piece(m, b, dp->sharded ? dp->rank : 0, &lo, &hi, &state);
-        m->be->copy_from_host(m->opt_m + state, m_full + lo, (hi - lo) * sizeof(float), NULL);
-        m->be->copy_from_host(m->opt_v + state, v_full + lo, (hi - lo) * sizeof(float), NULL);
+        m->be->copy_from_host(state_of + state, full + lo, (hi - lo) * sizeof(float), NULL);
     }
 }
 

@@ -51,9 +51,9 @@ void dp_params_needed(dp_context *dp, gpt_model *m, size_t lo, size_t hi);
 void dp_params_settle(dp_context *dp, gpt_model *m);
 /* Sharded optimizer state <-> the whole state in parameter layout ([n_params] each, for
  * checkpoints): gather assembles it into m_full and v_full (NULL both on a rank that takes
- * part but keeps nothing), scatter keeps this rank's pieces. */
+ * part but keeps nothing); scatter keeps this rank's pieces of one moment (0: m, 1: v). */
 void dp_gather_state(dp_context *dp, gpt_model *m, float *m_full, float *v_full);
-void dp_scatter_state(dp_context *dp, gpt_model *m, const float *m_full, const float *v_full);
+void dp_scatter_moment(dp_context *dp, gpt_model *m, int which, const float *full);
 void dp_free(dp_context *dp);
 
 #endif
