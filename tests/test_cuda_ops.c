@@ -242,6 +242,23 @@ static void compare_act(const char *what, const gptc_act *dev, const float *ref,
     free(got), free(r);
 }
 
+/* The first `offset` elements of act d0, before a view of an op's output `offset` elements
+ * into its allocation: still the poison (NaN) they were given. A path that rounded the
+ * view's start down to an aligned address would write over them, inside the allocation,
+ * where neither compute-sanitizer nor ASan looks (a write past the end they see). */
+static void check_guard(const char *what, const gptc_act *d0, size_t offset) {
+    float got[8]; /* [offset] */
+    if (offset == 0 || offset > 8) return;
+    act_download(got, d0, offset);
+    for (size_t i = 0; i < offset; i++)
+        if (!isnan(got[i])) {
+            printf("FAIL %-28s wrote %.9g at element %zu, before its output's start\n", what,
+                   got[i], i);
+            g_failures++;
+            return;
+        }
+}
+
 /* ------------------------------------------------------------------ ops */
 
 /* C % 4 != 0 (45) leaves the rows unaligned: the scalar path */
@@ -930,14 +947,17 @@ static void test_elementwise(size_t n, int offset) {
     gpu->gelu_forward(d_out, d_a, n, NULL);
     snprintf(name, sizeof name, "gelu_forward n=%zu%s", n, offset ? " unaligned" : "");
     compare_act(name, d_out, out, n, 1e-6);
+    check_guard(name, d_out0, (size_t)offset);
     act_poison(d_out, n);
     cpu->gelu_backward(out, a, b, n, NULL);
     gpu->gelu_backward(d_out, d_a, d_b, n, NULL);
     compare_act("gelu_backward", d_out, out, n, 1e-6);
+    check_guard("gelu_backward", d_out0, (size_t)offset);
     act_poison(d_out, n);
     cpu->add(out, a, b, n, NULL);
     gpu->add(d_out, d_a, d_b, n, NULL);
     compare_act("add", d_out, out, n, 0);
+    check_guard("add", d_out0, (size_t)offset);
     if (!bf16) check_sum_squares(b, d_b, n);
     free(a0), free(b0), free(out);
     gpu->release(d_a0), gpu->release(d_b0), gpu->release(d_out0);
@@ -963,6 +983,7 @@ static void test_to_act(size_t n, int offset) {
     char name[64];
     snprintf(name, sizeof name, "to_act n=%zu%s", n, offset ? " unaligned" : "");
     compare_act(name, d_dst, src, n, 0);
+    check_guard(name, d_dst0, (size_t)offset);
     if (!act_bf16()) {
         gpu->to_act(d_src, d_src, n, NULL);
         compare("to_act dst == src", d_src, src, n, 0);
