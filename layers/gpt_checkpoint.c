@@ -177,6 +177,9 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
         }
         for (int i = 0; i < n_full && rc == 0; i++) {
             watchdog_beat(); /* a big model's save takes a while, tensor by tensor */
+            /* and every rank waits while rank 0 writes one (a 2 GB embedding: 100 s at a
+             * slow disk's rate), which the beat above no longer covers */
+            watchdog_hold(watchdog_io_s((double)full[i].rows * full[i].cols * sizeof(float)));
             const param_tensor *t = gpt_find_tensor(m, full[i].name);
             rc = gather_and_write(m, world, f, GROUPS[which], &full[i], t,
                                   t && src ? src + t->offset : NULL, writer, err, errlen);

@@ -7,6 +7,7 @@
 #include "parallel/comm_task.h"
 
 #include "engine/cuda/cuda_backend.h"
+#include "engine/log.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -227,6 +228,9 @@ int comm_world(comm_group *g, const gptc_backend *be) {
     if (piece && atol(piece) > 0) comm_set_max_count_for_testing((size_t)atol(piece));
     group_init(g, "world", be);
     if (!mpi_ready(g)) return -1;
+    if (piece && atol(piece) > 0) /* tests: that it took (rank 0 says it) */
+        log_info("test: every MPI call in pieces of at most %ld elements (GPTC_TEST_MPI_PIECE)\n",
+                 atol(piece));
     MPI_Comm c;
     if (!comm_mpi_ok(g, "MPI_Comm_dup", MPI_Comm_dup(MPI_COMM_WORLD, &c))) return -1;
     if (group_adopt(g, c) != 0) return -1;

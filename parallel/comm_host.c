@@ -79,13 +79,16 @@ int comm_gather_host(comm_group *g, const void *mine, size_t n,
         size_t most = 0;
         for (int r = 1; r < g->size; r++) most = sizes[r] > most ? (size_t)sizes[r] : most;
         char *buf = log_calloc(most ? most : 1, 1, "a gather's bytes"); /* [most] */
+        watchdog_waiting(NULL); /* a take (a write) is no wait for a peer */
         rc = take(0, mine, n, arg);
         for (int r = 1; ok && r < g->size; r++) {
+            comm_waiting("gather to rank 0", g);
             for (size_t got = 0; ok && got < sizes[r]; got += piece) {
                 size_t len = sizes[r] - got < piece ? sizes[r] - got : piece;
                 ok = comm_mpi_ok(g, "MPI_Recv", MPI_Recv(buf + got, (int)len, MPI_BYTE, r, TAG,
                                                          g->comm, MPI_STATUS_IGNORE));
             }
+            watchdog_waiting(NULL);
             if (ok && rc == 0) rc = take(r, buf, sizes[r], arg);
             watchdog_beat(); /* one rank's bytes came */
         }

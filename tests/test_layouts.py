@@ -32,6 +32,9 @@ def train(name, ranks, vocab, extra, extra_env=None):
         fail(f"{name}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     check_bubble_line(name, extra, r.stdout)
     check_params_line(name, vocab, r.stdout)
+    piece = (extra_env or {}).get("GPTC_TEST_MPI_PIECE")
+    if piece and f"in pieces of at most {piece} elements" not in r.stdout:
+        fail(f"{name}: GPTC_TEST_MPI_PIECE={piece} did not take:\n{r.stdout[-1500:]}")
     return read_metrics(log)
 
 

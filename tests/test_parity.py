@@ -51,9 +51,11 @@ import torch_gpt2 as tg  # noqa: E402
 # param: the last update moves an element by up to the last LR (1e-4: Adam's normalised
 # step is at most ~1 so early), and only param sees that update (the log is written before
 # it; m and v see its gradient, not how it was applied), so a model saved from before it
-# missed 1e-4 at 1.0x. 2.5e-5 catches it at 4x; gptc's measured worst is 3.5e-6 (0.14x),
-# PyTorch's float64 run 3.3e-6.
-TOL = {"loss": 1e-5, "grad_norm": 1e-5, "lr": 6e-9, "param": 2.5e-5, "m": 1e-4, "v": 1e-4}
+# missed 1e-4 at 1.0x. 3e-5 catches it at 3.3x (it is the last LR over the tolerance,
+# whatever the machine); gptc's measured worst is 3.5e-6 (0.12x) and PyTorch's float64 run
+# 3.3e-6, under the self-check's noise limit of 6e-6 (tolerance / NOISE_HEADROOM) with
+# room for another CPU's rounding.
+TOL = {"loss": 1e-5, "grad_norm": 1e-5, "lr": 6e-9, "param": 3e-5, "m": 1e-4, "v": 1e-4}
 # A wrong variant must exceed some tolerance by this factor; a harmless one must stay
 # under tolerance / NOISE_HEADROOM on every metric.
 MIN_MARGIN = 3.0

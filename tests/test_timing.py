@@ -653,6 +653,8 @@ def main():
         events, report, _ = timed("tp2pp2", 4, ["--parallel.tp=2", "--parallel.pp=2"])
     finally:
         del os.environ["GPTC_TEST_MPI_PIECE"]
+    if "in pieces of at most 997 elements" not in STDOUT["tp2pp2"]:
+        fail("tp2pp2: GPTC_TEST_MPI_PIECE=997 did not take")
     check_report("tp2pp2", report, 4)
     check_steps_contain_ops("tp2pp2", events)
     pids = {e["pid"] for e in events if e.get("ph") == "X"}

@@ -185,13 +185,19 @@ void emu_module_first_use(uint64_t key, const char *name) {
     pthread_mutex_lock(&loaded_mu);
     int seen = 0;
     for (int i = 0; i < n_loaded && !seen; i++) seen = loaded[i] == key;
-    if (!seen && n_loaded < MAX_LOADED) loaded[n_loaded++] = key;
     pthread_mutex_unlock(&loaded_mu);
     if (seen) return;
     char what[200];
     snprintf(what, sizeof what, "the first launch of %s (lazy module loading waits for the "
              "device; CUDA_MODULE_LOADING = EAGER loads it at start)", name);
     drain_streams(0, what);
+    /* loaded once the wait is over: a second thread's launch meanwhile waits too, as it
+     * would for the loader */
+    pthread_mutex_lock(&loaded_mu);
+    seen = 0;
+    for (int i = 0; i < n_loaded && !seen; i++) seen = loaded[i] == key;
+    if (!seen && n_loaded < MAX_LOADED) loaded[n_loaded++] = key;
+    pthread_mutex_unlock(&loaded_mu);
 }
 
 static int sm_count(void) {
