@@ -225,7 +225,7 @@ static void *set_later(void *arg) {
     const later_set *l = arg;
     struct timespec pause = {1, 0}; /* long past a launch that goes on at once */
     nanosleep(&pause, NULL);
-    *l->flag = l->value;
+    __atomic_store_n(l->flag, l->value, __ATOMIC_RELEASE); /* as host_tasks.c's worker */
     return NULL;
 }
 
@@ -248,8 +248,9 @@ static void test_lazy_loading(void) {
             break;
         }
         cuda_to_act(dst, src, 4, GPTC_FP32, NULL);
-        if (round == 1) waited = flag >= 1;
-        else went_on = flag < 2;
+        unsigned int now = __atomic_load_n(&flag, __ATOMIC_ACQUIRE);
+        if (round == 1) waited = now >= 1;
+        else went_on = now < 2;
         pthread_join(t, NULL);
     }
     ok = ok && cudaStreamSynchronize(s) == cudaSuccess && cuda_check_launch() == 0;
