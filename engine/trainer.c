@@ -579,7 +579,12 @@ static int start_comm(run_state *r, const gptc_backend *be, char *err, size_t n)
                     strcmp(c->overlap_pp, "async") == 0, err, n);
 }
 
-/* gpt_load's keep: this rank's pieces of a moment (all of it, unless ZeRO-1 shards it) */
+/* gpt_load's moments: this rank's pieces of the state (all of it, unless ZeRO-1 shards
+ * it), and only the tensors that hold some of them read */
+static int wants_state(size_t offset, size_t n, void *arg) {
+    run_state *r = arg;
+    return dp_keeps_state(&r->dpc, &r->model, offset, n);
+}
 static void keep_moment(const float *full, int which, void *arg) {
     run_state *r = arg;
     dp_scatter_moment(&r->dpc, &r->model, which, full);
@@ -591,8 +596,8 @@ static int load_init(run_state *r, char *err, size_t n) {
     const gptc_config *c = r->c;
     gpt_model *m = &r->model;
     char why[ERR_LEN - 16];
-    int rc = gpt_load(m, r->init, r->has_optim ? keep_moment : NULL, r, r->optim_t, why,
-                      sizeof(why));
+    gpt_moments moments = {wants_state, keep_moment, r};
+    int rc = gpt_load(m, r->init, r->has_optim ? &moments : NULL, r->optim_t, why, sizeof(why));
     /* as for the tokens: a peer may still be reading its part of the file */
     watchdog_hold(watchdog_io_s(file_bytes(c->init) + 65536.0 * 3 * m->n_tensors));
     if (rc != 0) snprintf(err, n, "train.init %s", why);

@@ -202,8 +202,8 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     return rc;
 }
 
-int gpt_load(gpt_model *m, ckpt_file *f, gpt_keep_moment keep, void *arg, long t_optim,
-             char *err, size_t errlen) {
+int gpt_load(gpt_model *m, ckpt_file *f, const gpt_moments *moments, long t_optim, char *err,
+             size_t errlen) {
     /* [n_params], the parameters, then each moment; padding stays 0 */
     float *host = calloc(m->n_params, sizeof(float));
     if (!host) {
@@ -212,12 +212,16 @@ int gpt_load(gpt_model *m, ckpt_file *f, gpt_keep_moment keep, void *arg, long t
         return -1;
     }
     int rc = 0;
-    for (int which = 0; which < (keep ? 3 : 1) && rc == 0; which++) {
+    for (int which = 0; which < (moments ? 3 : 1) && rc == 0; which++) {
         float *dst = host;
         for (int i = 0; i < m->n_tensors && rc == 0; i++) {
+            const param_tensor *t = &m->tensors[i];
+            if (which > 0 && !moments->wants(t->offset, t->numel, moments->arg)) {
+                memset(host + t->offset, 0, t->numel * sizeof(float)); /* not the parameters */
+                continue;
+            }
             watchdog_beat();
             watchdog_test_slow_read();
-            const param_tensor *t = &m->tensors[i];
             rc = move_tensor(m, t, f, GROUPS[which], dst + t->offset, 1, err, errlen);
             /* a second moment is a mean of squares: a negative one would make the first
              * update's square root NaN */
@@ -240,7 +244,7 @@ int gpt_load(gpt_model *m, ckpt_file *f, gpt_keep_moment keep, void *arg, long t
         }
         if (rc == 0 && which == 0)
             m->be->copy_from_host(m->params, host, m->n_params * sizeof(float), m->stream);
-        if (rc == 0 && which > 0) keep(host, which - 1, arg);
+        if (rc == 0 && which > 0) moments->keep(host, which - 1, moments->arg);
     }
     if (rc == 0) gpt_params_changed(m);
     m->be->synchronize(m->stream);

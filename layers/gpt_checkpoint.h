@@ -17,14 +17,21 @@ typedef struct comm_group comm_group;
  * world rank 0 writes the file. */
 int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path, long step,
              const float *opt_m, const float *opt_v, long t, char *err, size_t errlen);
-/* Hands one whole moment of the optimizer state (host, [n_params], parameter layout; 0:
- * m, 1: v) to the caller, who keeps what it needs before the buffer is reused. */
-typedef void (*gpt_keep_moment)(const float *full, int which, void *arg);
+/* What a rank keeps of the optimizer state a checkpoint holds: wants says whether it
+ * keeps any of the elements [offset, offset + n) of the parameter layout (a tensor it does
+ * not want is not read: ZeRO-1 keeps a DP-th of each bucket); keep takes one whole moment
+ * (host, [n_params], parameter layout, the tensors it did not want left 0; which 0: m,
+ * 1: v) before the buffer is reused. */
+typedef struct {
+    int (*wants)(size_t offset, size_t n, void *arg);
+    void (*keep)(const float *full, int which, void *arg);
+    void *arg;
+} gpt_moments;
 /* Reads every parameter from an open checkpoint whose meta already matched the model
- * shape and, when keep is given, each optimizer moment in turn, through one host buffer
+ * shape and, when moments is given, each optimizer moment in turn, through one host buffer
  * of n_params (three whole copies a rank were a 1.5B model's 19 GB); t_optim is the
  * updates /optim says they hold (moments other than zero after none are refused). */
-int gpt_load(gpt_model *m, ckpt_file *f, gpt_keep_moment keep, void *arg, long t_optim,
-             char *err, size_t errlen);
+int gpt_load(gpt_model *m, ckpt_file *f, const gpt_moments *moments, long t_optim, char *err,
+             size_t errlen);
 
 #endif

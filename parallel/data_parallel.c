@@ -128,6 +128,15 @@ void dp_gather_state(dp_context *dp, gpt_model *m, float *m_full, float *v_full)
     }
 }
 
+int dp_keeps_state(const dp_context *dp, const gpt_model *m, size_t offset, size_t n) {
+    for (int b = 0; dp->sharded && b < m->n_buckets; b++) {
+        size_t lo, hi, state;
+        optim_piece(m, b, dp->rank, &lo, &hi, &state);
+        if (lo < offset + n && offset < hi) return 1;
+    }
+    return !dp->sharded;
+}
+
 void dp_scatter_moment(dp_context *dp, gpt_model *m, int which, const float *full) {
     float *state_of = which == 0 ? m->opt_m : m->opt_v; /* [n_opt] */
     for (int b = 0; b < m->n_buckets; b++) {

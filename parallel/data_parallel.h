@@ -54,6 +54,9 @@ void dp_params_settle(dp_context *dp, gpt_model *m);
  * part but keeps nothing); scatter keeps this rank's pieces of one moment (0: m, 1: v). */
 void dp_gather_state(dp_context *dp, gpt_model *m, float *m_full, float *v_full);
 void dp_scatter_moment(dp_context *dp, gpt_model *m, int which, const float *full);
+/* Whether this rank keeps any of the optimizer state of [offset, offset + n) (parameter
+ * layout): all of it unless sharded, else its pieces of the buckets. */
+int dp_keeps_state(const dp_context *dp, const gpt_model *m, size_t offset, size_t n);
 void dp_free(dp_context *dp);
 
 #endif
