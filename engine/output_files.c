@@ -50,27 +50,58 @@ static int has_hdf5_signature(FILE *fp, long size) {
 
 /* An existing file an output would overwrite must be one of its own kind: a checkpoint
  * (replaced) a checkpoint, a token file one with /tokens, a stream (metrics, trace,
- * report: JSON, appended to or rewritten) one that starts with '{'; an empty file, or an
+ * report: JSON, appended to or rewritten) one that starts with '{' and, if its first key
+ * is another stream's, that stream's (a kept report given as the trace was lost); an
+ * empty file, or an
  * HDF5 file HDF5 cannot open (a damaged one), is any. Else a typo or a swapped pair of
  * paths would destroy the file (a checkpoint given as train.log_file, a token file as
  * train.save). 0, or -1 with err set. */
+/* the first key of a JSON object whose '{' was just read from fp, into key[n]; "" if none */
+static void first_key(FILE *fp, char *key, size_t n) {
+    int c;
+    size_t k = 0;
+    do c = fgetc(fp);
+    while (c == ' ' || c == '\t' || c == '\n' || c == '\r');
+    if (c == '"')
+        while ((c = fgetc(fp)) != EOF && c != '"' && k + 1 < n) key[k++] = (char)c;
+    key[k] = 0;
+}
+
+static const char *const STREAM_KEY[] = {[OUTPUT_METRICS] = "step",
+                                         [OUTPUT_TRACE] = "traceEvents",
+                                         [OUTPUT_REPORT] = "ranks"};
+static const char *const STREAM_NAME[] = {[OUTPUT_METRICS] = "a metrics file",
+                                          [OUTPUT_TRACE] = "a trace",
+                                          [OUTPUT_REPORT] = "a timing report"};
+
 static int existing_is_own_kind(const char *key, const char *path, output_kind kind, char *err,
                                 size_t n) {
+    int stream = kind == OUTPUT_METRICS || kind == OUTPUT_TRACE || kind == OUTPUT_REPORT;
     FILE *fp = fopen(path, "rb");
     if (!fp) return 0; /* the write check that follows names the trouble */
     long size = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
     int c = EOF, hdf5 = size > 0 && has_hdf5_signature(fp, size);
+    char first[16] = "";
     if (size > 0 && !hdf5 && fseek(fp, 0, SEEK_SET) == 0) {
         do c = fgetc(fp);
         while (c == ' ' || c == '\t' || c == '\n' || c == '\r');
+        if (c == '{') first_key(fp, first, sizeof first);
     }
     fclose(fp);
     if (size <= 0) return 0;
     const char *what = NULL;
-    if (kind == OUTPUT_STREAM && hdf5) what = "an HDF5 file, not JSON";
-    else if (kind == OUTPUT_STREAM && c != '{' && c != EOF) what = "not JSON (no '{' first)";
-    else if (kind != OUTPUT_STREAM && !hdf5) what = "not an HDF5 file";
-    else if (kind != OUTPUT_STREAM) {
+    char other[64];
+    if (stream && hdf5) what = "an HDF5 file, not JSON";
+    else if (stream && c != '{' && c != EOF) what = "not JSON (no '{' first)";
+    else if (stream && c == '{' && strcmp(first, STREAM_KEY[kind]) != 0) {
+        /* a swapped pair of the three (a trace given as the report) */
+        for (int k = OUTPUT_METRICS; k <= OUTPUT_REPORT; k++)
+            if (strcmp(first, STREAM_KEY[k]) == 0) {
+                snprintf(other, sizeof other, "%s, not %s", STREAM_NAME[k], STREAM_NAME[kind]);
+                what = other;
+            }
+    } else if (!stream && !hdf5) what = "not an HDF5 file";
+    else if (!stream) {
         h5_kind is = h5_file_kind(path), want = kind == OUTPUT_CHECKPOINT ? H5_CHECKPOINT : H5_TOKENS;
         if (is != H5_UNKNOWN && is != want)
             what = is == H5_CHECKPOINT ? "a checkpoint, not a token file"
@@ -165,7 +196,7 @@ static int std_output_of(const struct stat *st, char *parent, size_t n) {
  * renamed over the path, so its own permissions do not matter. */
 int output_path_check(const char *key, const char *path, output_kind kind, char *err, size_t n) {
     if (!path[0]) return 0;
-    int replaced = kind != OUTPUT_STREAM;
+    int replaced = kind == OUTPUT_CHECKPOINT || kind == OUTPUT_TOKENS;
     /* the rename would replace the link /dev/stdout itself (root may write in /dev), not
      * the file the shell sent stdout to: every later process's /dev/stdout broken */
     if (replaced && in_proc(path)) {

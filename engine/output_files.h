@@ -7,8 +7,11 @@
 
 /* What an output is: a stream (metrics, trace, report: appended to or rewritten in place),
  * or a file written beside its path and renamed over it (a checkpoint, gptc-data's token
- * file), which an existing file at path must be one of. */
-typedef enum { OUTPUT_STREAM, OUTPUT_CHECKPOINT, OUTPUT_TOKENS } output_kind;
+ * file), which an existing file at path must be one of. The streams are told apart by
+ * their first key ("step", "traceEvents", "ranks"). */
+typedef enum {
+    OUTPUT_METRICS, OUTPUT_TRACE, OUTPUT_REPORT, OUTPUT_CHECKPOINT, OUTPUT_TOKENS
+} output_kind;
 
 /* 0 when rank 0 will be able to write path (the value of key; empty: nothing to check)
  * at the end of a long run, else -1 with err naming key and the cause. */

@@ -194,10 +194,10 @@ int plan_check_outputs(const gptc_config *c, long first, char *err, size_t n) {
         {"GPTC_GEMM_CACHE", gemm ? gemm : "", 1}};
     if (output_paths_distinct(files, (int)(sizeof files / sizeof files[0]), err, n) != 0)
         return -1;
-    for (int i = 0; i < 4; i++) /* the checkpoint is written beside and renamed over */
-        if (output_path_check(files[i].key, files[i].path, i == 0 ? OUTPUT_CHECKPOINT : OUTPUT_STREAM,
-                              err, n) != 0)
-            return -1;
+    /* the checkpoint is written beside and renamed over */
+    const output_kind kinds[4] = {OUTPUT_CHECKPOINT, OUTPUT_METRICS, OUTPUT_TRACE, OUTPUT_REPORT};
+    for (int i = 0; i < 4; i++)
+        if (output_path_check(files[i].key, files[i].path, kinds[i], err, n) != 0) return -1;
     if (save_versions_check(c->save, first, c->steps, c->save_every, c->keep, err, n) != 0)
         return -1;
     for (int i = 2; i < 4; i++) { /* the trace and the report, written after the last step */

@@ -271,7 +271,18 @@ def check_outputs(a):
          ["train.save", "val_tok.h5", "a token file (it has /tokens), not a checkpoint"]),
         ("save onto another HDF5 file", [f"--train.save={D}/other.h5"],
          ["train.save", "other.h5", "an HDF5 file that is not a checkpoint"]),
+        # JSON both, but a kept report is not a trace: a swapped pair of the two lost it
+        ("trace onto a report", kernel + [f"--profile.trace={D}/kept_report.json"],
+         ["profile.trace", "kept_report.json", "a timing report, not a trace"]),
+        ("report onto a trace", kernel + [f"--profile.report={D}/kept_trace.json"],
+         ["profile.report", "kept_trace.json", "a trace, not a timing report"]),
+        ("metrics onto a report", [f"--train.log_file={D}/kept_report.json"],
+         ["train.log_file", "kept_report.json", "a timing report, not a metrics file"]),
     ]
+    with open(f"{D}/kept_report.json", "w") as f:
+        f.write('{\n  "ranks": 1,\n  "steps": []\n}\n')
+    with open(f"{D}/kept_trace.json", "w") as f:
+        f.write('{"traceEvents": [\n], "displayTimeUnit": "ms"}\n')
     write_tokens(f"{D}/val_tok.h5", np.arange(100) % 64, 64)
     import h5py
     with h5py.File(f"{D}/val_tok.h5", "r+") as f:  # another tool's own label: still tokens
@@ -279,7 +290,8 @@ def check_outputs(a):
     with h5py.File(f"{D}/other.h5", "w") as f:
         f["x"] = np.arange(4)
     kept = {p: open(p, "rb").read() for p in (f"{a}/ck.h5", f"{D}/notes.txt",
-                                             f"{D}/val_tok.h5", f"{D}/other.h5")}
+                                             f"{D}/val_tok.h5", f"{D}/other.h5",
+                                             f"{D}/kept_report.json", f"{D}/kept_trace.json")}
     for name, args, want in cases:
         try:
             r = run_train([f"{a}/cfg.ini"] + args, timeout=60)
