@@ -48,20 +48,18 @@ static int has_hdf5_signature(FILE *fp, long size) {
     return 0;
 }
 
-/* An existing file an output would overwrite must be one of its own kind: a checkpoint
- * (replaced) a checkpoint, a token file one with /tokens, a stream (metrics, trace,
- * report: JSON, appended to or rewritten) one that starts with '{' and, if its first key
- * is another stream's, that stream's (a kept report given as the trace was lost); an
- * empty file, or an
- * HDF5 file HDF5 cannot open (a damaged one), is any. Else a typo or a swapped pair of
- * paths would destroy the file (a checkpoint given as train.log_file, a token file as
- * train.save). 0, or -1 with err set. */
-/* the first key of a JSON object whose '{' was just read from fp, into key[n]; "" if none */
-static void first_key(FILE *fp, char *key, size_t n) {
+/* the next character of fp that is not JSON whitespace, or EOF */
+static int next_nonspace(FILE *fp) {
     int c;
-    size_t k = 0;
     do c = fgetc(fp);
     while (c == ' ' || c == '\t' || c == '\n' || c == '\r');
+    return c;
+}
+
+/* the first key of a JSON object whose '{' was just read from fp, into key[n]; "" if none */
+static void first_key(FILE *fp, char *key, size_t n) {
+    int c = next_nonspace(fp);
+    size_t k = 0;
     if (c == '"')
         while ((c = fgetc(fp)) != EOF && c != '"' && k + 1 < n) key[k++] = (char)c;
     key[k] = 0;
@@ -74,6 +72,13 @@ static const char *const STREAM_NAME[] = {[OUTPUT_METRICS] = "a metrics file",
                                           [OUTPUT_TRACE] = "a trace",
                                           [OUTPUT_REPORT] = "a timing report"};
 
+/* An existing file an output would overwrite must be one of its own kind: a checkpoint
+ * (replaced) a checkpoint, a token file one with /tokens, a stream (metrics, trace,
+ * report: JSON, appended to or rewritten) one that starts with '{' and, if its first key
+ * is another stream's, that stream's (a kept report given as the trace was lost); an
+ * empty file, or an HDF5 file HDF5 cannot open (a damaged one), is any. Else a typo or a
+ * swapped pair of paths would destroy the file (a checkpoint given as train.log_file, a
+ * token file as train.save). 0, or -1 with err set. */
 static int existing_is_own_kind(const char *key, const char *path, output_kind kind, char *err,
                                 size_t n) {
     int stream = kind == OUTPUT_METRICS || kind == OUTPUT_TRACE || kind == OUTPUT_REPORT;
@@ -83,8 +88,7 @@ static int existing_is_own_kind(const char *key, const char *path, output_kind k
     int c = EOF, hdf5 = size > 0 && has_hdf5_signature(fp, size);
     char first[16] = "";
     if (size > 0 && !hdf5 && fseek(fp, 0, SEEK_SET) == 0) {
-        do c = fgetc(fp);
-        while (c == ' ' || c == '\t' || c == '\n' || c == '\r');
+        c = next_nonspace(fp);
         if (c == '{') first_key(fp, first, sizeof first);
     }
     fclose(fp);

@@ -144,8 +144,8 @@ static int gather_and_write(const gpt_model *m, comm_group *world, ckpt_file *f,
     char *mine; /* [bytes] */
     size_t bytes = pack_tensor(m, t, local, writer, &mine);
     slab_writer w = {f, group, full, err, errlen};
-    int rc = world && world->size > 1 ? comm_gather_host(world, mine, bytes, write_rank, &w)
-                                      : write_rank(0, mine, bytes, &w);
+    int rc = world ? comm_gather_host(world, mine, bytes, write_rank, &w)
+                   : write_rank(0, mine, bytes, &w);
     free(mine);
     return rc;
 }
@@ -161,7 +161,8 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     int n_full = 0;
     param_tensor *full = gpt_full_table(s, &n_full); /* [n_full]: every rank walks all tensors */
     ckpt_file *f = NULL;
-    int rc = (host || !writer) && full && (!with_optim || !writer || (opt_m && opt_v)) ? 0 : -1;
+    int sources = !writer || (host && (!with_optim || (opt_m && opt_v)));
+    int rc = full && sources ? 0 : -1;
     if (rc) snprintf(err, errlen, "%s: out of host memory", path);
     if (rc == 0 && rank == 0) {
         f = ckpt_create(path, &meta, err, errlen);
@@ -213,7 +214,6 @@ int gpt_load(gpt_model *m, ckpt_file *f, const gpt_moments *moments, long t_opti
     }
     int rc = 0;
     for (int which = 0; which < (moments ? 3 : 1) && rc == 0; which++) {
-        float *dst = host;
         for (int i = 0; i < m->n_tensors && rc == 0; i++) {
             const param_tensor *t = &m->tensors[i];
             if (which > 0 && !moments->wants(t->offset, t->numel, moments->arg)) {
@@ -222,23 +222,23 @@ int gpt_load(gpt_model *m, ckpt_file *f, const gpt_moments *moments, long t_opti
             }
             watchdog_beat();
             watchdog_test_slow_read();
-            rc = move_tensor(m, t, f, GROUPS[which], dst + t->offset, 1, err, errlen);
+            rc = move_tensor(m, t, f, GROUPS[which], host + t->offset, 1, err, errlen);
             /* a second moment is a mean of squares: a negative one would make the first
              * update's square root NaN */
             for (size_t k = 0; rc == 0 && which == 2 && k < t->numel; k++)
-                if (!(dst[t->offset + k] >= 0.0f)) {
+                if (!(host[t->offset + k] >= 0.0f)) {
                     snprintf(err, errlen, "%s: /optim/v/%s holds a negative value (%g)",
-                             ckpt_file_path(f), t->name, (double)dst[t->offset + k]);
+                             ckpt_file_path(f), t->name, (double)host[t->offset + k]);
                     rc = -1;
                 }
             /* moments come from updates: after none (t = 0) they are zero; any others would
              * be taken for one update's, scaled by the bias correction's 1 / (1 - beta) */
             for (size_t k = 0; rc == 0 && which > 0 && t_optim == 0 && k < t->numel; k++)
-                if (dst[t->offset + k] != 0.0f) {
+                if (host[t->offset + k] != 0.0f) {
                     snprintf(err, errlen, "%s: /optim/%s/%s holds %g, but /optim attribute "
                              "t = 0 says no update was taken (delete /optim to start the "
                              "optimizer afresh)", ckpt_file_path(f), GROUPS[which] + 6,
-                             t->name, (double)dst[t->offset + k]);
+                             t->name, (double)host[t->offset + k]);
                     rc = -1;
                 }
         }

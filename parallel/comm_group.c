@@ -224,13 +224,14 @@ void comm_abort_all(void) {
 /* A duplicate rather than MPI_COMM_WORLD itself, so that our error handler and our
  * messages stay apart from whatever else the program does on MPI_COMM_WORLD. */
 int comm_world(comm_group *g, const gptc_backend *be) {
-    const char *piece = getenv("GPTC_TEST_MPI_PIECE");
-    if (piece && atol(piece) > 0) comm_set_max_count_for_testing((size_t)atol(piece));
+    const char *env = getenv("GPTC_TEST_MPI_PIECE");
+    long piece = env ? atol(env) : 0;
+    if (piece > 0) comm_set_max_count_for_testing((size_t)piece);
     group_init(g, "world", be);
     if (!mpi_ready(g)) return -1;
-    if (piece && atol(piece) > 0) /* tests: that it took (rank 0 says it) */
+    if (piece > 0) /* tests: that it took (rank 0 says it) */
         log_info("test: every MPI call in pieces of at most %ld elements (GPTC_TEST_MPI_PIECE)\n",
-                 atol(piece));
+                 piece);
     MPI_Comm c;
     if (!comm_mpi_ok(g, "MPI_Comm_dup", MPI_Comm_dup(MPI_COMM_WORLD, &c))) return -1;
     if (group_adopt(g, c) != 0) return -1;

@@ -71,10 +71,10 @@ int comm_gather_host(comm_group *g, const void *mine, size_t n,
                                                      MPI_UINT64_T, 0, g->comm));
     int rc = 0;
     if (g->rank != 0) {
-        for (size_t at = 0; ok && at < n; at += piece)
-            ok = comm_mpi_ok(g, "MPI_Send", MPI_Send((const char *)mine + at,
-                                                     (int)(n - at < piece ? n - at : piece),
-                                                     MPI_BYTE, 0, TAG, g->comm));
+        for (size_t k = 0; ok && k * piece < n; k++)
+            ok = comm_mpi_ok(g, "MPI_Send", MPI_Send((const char *)mine + k * piece,
+                                                     comm_piece_len(n, piece, k), MPI_BYTE, 0,
+                                                     TAG, g->comm));
     } else if (ok) {
         size_t most = 0;
         for (int r = 1; r < g->size; r++) most = sizes[r] > most ? (size_t)sizes[r] : most;
@@ -83,11 +83,11 @@ int comm_gather_host(comm_group *g, const void *mine, size_t n,
         rc = take(0, mine, n, arg);
         for (int r = 1; ok && r < g->size; r++) {
             comm_waiting("gather to rank 0", g);
-            for (size_t got = 0; ok && got < sizes[r]; got += piece) {
-                size_t len = sizes[r] - got < piece ? sizes[r] - got : piece;
-                ok = comm_mpi_ok(g, "MPI_Recv", MPI_Recv(buf + got, (int)len, MPI_BYTE, r, TAG,
-                                                         g->comm, MPI_STATUS_IGNORE));
-            }
+            for (size_t k = 0; ok && k * piece < sizes[r]; k++)
+                ok = comm_mpi_ok(g, "MPI_Recv", MPI_Recv(buf + k * piece,
+                                                         comm_piece_len(sizes[r], piece, k),
+                                                         MPI_BYTE, r, TAG, g->comm,
+                                                         MPI_STATUS_IGNORE));
             watchdog_waiting(NULL);
             if (ok && rc == 0) rc = take(r, buf, sizes[r], arg);
             watchdog_beat(); /* one rank's bytes came */

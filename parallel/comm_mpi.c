@@ -48,6 +48,7 @@ static int piece_len(size_t n, size_t piece, size_t k) {
     if (off >= n) return 0;
     return (int)(n - off < piece ? n - off : piece);
 }
+int comm_piece_len(size_t n, size_t piece, size_t k) { return piece_len(n, piece, k); }
 
 static void do_allreduce(comm_group *g, float *buf /* [n] */, size_t n, MPI_Op op) {
     size_t p = piece_size();

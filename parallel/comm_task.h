@@ -40,6 +40,8 @@ int comm_mpi_ok(comm_group *g, const char *call, int rc);
 
 /* The most elements one MPI call moves: INT_MAX, or less in tests (comm_mpi.c). */
 size_t comm_mpi_piece(void);
+/* Length of piece k of n elements cut into pieces of `piece`; 0 past the end (comm_mpi.c). */
+int comm_piece_len(size_t n, size_t piece, size_t k);
 
 /* Runs t's MPI calls on host memory, blocking until they are done (comm_mpi.c). */
 void comm_mpi_run(const comm_task *t);
