@@ -96,8 +96,9 @@ typedef struct gptc_backend {
     void (*synchronize)(gptc_stream *s);
 
     /* streams and events (semantics at the top of this file) */
-    /* A new stream. high_priority asks the OS to favour its thread (CPU: nice -5 on
-     * Linux when permitted, e.g. as root); not getting it is not an error. NULL on failure. */
+    /* A new stream. high_priority asks the OS to favour its thread (CPU: a nice 5 below
+     * the creating thread's on Linux, when permitted, e.g. as root); not getting it is not
+     * an error. NULL on failure. */
     gptc_stream *(*stream_create)(int high_priority);
     /* Finishes the work queued on s, then frees it. */
     void (*stream_destroy)(gptc_stream *s);

@@ -93,28 +93,42 @@ static int next_line(const char **p, char **line, size_t *cap) {
 
 /* ------------------------------------------------------------------ kernels */
 
+/* A kernel's statistics merged over ranks (timing_kernel_stats), at one of three levels:
+ * per parallelism and call size (as a rank keeps them), per parallelism (call_bytes NAN),
+ * or over both (par -1 too). */
 typedef struct {
     char name[64];
     int kind, probe;
-    int par; /* timing_par, or -1: every parallelism's instances together */
-    long count, n_iso, n_ovl;
-    double sum, iso, ovl;
-    double flops, bytes; /* timing_work summed over the count instances */
-    long n_wait;         /* instances whose wait for other ranks is known, */
-    double wait;         /* and those waits summed (us) */
+    int par;           /* timing_par, or -1: every parallelism's instances together */
+    double call_bytes; /* bytes of one call, or NAN: every size together */
+    timing_split s, wait, moving;
+    double flops, bytes; /* timing_work summed over the s.count instances */
+    double moving_bytes; /* over the moving.count instances */
 } merged_kernel;
+
+enum { BY_SIZE, BY_PAR, BY_NAME }; /* the levels of merged_kernel, finest first */
 
 /* Do x and y count instances of the same kernel (name, kind, probe)? */
 static int same_kernel(const merged_kernel *x, const merged_kernel *y) {
     return x->kind == y->kind && x->probe == y->probe && strcmp(x->name, y->name) == 0;
 }
 
-/* Adds r into k[0..*n), to the entry of its name, kind, probe and (unless any_par) par, or
- * to a new one; returns k, grown as needed (*cap). */
+static void split_merge(timing_split *into, const timing_split *x) {
+    into->count += x->count;
+    into->sum_us += x->sum_us;
+    into->n_isolated += x->n_isolated;
+    into->isolated_us += x->isolated_us;
+    into->n_overlapped += x->n_overlapped;
+    into->overlapped_us += x->overlapped_us;
+}
+
+/* Adds r into k[0..*n), to the entry that counts it at `level`, or to a new one; returns k,
+ * grown as needed (*cap). */
 static merged_kernel *add_kernel(merged_kernel *k, int *n, int *cap, const merged_kernel *r,
-                                 int any_par) {
+                                 int level) {
     int i = 0;
-    while (i < *n && !(same_kernel(&k[i], r) && (any_par || k[i].par == r->par)))
+    while (i < *n && !(same_kernel(&k[i], r) && (level == BY_NAME || k[i].par == r->par) &&
+                       (level != BY_SIZE || k[i].call_bytes == r->call_bytes)))
         i++;
     if (i == *n) {
         if (*n == *cap) {
@@ -122,71 +136,102 @@ static merged_kernel *add_kernel(merged_kernel *k, int *n, int *cap, const merge
             k = log_realloc(k, sizeof(*k) * (size_t)*cap, "the report's kernels");
         }
         k[(*n)++] = *r;
-        if (any_par) k[i].par = -1;
+        if (level != BY_SIZE) k[i].call_bytes = NAN;
+        if (level == BY_NAME) k[i].par = -1;
         return k;
     }
-    k[i].count += r->count;
-    k[i].sum += r->sum;
-    k[i].n_iso += r->n_iso;
-    k[i].iso += r->iso;
-    k[i].n_ovl += r->n_ovl;
-    k[i].ovl += r->ovl;
+    split_merge(&k[i].s, &r->s);
+    split_merge(&k[i].wait, &r->wait);
+    split_merge(&k[i].moving, &r->moving);
     k[i].flops += r->flops;
     k[i].bytes += r->bytes;
-    k[i].n_wait += r->n_wait;
-    k[i].wait += r->wait;
+    k[i].moving_bytes += r->moving_bytes;
     return k;
 }
 
-/* Every rank's kernel lines merged: *by_par per name, kind, probe and parallelism (its
- * length in *n_par), *out per name, kind and probe (returns its length). */
-static int merge_kernels(const char *lines, merged_kernel **by_par, int *n_par,
-                         merged_kernel **out) {
-    int np = 0, cap_p = 0, n = 0, cap = 0;
-    merged_kernel *kp = NULL, *k = NULL;
+/* " count sum n_iso iso n_ovl ovl" of a split, as kernels_text writes it */
+static void put_split(char *buf, size_t len, const timing_split *x) {
+    snprintf(buf, len, " %ld %.6f %ld %.6f %ld %.6f", x->count, x->sum_us, x->n_isolated,
+             x->isolated_us, x->n_overlapped, x->overlapped_us);
+}
+
+static int scan_split(const char **p, timing_split *x) {
+    int used = 0;
+    if (sscanf(*p, " %ld %lf %ld %lf %ld %lf%n", &x->count, &x->sum_us, &x->n_isolated,
+               &x->isolated_us, &x->n_overlapped, &x->overlapped_us, &used) != 6)
+        return -1;
+    *p += used;
+    return 0;
+}
+
+/* Every rank's kernel lines merged at the three levels */
+typedef struct {
+    merged_kernel *at[3]; /* [BY_SIZE], [BY_PAR], [BY_NAME] */
+    int n[3];
+} merged_kernels;
+
+static void merge_kernels(const char *lines, merged_kernels *m) {
+    int cap[3] = {0};
+    memset(m, 0, sizeof(*m));
     char *line = NULL;
     size_t line_cap = 0;
     for (const char *p = lines; next_line(&p, &line, &line_cap) == 0;) {
-        merged_kernel r;
-        if (sscanf(line, "%63s %d %d %d %ld %lf %ld %lf %ld %lf %lf %lf %ld %lf", r.name,
-                   &r.kind, &r.probe, &r.par, &r.count, &r.sum, &r.n_iso, &r.iso, &r.n_ovl,
-                   &r.ovl, &r.flops, &r.bytes, &r.n_wait, &r.wait) != 14)
+        merged_kernel r = {0};
+        int used = 0;
+        const char *q = line;
+        if (sscanf(q, "%63s %d %d %d %lf %lf %lf %lf%n", r.name, &r.kind, &r.probe, &r.par,
+                   &r.call_bytes, &r.flops, &r.bytes, &r.moving_bytes, &used) != 8)
             break;
-        kp = add_kernel(kp, &np, &cap_p, &r, 0);
+        q += used;
+        if (scan_split(&q, &r.s) || scan_split(&q, &r.wait) || scan_split(&q, &r.moving)) break;
+        m->at[BY_SIZE] = add_kernel(m->at[BY_SIZE], &m->n[BY_SIZE], &cap[BY_SIZE], &r, BY_SIZE);
     }
     free(line);
-    for (int i = 0; i < np; i++) k = add_kernel(k, &n, &cap, &kp[i], 1);
-    *by_par = kp;
-    *n_par = np;
-    *out = k;
-    return n;
+    for (int level = BY_PAR; level <= BY_NAME; level++)
+        for (int i = 0; i < m->n[BY_SIZE]; i++)
+            m->at[level] = add_kernel(m->at[level], &m->n[level], &cap[level],
+                                      &m->at[BY_SIZE][i], level);
+}
+
+static void free_kernels(merged_kernels *m) {
+    for (int level = 0; level < 3; level++) free(m->at[level]);
 }
 
 /* A kernel's mean, isolated and overlapped means and their ratio (slowdown); NAN where it
  * has no such instances. */
 typedef struct {
     double mean, iso, ovl, slow;
-    double wait; /* of the instances whose wait for other ranks is known */
-} kernel_means;
+} split_means;
 
-static kernel_means means_of(const merged_kernel *x) {
-    kernel_means m = {x->count ? x->sum / x->count : NAN, x->n_iso ? x->iso / x->n_iso : NAN,
-                      x->n_ovl ? x->ovl / x->n_ovl : NAN, NAN,
-                      x->n_wait ? x->wait / x->n_wait : NAN};
-    if (x->n_iso && x->n_ovl) m.slow = m.ovl / m.iso;
+static split_means means_of_split(const timing_split *x) {
+    split_means m = {x->count ? x->sum_us / x->count : NAN,
+                     x->n_isolated ? x->isolated_us / x->n_isolated : NAN,
+                     x->n_overlapped ? x->overlapped_us / x->n_overlapped : NAN, NAN};
+    if (x->n_isolated && x->n_overlapped) m.slow = m.ovl / m.iso;
     return m;
 }
 
+/* A slowdown from fewer instances than this on either side is marked: one slow call beside
+ * a burst of communication is not a contention figure */
+enum { FEW_INSTANCES = 10 };
+
+static int few(const timing_split *x) {
+    return x->n_isolated < FEW_INSTANCES || x->n_overlapped < FEW_INSTANCES;
+}
+
 /* A kernel's rates over its instances (engine/timing.h: timing_work): TFLOP/s of its
- * products and GB/s of its bytes, NAN where it counts none */
+ * products and GB/s of its bytes, NAN where it counts none; a communication op's GB/s
+ * over the time its data moved (its waits for other ranks left out) where they are known */
 typedef struct {
-    double tflops, gbps;
+    double tflops, gbps, gbps_moving;
 } kernel_rates;
 
 static kernel_rates rates_of(const merged_kernel *x) {
-    int timed = x->count > 0 && x->sum > 0; /* sum: us */
-    return (kernel_rates){timed && x->flops > 0 ? x->flops / x->sum / 1e6 : NAN,
-                          timed && x->bytes > 0 ? x->bytes / x->sum / 1e3 : NAN};
+    int timed = x->s.count > 0 && x->s.sum_us > 0, moved = x->moving.sum_us > 0;
+    return (kernel_rates){timed && x->flops > 0 ? x->flops / x->s.sum_us / 1e6 : NAN,
+                          timed && x->bytes > 0 ? x->bytes / x->s.sum_us / 1e3 : NAN,
+                          moved && x->moving_bytes > 0 ? x->moving_bytes / x->moving.sum_us / 1e3
+                                                       : NAN};
 }
 
 /* v printed with fmt into buf[32], or `none` when v is NAN */
@@ -196,9 +241,31 @@ static const char *num(char *buf, const char *fmt, double v, const char *none) {
     return buf;
 }
 
+/* "count", "n_isolated", "n_overlapped", "mean_us", "isolated_mean_us",
+ * "overlapped_mean_us" and "slowdown" of x: null where a mean has no instances */
+static void put_means(text *t, const timing_split *x) {
+    split_means m = means_of_split(x);
+    char a[32], b[32], c[32], d[32];
+    put(t, "\"count\": %ld, \"n_isolated\": %ld, \"n_overlapped\": %ld, \"mean_us\": %s, "
+           "\"isolated_mean_us\": %s, \"overlapped_mean_us\": %s, \"slowdown\": %s",
+        x->count, x->n_isolated, x->n_overlapped, num(d, "%.4f", x->count ? m.mean : 0.0, "null"),
+        num(a, "%.4f", m.iso, "null"), num(b, "%.4f", m.ovl, "null"),
+        num(c, "%.4f", m.slow, "null"));
+}
+
 static int by_total(const void *a, const void *b) {
-    double x = ((const merged_kernel *)a)->sum, y = ((const merged_kernel *)b)->sum;
+    double x = ((const merged_kernel *)a)->s.sum_us, y = ((const merged_kernel *)b)->s.sum_us;
     return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* bytes in decimal units into buf[32] */
+static const char *size_text(char *buf, double bytes) {
+    /* four digits: a layer's LayerNorm and the final one differ in the fourth */
+    if (bytes >= 1e9) snprintf(buf, 32, "%.4g GB", bytes / 1e9);
+    else if (bytes >= 1e6) snprintf(buf, 32, "%.4g MB", bytes / 1e6);
+    else if (bytes >= 1e3) snprintf(buf, 32, "%.4g KB", bytes / 1e3);
+    else snprintf(buf, 32, "%.0f B", bytes);
+    return buf;
 }
 
 /* Means over the step rows of every rank, for the policy's steps and for the
@@ -212,7 +279,43 @@ typedef struct {
     long n_wait;
     double wait, par_wait[TIMING_PARS];
     double exposed_w; /* exposed over the same n_wait rows, what the wait is a part of */
+    /* the rows' iter_ms: their median; how many took over SLOW_ROW times it, the longest of
+     * them; and the run's first step (warm-up included) */
+    double median;
+    long n_slow, slow_step, first_step;
+    int slow_rank;
+    double slow_ms;
 } step_means;
+
+/* A step row over this many times the median is named: a first step that loads, plans
+ * and touches memory moves a mean of few steps far from the typical step */
+#define SLOW_ROW 3.0
+
+typedef struct {
+    double ms;
+    long step;
+    int rank;
+} row_time;
+
+static int by_ms(const void *a, const void *b) {
+    double x = ((const row_time *)a)->ms, y = ((const row_time *)b)->ms;
+    return x < y ? -1 : x > y;
+}
+
+/* m's median and slow rows from its rows' times t[n] (sorted here) */
+static void median_and_slow(row_time *t, long n, step_means *m) {
+    m->median = NAN;
+    if (n == 0) return;
+    qsort(t, (size_t)n, sizeof(*t), by_ms);
+    m->median = n % 2 ? t[n / 2].ms : (t[n / 2 - 1].ms + t[n / 2].ms) / 2;
+    for (long i = 0; i < n; i++)
+        if (t[i].ms > SLOW_ROW * m->median) m->n_slow++;
+    if (m->n_slow) {
+        m->slow_ms = t[n - 1].ms;
+        m->slow_step = t[n - 1].step;
+        m->slow_rank = t[n - 1].rank;
+    }
+}
 
 /* The number after "key": in the row from `row` to `end`; 0 when it is there */
 static int row_number(const char *row, const char *end, const char *key, double *v) {
@@ -252,11 +355,17 @@ static void add_par_means(const char *row, const char *end, step_means *m) {
 
 static void mean_steps(const char *rows, int probe, step_means *m) {
     memset(m, 0, sizeof(*m));
+    m->first_step = -1;
     char *line = NULL; /* one row a line */
     size_t line_cap = 0;
+    row_time *times = NULL; /* [n] */
+    size_t times_cap = 0;
     for (const char *q = rows; next_line(&q, &line, &line_cap) == 0;) {
         const char *p = strstr(line, "\"iter_ms\": ");
-        if (!p) continue;
+        long step;
+        int rank;
+        if (!p || sscanf(line, " {\"step\": %ld, \"rank\": %d", &step, &rank) != 2) continue;
+        if (m->first_step < 0 || step < m->first_step) m->first_step = step;
         double a, b, c, d;
         char flag[8] = "", warm[8] = "";
         if (sscanf(p, "\"iter_ms\": %lf, \"compute_ms\": %lf, \"comm_ms\": %lf, "
@@ -264,6 +373,11 @@ static void mean_steps(const char *rows, int probe, step_means *m) {
                    &a, &b, &c, &d, flag, warm) < 5 || (strcmp(flag, "true") == 0) != probe ||
             strcmp(warm, "true") == 0) /* warm-up steps: in the list, not in the means */
             continue;
+        if ((size_t)m->n == times_cap) {
+            times_cap = times_cap ? 2 * times_cap : 1024;
+            times = log_realloc(times, times_cap * sizeof(*times), "the report's step times");
+        }
+        times[m->n] = (row_time){a, step, rank};
         m->n++;
         m->iter += a;
         m->compute += b;
@@ -273,6 +387,8 @@ static void mean_steps(const char *rows, int probe, step_means *m) {
         add_par_means(p, strchr(p, '}'), m);
         add_wait_means(p, strchr(p, '}'), d, m);
     }
+    median_and_slow(times, m->n, m);
+    free(times);
     free(line);
     if (m->n) {
         m->iter /= m->n;
@@ -325,17 +441,47 @@ static const merged_kernel *probe_twin(const merged_kernel *k, int n, const merg
     return NULL;
 }
 
+/* "12.34", with a '*' when it comes from few instances (FEW_INSTANCES) */
+static const char *slowdown_text(char *buf, double slow, const timing_split *x) {
+    if (isnan(slow)) return "-";
+    snprintf(buf, 32, "%.2f%s", slow, few(x) ? "*" : "");
+    return buf;
+}
+
 static void print_row(const char *name, const char *kind, const merged_kernel *x,
                       double probe_mean) {
-    kernel_means m = means_of(x);
+    split_means m = means_of_split(&x->s), mv = means_of_split(&x->moving);
     kernel_rates r = rates_of(x);
-    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32];
-    printf("%-26s %-7s %8ld %11.2f %10.1f %8s %8s %11s %11s %8s %10s %8s %8s\n", name, kind,
-           x->count, x->sum / 1e3, m.mean, num(f, "%.2f", r.tflops, "-"),
-           num(g, "%.1f", r.gbps, "-"), num(a, "%.1f", m.iso, "-"), num(b, "%.1f", m.ovl, "-"),
-           num(c, "%.2f", m.slow, "-"), num(d, "%.1f", probe_mean, "-"),
-           num(e, "%.2f", m.mean / probe_mean, "-"),
-           num(h, "%.0f%%", m.mean > 0 ? 100.0 * m.wait / m.mean : NAN, "-"));
+    double wait = x->wait.count ? x->wait.sum_us / x->wait.count : NAN;
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], n[48], w[32];
+    snprintf(n, sizeof n, "%ld/%ld", x->s.n_isolated, x->s.n_overlapped);
+    printf("%-26s %-7s %8ld %11.2f %10.1f %8s %8s %13s %11s %11s %9s %9s %10s %8s %8s\n", name,
+           kind, x->s.count, x->s.sum_us / 1e3, m.mean, num(f, "%.2f", r.tflops, "-"),
+           num(g, "%.1f", x->kind == TK_COMM && !isnan(r.gbps_moving) ? r.gbps_moving : r.gbps, "-"),
+           n, num(a, "%.1f", m.iso, "-"), num(b, "%.1f", m.ovl, "-"),
+           slowdown_text(c, m.slow, &x->s), slowdown_text(w, mv.slow, &x->moving),
+           num(d, "%.1f", probe_mean, "-"), num(e, "%.2f", m.mean / probe_mean, "-"),
+           num(h, "%.0f%%", m.mean > 0 ? 100.0 * wait / m.mean : NAN, "-"));
+}
+
+/* The rows of x's calls of each size (k: the merged kernels' BY_SIZE level), named
+ * `indent` and the size, where x (one name, and par unless it is -1) ran calls of several
+ * sizes and has a slowdown: it mixes the sizes of its isolated and overlapped calls. */
+static void print_size_rows(const merged_kernel *x, const merged_kernel *k, int n,
+                            const char *indent) {
+    enum { SHOWN = 6 };
+    int sizes = 0, shown = 0;
+    for (int i = 0; i < n; i++)
+        if (same_kernel(&k[i], x) && (x->par < 0 || k[i].par == x->par)) sizes++;
+    if (sizes < 2 || isnan(means_of_split(&x->s).slow)) return;
+    for (int i = 0; i < n && shown < SHOWN; i++) {
+        if (!same_kernel(&k[i], x) || (x->par >= 0 && k[i].par != x->par)) continue;
+        char name[64], sz[32];
+        snprintf(name, sizeof name, "%s%s", indent, size_text(sz, k[i].call_bytes));
+        print_row(name, "", &k[i], NAN);
+        shown++;
+    }
+    if (sizes > shown) printf("%s(%d more sizes in the report's by_size)\n", indent, sizes - shown);
 }
 
 /* One parallelism's communication measured alone, and its part waiting for a rank */
@@ -349,17 +495,25 @@ static void print_par_line(const step_means *pol, int par) {
 }
 
 /* The table on stdout. A communication op is named with its parallelism, or when several
- * parallelisms run it (a tp and a dp all-reduce), followed by a row for each. */
-static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, int np,
-                        const step_means *pol, const step_means *probe, const step_work *work,
-                        int ranks, long dropped, long omitted, const long untimed[2]) {
-    printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in flight)\n");
+ * parallelisms run it (a tp and a dp all-reduce), followed by a row for each; an op whose
+ * calls differ in size is followed by a row for each size where its slowdown mixes them. */
+static void print_table(const merged_kernels *mk, const step_means *pol, const step_means *probe,
+                        const step_work *work, int ranks, long dropped, long omitted,
+                        const long untimed[2]) {
+    const merged_kernel *k = mk->at[BY_NAME], *kp = mk->at[BY_PAR], *ks = mk->at[BY_SIZE];
+    int n = mk->n[BY_NAME], np = mk->n[BY_PAR], ns = mk->n[BY_SIZE];
+    printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in "
+           "flight; n iso/ovl = the instances of each; slowdown = overlapped / isolated mean, "
+           "'*' from fewer than %d of either)\n", FEW_INSTANCES);
+    printf("# communication: GB/s and 'excl wait' (the slowdown) count the time data moved, each "
+           "call's duration less its wait for the last other rank; 'waiting' = that wait's share "
+           "of the mean\n");
     if (timing_warmup() > 0)
         printf("# the run's first %d step(s) left out as warm-up (profile.warmup): they are "
                "in the trace only\n", timing_warmup());
-    printf("%-26s %-7s %8s %11s %10s %8s %8s %11s %11s %8s %10s %8s %8s\n", "kernel", "kind",
-           "count", "total ms", "mean us", "TFLOP/s", "GB/s", "isolated", "overlapped",
-           "slowdown", "probe us", "vs probe", "waiting");
+    printf("%-26s %-7s %8s %11s %10s %8s %8s %13s %11s %11s %9s %9s %10s %8s %8s\n", "kernel",
+           "kind", "count", "total ms", "mean us", "TFLOP/s", "GB/s", "n iso/ovl", "isolated",
+           "overlapped", "slowdown", "excl wait", "probe us", "vs probe", "waiting");
     int rows = 0;
     for (int i = 0; i < n; i++) {
         if (k[i].probe) continue;
@@ -373,11 +527,17 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
             snprintf(name, sizeof(name), "%s [%s]", k[i].name, timing_par_name(only->par));
         else
             snprintf(name, sizeof(name), "%s", k[i].name);
-        print_row(name, timing_kind_name(k[i].kind), &k[i], t ? t->sum / t->count : NAN);
-        for (int j = 0; k[i].kind == TK_COMM && pars > 1 && j < np; j++)
+        print_row(name, timing_kind_name(k[i].kind), &k[i],
+                  t ? t->s.sum_us / t->s.count : NAN);
+        if (k[i].kind != TK_COMM || pars == 1) {
+            print_size_rows(&k[i], ks, ns, "  ");
+            continue;
+        }
+        for (int j = 0; j < np; j++)
             if (same_kernel(&kp[j], &k[i])) {
                 snprintf(name, sizeof(name), "  [%s]", timing_par_name(kp[j].par));
                 print_row(name, "", &kp[j], NAN);
+                print_size_rows(&kp[j], ks, ns, "    ");
             }
     }
     if (!rows) /* rather than a header over nothing */
@@ -385,11 +545,20 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
                    ? "no step ran"
                    : "no step ran outside the warm-up and the contention probes");
     if (pol->n)
-        printf("per step and rank (mean of %ld over %d rank(s)): iter %.2f ms, compute %.2f ms, "
-               "comm %.2f ms, exposed comm %.2f ms (%.0f%% of comm hidden), nothing timed in "
-               "flight %.2f ms\n",
-               pol->n, ranks, pol->iter, pol->compute, pol->comm, pol->exposed,
+        printf("per step and rank (mean of %ld over %d rank(s)): iter %.2f ms (median %.2f), "
+               "compute %.2f ms, comm %.2f ms, exposed comm %.2f ms (%.0f%% of comm hidden), "
+               "nothing timed in flight %.2f ms\n",
+               pol->n, ranks, pol->iter, pol->median, pol->compute, pol->comm, pol->exposed,
                pol->comm > 0 ? 100.0 * (pol->comm - pol->exposed) / pol->comm : 0.0, idle_ms(pol));
+    if (pol->n_slow) {
+        /* the first steps of a run (loads, plans, first touches) are the usual cause */
+        long k = pol->slow_step - pol->first_step + 1;
+        printf("  %ld step row(s) took over %.0fx the median (the longest: step %ld on rank %d, "
+               "%.2f ms): the means include them", pol->n_slow, SLOW_ROW, pol->slow_step,
+               pol->slow_rank, pol->slow_ms);
+        if (k >= 1 && k <= 3) printf("; --profile.warmup=%ld leaves the run's first %ld out", k, k);
+        printf("\n");
+    }
     if (pol->n && !isnan(pol->wait) && pol->exposed_w > 0)
         printf("  of the exposed comm, %.2f ms (%.0f%%) waited for another rank to arrive (a "
                "pipeline bubble, a slower rank) with no data moving\n",
@@ -401,10 +570,13 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
                work->comm_bytes / 1e9);
     for (int par = TP_DP; pol->n && par < TIMING_PARS; par++)
         if (pol->par_comm[par] > 0) print_par_line(pol, par);
-    if (probe->n && pol->n)
+    if (probe->n && pol->n) {
+        double gain = probe->iter / pol->iter;
         printf("contention probe (%ld serialized step rows): iter %.2f ms, ideal max(compute, comm) "
-               "%.2f ms; the policies gain %.2fx over serialized steps\n",
-               probe->n, probe->iter, probe->ideal, probe->iter / pol->iter);
+               "%.2f ms; with the policies the step is %.2fx %s than serialized (gain %.2fx)\n",
+               probe->n, probe->iter, probe->ideal, gain >= 1 ? gain : 1 / gain,
+               gain >= 1 ? "faster" : "slower", gain);
+    }
     else if (probe->n) /* every step a probe (or a warm-up): no gain to give */
         printf("contention probe (%ld serialized step rows): iter %.2f ms, ideal max(compute, comm) "
                "%.2f ms; no step ran with the policies to compare\n",
@@ -427,24 +599,17 @@ static void print_table(const merged_kernel *k, int n, const merged_kernel *kp, 
 /* one op's kernel, merged over ranks (us) */
 typedef struct {
     char op[64], kernel[256];
-    long count, n_iso, n_ovl;
-    double sum, iso, ovl;
+    timing_split s;
     double op_sum; /* of every kernel of its op: the table's order */
 } merged_device;
 
 static void device_text(text *t) {
     const timing_device_kernel *d = timing_device_kernels();
-    for (int i = 0; i < timing_n_device_kernels(); i++)
-        put(t, "%s %s %ld %.6f %ld %.6f %ld %.6f\n", d[i].op, d[i].kernel, d[i].s.count,
-            d[i].s.sum_us, d[i].s.n_isolated, d[i].s.isolated_us, d[i].s.n_overlapped,
-            d[i].s.overlapped_us);
-}
-
-/* the isolated and overlapped means and their ratio, as means_of gives an op's */
-static kernel_means device_means(const merged_device *x) {
-    merged_kernel k = {.count = x->count, .n_iso = x->n_iso, .n_ovl = x->n_ovl,
-                       .sum = x->sum, .iso = x->iso, .ovl = x->ovl};
-    return means_of(&k);
+    for (int i = 0; i < timing_n_device_kernels(); i++) {
+        char sp[160];
+        put_split(sp, sizeof sp, &d[i].s);
+        put(t, "%s %s%s\n", d[i].op, d[i].kernel, sp);
+    }
 }
 
 static int by_op_then_kernel(const void *a, const void *b) {
@@ -452,7 +617,7 @@ static int by_op_then_kernel(const void *a, const void *b) {
     if (x->op_sum != y->op_sum) return x->op_sum < y->op_sum ? 1 : -1;
     int c = strcmp(x->op, y->op);
     if (c) return c;
-    return x->sum < y->sum ? 1 : x->sum > y->sum ? -1 : 0;
+    return x->s.sum_us < y->s.sum_us ? 1 : x->s.sum_us > y->s.sum_us ? -1 : 0;
 }
 
 /* Every rank's lines merged by op and kernel, the ops with the most device time first
@@ -464,9 +629,11 @@ static int merge_device(const char *lines, merged_device **out) {
     size_t line_cap = 0;
     for (const char *p = lines; next_line(&p, &line, &line_cap) == 0;) {
         merged_device r = {0};
-        if (sscanf(line, "%63s %255s %ld %lf %ld %lf %ld %lf", r.op, r.kernel, &r.count,
-                   &r.sum, &r.n_iso, &r.iso, &r.n_ovl, &r.ovl) != 8)
-            break;
+        int used = 0;
+        const char *q = line;
+        if (sscanf(q, "%63s %255s%n", r.op, r.kernel, &used) != 2) break;
+        q += used;
+        if (scan_split(&q, &r.s) != 0) break;
         int i = 0;
         while (i < n && !(strcmp(d[i].op, r.op) == 0 && strcmp(d[i].kernel, r.kernel) == 0)) i++;
         if (i == n) {
@@ -476,18 +643,13 @@ static int merge_device(const char *lines, merged_device **out) {
             }
             d[n++] = r;
         } else {
-            d[i].count += r.count;
-            d[i].sum += r.sum;
-            d[i].n_iso += r.n_iso;
-            d[i].iso += r.iso;
-            d[i].n_ovl += r.n_ovl;
-            d[i].ovl += r.ovl;
+            split_merge(&d[i].s, &r.s);
         }
     }
     free(line);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++)
-            if (strcmp(d[i].op, d[j].op) == 0) d[i].op_sum += d[j].sum;
+            if (strcmp(d[i].op, d[j].op) == 0) d[i].op_sum += d[j].s.sum_us;
     if (n) qsort(d, (size_t)n, sizeof(*d), by_op_then_kernel);
     *out = d;
     return n;
@@ -498,7 +660,7 @@ static int merge_device(const char *lines, merged_device **out) {
 static long op_count(const merged_kernel *k, int n, const char *op) {
     long c = 0;
     for (int i = 0; i < n; i++)
-        if (!k[i].probe && strcmp(k[i].name, op) == 0) c += k[i].count;
+        if (!k[i].probe && strcmp(k[i].name, op) == 0) c += k[i].s.count;
     return c;
 }
 
@@ -506,15 +668,12 @@ static void device_json(text *t, const merged_device *d, int n, const merged_ker
                         long rows) {
     for (int i = 0; i < n; i++) {
         long calls = op_count(k, nk, d[i].op);
-        kernel_means m = device_means(&d[i]);
-        char a[32], b[32], c[32], e[32];
-        put(t, "    {\"op\": \"%s\", \"kernel\": \"%s\", \"count\": %ld, \"mean_us\": %.4f, "
-               "\"isolated_mean_us\": %s, \"overlapped_mean_us\": %s, \"slowdown\": %s, "
-               "\"total_us_per_step\": %.4f, \"per_op_call\": %s}%s\n",
-            d[i].op, d[i].kernel, d[i].count, d[i].count ? d[i].sum / d[i].count : 0.0,
-            num(b, "%.4f", m.iso, "null"), num(c, "%.4f", m.ovl, "null"),
-            num(e, "%.4f", m.slow, "null"), rows ? d[i].sum / rows : 0.0,
-            num(a, "%.4f", calls ? (double)d[i].count / calls : NAN, "null"), i + 1 < n ? "," : "");
+        char a[32];
+        put(t, "    {\"op\": \"%s\", \"kernel\": \"%s\", ", d[i].op, d[i].kernel);
+        put_means(t, &d[i].s);
+        put(t, ", \"total_us_per_step\": %.4f, \"per_op_call\": %s}%s\n",
+            rows ? d[i].s.sum_us / rows : 0.0,
+            num(a, "%.4f", calls ? (double)d[i].s.count / calls : NAN, "null"), i + 1 < n ? "," : "");
     }
 }
 
@@ -541,9 +700,9 @@ static void print_device(const merged_device *d, int n, const merged_kernel *k, 
         int same_op = i > 0 && strcmp(d[i - 1].op, d[i].op) == 0;
         char b[32];
         printf("%-20s %-*s %8s %10.1f %9.3f %8s\n", same_op ? "" : d[i].op, DEVICE_NAME_COLS,
-               name, num(a, "%.2f", calls ? (double)d[i].count / calls : NAN, "-"),
-               d[i].count ? d[i].sum / d[i].count : 0.0, rows ? d[i].sum / rows / 1e3 : 0.0,
-               num(b, "%.2f", device_means(&d[i]).slow, "-"));
+               name, num(a, "%.2f", calls ? (double)d[i].s.count / calls : NAN, "-"),
+               d[i].s.count ? d[i].s.sum_us / d[i].s.count : 0.0,
+               rows ? d[i].s.sum_us / rows / 1e3 : 0.0, slowdown_text(b, means_of_split(&d[i].s).slow, &d[i].s));
     }
     if (n > DEVICE_ROWS)
         printf("(%d more in the report's device_kernels)\n", n - DEVICE_ROWS);
@@ -578,7 +737,7 @@ static void put_work(text *t, const merged_kernel *x) {
     kernel_rates r = rates_of(x);
     char a[32], b[32];
     put(t, ", \"flops_per_call\": %.17g, \"bytes_per_call\": %.17g, \"tflops\": %s, \"gbps\": %s",
-        x->count ? x->flops / x->count : 0.0, x->count ? x->bytes / x->count : 0.0,
+        x->s.count ? x->flops / x->s.count : 0.0, x->s.count ? x->bytes / x->s.count : 0.0,
         num(a, "%.6g", r.tflops, "null"), num(b, "%.6g", r.gbps, "null"));
 }
 
@@ -620,11 +779,88 @@ static void steps_text(text *t, int rank) {
 
 static void kernels_text(text *t) {
     const timing_kernel_stats *k = timing_kernels();
-    for (int i = 0; i < timing_n_kernels(); i++)
-        put(t, "%s %d %d %d %ld %.6f %ld %.6f %ld %.6f %.17g %.17g %ld %.6f\n", k[i].name,
-            k[i].kind, k[i].probe, k[i].par, k[i].s.count, k[i].s.sum_us, k[i].s.n_isolated,
-            k[i].s.isolated_us, k[i].s.n_overlapped, k[i].s.overlapped_us, k[i].flops,
-            k[i].bytes, k[i].n_wait, k[i].wait_us);
+    for (int i = 0; i < timing_n_kernels(); i++) {
+        char sp[3][160];
+        put_split(sp[0], sizeof sp[0], &k[i].s);
+        put_split(sp[1], sizeof sp[1], &k[i].wait);
+        put_split(sp[2], sizeof sp[2], &k[i].moving);
+        put(t, "%s %d %d %d %.17g %.17g %.17g %.17g%s%s%s\n", k[i].name, k[i].kind, k[i].probe,
+            k[i].par, k[i].call_bytes, k[i].flops, k[i].bytes, k[i].moving_bytes, sp[0], sp[1],
+            sp[2]);
+    }
+}
+
+/* ", net_of_wait" of a communication op x: its instances whose wait for other ranks is
+ * known, their waits and the rest of their time (moving data), split as the op is; null
+ * where no wait is known (one rank, a device timer's record, a step past the trace's cap) */
+static void put_net_of_wait(text *t, const merged_kernel *x) {
+    if (x->kind != TK_COMM) return;
+    if (x->moving.count == 0) {
+        put(t, ", \"net_of_wait\": null");
+        return;
+    }
+    split_means w = means_of_split(&x->wait);
+    kernel_rates r = rates_of(x);
+    char a[32], b[32];
+    put(t, ", \"net_of_wait\": {");
+    put_means(t, &x->moving);
+    put(t, ", \"wait_isolated_mean_us\": %s, \"wait_overlapped_mean_us\": %s",
+        num(a, "%.4f", w.iso, "null"), num(b, "%.4f", w.ovl, "null"));
+    put(t, ", \"gbps\": %s}", num(a, "%.6g", r.gbps_moving, "null"));
+}
+
+/* ", by_size": the rows of x's calls of each size (k[n]: the BY_SIZE level), where x ran
+ * calls of more than one size */
+static void put_by_size(text *t, const merged_kernel *x, const merged_kernel *k, int n, long rows) {
+    int sizes = 0;
+    for (int i = 0; i < n; i++) sizes += same_kernel(&k[i], x);
+    if (sizes < 2) return;
+    put(t, ", \"by_size\": [");
+    for (int i = 0, first = 1; i < n; i++) {
+        if (!same_kernel(&k[i], x)) continue;
+        put(t, "%s{\"bytes_per_call\": %.17g", first ? "" : ", ", k[i].call_bytes);
+        if (x->kind == TK_COMM) put(t, ", \"parallelism\": \"%s\"", timing_par_name(k[i].par));
+        put(t, ", ");
+        put_means(t, &k[i].s);
+        put(t, ", \"total_us_per_step\": %.4f", rows ? k[i].s.sum_us / rows : 0.0);
+        put_net_of_wait(t, &k[i]);
+        put(t, "}");
+        first = 0;
+    }
+    put(t, "]");
+}
+
+/* One kernel of the report's "kernels" (or "probe_kernels"): x at the BY_NAME level, its
+ * parallelisms' and sizes' rows from m; rows: the step rows its time per step is over */
+static void kernel_json(text *t, const merged_kernel *x, const merged_kernels *m, long rows,
+                        double probe_mean) {
+    split_means mm = means_of_split(&x->s);
+    char a[32], b[32];
+    put(t, "    {\"name\": \"%s\", \"kind\": \"%s\", ", x->name, timing_kind_name(x->kind));
+    put_means(t, &x->s);
+    /* per step and rank: shows a decomposition (chunking) as well as slowdown */
+    put(t, ", \"total_us_per_step\": %.4f, \"probe_mean_us\": %s, \"slowdown_vs_probe\": %s",
+        rows ? x->s.sum_us / rows : 0.0, num(a, "%.4f", probe_mean, "null"),
+        num(b, "%.4f", mm.mean / probe_mean, "null"));
+    put_work(t, x);
+    put_number(t, "wait_mean_us", x->wait.count ? x->wait.sum_us / x->wait.count : NAN, 4);
+    put_net_of_wait(t, x);
+    /* the same op of different parallelisms differs in size and contention */
+    const merged_kernel *kp = m->at[BY_PAR];
+    for (int j = 0, first = 1; x->kind == TK_COMM && j < m->n[BY_PAR]; j++) {
+        if (!same_kernel(&kp[j], x)) continue;
+        put(t, "%s\"%s\": {", first ? ", \"by_parallelism\": {" : ", ",
+            timing_par_name(kp[j].par));
+        put_means(t, &kp[j].s);
+        put_work(t, &kp[j]);
+        put_number(t, "wait_mean_us", kp[j].wait.count ? kp[j].wait.sum_us / kp[j].wait.count : NAN, 4);
+        put_net_of_wait(t, &kp[j]);
+        put(t, "}");
+        first = 0;
+    }
+    if (x->kind == TK_COMM) put(t, "}");
+    put_by_size(t, x, m->at[BY_SIZE], m->n[BY_SIZE], rows);
+    put(t, "},\n");
 }
 
 static void trace_text(text *t, int rank) {
@@ -637,14 +873,18 @@ static void trace_text(text *t, int rank) {
     /* Each step is an async span (a "b" / "e" pair, an id local to the rank), so Perfetto
      * draws it on a track of its own: the contract's complete ("X") events are the timed
      * records alone, each of category compute or comm. */
+    /* A warm-up or probe step says so in its name: it is not a step of the policies */
     const timing_step_summary *st = timing_steps();
-    for (int i = 0; i < timing_n_steps(); i++)
+    for (int i = 0; i < timing_n_steps(); i++) {
+        const char *what = st[i].warmup ? " (warm-up)" : st[i].probe ? " (probe)" : "";
         for (int end = 0; end < 2; end++)
-            put(t, "  {\"name\": \"step %ld\", \"cat\": \"step\", \"ph\": \"%s\", "
+            put(t, "  {\"name\": \"step %ld%s\", \"cat\": \"step\", \"ph\": \"%s\", "
                    "\"id2\": {\"local\": \"%ld\"}, \"ts\": %.3f, \"pid\": %d, \"tid\": 0, "
-                   "\"args\": {\"step\": %ld}},\n",
-                st[i].step, end ? "e" : "b", st[i].step, end ? st[i].end_us : st[i].start_us,
-                rank, st[i].step);
+                   "\"args\": {\"step\": %ld, \"probe\": %s, \"warmup\": %s}},\n",
+                st[i].step, what, end ? "e" : "b", st[i].step,
+                end ? st[i].end_us : st[i].start_us, rank, st[i].step,
+                st[i].probe ? "true" : "false", st[i].warmup ? "true" : "false");
+    }
     const timing_record *r = timing_trace();
     for (size_t i = 0; i < timing_n_trace(); i++) {
         if (i % 65536 == 0) watchdog_beat(); /* millions of records take seconds */
@@ -701,9 +941,13 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
     long dropped = (long)counts[0], omitted = (long)counts[1];
     long untimed[2] = {(long)counts[2], (long)counts[3]};
     if (rank == 0) {
-        merged_kernel *k = NULL, *kp = NULL;
-        int np = 0, n = merge_kernels(kern, &kp, &np, &k);
-        if (n > 0) qsort(k, (size_t)n, sizeof(*k), by_total); /* k is NULL when n is 0 */
+        merged_kernels mk;
+        merge_kernels(kern, &mk);
+        for (int level = 0; level < 3; level++) /* the most time first, at every level */
+            if (mk.n[level] > 0)
+                qsort(mk.at[level], (size_t)mk.n[level], sizeof(merged_kernel), by_total);
+        const merged_kernel *k = mk.at[BY_NAME];
+        int n = mk.n[BY_NAME];
         step_means pol, probe;
         mean_steps(steps, 0, &pol);
         mean_steps(steps, 1, &probe);
@@ -713,38 +957,9 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
         if (report_path && report_path[0]) {
             text kj = {0}, pj = {0};
             for (int i = 0; i < n; i++) {
-                kernel_means m = means_of(&k[i]);
                 const merged_kernel *t = k[i].probe ? NULL : probe_twin(k, n, &k[i]);
-                double pm = t ? t->sum / t->count : NAN;
-                char a[32], b[32], c[32], d[32], e[32];
-                /* per step and rank: shows a decomposition (chunking) as well as slowdown */
-                long rows = k[i].probe ? probe.n : pol.n;
-                text *dst = k[i].probe ? &pj : &kj;
-                put(dst,
-                    "    {\"name\": \"%s\", \"kind\": \"%s\", \"count\": %ld, \"mean_us\": %.4f, "
-                    "\"isolated_mean_us\": %s, \"overlapped_mean_us\": %s, \"slowdown\": %s, "
-                    "\"total_us_per_step\": %.4f, \"probe_mean_us\": %s, \"slowdown_vs_probe\": %s",
-                    k[i].name, timing_kind_name(k[i].kind), k[i].count, m.mean,
-                    num(a, "%.4f", m.iso, "null"), num(b, "%.4f", m.ovl, "null"),
-                    num(c, "%.4f", m.slow, "null"), rows ? k[i].sum / rows : 0.0,
-                    num(d, "%.4f", pm, "null"), num(e, "%.4f", m.mean / pm, "null"));
-                put_work(dst, &k[i]);
-                put_number(dst, "wait_mean_us", m.wait, 4);
-                /* the same op of different parallelisms differs in size and contention */
-                for (int j = 0, first = 1; k[i].kind == TK_COMM && j < np; j++) {
-                    if (!same_kernel(&kp[j], &k[i])) continue;
-                    kernel_means mp = means_of(&kp[j]);
-                    put(dst, "%s\"%s\": {\"count\": %ld, \"mean_us\": %.4f, \"isolated_mean_us\": %s, "
-                             "\"overlapped_mean_us\": %s, \"slowdown\": %s",
-                        first ? ", \"by_parallelism\": {" : ", ", timing_par_name(kp[j].par),
-                        kp[j].count, mp.mean, num(a, "%.4f", mp.iso, "null"),
-                        num(b, "%.4f", mp.ovl, "null"), num(c, "%.4f", mp.slow, "null"));
-                    put_work(dst, &kp[j]);
-                    put_number(dst, "wait_mean_us", mp.wait, 4);
-                    put(dst, "}");
-                    first = 0;
-                }
-                put(dst, "%s},\n", k[i].kind == TK_COMM ? "}" : "");
+                kernel_json(k[i].probe ? &pj : &kj, &k[i], &mk, k[i].probe ? probe.n : pol.n,
+                            t ? t->s.sum_us / t->s.count : NAN);
             }
             close_list(steps, ns);
             if (kj.s) close_list(kj.s, kj.n);
@@ -762,6 +977,7 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                        "  \"overlap\": {\"policy_steps\": %ld, \"probe_steps\": %ld",
                 pj.s ? pj.s : "", dj.s ? dj.s : "", pol.n, probe.n);
             put_number(&tail, "iter_ms", pol.iter + have, 4);
+            put_number(&tail, "iter_ms_median", pol.median, 4);
             put_number(&tail, "compute_ms", pol.compute + have, 4);
             put_number(&tail, "comm_ms", pol.comm + have, 4);
             put_number(&tail, "exposed_comm_ms", pol.exposed + have, 4);
@@ -808,11 +1024,10 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
                                    "], \"displayTimeUnit\": \"ms\"}\n", NULL};
             rc = write_file(trace_path, "trace", parts, err, errlen);
         }
-        print_table(k, n, kp, np, &pol, &probe, &work, size, dropped, omitted, untimed);
+        print_table(&mk, &pol, &probe, &work, size, dropped, omitted, untimed);
         print_device(d, ndev, k, n, pol.n);
         free(d);
-        free(k);
-        free(kp);
+        free_kernels(&mk);
     }
     free(st.s);
     free(kt.s);

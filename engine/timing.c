@@ -433,23 +433,21 @@ static void add_device_kernel(const step_piece *p, int over) {
     split_add(&d->s, p->b - p->a, over);
 }
 
-static timing_kernel_stats *kernel_slot(const char *name, int kind, int par, int probe) {
-    for (int i = 0; i < T.n_kernels; i++)
-        if (T.kernels[i].kind == kind && T.kernels[i].par == par &&
-            T.kernels[i].probe == probe &&
-            (T.kernels[i].name == name || strcmp(T.kernels[i].name, name) == 0))
-            return &T.kernels[i];
+static timing_kernel_stats *kernel_slot(const timing_record *r, int probe) {
+    for (int i = 0; i < T.n_kernels; i++) {
+        timing_kernel_stats *k = &T.kernels[i];
+        if (k->kind == r->kind && k->par == r->par && k->probe == probe &&
+            k->call_bytes == (double)r->bytes && (k->name == r->name || strcmp(k->name, r->name) == 0))
+            return k;
+    }
     if (T.n_kernels == T.cap_kernels) {
         T.cap_kernels = T.cap_kernels ? 2 * T.cap_kernels : 64;
         T.kernels = log_realloc(T.kernels, sizeof(*T.kernels) * (size_t)T.cap_kernels,
                                 "the timing's kernel statistics");
     }
     timing_kernel_stats *k = &T.kernels[T.n_kernels++];
-    memset(k, 0, sizeof(*k));
-    k->name = name;
-    k->kind = kind;
-    k->par = par;
-    k->probe = probe;
+    *k = (timing_kernel_stats){.name = r->name, .kind = r->kind, .par = r->par, .probe = probe,
+                               .call_bytes = (double)r->bytes};
     return k;
 }
 
@@ -510,11 +508,11 @@ void timing_end_step(double iter_ms) {
     /* a compute kernel is overlapped when communication was in flight during it; a
      * communication kernel when compute was */
     for (size_t i = 0; i < n && !warm; i++) {
-        const timing_record *r = &T.rec[i];
-        timing_kernel_stats *k = kernel_slot(r->name, r->kind, r->par, T.probe);
-        split_add(&k->s, r->end_us - r->start_us,
-                  beside_other(r->kind, r->start_us, r->end_us, T.merged_comp, nc,
-                               T.merged_comm, nm));
+        timing_record *r = &T.rec[i];
+        r->overlapped = (int8_t)beside_other(r->kind, r->start_us, r->end_us, T.merged_comp, nc,
+                                             T.merged_comm, nm);
+        timing_kernel_stats *k = kernel_slot(r, T.probe);
+        split_add(&k->s, r->end_us - r->start_us, r->overlapped);
         k->flops += r->flops;
         k->bytes += r->bytes;
     }
@@ -588,9 +586,12 @@ void timing_sum_waits(void) {
             if (r->kind != TK_COMM || r->wait_us < 0) continue;
             known = 1;
             if (st->warmup) continue;
-            timing_kernel_stats *k = kernel_slot(r->name, r->kind, r->par, st->probe);
-            k->n_wait++;
-            k->wait_us += r->wait_us;
+            timing_kernel_stats *k = kernel_slot(r, st->probe);
+            /* a wait read on one clock and a span on another may differ by a rounding */
+            double wait = r->wait_us < r->end_us - r->start_us ? r->wait_us : r->end_us - r->start_us;
+            split_add(&k->wait, wait, r->overlapped);
+            split_add(&k->moving, r->end_us - r->start_us - wait, r->overlapped);
+            k->moving_bytes += r->bytes;
         }
         /* a step the trace's cap cut short lacks the compute that covered its waits */
         if (known && st->whole) {

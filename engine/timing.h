@@ -32,9 +32,10 @@ typedef struct {
 /* The work of one op call, as the report's rates count it (engine/timed_backend.c has
  * each op's model, parallel/comm.c each collective's):
  * flops: the floating-point operations of its products (2 per multiply-add of a matmul or
- *   of the attention's Q K^T, P V and, backward, their three gradient products; causal
- *   pairs only); elementwise arithmetic is not counted, so an elementwise op has 0. A
- *   kernel that recomputes (the flash backward's scores) does not count it twice.
+ *   of the attention's Q K^T, P V and, backward, its four gradient products and the
+ *   recomputed Q K^T; causal pairs only): the attention's backward is 2.5x its forward, as
+ *   FlashAttention-2 counts it, whether or not a backend keeps P. Elementwise arithmetic
+ *   is not counted, so an elementwise op has 0.
  * bytes: the memory traffic it needs at the least: each input read once and each output
  *   written once (read too where the op adds into it); for a collective, its buffer as
  *   nccl-tests counts it (whose rate is then their "algbw"). */
@@ -69,6 +70,9 @@ typedef struct {
     /* world rank of a transfer's peer or of a broadcast's or reduce's root, for the trace;
      * set by comm_match_waits, -1 otherwise */
     int16_t peer_rank;
+    /* ran while the other kind was in flight (the kernel statistics' split), set when the
+     * step closes: the waits found after the run are split the same way */
+    int8_t overlapped;
     double start_us, end_us; /* since the run's common start (all ranks) */
 } timing_record;
 
@@ -159,17 +163,24 @@ typedef struct {
 } timing_split;
 
 /* Per-kernel totals of one rank (merged over ranks by the report), for each parallelism
- * apart: a dp all-reduce of gradient buckets and a tp all-reduce of activations share a
- * name, not their sizes or their contention. */
+ * and call size apart: a dp all-reduce of gradient buckets and a tp all-reduce of
+ * activations share a name, not their sizes or their contention, and a slowdown of an op
+ * whose isolated calls are large and overlapped ones small (the forward's and the
+ * backward's zeroing) measures the sizes, not the contention. */
 typedef struct {
     const char *name;
     int kind;
     int par;            /* timing_par; TP_NONE for every compute op */
     int probe;          /* gathered in contention-probe steps */
+    double call_bytes;  /* timing_work.bytes of one call (a record's, as a float keeps it) */
     timing_split s;
     double flops, bytes; /* timing_work summed over the s.count instances */
-    long n_wait;         /* instances whose wait is known (timing_sum_waits) */
-    double wait_us;      /* their waits summed */
+    /* A communication op's instances whose wait for other ranks is known
+     * (timing_sum_waits): their waits, and their durations less those waits (the time
+     * each moved data), split as s is. A comm op beside compute is often waiting for a
+     * rank that is still computing: its slowdown is mostly that wait, not contention. */
+    timing_split wait, moving;
+    double moving_bytes; /* timing_work.bytes of those instances */
 } timing_kernel_stats;
 
 /* The device kernels behind the ops (report "device_kernels"): the kernels, copies and

@@ -698,6 +698,19 @@ static void announce(const run_state *r) {
                  "of %.1f%% of the step where the stages are equal\n", c->schedule, g->pp,
                  c->virtual_stages, r->bp.n_micro,
                  100.0 * pp_span_bubble(c->virtual_stages, r->bp.n_micro, r->ppc.span));
+    if (g->tp > 1 && r->tpc.chunks > 1) { /* the pieces the report's TP rows are counts of */
+        int rows = r->bp.mb * r->bp.T, pieces = tp_pieces(&r->tpc, rows);
+        if (pieces > 1)
+            log_info("tensor parallel: overlap.tp = chunked, each TP product and its collective "
+                     "in %d pieces of ~%d rows%s\n", pieces, rows / pieces,
+                     c->sequence_parallel ? " (sequence parallel: each rank's rows in "
+                                            "overlap.tp_chunks)" : "");
+        else
+            log_warn("overlap.tp = chunked has no effect: %d rows (tokens) a micro-batch%s, "
+                     "fewer than overlap.tp_chunks = %d",
+                     c->sequence_parallel ? rows / g->tp : rows,
+                     c->sequence_parallel ? " and tp rank (sequence parallel)" : "", c->tp_chunks);
+    }
 }
 
 /* One time origin for all ranks, so that their traces line up: rank 0's clock now, in
@@ -766,6 +779,7 @@ static int run_steps(run_state *r, run_totals *tot, int *silent, char *err, size
         snprintf(step_name, sizeof step_name, "step %ld", step);
         nvtx_push(step_name);
         double t0 = timing_now_ms();
+        watchdog_test_slow_step(step);
         if (agree(r, loader_get(r->loader, step, r->inputs, r->targets, err, n))) return -1;
         double lr = lr_at_step(&oc, step), norm;
         int skipped;

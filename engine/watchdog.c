@@ -58,14 +58,24 @@ double watchdog_io_s(double bytes) {
     return bytes / r;
 }
 
-void watchdog_test_slow_read(void) {
-    const char *v = getenv("GPTC_TEST_SLOW_READS");
-    /* in slices that beat: a slow read goes on, a hung one would not */
-    for (long ms = v ? atol(v) : 0; ms > 0; ms -= 100) {
+/* in slices that beat: a slow read or step goes on, a hung one would not */
+static void sleep_beating(long ms) {
+    for (; ms > 0; ms -= 100) {
         struct timespec ts = {0, (ms < 100 ? ms : 100) * 1000000L};
         nanosleep(&ts, NULL);
         watchdog_beat();
     }
+}
+
+void watchdog_test_slow_read(void) {
+    const char *v = getenv("GPTC_TEST_SLOW_READS");
+    sleep_beating(v ? atol(v) : 0);
+}
+
+void watchdog_test_slow_step(long step) {
+    const char *v = getenv("GPTC_TEST_SLOW_STEP");
+    long at = 0, ms = 0;
+    if (v && sscanf(v, "%ld:%ld", &at, &ms) == 2 && at == step) sleep_beating(ms);
 }
 
 void watchdog_waiting(const char *what) {

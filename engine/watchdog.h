@@ -24,6 +24,9 @@ double watchdog_io_s(double bytes);
  * load take that much longer (a cold cache, a slow disk), so that a test can make one
  * rank read slower than its peers */
 void watchdog_test_slow_read(void);
+/* Test-only: GPTC_TEST_SLOW_STEP = "s:ms" makes step s take ms longer on every rank (a first
+ * step that loads and plans), so that a test can see the report name a slow step */
+void watchdog_test_slow_step(long step);
 /* What the calling thread is about to wait in, for the message (a string literal or a
  * buffer that stays valid); NULL when it is done. Each thread has its own: the message
  * names every thread's. */

@@ -98,6 +98,8 @@ static int n_pieces(const tp_context *tp) {
     return tp->sequence_parallel ? tp->size * tp->chunks : tp->chunks;
 }
 
+int tp_pieces(const tp_context *tp, int N) { return chunked(tp, N) ? n_pieces(tp) : 1; }
+
 static void piece_rows(const tp_context *tp, int N, int p, int *r0, int *r1, int *owner) {
     int k = tp->chunks;
     if (!tp->sequence_parallel) {

@@ -46,6 +46,12 @@ typedef struct {
     int n_pieces;
 } tp_context;
 
+/* How many pieces overlap.tp = chunked cuts a TP GEMM of N rows (a micro-batch's tokens)
+ * and its collective into: chunks, or with sequence parallelism size x chunks (each
+ * rank's block in chunks); 1 where it does not cut (no TP, chunks 1, or fewer rows a rank
+ * than chunks). */
+int tp_pieces(const tp_context *tp, int N);
+
 /* One contiguous hyperslab of the unsharded tensor that lands in this rank's shard:
  * global [start, start+count) for each of the tensor's dims (a 1-D tensor uses index 1
  * for its only dim, index 0 is then start 0 count 1), at column local_col of the shard. */

@@ -170,17 +170,30 @@ int main(int argc, char **argv) {
                rank, timing_n_steps() == 3 ? st[2].has_wait : -1);
         failures++;
     }
-    /* the kernel statistics: the dp allreduce's known waits, three steps */
+    /* the kernel statistics: the dp allreduce's known waits, three steps, split as the
+     * durations are: rank 0's step 2 and 3 all-reduces ran beside its compute
+     * (overlapped), every other one alone; and each one's duration less its wait */
     const timing_kernel_stats *k = timing_kernels();
-    double sum = 0;
-    long n = 0;
+    timing_split w = {0}, mv = {0};
     for (int i = 0; i < timing_n_kernels(); i++)
-        if (strcmp(k[i].name, "allreduce") == 0 && k[i].par == TP_DP)
-            sum += k[i].wait_us, n += k[i].n_wait;
+        if (strcmp(k[i].name, "allreduce") == 0 && k[i].par == TP_DP) {
+            w.count += k[i].wait.count, w.sum_us += k[i].wait.sum_us;
+            w.n_overlapped += k[i].wait.n_overlapped, w.overlapped_us += k[i].wait.overlapped_us;
+            mv.sum_us += k[i].moving.sum_us, mv.overlapped_us += k[i].moving.overlapped_us;
+        }
     double want_sum = (30 - coll_a[rank]) + short_w[rank] + (rank == 0 ? 100 + 50 : 0);
-    if (n != 4 || fabs(sum - want_sum) > 1e-3) {
-        printf("rank %d FAIL: allreduce's waits in the statistics: %ld of %.3f us, want 4 of "
-               "%.3f\n", rank, n, sum, want_sum);
+    double durations = (100 - coll_a[rank]) + (short_b[rank] - short_a[rank]) +
+                       (rank == 0 ? 150 + 100 : 50 + 50);
+    /* rank 0's overlapped pair: 150 - 100 and 100 - 50 us moving, 100 + 50 waiting */
+    double want_ovl = rank == 0 ? 150 : 0, want_mv_ovl = rank == 0 ? 100 : 0;
+    if (w.count != 4 || fabs(w.sum_us - want_sum) > 1e-3 || w.n_overlapped != (rank == 0 ? 2 : 0) ||
+        fabs(w.overlapped_us - want_ovl) > 1e-3 || fabs(mv.sum_us - (durations - want_sum)) > 1e-3 ||
+        fabs(mv.overlapped_us - want_mv_ovl) > 1e-3) {
+        printf("rank %d FAIL: allreduce's waits in the statistics: %ld of %.3f us (%ld "
+               "overlapped, %.3f us), moving %.3f us (overlapped %.3f); want 4 of %.3f (%d, "
+               "%.3f), moving %.3f (%.3f)\n", rank, w.count, w.sum_us, w.n_overlapped,
+               w.overlapped_us, mv.sum_us, mv.overlapped_us, want_sum, rank == 0 ? 2 : 0,
+               want_ovl, durations - want_sum, want_mv_ovl);
         failures++;
     }
     /* the trace names the root and the peer by world rank */

@@ -5,11 +5,14 @@
  *
  * A "gate" holds a stream's thread at a known point so that the test can look at what
  * has and has not run yet, without relying on timing for correctness. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* gettid: a thread's own nice value */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/backend.h"
 
@@ -320,6 +323,44 @@ static void test_two_producers(const gptc_backend *be) {
     be->stream_destroy(s);
 }
 
+#ifdef __linux__
+static void read_nice(void *arg) { *(int *)arg = getpriority(PRIO_PROCESS, (id_t)gettid()); }
+
+/* A stream's thread's nice value, read on the thread */
+static int stream_nice(const gptc_backend *be, int high_priority) {
+    gptc_stream *s = be->stream_create(high_priority);
+    int nice_value = 99;
+    be->launch_host_func(s, read_nice, &nice_value);
+    be->stream_synchronize(s);
+    be->stream_destroy(s);
+    return nice_value;
+}
+
+/* comm_priority = high is relative to the run's nice (a `nice -n 10` run's comm threads at
+ * 5, not at an absolute -5 above every other job); normal keeps it. Last: it leaves the
+ * main thread at nice 10. */
+static void test_priority_relative(const gptc_backend *be) {
+    id_t me = (id_t)gettid();
+    errno = 0;
+    int before = getpriority(PRIO_PROCESS, me);
+    if ((before == -1 && errno) || before > 10 ||
+        setpriority(PRIO_PROCESS, me, 10) != 0) { /* raising nice is always permitted */
+        printf("skip: comm priority (this thread's nice is %d, cannot set it to 10)\n", before);
+        return;
+    }
+    /* may a thread lower its nice here (CAP_SYS_NICE)? then the stream's must be 5 */
+    int may_lower = setpriority(PRIO_PROCESS, me, 9) == 0;
+    setpriority(PRIO_PROCESS, me, 10);
+    int high = stream_nice(be, 1), normal = stream_nice(be, 0);
+    check(high == (may_lower ? 5 : 10), "a high-priority stream's thread runs 5 below the "
+                                        "creating thread's nice (10), where permitted");
+    check(normal == 10, "a normal stream's thread keeps the creating thread's nice");
+    printf("comm priority: under nice 10 a high-priority stream's thread runs at %d, a normal "
+           "one's at %d (lowering nice %s here)\n", high, normal,
+           may_lower ? "permitted" : "not permitted");
+}
+#endif
+
 int main(void) {
     const gptc_backend *be = cpu_backend();
     if (!be) {
@@ -335,6 +376,9 @@ int main(void) {
     test_synchronize(be);
     test_destroy_with_queued_work(be);
     test_two_producers(be);
+#ifdef __linux__
+    test_priority_relative(be);
+#endif
     printf("%s\n", failures ? "FAILED" : "PASSED");
     return failures ? 1 : 0;
 }

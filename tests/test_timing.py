@@ -15,6 +15,7 @@ import bisect
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from collections import Counter
@@ -36,13 +37,14 @@ SHARED = {}  # run name: the communication kernels that several parallelisms run
 TIE = 0.0025  # us: a printed start this near a printed end may be either side of it
 STDOUT = {}  # run name: what it printed
 CONTENTION = {}  # run name: kernels whose isolated / overlapped split was checked
+SIZED = {}  # run name: kernels whose calls differ in size (by_size checked)
 
 
-def timed(name, ranks, extra):
+def timed(name, ranks, extra, env=None):
     args = BASE + extra + [f"--train.log_file={D}/{name}.jsonl", "--profile.timing=kernel",
                            f"--profile.report={D}/{name}.report.json",
                            f"--profile.trace={D}/{name}.trace.json"]
-    r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=300)
+    r = run_train(args, np_ranks=ranks if ranks > 1 else None, timeout=300, extra_env=env)
     if r.returncode:
         fail(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}")
     if "per-kernel timing" not in r.stdout:
@@ -55,6 +57,7 @@ def timed(name, ranks, extra):
     check_unions(name, report, trace["traceEvents"])
     CONTENTION[name] = check_contention(name, report, trace["traceEvents"])
     SHARED[name] = check_by_parallelism(name, report, trace["traceEvents"])
+    SIZED[name] = check_by_size(name, report, trace["traceEvents"])
     if ranks > 1:
         layout = {k: int(v) for k, v in re.findall(r"--parallel\.(tp|pp)=(\d+)", " ".join(extra))}
         check_waits(name, report, trace["traceEvents"], ranks, layout.get("tp", 1),
@@ -96,13 +99,52 @@ def check_by_parallelism(name, report, events):
     return shared
 
 
+def check_by_size(name, report, events):
+    """A kernel whose calls differ in size (a trace event's args.bytes; of a communication
+    op, also its parallelism) has a by_size row for each, holding the count and mean
+    duration of the trace's events of that size; a kernel of one size has none. Returns how
+    many kernels had sizes."""
+    probe_steps = {(r["rank"], r["step"]) for r in report["steps"] if r["probe"]}
+    warm = {(r["rank"], r["step"]) for r in report["steps"] if r.get("warmup")}
+    durs = {}
+    for e in events:
+        at = (e.get("pid"), e.get("args", {}).get("step"))
+        if e.get("ph") != "X" or at in warm:
+            continue
+        par = e["args"]["parallelism"] if e["cat"] == "comm" else None
+        key = (e["name"], e["cat"], at in probe_steps)
+        durs.setdefault(key, {}).setdefault((par, e["args"].get("bytes", 0)), []).append(e["dur"])
+    sized = 0
+    for probe, kernels in ((False, report["kernels"]), (True, report.get("probe_kernels", []))):
+        for k in kernels:
+            want = durs.get((k["name"], k["kind"], probe), {})
+            got = k.get("by_size")
+            if len(want) < 2:
+                if got is not None:
+                    fail(f"{name}: {k['name']}: by_size {got}, but the trace has one size")
+                continue
+            sized += 1
+            rows = {(r.get("parallelism"), r["bytes_per_call"]): r for r in got or []}
+            if set(rows) != set(want) or sum(r["count"] for r in rows.values()) != k["count"]:
+                fail(f"{name}: {k['name']}: by_size {sorted(rows)}, the trace's sizes "
+                     f"{sorted(want)}")
+            for key, d in want.items():
+                mean = sum(d) / len(d)
+                r = rows[key]
+                if r["count"] != len(d) or abs(r["mean_us"] - mean) > 1e-3 + 1e-6 * mean:
+                    fail(f"{name}: {k['name']} of {key}: {r}, the trace gives {len(d)} of mean "
+                         f"{mean:.4f} us")
+    return sized
+
+
 def check_contention(name, report, events):
     """Every kernel's count, mean, isolated and overlapped means and slowdown (DESIGN
     section 4), recomputed from the trace: an instance is overlapped when it meets the
     union of the other kind's intervals of its rank and step. Where the printed times
     leave it undecided (an overlap or a gap within TIE), the kernel's split is not
     checked; the count and mean always are. Returns how many kernels had their split
-    checked with both sets non-empty, and how many were not checked."""
+    checked with both sets non-empty, how many were not checked, and how many communication
+    kernels had their net_of_wait checked."""
     probe_steps = {(r["rank"], r["step"]) for r in report["steps"] if r["probe"]}
     warm = {(r["rank"], r["step"]) for r in report["steps"] if r.get("warmup")}
     xs = [e for e in events if e.get("ph") == "X"]
@@ -127,14 +169,22 @@ def check_contention(name, report, events):
                 break
             near = True
             over += max(0.0, min(b, y) - max(a, x))
-        g = groups.setdefault((e["name"], e["cat"], at in probe_steps), [[], [], [], 0])
+        # all, isolated, overlapped durations; undecided count; a communication op's
+        # durations less its wait, isolated and overlapped; its waits the same
+        g = groups.setdefault((e["name"], e["cat"], at in probe_steps),
+                              [[], [], [], 0, [], [], [], []])
         g[0].append(e["dur"])
+        wait = e["args"].get("wait_us")
         if over > TIE:
             g[2].append(e["dur"])
         elif not near:
             g[1].append(e["dur"])
         else:
             g[3] += 1
+        if wait is not None and (over > TIE or not near):
+            side = 1 if over > TIE else 0
+            g[4 + side].append(e["dur"] - min(wait, e["dur"]))
+            g[6 + side].append(min(wait, e["dur"]))
 
     def same(got, durs):
         if not durs:
@@ -142,7 +192,7 @@ def check_contention(name, report, events):
         mean = sum(durs) / len(durs)
         return got is not None and abs(got - mean) <= 1e-3 + 1e-6 * mean
 
-    both = undecided = 0
+    both = undecided = netted = 0
     for probe, kernels in ((False, report["kernels"]), (True, report.get("probe_kernels", []))):
         for k in kernels:
             g = groups.get((k["name"], k["kind"], probe))
@@ -155,6 +205,10 @@ def check_contention(name, report, events):
                      f"the trace gives {len(g[1])} isolated and {len(g[2])} overlapped "
                      f"instances of means {sum(g[1]) / max(len(g[1]), 1):.4f} / "
                      f"{sum(g[2]) / max(len(g[2]), 1):.4f} us")
+            if g[3] == 0 and (k["n_isolated"], k["n_overlapped"]) != (len(g[1]), len(g[2])):
+                fail(f"{name}: {k['name']} ({k['kind']}): n_isolated {k['n_isolated']}, "
+                     f"n_overlapped {k['n_overlapped']}; the trace gives {len(g[1])} and {len(g[2])}")
+            netted += check_net_of_wait(name, k, g)
             both += g[3] == 0 and bool(g[1]) and bool(g[2])
             undecided += g[3] > 0
             # each of the three printed to 4 decimals: ovl / iso moves by up to
@@ -165,7 +219,39 @@ def check_contention(name, report, events):
             if (iso is None or ovl is None) != (slow is None) or (slow is not None and abs(
                     slow - ovl / iso) > 1.01 * (0.5e-4 + slow * (0.5e-4 / ovl + 0.5e-4 / iso))):
                 fail(f"{name}: {k['name']}: slowdown {slow}, overlapped / isolated = {ovl} / {iso}")
-    return both, undecided
+    return both, undecided, netted
+
+
+def check_net_of_wait(name, k, g):
+    """A communication kernel's net_of_wait, recomputed from its trace events that carry a
+    wait (g from check_contention): the isolated and overlapped means of each duration less
+    its wait, their ratio, and the mean waits of each side; null where no event has a
+    wait. Compute kernels have none. 1 when a net_of_wait was compared."""
+    net = k.get("net_of_wait", "absent")
+    if k["kind"] == "compute" or g[3]:
+        if k["kind"] == "compute" and net != "absent":
+            fail(f"{name}: compute kernel {k['name']} has a net_of_wait")
+        return 0
+    if not g[4] and not g[5]:
+        if net is not None:
+            fail(f"{name}: {k['name']}: net_of_wait {net}, but no trace event has a wait")
+        return 0
+
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else None
+
+    want = {"n_isolated": len(g[4]), "n_overlapped": len(g[5]), "isolated_mean_us": mean(g[4]),
+            "overlapped_mean_us": mean(g[5]), "wait_isolated_mean_us": mean(g[6]),
+            "wait_overlapped_mean_us": mean(g[7])}
+    for key, w in want.items():
+        got = net.get(key) if isinstance(net, dict) else None
+        # each event's duration and wait printed to 3 decimals
+        if (got is None) != (w is None) or (w is not None and abs(got - w) > 2e-3 + 1e-6 * w):
+            fail(f"{name}: {k['name']}: net_of_wait {key} {got}, the trace's waits give {w}")
+    iso, ovl, slow = net["isolated_mean_us"], net["overlapped_mean_us"], net["slowdown"]
+    if iso and ovl and abs(slow - ovl / iso) > 1.01 * (0.5e-4 + slow * (0.5e-4 / ovl + 0.5e-4 / iso)):
+        fail(f"{name}: {k['name']}: net_of_wait slowdown {slow}, {ovl} / {iso}")
+    return 1
 
 
 def union(spans):
@@ -509,6 +595,29 @@ def check_comm_bytes(name, report, events, sizes):
     return total
 
 
+def check_slow_step():
+    """A step far slower than the median (GPTC_TEST_SLOW_STEP: step 1 takes 1 s longer, as a
+    first step that loads and plans does) is named under the table with the warm-up that
+    leaves it out; overlap.iter_ms_median is the policy rows' median, which that step moves
+    far less than the mean"""
+    _, rep, _ = timed("slow1", 1, [], env={"GPTC_TEST_SLOW_STEP": "1:1000"})
+    rows = [r for r in rep["steps"] if not r["probe"] and not r.get("warmup")]
+    med = statistics.median(r["iter_ms"] for r in rows)
+    ov = rep["overlap"]
+    if abs(ov["iter_ms_median"] - med) > 1e-3 or ov["iter_ms"] < 1.5 * med:
+        fail(f"slow1: overlap iter_ms {ov['iter_ms']}, median {ov['iter_ms_median']}; the rows' "
+             f"median is {med:.4f}")
+    m = re.search(r"(\d+) step row\(s\) took over 3x the median \(the longest: step (\d+) on "
+                  r"rank (\d+), ([0-9.]+) ms\): the means include them; --profile.warmup=(\d+)",
+                  STDOUT["slow1"])
+    first = next(r["iter_ms"] for r in rows if r["step"] == 1)
+    if not m or m.group(1, 2, 3, 5) != ("1", "1", "0", "1") or abs(float(m.group(4)) - first) > 0.01:
+        fail(f"slow1: step 1 ({first:.2f} ms, median {med:.2f}) not named as slow, or named "
+             f"wrong: {m and m.group(0)}")
+    print(f"ok   a slow step 1 ({first:.1f} ms against a median of {med:.1f}) named, with "
+          f"--profile.warmup=1; the report's median is the rows'")
+
+
 def check_empty_statistics():
     """A run whose steps are all warm-up, all probes or none a probe says so at the start
     (a warning naming the key), and its table says why it has no rows; one with steps on
@@ -758,9 +867,16 @@ def main():
     if CONTENTION["dp2-bucket"][0] < 3:
         fail(f"dp2-bucket: only {CONTENTION['dp2-bucket'][0]} kernels with isolated and "
              f"overlapped instances whose split the trace decides: the check checked little")
+    # the same net of the waits: the bucket reductions' waits are matched across the ranks
+    if CONTENTION["dp2-bucket"][2] < 2:
+        fail(f"dp2-bucket: net_of_wait checked for {CONTENTION['dp2-bucket'][2]} comm kernels")
+    # the final LayerNorm's gradient differs in size from a layer's (no residual)
+    if SIZED["single"] < 1:
+        fail("single: no kernel with calls of several sizes: by_size went unchecked")
     print(f"ok   isolated / overlapped means and slowdowns as the trace's instances give them "
-          f"(kernels with both sets, left undecided by the printed times): "
-          f"{', '.join(f'{k} {v[0]}, {v[1]}' for k, v in CONTENTION.items())}")
+          f"(kernels with both sets, left undecided by the printed times, comm kernels net of "
+          f"waits): {', '.join(f'{k} {v[0]}, {v[1]}, {v[2]}' for k, v in CONTENTION.items())}; "
+          f"kernels of several sizes: {', '.join(f'{k} {v}' for k, v in SIZED.items())}")
     # contention probe: every 2nd step serialized, same math, its own baseline statistics
     _, rep, met = timed("probe", 2, ["--parallel.dp=2", "--overlap.dp=bucket",
                                      "--profile.contention_probe=2"])
@@ -823,14 +939,31 @@ def main():
     # the CPU's ops run inline, no device kernels behind them: an empty list, no table
     if rep.get("device_kernels") != [] or "device kernels behind each op" in STDOUT["warmup"]:
         fail(f"warmup: device_kernels on the CPU: {rep.get('device_kernels')!r}, [] expected")
+    # the trace's step spans say which steps were warm-up and which probes
+    spans = {(e["args"]["step"], e["name"], e["args"]["warmup"], e["args"]["probe"])
+             for e in ev if e.get("ph") in ("b", "e")}
+    want = {(1, "step 1 (warm-up)", True, False), (2, "step 2 (probe)", False, True),
+            (3, "step 3", False, False)}
+    if spans != want:
+        fail(f"warmup: the trace's step spans {sorted(spans)}, want {sorted(want)}")
     print("ok   profile.warmup = 1: step 1 traced and marked, out of the counts, means and "
-          "overlap summary")
+          "overlap summary; the trace's step spans name the warm-up and the probe")
     check_empty_statistics()
+    check_slow_step()
     r = run_train(BASE + ["--parallel.dp=2", "--overlap.dp=bucket", f"--train.log_file={D}/np.jsonl"],
                   np_ranks=2)
     if r.returncode or [(m["loss"], m["grad_norm"]) for m in read_metrics(f"{D}/np.jsonl")] != \
             [(m["loss"], m["grad_norm"]) for m in met]:
         fail("probe: the contention probe changed the losses")
+    # the table words the gain as faster or slower, the ratio at least 1 either way
+    with open(f"{D}/probe.report.json") as f:  # ov is the later runs' by now
+        ov = json.load(f)["overlap"]
+    g = ov["gain"]
+    said = re.search(r"the step is ([0-9.]+)x (faster|slower) than serialized \(gain ([0-9.]+)x\)",
+                     STDOUT["probe"])
+    if not said or said.group(2) != ("faster" if g >= 1 else "slower") or \
+            abs(float(said.group(1)) - max(g, 1 / g)) > 0.006 or abs(float(said.group(3)) - g) > 0.006:
+        fail(f"probe: the table words a gain of {g} as {said and said.group(0)}")
     print(f"ok   contention probe: step 2 serialized ({ov['serialized_iter_ms']:.1f} ms vs "
           f"{ov['iter_ms']:.1f} ms with the policy), losses unchanged")
 
@@ -872,6 +1005,8 @@ def main():
         fail(f"overlap.tp = chunked should hide some communication and none nearly none: {res}")
     if res["chunked"][1] != 4 * res["none"][1]:
         fail("overlap.tp = chunked should split each row-parallel GEMM into 4")
+    if "each TP product and its collective in 4 pieces of ~32 rows" not in STDOUT["tp2-chunked"]:
+        fail("tp2 chunked: no start-up line saying the products run in 4 pieces of 32 rows")
     for (a, b), (c, d) in zip(res["none"][2], res["chunked"][2]):
         if abs(a - c) > 1e-5 * abs(a) or abs(b - d) > 1e-5 * abs(b):
             fail("overlap.tp = chunked changed the losses")
@@ -884,7 +1019,16 @@ def main():
     names = {k["name"] for k in rep["kernels"]}
     if n < 4000 or not {"adamw", "embedding_bwd", "grad_norm"} <= names:
         fail(f"tp2 SP chunked 32: {n} records in rank 0's step 1, ops {sorted(names)}")
-    print(f"ok   tp2, sequence parallel, 32 chunks: {n} records in a step, none dropped")
+    # with sequence parallelism each rank's rows are cut in 32: 2 x 32 pieces, as the
+    # start-up line says and the row-parallel products' records count
+    said = re.search(r"in (\d+) pieces of ~(\d+) rows \(sequence parallel", STDOUT["tp2-sp-chunked32"])
+    per_step = sum(1 for e in ev if e.get("ph") == "X" and e["pid"] == 0 and e["args"]["step"] == 1
+                   and e["name"] == "attn_proj_fwd")
+    if not said or said.groups() != ("64", "1") or per_step != 64 * L * (GB // MB):
+        fail(f"tp2 SP chunked 32: start-up line {said and said.group(0)}, {per_step} attn_proj_fwd "
+             f"records in rank 0's step 1 (want 64 pieces of 1 row: {64 * L * (GB // MB)})")
+    print(f"ok   tp2, sequence parallel, 32 chunks: {n} records in a step, none dropped; "
+          f"64 pieces of a row each, as the start-up line says")
     # tp4 with sequence parallelism chunked: broadcasts and reduces of 4 members, whose
     # roots' waits (timed() checks them all) depend on which members came while they ran
     ev, _, _ = timed("tp4-sp-chunked", 4, ["--parallel.tp=4", "--parallel.sequence_parallel=true",

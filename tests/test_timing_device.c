@@ -173,10 +173,11 @@ int main(void) {
           "the pieces of an op the timer could not read are left out with it");
     check(timing_n_device_kernels() == 4, "and a handle no record has is left out too");
 
-    /* next step: host records only; nothing of the last step's handles may be read */
+    /* next step: host records only (of step 1's size: one kernel entry); nothing of the
+     * last step's handles may be read */
     g_reads = 0;
     timing_begin_step(2, 0);
-    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, timing_no_match(),
+    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0, 8}, timing_no_match(),
                      g_origin + 20, g_origin + 21);
     timing_resolve_device(fake_read, NULL);
     check(g_reads == 0, "handles of an earlier step are not read again");
@@ -185,9 +186,9 @@ int main(void) {
 
     /* a third step of two records: one fills the trace, one is left out of it */
     timing_begin_step(3, 0);
-    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, timing_no_match(),
+    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0, 8}, timing_no_match(),
                      g_origin + 30, g_origin + 31);
-    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, timing_no_match(),
+    timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0, 8}, timing_no_match(),
                      g_origin + 32, g_origin + 33);
     timing_end_step(5.0);
     check(timing_n_trace() == 6 && timing_trace_omitted() == 1,

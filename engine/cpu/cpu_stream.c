@@ -112,9 +112,16 @@ static void set_high_priority(void) {
 #ifdef __linux__
     /* Linux keeps a nice value per thread, so this favours the comm thread alone. A
      * real-time policy is avoided on purpose: MPI busy-polls, and a SCHED_FIFO poller
-     * could starve the compute thread on a small machine. Lowering nice needs
-     * CAP_SYS_NICE; without it the thread keeps the process's priority. */
-    (void)setpriority(PRIO_PROCESS, (id_t)gettid(), -5);
+     * could starve the compute thread on a small machine. Five below the nice the thread
+     * was created with, not an absolute -5: under `nice -n 19` an absolute -5 put the
+     * busy-polling comm threads above every other job on a shared machine and starved
+     * this run's own compute. Lowering nice needs CAP_SYS_NICE; without it the thread
+     * keeps the process's priority. */
+    id_t tid = (id_t)gettid();
+    errno = 0;
+    int nice_now = getpriority(PRIO_PROCESS, tid);
+    if (nice_now == -1 && errno != 0) return;
+    (void)setpriority(PRIO_PROCESS, tid, nice_now - 5 < -20 ? -20 : nice_now - 5);
 #endif
 }
 
