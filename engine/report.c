@@ -448,19 +448,24 @@ static const char *slowdown_text(char *buf, double slow, const timing_split *x) 
     return buf;
 }
 
+/* x's row of the table; probe: its twin in the contention probe's steps, or NULL. A ratio
+ * to a probe mean of few instances is marked as a slowdown is: the probe steps are few. */
 static void print_row(const char *name, const char *kind, const merged_kernel *x,
-                      double probe_mean) {
+                      const merged_kernel *probe) {
     split_means m = means_of_split(&x->s), mv = means_of_split(&x->moving);
     kernel_rates r = rates_of(x);
     double wait = x->wait.count ? x->wait.sum_us / x->wait.count : NAN;
+    double probe_mean = probe ? probe->s.sum_us / probe->s.count : NAN;
     char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], n[48], w[32];
     snprintf(n, sizeof n, "%ld/%ld", x->s.n_isolated, x->s.n_overlapped);
+    if (probe) snprintf(e, sizeof e, "%.2f%s", m.mean / probe_mean,
+                        probe->s.count < FEW_INSTANCES ? "*" : "");
     printf("%-26s %-7s %8ld %11.2f %10.1f %8s %8s %13s %11s %11s %9s %9s %10s %8s %8s\n", name,
            kind, x->s.count, x->s.sum_us / 1e3, m.mean, num(f, "%.2f", r.tflops, "-"),
            num(g, "%.1f", x->kind == TK_COMM && !isnan(r.gbps_moving) ? r.gbps_moving : r.gbps, "-"),
            n, num(a, "%.1f", m.iso, "-"), num(b, "%.1f", m.ovl, "-"),
            slowdown_text(c, m.slow, &x->s), slowdown_text(w, mv.slow, &x->moving),
-           num(d, "%.1f", probe_mean, "-"), num(e, "%.2f", m.mean / probe_mean, "-"),
+           num(d, "%.1f", probe_mean, "-"), probe ? e : "-",
            num(h, "%.0f%%", m.mean > 0 ? 100.0 * wait / m.mean : NAN, "-"));
 }
 
@@ -478,7 +483,7 @@ static void print_size_rows(const merged_kernel *x, const merged_kernel *k, int 
         if (!same_kernel(&k[i], x) || (x->par >= 0 && k[i].par != x->par)) continue;
         char name[64], sz[32];
         snprintf(name, sizeof name, "%s%s", indent, size_text(sz, k[i].call_bytes));
-        print_row(name, "", &k[i], NAN);
+        print_row(name, "", &k[i], NULL);
         shown++;
     }
     if (sizes > shown) printf("%s(%d more sizes in the report's by_size)\n", indent, sizes - shown);
@@ -504,7 +509,7 @@ static void print_table(const merged_kernels *mk, const step_means *pol, const s
     int n = mk->n[BY_NAME], np = mk->n[BY_PAR], ns = mk->n[BY_SIZE];
     printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in "
            "flight; n iso/ovl = the instances of each; slowdown = overlapped / isolated mean, "
-           "'*' from fewer than %d of either)\n", FEW_INSTANCES);
+           "'*' from fewer than %d of either, or for 'vs probe' of the probe's)\n", FEW_INSTANCES);
     printf("# communication: GB/s and 'excl wait' (the slowdown) count the time data moved, each "
            "call's duration less its wait for the last other rank; 'waiting' = that wait's share "
            "of the mean\n");
@@ -527,8 +532,7 @@ static void print_table(const merged_kernels *mk, const step_means *pol, const s
             snprintf(name, sizeof(name), "%s [%s]", k[i].name, timing_par_name(only->par));
         else
             snprintf(name, sizeof(name), "%s", k[i].name);
-        print_row(name, timing_kind_name(k[i].kind), &k[i],
-                  t ? t->s.sum_us / t->s.count : NAN);
+        print_row(name, timing_kind_name(k[i].kind), &k[i], t);
         if (k[i].kind != TK_COMM || pars == 1) {
             print_size_rows(&k[i], ks, ns, "  ");
             continue;
@@ -536,7 +540,7 @@ static void print_table(const merged_kernels *mk, const step_means *pol, const s
         for (int j = 0; j < np; j++)
             if (same_kernel(&kp[j], &k[i])) {
                 snprintf(name, sizeof(name), "  [%s]", timing_par_name(kp[j].par));
-                print_row(name, "", &kp[j], NAN);
+                print_row(name, "", &kp[j], NULL);
                 print_size_rows(&kp[j], ks, ns, "    ");
             }
     }

@@ -481,6 +481,9 @@ void timing_note_power(double energy_j, double power_w, double sm_clock_mhz) {
 
 void timing_end_step(double iter_ms) {
     if (!T.on) return;
+    /* before the analysis: sorting a large step's records takes milliseconds, which the
+     * trace's span of the step would show as a step longer than its iter_ms */
+    double end_ms = timing_now_ms();
     size_t n = atomic_load(&T.n);
     if (n > T.capacity) n = T.capacity;
     size_t nc = union_of(T.rec, n, TK_COMPUTE, -1, T.merged_comp);
@@ -491,7 +494,7 @@ void timing_end_step(double iter_ms) {
                              .iter_ms = iter_ms, .compute_ms = total(T.merged_comp, nc) / 1e3,
                              .comm_ms = comm / 1e3,
                              .start_us = (T.step_start_ms - T.origin_ms) * 1e3,
-                             .end_us = (timing_now_ms() - T.origin_ms) * 1e3};
+                             .end_us = (end_ms - T.origin_ms) * 1e3};
     s.exposed_comm_ms = exposed(T.merged_comp, nc, T.merged_comm, nm) / 1e3;
     /* which parallelism's communication the compute hides, each on its own */
     for (int par = TP_DP; par < TIMING_PARS; par++) {

@@ -806,11 +806,22 @@ def main():
                       ("allreduce_max", "tp"): {MB * 32 * 4}})
     print("ok   tp2 x pp2: each collective's bytes are its buffer's; the report's sums match")
     # the stages' receives wait for the other stage's compute (the pipeline's fill and
-    # drain, one stage's forward ahead of the next), not for a transfer of 16 KB
+    # drain, one stage's forward ahead of the next), not for a transfer of 16 KB: in every
+    # step some receive spends most of its time waiting. Not the mean over all of them: on
+    # a loaded machine (4 ranks on 2 cores beside another test) a descheduled rank makes
+    # the transfers take ms too (one run: 13.7 ms a receive, 37% of it waiting), which the
+    # report then rightly shows as moving time
     recv = next(k for k in report["kernels"] if k["name"] == "recv")
-    if recv["wait_mean_us"] is None or recv["wait_mean_us"] < 0.5 * recv["mean_us"]:
-        fail(f"tp2pp2: a pp receive waited {recv['wait_mean_us']} us of its {recv['mean_us']:.1f} "
-             f"us for the sender: most of it expected")
+    most = {}
+    for e in events:
+        if e.get("ph") == "X" and e["name"] == "recv" and e["dur"] > 0 and "wait_us" in e["args"]:
+            at = e["args"]["step"]
+            most[at] = max(most.get(at, 0.0), e["args"]["wait_us"] / e["dur"])
+    if recv["wait_mean_us"] is None or sorted(most) != list(range(1, STEPS + 1)) or \
+            min(most.values()) < 0.5:
+        fail(f"tp2pp2: the receive that waited most of each step waited {most} of its time for "
+             f"the sender (mean wait {recv['wait_mean_us']} us of {recv['mean_us']:.1f}): most "
+             f"of it expected in every step")
     if "waited for another rank to arrive" not in STDOUT["tp2pp2"]:
         fail("tp2pp2: the table does not say how much of the exposed comm waited for a rank")
     print(f"ok   tp2 x pp2: all ranks and both kinds traced; {100 * exposed / comm:.1f}% of "
