@@ -645,10 +645,70 @@ def check_empty_statistics():
         print(f"ok   empty statistics {' '.join(args)}: {warns[0] if warns else 'no warning'}")
 
 
+def check_compare_outlier(tool, real):
+    """compare_reports.py on two reports made from a real one, 10 policy steps on 2 ranks:
+    A's first (step 2, after a warm-up step 1) 10x its others, B's steps 1.3x A's others: the
+    means say B is faster, the medians that it is slower, and the tool says the latter and
+    names A's step 2 (A's warm-up and probe rows, 1 ms, left out of its median); without
+    step rows, neither rows nor lines of theirs"""
+    rep = json.load(open(real))
+    row = next(s for s in rep["steps"] if not s["probe"])
+
+    def write(name, iter_ms, others):
+        rep["steps"] = [dict(row, step=k + 2, rank=r, iter_ms=iter_ms(k, r))
+                        for r in range(2) for k in range(10)]
+        policy = np.array([s["iter_ms"] for s in rep["steps"]])
+        rep["overlap"]["policy_steps"] = len(policy)
+        rep["overlap"]["iter_ms"] = float(np.mean(policy))
+        # rows that make no mean: a warm-up step before, probe steps after
+        rep["steps"] += [dict(row, step=k, rank=r, iter_ms=1.0, probe=k > 1, **({"warmup": True}
+                              if k == 1 else {})) for r in range(2) for k in others]
+        with open(f"{D}/{name}.report.json", "w") as f:
+            json.dump(rep, f)
+        return policy, rep["overlap"]["iter_ms"]
+    xa, mean_a = write("outlier-a", lambda k, r: 2000.0 if k == 0 else 200.0 + k + r,
+                       (1, 12, 13))
+    xb, mean_b = write("outlier-b", lambda k, r: 1.3 * (200.0 + k + r), ())
+    r = subprocess.run([sys.executable, tool, f"{D}/outlier-a.report.json",
+                        f"{D}/outlier-b.report.json"], capture_output=True, text=True)
+    lines = r.stdout.splitlines()
+    verdict = [ln for ln in lines if " by median iter: " in ln]
+    warns = [ln for ln in lines if ln.startswith("Warning: ")]
+    by_median = np.median(xb) / np.median(xa)
+    want_verdict = f"B / A by median iter: {by_median:.3f} (B slower); "
+    if r.returncode or mean_b >= mean_a or len(verdict) != 1 or \
+            not verdict[0].startswith(want_verdict) or "do not overlap" not in verdict[0]:
+        fail(f"compare_reports, A with a 10x step 2 (mean {mean_a:.1f}) against B (mean "
+             f"{mean_b:.1f}): exit {r.returncode}, verdict {verdict}, want one starting "
+             f"{want_verdict!r} and saying the middle halves do not overlap\n{r.stderr}")
+    # profile.warmup counts the run's steps from its first: 2 leaves out steps 1 and 2
+    want_warn = (f"Warning: in A, step 2 took 2000.0 ms against a median of "
+                 f"{np.median(xa):.1f} ms")
+    if len(warns) != 1 or not warns[0].startswith(want_warn) or \
+            "--profile.warmup=2" not in warns[0]:
+        fail(f"compare_reports, A with a 10x step 2: warnings {warns}, want one starting "
+             f"{want_warn!r} and advising --profile.warmup=2")
+    # a report without step rows: the rows and lines of the spread are left out, no more
+    del rep["steps"]
+    with open(f"{D}/outlier-b.report.json", "w") as f:
+        json.dump(rep, f)
+    r = subprocess.run([sys.executable, tool, f"{D}/outlier-a.report.json",
+                        f"{D}/outlier-b.report.json"], capture_output=True, text=True)
+    if r.returncode or f"| iter ms median | {np.median(xa):.3f} |  |  |" not in r.stdout or \
+            " by median iter: " in r.stdout or "Warning: in B" in r.stdout:
+        fail(f"compare_reports against a report without steps: exit {r.returncode}\n"
+             f"{r.stdout[:1500]}{r.stderr}")
+    print(f"ok   tools/compare_reports.py, a 10x warm-up step: the means say B / A "
+          f"{mean_b / mean_a:.2f}, the tool by the medians {by_median:.2f} and names A's step 2")
+
+
 def check_compare_reports(a, b):
     """tools/compare_reports.py on two reports: the step's iter_ms of each, the dp
     communication's wait for a rank and the dp all-reduce's time per step as the reports give
-    them; a file that is no report refused"""
+    them, the median and middle half of the iter of their policy step rows; on two made from
+    them, one with a warm-up step 10x the rest: the warning names it and the verdict follows
+    the medians, not the means; a report without step rows gets no more rows; a file that is
+    no report refused"""
     tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
                         "compare_reports.py")
     r = subprocess.run([sys.executable, tool, a, b, "--names", "none", "bucket"],
@@ -674,6 +734,20 @@ def check_compare_reports(a, b):
     if rows.get("allreduce [dp]", [])[:2] != want:
         fail(f"compare_reports: allreduce [dp] row {rows.get('allreduce [dp]')}, the reports "
              f"give {want} us a step")
+    # the spread of the iter over the rows that make the means: every rank's, no probe, no
+    # warm-up
+    iters = [[s["iter_ms"] for s in x["steps"] if not s["probe"] and not s.get("warmup")]
+             for x in (ra, rb)]
+    want = [f"{np.median(x):.3f}" for x in iters] + \
+        [f"{np.median(iters[1]) / np.median(iters[0]):.3f}"]
+    if rows.get("iter ms median") != want:
+        fail(f"compare_reports: iter ms median row {rows.get('iter ms median')}, the reports' "
+             f"steps give {want}")
+    want = [f"{np.percentile(x, 25):.3f}-{np.percentile(x, 75):.3f}" for x in iters] + [""]
+    if rows.get("iter ms p25-p75") != want:
+        fail(f"compare_reports: iter ms p25-p75 row {rows.get('iter ms p25-p75')}, the reports' "
+             f"steps give {want}")
+    check_compare_outlier(tool, a)
     bad = subprocess.run([sys.executable, tool, a, f"{D}/tok.h5"], capture_output=True, text=True)
     if bad.returncode != 1 or not bad.stderr.startswith(f"compare_reports: {D}/tok.h5: "):
         fail(f"compare_reports took a token file for a report: exit {bad.returncode}, "

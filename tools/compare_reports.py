@@ -7,7 +7,14 @@ policies, layouts, variants or builds, as Markdown on stdout.
 First the step (the report's "overlap" means over its policy steps, per step and rank):
 iter, compute, communication, exposed and hidden communication, the part of the exposed
 spent waiting for another rank (where the reports have it), the time with nothing timed in
-flight, each parallelism's exposed communication (and its waiting), and the products' rate.
+flight, each parallelism's exposed communication (and its waiting), and the products' rate;
+beside the mean iter, the median and the middle half (p25-p75) of the iter times of the
+report's "steps" rows that make the means (every rank's, probes and warm-up steps left
+out). Under the table a verdict by the medians, B / A, and whether the two middle halves
+overlap (a difference within the step-to-step spread) or not; and a warning for a report
+whose mean is more than 1.5x its median or whose first policy step took more than 3x it,
+naming the slow steps (a first step's warm-up: rerun with --profile.warmup). A report
+without step rows gets none of these.
 Then the ops, the N (default 25) whose time per step changed the most first: time per
 step, mean per call, the ratio B / A, and each run's slowdown beside communication (the
 report's overlapped over isolated mean). A communication op that several parallelisms run
@@ -18,6 +25,7 @@ reports have device kernels (CUPTI), last the kernels behind the ops the same wa
 Only the Python standard library: it runs wherever the reports are."""
 import argparse
 import json
+import math
 import signal
 import sys
 
@@ -78,13 +86,113 @@ def ratio(a, b):
     return b / a if a and b is not None else None
 
 
-def step_rows(a, b):
-    """(label, A, B, format) of the step's figures"""
+def step_ratio(x, y, spec):
+    """the ratio cell of a step row: none for a row of text (a spread)"""
+    return "" if spec == "s" else num(ratio(x, y), ".3f")
+
+
+def policy_iters(report):
+    """[(step, iter ms)] of the report's step rows that make its means, every rank's: no
+    probe, no warm-up; [] where it has none"""
+    out = []
+    for s in report.get("steps") or []:
+        if s.get("probe") or s.get("warmup"):
+            continue
+        v = s["iter_ms"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"steps: iter_ms = {v!r} is not a time")
+        out.append((s["step"], float(v)))
+    return out
+
+
+def quantile(xs, q):
+    """the q-quantile of sorted xs, linear between the nearest two (numpy's default)"""
+    i = q * (len(xs) - 1)
+    lo = int(i)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
+
+
+def spread(report):
+    """the iter ms of the report's policy step rows: {rows, steps (step: the slowest rank's
+    time, in the run's order), median, p25, p75, mean}; None where it has none"""
+    rows = policy_iters(report)
+    if not rows:
+        return None
+    xs = sorted(t for _, t in rows)
+    steps = {}
+    for step, t in rows:
+        steps[step] = max(t, steps.get(step, t))
+    return {"rows": rows, "steps": dict(sorted(steps.items())), "median": quantile(xs, 0.5),
+            "p25": quantile(xs, 0.25), "p75": quantile(xs, 0.75), "mean": sum(xs) / len(xs)}
+
+
+def verdict(sa, sb, na, nb):
+    """one line: B / A by median iter, and whether the middle halves of the two runs' step
+    rows overlap; None unless both reports have step rows"""
+    if not sa or not sb or not sa["median"]:
+        return None
+    r = sb["median"] / sa["median"]
+    how = f"{nb} slower" if r > 1 else f"{nb} faster" if r < 1 else "the same"
+    # medians: one slow step (a warm-up, another job on the machine) moves a mean, not them
+    line = (f"{nb} / {na} by median iter: {r:.3f} ({how}); the middle halves (p25-p75) of the "
+            f"two runs' steps ")
+    if sa["p25"] <= sb["p75"] and sb["p25"] <= sa["p75"]:
+        line += "overlap: the difference is within the step-to-step spread"
+    else:
+        line += "do not overlap"
+    # the ranks of one step wait for each other: the steps, not the rows, are the samples
+    n = (len(sa["steps"]), len(sb["steps"]))
+    if min(n) < 5:
+        line += f" ({n[0]} and {n[1]} steps: few to judge a spread by)"
+    return line
+
+
+def warning(s, name, report):
+    """a line naming the steps that pull the report's mean iter far above its median (mean
+    over 1.5x the median, or a first policy step over 3x it); None where none do"""
+    if not s:
+        return None
+    med, steps = s["median"], s["steps"]
+    first = next(iter(steps))
+    if not (s["mean"] > 1.5 * med or steps[first] > 3 * med):
+        return None
+    slow = [k for k, t in steps.items() if t > 3 * med] or \
+        [k for k, t in steps.items() if t > 1.5 * med]
+    lead = []  # the slow steps the run starts with: warm-up
+    for k in steps:
+        if k not in slow:
+            break
+        lead.append(k)
+    few = "s" if len(slow) > 1 else ""
+    more = f" and {len(slow) - 5} more" if len(slow) > 5 else ""
+    line = (f"Warning: in {name}, step{few} {', '.join(str(k) for k in slow[:5])}{more} took "
+            f"{', '.join(f'{steps[k]:.1f}' for k in slow[:5])} ms against a median of "
+            f"{med:.1f} ms (mean {s['mean']:.1f} ms)")
+    if not lead:
+        return line + (f": slow step{few} in the means (another load on the machine?); read "
+                       f"the medians")
+    # profile.warmup counts the run's first steps, warm-up and probe steps among them
+    n = len({r["step"] for r in report["steps"] if r["step"] <= lead[-1]})
+    what = "a warm-up step" if len(lead) == 1 else "warm-up steps"
+    if len(lead) < len(slow):
+        return line + (f": {what} and later slow ones (another load on the machine?) in the "
+                       f"means; rerun with --profile.warmup={n} and read the medians")
+    return line + f": {what} in the means; rerun with --profile.warmup={n}"
+
+
+def step_rows(a, b, sa=None, sb=None):
+    """(label, A, B, format) of the step's figures; with spread()s, the iter's median and
+    middle half (format "s": text, no ratio)"""
     oa, ob = a["overlap"], b["overlap"]
     rows = [(label, oa.get(key), ob.get(key), ".3f") for label, key in (
         ("iter ms", "iter_ms"), ("compute ms", "compute_ms"), ("comm ms", "comm_ms"),
         ("exposed comm ms", "exposed_comm_ms"), ("hidden comm ms", "hidden_comm_ms"),
         ("nothing timed in flight ms", "idle_ms"))]
+    if sa or sb:
+        rows[1:1] = [("iter ms median", sa and sa["median"], sb and sb["median"], ".3f"),
+                     ("iter ms p25-p75", sa and f"{sa['p25']:.3f}-{sa['p75']:.3f}",
+                      sb and f"{sb['p25']:.3f}-{sb['p75']:.3f}", "s")]
     # waits for other ranks: reports of one rank, or from before gptc matched them, have none
     if oa.get("comm_wait_ms") is not None or ob.get("comm_wait_ms") is not None:
         rows.append(("exposed comm waiting for a rank ms", oa.get("comm_wait_ms"),
@@ -112,20 +220,23 @@ def main():
     args = ap.parse_args()
     if args.top < 0:  # a negative slice would drop rows from the end
         ap.error(f"--top {args.top}: give a count of rows, 0 or more")
+    na, nb = args.names
     try:
         a, b = load(args.a), load(args.b)
     except ValueError as e:
         print(f"compare_reports: {e}", file=sys.stderr)
         return 1
-    na, nb = args.names
     # every figure first, so that a report with a field of the wrong type fails in one line
     # before any of the tables is printed
     try:
-        steps, oa, ob, da, db = step_rows(a, b), ops(a), ops(b), device(a), device(b)
+        sa, sb = spread(a), spread(b)
+        steps, oa, ob, da, db = step_rows(a, b, sa, sb), ops(a), ops(b), device(a), device(b)
+        notes = [x for x in (verdict(sa, sb, na, nb), warning(sa, na, a), warning(sb, nb, b))
+                 if x]
         names = by_change(oa, ob)
         pairs = by_change(da, db) if da and db else []
         for label, x, y, spec in steps:
-            num(x, spec), num(y, spec), num(ratio(x, y), ".3f")
+            num(x, spec), num(y, spec), step_ratio(x, y, spec)
         for r in list(oa.values()) + list(ob.values()):
             num(r[0], ".1f"), num(r[1], ".2f"), num(r[2], ".2f")
         for r in (a, b):
@@ -141,7 +252,9 @@ def main():
     print(f"{nb}: {args.b} ({b['ranks']} rank(s), {b['overlap']['policy_steps']} step row(s))\n")
     print(f"| per step and rank | {na} | {nb} | {nb} / {na} |\n|---|---|---|---|")
     for label, x, y, spec in steps:
-        print(f"| {label} | {num(x, spec)} | {num(y, spec)} | {num(ratio(x, y), '.3f')} |")
+        print(f"| {label} | {num(x, spec)} | {num(y, spec)} | {step_ratio(x, y, spec)} |")
+    for line in notes:
+        print(f"\n{line}")
     print(f"\nOps, the largest change in time per step first ({min(args.top, len(names))} of "
           f"{len(names)}):\n")
     print(f"| op | {na} us/step | {nb} us/step | change us/step | {na} mean us | {nb} mean us | "
