@@ -734,6 +734,22 @@ def check_compare_reports(a, b):
     if rows.get("allreduce [dp]", [])[:2] != want:
         fail(f"compare_reports: allreduce [dp] row {rows.get('allreduce [dp]')}, the reports "
              f"give {want} us a step")
+
+    # its slowdowns: the report's, '*' from fewer than 10 instances on either side, and the
+    # same net of the waits ("excl wait") where the report has one
+    def slow_text(v):
+        if v["slowdown"] is None:
+            return ""
+        t = f"{v['slowdown']:.2f}{'*' if min(v['n_isolated'], v['n_overlapped']) < 10 else ''}"
+        n = v["net_of_wait"]
+        if n and n["slowdown"] is not None:
+            t += f" ({n['slowdown']:.2f}{'*' if min(n['n_isolated'], n['n_overlapped']) < 10 else ''} excl wait)"
+        return t
+    shown = [slow_text(next(k for k in x["kernels"] if k["name"] == "allreduce")
+                       ["by_parallelism"]["dp"]) for x in (ra, rb)]
+    if rows.get("allreduce [dp]", [])[-2:] != shown or "excl wait" not in shown[1]:
+        fail(f"compare_reports: allreduce [dp] slowdowns {rows.get('allreduce [dp]', [])[-2:]}, "
+             f"the reports give {shown} (bucket's with a slowdown net of the waits)")
     # the spread of the iter over the rows that make the means: every rank's, no probe, no
     # warm-up
     iters = [[s["iter_ms"] for s in x["steps"] if not s["probe"] and not s.get("warmup")]

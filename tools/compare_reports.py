@@ -17,7 +17,9 @@ naming the slow steps (a first step's warm-up: rerun with --profile.warmup). A r
 without step rows gets none of these.
 Then the ops, the N (default 25) whose time per step changed the most first: time per
 step, mean per call, the ratio B / A, and each run's slowdown beside communication (the
-report's overlapped over isolated mean). A communication op that several parallelisms run
+report's overlapped over isolated mean; '*' from fewer than 10 instances on either side;
+for a communication op also net of its waits for other ranks, "excl wait", where the
+report has it). A communication op that several parallelisms run
 (a tp and a dp all-reduce) is a row per parallelism, as in the report's table. Where both
 reports have device kernels (CUPTI), last the kernels behind the ops the same way: each
 (op, kernel) pair's time per step and mean, the largest change first.
@@ -46,9 +48,27 @@ def load(path):
     return r
 
 
+FEW = 10  # a slowdown from fewer instances on either side is marked, as the report's table does
+
+
+def slowdown(v):
+    """v's slowdown as text: '*' when either side has fewer than FEW instances (reports
+    from before n_isolated had no counts), and a communication op's net of its waits for
+    other ranks beside it, where the report has it; None where there is none"""
+    if v.get("slowdown") is None:
+        return None
+    few = min(v.get("n_isolated", FEW), v.get("n_overlapped", FEW)) < FEW
+    text = f"{v['slowdown']:.2f}{'*' if few else ''}"
+    net = v.get("net_of_wait")
+    if isinstance(net, dict) and net.get("slowdown") is not None:
+        few = min(net["n_isolated"], net["n_overlapped"]) < FEW
+        text += f" ({net['slowdown']:.2f}{'*' if few else ''} excl wait)"
+    return text
+
+
 def ops(report):
-    """{row name: (us per step, mean us, slowdown)} over the policy steps: a compute op by
-    its name, a communication op by name and parallelism"""
+    """{row name: (us per step, mean us, slowdown text)} over the policy steps: a compute op
+    by its name, a communication op by name and parallelism"""
     rows = report["overlap"]["policy_steps"] or 1
     out = {}
     for k in report["kernels"]:
@@ -56,9 +76,9 @@ def ops(report):
         if k["kind"] == "comm" and parts:
             for par, v in parts.items():
                 out[f"{k['name']} [{par}]"] = (v["count"] * v["mean_us"] / rows, v["mean_us"],
-                                               v["slowdown"])
+                                               slowdown(v))
         else:
-            out[k["name"]] = (k["count"] * k["mean_us"] / rows, k["mean_us"], k["slowdown"])
+            out[k["name"]] = (k["count"] * k["mean_us"] / rows, k["mean_us"], slowdown(k))
     return out
 
 
@@ -238,7 +258,7 @@ def main():
         for label, x, y, spec in steps:
             num(x, spec), num(y, spec), step_ratio(x, y, spec)
         for r in list(oa.values()) + list(ob.values()):
-            num(r[0], ".1f"), num(r[1], ".2f"), num(r[2], ".2f")
+            num(r[0], ".1f"), num(r[1], ".2f")
         for r in (a, b):
             # counts: a fraction or a negative one scaled every "per step" figure
             for key, v in (("ranks", r["ranks"]), ("overlap.policy_steps", r["overlap"]["policy_steps"])):
@@ -264,8 +284,8 @@ def main():
         print(f"| {n} | {num(x and x[0], '.1f')} | {num(y and y[0], '.1f')} | "
               f"{change(x, y):+.1f} | "
               f"{num(x and x[1], '.2f')} | {num(y and y[1], '.2f')} | "
-              f"{num(ratio(x and x[1], y and y[1]), '.3f')} | {num(x and x[2], '.2f')} | "
-              f"{num(y and y[2], '.2f')} |")
+              f"{num(ratio(x and x[1], y and y[1]), '.3f')} | {(x and x[2]) or ''} | "
+              f"{(y and y[2]) or ''} |")
     if pairs:
         print(f"\nDevice kernels behind the ops (CUPTI), the largest change in time per step "
               f"first ({min(args.top, len(pairs))} of {len(pairs)}):\n")
