@@ -72,8 +72,9 @@ POLICIES = {
 OVERLAP_DEFAULTS = {"dp": "none", "dp_bucket_mb": "", "tp": "none", "tp_chunks": "",
                     "pp": "none", "dp_shard": "none"}
 STEP_COLS = ["step", "rank", "iter_ms", "compute_ms", "comm_ms", "exposed_comm_ms"]
-KERNEL_COLS = ["name", "kind", "count", "mean_us", "isolated_mean_us", "overlapped_mean_us",
-               "slowdown", "probe_mean_us", "slowdown_vs_probe"]
+KERNEL_COLS = ["name", "kind", "count", "n_isolated", "n_overlapped", "mean_us",
+               "isolated_mean_us", "overlapped_mean_us", "slowdown", "slowdown_excl_wait",
+               "probe_mean_us", "slowdown_vs_probe"]
 STREAMS = {0: "compute", 1: "comm tp", 2: "comm pp", 3: "comm dp"}
 
 
@@ -150,7 +151,7 @@ def run_one(model, layout, label, overlap, a, work, tokens, rep):
     # With --contention-probe the report also sums the run up against its serialized steps.
     cols.update({f"run_{k}": v for k, v in rpt.get("overlap", {}).items()})
     steps = [{**cols, **s} for s in rpt["steps"]]
-    kernels = [{**cols, **k} for k in rpt["kernels"]]
+    kernels = [{**cols, **kernel_columns(k)} for k in rpt["kernels"]]
     with open(trace) as f:
         raw = json.load(f)["traceEvents"]
     # the timed records, and each step's span (an async "b" / "e" pair per rank) as one
@@ -164,6 +165,15 @@ def run_one(model, layout, label, overlap, a, work, tokens, rep):
     if not a.keep_traces:  # a few MB each
         os.remove(trace)
     return cols, steps, kernels, events
+
+
+def kernel_columns(k):
+    """a report's kernel as flat CSV columns: its nested parts (by parallelism, by size)
+    left out, and a communication op's slowdown net of its waits for other ranks kept"""
+    flat = {key: v for key, v in k.items() if not isinstance(v, (dict, list))}
+    net = k.get("net_of_wait")
+    flat["slowdown_excl_wait"] = net.get("slowdown") if isinstance(net, dict) else None
+    return flat
 
 
 def write_csv(path, rows, first):

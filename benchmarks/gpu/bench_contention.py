@@ -101,16 +101,21 @@ def table(lines, title, rep, backend):
             for p in pars) + "\n\n")
     # alone / beside comm: within the policy's own steps; probe: the same op in the
     # serialized probe steps of the same run, the baseline the policy is charged against
-    lines.append("| kernel | count | mean us | alone us | beside comm us | slowdown | "
-                 "probe us | vs probe |\n|---|---|---|---|---|---|---|---|\n")
+    # a communication op's slowdown is mostly its wait for a rank still computing: beside
+    # it, the same net of those waits (the report's net_of_wait)
+    lines.append("| kernel | count | alone / beside | mean us | alone us | beside comm us | "
+                 "slowdown | excl wait | probe us | vs probe |\n"
+                 "|---|---|---|---|---|---|---|---|---|---|\n")
     kernels = sorted(rep["kernels"], key=lambda k: -k["count"] * k["mean_us"])[:14]
     for k in kernels:
         fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
         ratio = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
-        lines.append(f"| {k['name']} | {k['count']} | {k['mean_us']:.1f} | "
+        net = k.get("net_of_wait") or {}
+        lines.append(f"| {k['name']} | {k['count']} | {k.get('n_isolated', '')} / "
+                     f"{k.get('n_overlapped', '')} | {k['mean_us']:.1f} | "
                      f"{fmt(k['isolated_mean_us'])} | {fmt(k['overlapped_mean_us'])} | "
-                     f"{ratio(k['slowdown'])} | {fmt(k.get('probe_mean_us'))} | "
-                     f"{ratio(k.get('slowdown_vs_probe'))} |\n")
+                     f"{ratio(k['slowdown'])} | {ratio(net.get('slowdown'))} | "
+                     f"{fmt(k.get('probe_mean_us'))} | {ratio(k.get('slowdown_vs_probe'))} |\n")
     # the device kernels behind those ops (CUPTI) that ran both alone and beside
     # communication: which of an op's kernels the contention slows
     dev = [d for d in rep.get("device_kernels", []) if d.get("slowdown") is not None]
