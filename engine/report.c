@@ -510,9 +510,9 @@ static void print_table(const merged_kernels *mk, const step_means *pol, const s
     printf("\n# per-kernel timing (all ranks; 'overlapped' = ran while the other kind was in "
            "flight; n iso/ovl = the instances of each; slowdown = overlapped / isolated mean, "
            "'*' from fewer than %d of either, or for 'vs probe' of the probe's)\n", FEW_INSTANCES);
-    printf("# communication: GB/s and 'excl wait' (the slowdown) count the time data moved, each "
-           "call's duration less its wait for the last other rank; 'waiting' = that wait's share "
-           "of the mean\n");
+    printf("# communication: GB/s and 'excl wait' count the time data moved, each call's "
+           "duration less its wait for the last other rank ('excl wait': that time's slowdown, "
+           "overlapped when compute ran beside it); 'waiting' = the wait's share of the mean\n");
     if (timing_warmup() > 0)
         printf("# the run's first %d step(s) left out as warm-up (profile.warmup): they are "
                "in the trace only\n", timing_warmup());
@@ -794,23 +794,30 @@ static void kernels_text(text *t) {
     }
 }
 
+/* ", wait_mean_us, wait_isolated_mean_us, wait_overlapped_mean_us": x's waits for other
+ * ranks over the instances that know one, all and split as its durations are (null where
+ * none does: compute, one rank): how much of an overlapped comm op's slowdown is waiting */
+static void put_waits(text *t, const merged_kernel *x) {
+    split_means w = means_of_split(&x->wait);
+    put_number(t, "wait_mean_us", x->wait.count ? w.mean : NAN, 4);
+    put_number(t, "wait_isolated_mean_us", w.iso, 4);
+    put_number(t, "wait_overlapped_mean_us", w.ovl, 4);
+}
+
 /* ", net_of_wait" of a communication op x: its instances whose wait for other ranks is
- * known, their waits and the rest of their time (moving data), split as the op is; null
- * where no wait is known (one rank, a device timer's record, a step past the trace's cap) */
+ * known (in steps the trace kept whole), each less its wait: the time it moved data,
+ * split by whether compute ran beside that part; null where no wait is known (one rank,
+ * a step past the trace's cap) */
 static void put_net_of_wait(text *t, const merged_kernel *x) {
     if (x->kind != TK_COMM) return;
     if (x->moving.count == 0) {
         put(t, ", \"net_of_wait\": null");
         return;
     }
-    split_means w = means_of_split(&x->wait);
-    kernel_rates r = rates_of(x);
-    char a[32], b[32];
+    char a[32];
     put(t, ", \"net_of_wait\": {");
     put_means(t, &x->moving);
-    put(t, ", \"wait_isolated_mean_us\": %s, \"wait_overlapped_mean_us\": %s",
-        num(a, "%.4f", w.iso, "null"), num(b, "%.4f", w.ovl, "null"));
-    put(t, ", \"gbps\": %s}", num(a, "%.6g", r.gbps_moving, "null"));
+    put(t, ", \"gbps\": %s}", num(a, "%.6g", rates_of(x).gbps_moving, "null"));
 }
 
 /* ", by_size": the rows of x's calls of each size (k[n]: the BY_SIZE level), where x ran
@@ -827,6 +834,7 @@ static void put_by_size(text *t, const merged_kernel *x, const merged_kernel *k,
         put(t, ", ");
         put_means(t, &k[i].s);
         put(t, ", \"total_us_per_step\": %.4f", rows ? k[i].s.sum_us / rows : 0.0);
+        if (x->kind == TK_COMM) put_waits(t, &k[i]);
         put_net_of_wait(t, &k[i]);
         put(t, "}");
         first = 0;
@@ -847,7 +855,7 @@ static void kernel_json(text *t, const merged_kernel *x, const merged_kernels *m
         rows ? x->s.sum_us / rows : 0.0, num(a, "%.4f", probe_mean, "null"),
         num(b, "%.4f", mm.mean / probe_mean, "null"));
     put_work(t, x);
-    put_number(t, "wait_mean_us", x->wait.count ? x->wait.sum_us / x->wait.count : NAN, 4);
+    put_waits(t, x);
     put_net_of_wait(t, x);
     /* the same op of different parallelisms differs in size and contention */
     const merged_kernel *kp = m->at[BY_PAR];
@@ -857,7 +865,7 @@ static void kernel_json(text *t, const merged_kernel *x, const merged_kernels *m
             timing_par_name(kp[j].par));
         put_means(t, &kp[j].s);
         put_work(t, &kp[j]);
-        put_number(t, "wait_mean_us", kp[j].wait.count ? kp[j].wait.sum_us / kp[j].wait.count : NAN, 4);
+        put_waits(t, &kp[j]);
         put_net_of_wait(t, &kp[j]);
         put(t, "}");
         first = 0;

@@ -584,24 +584,33 @@ void timing_sum_waits(void) {
         if (s == T.n_steps) break;
         timing_step_summary *st = &T.steps[s];
         int known = 0;
-        for (size_t q = i; q < j; q++) {
-            const timing_record *r = &T.trace[q];
-            if (r->kind != TK_COMM || r->wait_us < 0) continue;
-            known = 1;
-            if (st->warmup) continue;
-            timing_kernel_stats *k = kernel_slot(r, st->probe);
-            /* a wait read on one clock and a span on another may differ by a rounding */
-            double wait = r->wait_us < r->end_us - r->start_us ? r->wait_us : r->end_us - r->start_us;
-            split_add(&k->wait, wait, r->overlapped);
-            split_add(&k->moving, r->end_us - r->start_us - wait, r->overlapped);
-            k->moving_bytes += r->bytes;
-        }
+        for (size_t q = i; q < j; q++)
+            known |= T.trace[q].kind == TK_COMM && T.trace[q].wait_us >= 0;
         /* a step the trace's cap cut short lacks the compute that covered its waits */
         if (known && st->whole) {
             st->has_wait = 1;
             st->wait_ms = step_wait_us(T.trace + i, j - i, -1, in, wait, busy) / 1e3;
             for (int par = TP_DP; par < TIMING_PARS; par++)
                 st->par_wait_ms[par] = step_wait_us(T.trace + i, j - i, par, in, wait, busy) / 1e3;
+        }
+        /* the step's compute, which an op's moving part ran beside or not (whole steps) */
+        size_t nc = 0;
+        for (size_t q = i; q < j && st->whole; q++)
+            if (T.trace[q].kind == TK_COMPUTE)
+                in[nc++] = (span){T.trace[q].start_us, T.trace[q].end_us};
+        nc = merge_spans(in, nc, busy);
+        for (size_t q = i; q < j && !st->warmup; q++) {
+            const timing_record *r = &T.trace[q];
+            if (r->kind != TK_COMM || r->wait_us < 0) continue;
+            timing_kernel_stats *k = kernel_slot(r, st->probe);
+            /* a wait read on one clock and a span on another may differ by a rounding */
+            double dur = r->end_us - r->start_us, w = r->wait_us < dur ? r->wait_us : dur;
+            split_add(&k->wait, w, r->overlapped);
+            /* the moving part is overlapped when compute ran beside it, not beside the
+             * wait: a transfer that began once a peer's compute was over met no compute */
+            if (!st->whole) continue;
+            split_add(&k->moving, dur - w, meets(busy, nc, r->start_us + w, r->end_us));
+            k->moving_bytes += r->bytes;
         }
         s++;
         i = j;

@@ -176,11 +176,12 @@ typedef struct {
     timing_split s;
     double flops, bytes; /* timing_work summed over the s.count instances */
     /* A communication op's instances whose wait for other ranks is known
-     * (timing_sum_waits): their waits, and their durations less those waits (the time
-     * each moved data), split as s is. A comm op beside compute is often waiting for a
+     * (timing_sum_waits): their waits, split as s is; and, in steps the trace kept whole,
+     * their durations less those waits (the time each moved data), split by whether
+     * compute ran beside that moving part. A comm op beside compute is often waiting for a
      * rank that is still computing: its slowdown is mostly that wait, not contention. */
     timing_split wait, moving;
-    double moving_bytes; /* timing_work.bytes of those instances */
+    double moving_bytes; /* timing_work.bytes of the moving instances */
 } timing_kernel_stats;
 
 /* The device kernels behind the ops (report "device_kernels"): the kernels, copies and

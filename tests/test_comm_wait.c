@@ -91,11 +91,13 @@ int main(int argc, char **argv) {
     }
     timing_end_step(3.0);
     /* step 2: compute covers [3000, 3100) of rank 0's wait [3050, 3150) for the others, and
-     * a pp all-reduce moves data over [3120, 3140) of it (rank 0 the last to arrive) */
+     * a pp all-reduce moves data over [3120, 3140) of it (rank 0 the last to arrive); on
+     * rank 1 compute [3130, 3135) runs beside that pp all-reduce's moving part */
     timing_begin_step(2, 0);
     if (rank == 0) compute(3000, 3100);
     op("allreduce", rank == 0 ? 3050 : 3150, 3200, TM_COLL, -1, 0, 7);
     op_of(TP_PP, "allreduce", rank == 0 ? 3120 : 3100, 3140, TM_COLL, -1, 0, 8);
+    if (rank == 1) compute(3130, 3135);
     timing_end_step(0.3);
     /* step 3: rank 0's compute [4000, 4100) covers its whole wait [4000, 4050), but the
      * trace's cap drops it: the step's exposed wait is unknown there, not 0.05 ms */
@@ -172,28 +174,44 @@ int main(int argc, char **argv) {
     }
     /* the kernel statistics: the dp allreduce's known waits, three steps, split as the
      * durations are: rank 0's step 2 and 3 all-reduces ran beside its compute
-     * (overlapped), every other one alone; and each one's duration less its wait */
+     * (overlapped), every other one alone. Each one's duration less its wait, split by
+     * whether compute ran beside that moving part, in the steps kept whole: rank 0's step
+     * 2 one moved data over [3150, 3200), after its compute: isolated; its step 3 is cut
+     * short by the cap. The pp all-reduce's moving part on rank 1, [3120, 3140), ran
+     * beside compute: overlapped */
     const timing_kernel_stats *k = timing_kernels();
-    timing_split w = {0}, mv = {0};
+    timing_split w = {0}, mv = {0}, pp = {0};
     for (int i = 0; i < timing_n_kernels(); i++)
         if (strcmp(k[i].name, "allreduce") == 0 && k[i].par == TP_DP) {
             w.count += k[i].wait.count, w.sum_us += k[i].wait.sum_us;
             w.n_overlapped += k[i].wait.n_overlapped, w.overlapped_us += k[i].wait.overlapped_us;
-            mv.sum_us += k[i].moving.sum_us, mv.overlapped_us += k[i].moving.overlapped_us;
+            mv.count += k[i].moving.count, mv.sum_us += k[i].moving.sum_us;
+            mv.n_overlapped += k[i].moving.n_overlapped, mv.overlapped_us += k[i].moving.overlapped_us;
+        } else if (strcmp(k[i].name, "allreduce") == 0 && k[i].par == TP_PP) {
+            pp = k[i].moving;
         }
     double want_sum = (30 - coll_a[rank]) + short_w[rank] + (rank == 0 ? 100 + 50 : 0);
-    double durations = (100 - coll_a[rank]) + (short_b[rank] - short_a[rank]) +
-                       (rank == 0 ? 150 + 100 : 50 + 50);
-    /* rank 0's overlapped pair: 150 - 100 and 100 - 50 us moving, 100 + 50 waiting */
-    double want_ovl = rank == 0 ? 150 : 0, want_mv_ovl = rank == 0 ? 100 : 0;
+    double want_ovl = rank == 0 ? 150 : 0;
+    /* moving: step 1's two (90 - 20 and 5 - 5 us on rank 0) and step 2's (50 on rank 0, the
+     * others' 3200 - 3150 less no wait), and the others' step 3 (4100 - 4050) */
+    double want_mv = (100 - coll_a[rank]) + (short_b[rank] - short_a[rank]) -
+                     (30 - coll_a[rank]) - short_w[rank] + 50 + (rank == 0 ? 0 : 50);
+    long want_mv_n = rank == 0 ? 3 : 4;
     if (w.count != 4 || fabs(w.sum_us - want_sum) > 1e-3 || w.n_overlapped != (rank == 0 ? 2 : 0) ||
-        fabs(w.overlapped_us - want_ovl) > 1e-3 || fabs(mv.sum_us - (durations - want_sum)) > 1e-3 ||
-        fabs(mv.overlapped_us - want_mv_ovl) > 1e-3) {
+        fabs(w.overlapped_us - want_ovl) > 1e-3 || mv.count != want_mv_n ||
+        fabs(mv.sum_us - want_mv) > 1e-3 || mv.n_overlapped != 0 || mv.overlapped_us != 0) {
         printf("rank %d FAIL: allreduce's waits in the statistics: %ld of %.3f us (%ld "
-               "overlapped, %.3f us), moving %.3f us (overlapped %.3f); want 4 of %.3f (%d, "
-               "%.3f), moving %.3f (%.3f)\n", rank, w.count, w.sum_us, w.n_overlapped,
-               w.overlapped_us, mv.sum_us, mv.overlapped_us, want_sum, rank == 0 ? 2 : 0,
-               want_ovl, durations - want_sum, want_mv_ovl);
+               "overlapped, %.3f us), moving %ld of %.3f us (%ld overlapped, %.3f us); want 4 "
+               "of %.3f (%d, %.3f), moving %ld of %.3f (none overlapped)\n", rank, w.count,
+               w.sum_us, w.n_overlapped, w.overlapped_us, mv.count, mv.sum_us, mv.n_overlapped,
+               mv.overlapped_us, want_sum, rank == 0 ? 2 : 0, want_ovl, want_mv_n, want_mv);
+        failures++;
+    }
+    /* rank 0 waited for no one (0 us) and moved 20 us; the others waited 20 of their 40 */
+    if (pp.count != 1 || fabs(pp.sum_us - 20) > 1e-3 || pp.n_overlapped != (rank == 1)) {
+        printf("rank %d FAIL: the pp all-reduce's moving part: %ld of %.3f us, %ld overlapped; "
+               "want 1 of 20 us, %d overlapped\n", rank, pp.count, pp.sum_us, pp.n_overlapped,
+               rank == 1);
         failures++;
     }
     /* the trace names the root and the peer by world rank */

@@ -154,14 +154,8 @@ def check_contention(name, report, events):
             (e["ts"], e["ts"] + e["dur"]))
     unions = {k: union(v) for k, v in spans.items()}
     ends_of = {k: [y for _, y in u] for k, u in unions.items()}  # ascending: disjoint spans
-    groups = {}  # (name, kind, probe): durations all, isolated, overlapped; undecided count
-    for e in xs:
-        at = (e["pid"], e["args"]["step"])
-        if at in warm:
-            continue
-        key = (*at, "comm" if e["cat"] == "compute" else "compute")
-        other, ends = unions.get(key, []), ends_of.get(key, [])
-        a, b = e["ts"], e["ts"] + e["dur"]
+    def beside(other, ends, a, b):
+        """how much of [a, b) the union other covers, and whether any of it comes within TIE"""
         over, near = 0.0, False
         for i in range(bisect.bisect_left(ends, a - TIE), len(other)):  # ending after a - TIE
             x, y = other[i]
@@ -169,22 +163,41 @@ def check_contention(name, report, events):
                 break
             near = True
             over += max(0.0, min(b, y) - max(a, x))
-        # all, isolated, overlapped durations; undecided count; a communication op's
-        # durations less its wait, isolated and overlapped; its waits the same
+        return over, near
+
+    # (name, kind, probe): durations all, isolated, overlapped; undecided count; a
+    # communication op's durations less its wait, isolated and overlapped by whether
+    # compute ran beside that moving part; its waits, split as its durations; how many
+    # moving parts the printed times leave undecided
+    groups = {}
+    for e in xs:
+        at = (e["pid"], e["args"]["step"])
+        if at in warm:
+            continue
+        key = (*at, "comm" if e["cat"] == "compute" else "compute")
+        other, ends = unions.get(key, []), ends_of.get(key, [])
+        a, b = e["ts"], e["ts"] + e["dur"]
+        over, near = beside(other, ends, a, b)
         g = groups.setdefault((e["name"], e["cat"], at in probe_steps),
-                              [[], [], [], 0, [], [], [], []])
+                              [[], [], [], 0, [], [], [], [], 0])
         g[0].append(e["dur"])
-        wait = e["args"].get("wait_us")
         if over > TIE:
             g[2].append(e["dur"])
         elif not near:
             g[1].append(e["dur"])
         else:
             g[3] += 1
-        if wait is not None and (over > TIE or not near):
-            side = 1 if over > TIE else 0
-            g[4 + side].append(e["dur"] - min(wait, e["dur"]))
-            g[6 + side].append(min(wait, e["dur"]))
+        wait = e["args"].get("wait_us")
+        if wait is None:
+            continue
+        w = min(wait, e["dur"])
+        if over > TIE or not near:
+            g[7 if over > TIE else 6].append(w)
+        m_over, m_near = beside(other, ends, a + w, b)
+        if m_over > TIE or not m_near:
+            g[5 if m_over > TIE else 4].append(e["dur"] - w)
+        else:
+            g[8] += 1
 
     def same(got, durs):
         if not durs:
@@ -223,30 +236,38 @@ def check_contention(name, report, events):
 
 
 def check_net_of_wait(name, k, g):
-    """A communication kernel's net_of_wait, recomputed from its trace events that carry a
-    wait (g from check_contention): the isolated and overlapped means of each duration less
-    its wait, their ratio, and the mean waits of each side; null where no event has a
-    wait. Compute kernels have none. 1 when a net_of_wait was compared."""
+    """A communication kernel's waits split isolated / overlapped, and its net_of_wait,
+    recomputed from its trace events that carry a wait (g from check_contention): the
+    isolated and overlapped means of each duration less its wait (overlapped when compute
+    ran beside that moving part), their ratio; null where no event has a wait. Compute
+    kernels have none. 1 when a net_of_wait was compared."""
     net = k.get("net_of_wait", "absent")
-    if k["kind"] == "compute" or g[3]:
-        if k["kind"] == "compute" and net != "absent":
-            fail(f"{name}: compute kernel {k['name']} has a net_of_wait")
-        return 0
-    if not g[4] and not g[5]:
-        if net is not None:
-            fail(f"{name}: {k['name']}: net_of_wait {net}, but no trace event has a wait")
+    if k["kind"] == "compute":
+        if net != "absent" or k["wait_mean_us"] is not None:
+            fail(f"{name}: compute kernel {k['name']} has a net_of_wait or a wait")
         return 0
 
     def mean(xs):
         return sum(xs) / len(xs) if xs else None
 
+    def close(got, w):  # each event's duration and wait printed to 3 decimals
+        return (got is None) == (w is None) and (w is None or abs(got - w) <= 2e-3 + 1e-6 * w)
+
+    if g[3] == 0:
+        for key, w in (("wait_isolated_mean_us", mean(g[6])), ("wait_overlapped_mean_us", mean(g[7]))):
+            if not close(k[key], w):
+                fail(f"{name}: {k['name']}: {key} {k[key]}, the trace's waits give {w}")
+    if g[8]:
+        return 0
+    if not g[4] and not g[5]:
+        if net is not None:
+            fail(f"{name}: {k['name']}: net_of_wait {net}, but no trace event has a wait")
+        return 0
     want = {"n_isolated": len(g[4]), "n_overlapped": len(g[5]), "isolated_mean_us": mean(g[4]),
-            "overlapped_mean_us": mean(g[5]), "wait_isolated_mean_us": mean(g[6]),
-            "wait_overlapped_mean_us": mean(g[7])}
+            "overlapped_mean_us": mean(g[5])}
     for key, w in want.items():
         got = net.get(key) if isinstance(net, dict) else None
-        # each event's duration and wait printed to 3 decimals
-        if (got is None) != (w is None) or (w is not None and abs(got - w) > 2e-3 + 1e-6 * w):
+        if not close(got, w):
             fail(f"{name}: {k['name']}: net_of_wait {key} {got}, the trace's waits give {w}")
     iso, ovl, slow = net["isolated_mean_us"], net["overlapped_mean_us"], net["slowdown"]
     if iso and ovl and abs(slow - ovl / iso) > 1.01 * (0.5e-4 + slow * (0.5e-4 / ovl + 0.5e-4 / iso)):
