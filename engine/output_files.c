@@ -480,6 +480,11 @@ int output_whole_close(output_whole *o, char *why, size_t n) {
     return rc;
 }
 
+void output_whole_abandon(output_whole *o) {
+    fclose(o->f);
+    whole_free(o);
+}
+
 /* 1 when a and b name one file: one regular file's inode where both exist (two streams to
  * /dev/null or one terminal are fine); where neither does (both outputs yet to be made),
  * one directory and one name in it. */

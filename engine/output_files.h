@@ -70,6 +70,9 @@ int output_whole_hold(const char *path, char *why, size_t n);
 /* Flushes, checks and closes o->f and puts the file in place: 0, or -1 with why[n] (the
  * cause of a failed write: "No space left on device"), the temporary file removed. */
 int output_whole_close(output_whole *o, char *why, size_t n);
+/* Closes o->f and leaves the earlier file as it was (the temporary one removed): for a
+ * writing that cannot be completed (a gather that failed part way) */
+void output_whole_abandon(output_whole *o);
 
 /* A file a run names: key (e.g. "train.save") = path, and whether the run writes it. */
 typedef struct {

@@ -920,6 +920,69 @@ static void trace_text(text *t, int rank) {
     }
 }
 
+/* Where comm_gather_host's take puts each rank's trace events: straight into the file, so
+ * that rank 0 holds one rank's text at a time (up to the trace's cap, ~0.4 GB) and not
+ * every rank's (64 ranks at the cap are 25 GB). f NULL: received and dropped (the report
+ * could not be written). */
+typedef struct {
+    FILE *f;
+    int first; /* no event written yet */
+} trace_sink;
+
+static int put_trace_events(int rank, const void *bytes, size_t n, void *arg) {
+    trace_sink *s = arg;
+    const char *p = bytes;
+    (void)rank;
+    if (!s->f) return 0;
+    /* each event ends ",\n": the last of a rank's is followed by the next rank's, or by
+     * the end of the list, where JSON allows no comma */
+    if (n >= 2 && p[n - 2] == ',' && p[n - 1] == '\n') n -= 2;
+    if (n == 0) return 0;
+    watchdog_hold(watchdog_io_s((double)n)); /* the gather's beat after the take ends it */
+    if (!s->first && fputs(",\n", s->f) == EOF) return -1;
+    s->first = 0;
+    return fwrite(p, 1, n, s->f) == n ? 0 : -1;
+}
+
+/* Every rank's trace events (mine: this rank's) into path on rank 0, as they come, where
+ * `write` (rank 0's report went well); the file replaces an earlier one only once it is
+ * whole. Collective: every rank sends its events whether or not they are written. */
+static int write_trace(comm_group *world, const text *mine, const char *path, int write,
+                       char *err, size_t errlen) {
+    int root = !world || world->rank == 0, failed = 0;
+    trace_sink sink = {NULL, 1};
+    output_whole o;
+    char why[512];
+    if (root && write) {
+        watchdog_hold(watchdog_io_s((double)mine->n)); /* opening a FIFO waits for its reader */
+        if (output_whole_open(&o, path, why, sizeof why) != 0) {
+            snprintf(err, errlen, "profile.trace %s: cannot write: %s", path, why);
+            failed = 1;
+        } else {
+            sink.f = o.f;
+            fputs("{\"traceEvents\": [\n", o.f);
+        }
+    }
+    const char *bytes = mine->s ? mine->s : "";
+    int rc = world ? comm_gather_host(world, bytes, mine->n, put_trace_events, &sink)
+                   : put_trace_events(0, bytes, mine->n, &sink);
+    if (!root) return rc;
+    if (!sink.f) return failed ? -1 : rc;
+    if (rc != 0) { /* a write failed (its cause is in ferror), or a rank's events never came */
+        int disk = ferror(o.f);
+        output_whole_abandon(&o);
+        snprintf(err, errlen, "profile.trace %s: write failed: %s", path,
+                 disk ? "a write to the file failed" : "a rank's events did not arrive");
+        return -1;
+    }
+    fputs("\n], \"displayTimeUnit\": \"ms\"}\n", o.f);
+    if (output_whole_close(&o, why, sizeof why) != 0) {
+        snprintf(err, errlen, "profile.trace %s: write failed: %s", path, why);
+        return -1;
+    }
+    return 0;
+}
+
 /* Drops the ",\n" after the last element of a list built line by line. */
 static void close_list(char *s, size_t n) {
     if (n >= 2 && s[n - 2] == ',') {
@@ -945,11 +1008,9 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
     if (world && size > 1) comm_sum_doubles(world, counts, 5);
     /* every rank waits for rank 0 to take in, read and write all of it: not a hang */
     watchdog_hold(watchdog_io_s(counts[4]));
-    size_t ns, nk, nt = 0;
-    size_t nd;
-    char *steps = gather_text(world, &st, &ns), *kern = gather_text(world, &kt, &nk), *trace = NULL;
+    size_t ns, nk, nd;
+    char *steps = gather_text(world, &st, &ns), *kern = gather_text(world, &kt, &nk);
     char *dev = gather_text(world, &dt, &nd);
-    if (trace_path && trace_path[0]) trace = gather_text(world, &tt, &nt);
     long dropped = (long)counts[0], omitted = (long)counts[1];
     long untimed[2] = {(long)counts[2], (long)counts[3]};
     if (rank == 0) {
@@ -1030,25 +1091,23 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             free(kj.s);
             free(pj.s);
         }
-        if (rc == 0 && trace) {
-            close_list(trace, nt);
-            const char *parts[] = {"{\"traceEvents\": [\n", trace,
-                                   "], \"displayTimeUnit\": \"ms\"}\n", NULL};
-            rc = write_file(trace_path, "trace", parts, err, errlen);
-        }
         print_table(&mk, &pol, &probe, &work, size, dropped, omitted, untimed);
         print_device(d, ndev, k, n, pol.n);
         free(d);
         free_kernels(&mk);
     }
+    /* the trace last: the largest, and streamed to its file rank by rank */
     free(st.s);
     free(kt.s);
-    free(tt.s);
     free(dt.s);
     free(dev);
     free(steps);
     free(kern);
-    free(trace);
+    if (trace_path && trace_path[0]) {
+        int t = write_trace(world, &tt, trace_path, rc == 0, err, errlen);
+        if (rc == 0) rc = t;
+    }
+    free(tt.s);
     if (world && size > 1) rc = comm_max_int(world, rc != 0) ? -1 : 0;
     watchdog_beat(); /* rank 0 is done: the hold above ends here, not a disk's time later */
     return rc;
