@@ -207,7 +207,9 @@ static split_means means_of_split(const timing_split *x) {
     split_means m = {x->count ? x->sum_us / x->count : NAN,
                      x->n_isolated ? x->isolated_us / x->n_isolated : NAN,
                      x->n_overlapped ? x->overlapped_us / x->n_overlapped : NAN, NAN};
-    if (x->n_isolated && x->n_overlapped) m.slow = m.ovl / m.iso;
+    /* an isolated mean of 0 (net_of_wait: every isolated call waited all along, its wait
+     * clamped to its duration) has no ratio: null, not an inf that is no JSON */
+    if (x->n_isolated && x->n_overlapped && m.iso > 0) m.slow = m.ovl / m.iso;
     return m;
 }
 
@@ -234,9 +236,9 @@ static kernel_rates rates_of(const merged_kernel *x) {
                                                        : NAN};
 }
 
-/* v printed with fmt into buf[32], or `none` when v is NAN */
+/* v printed with fmt into buf[32], or `none` when v is NAN or infinite (JSON has neither) */
 static const char *num(char *buf, const char *fmt, double v, const char *none) {
-    if (isnan(v)) return none;
+    if (!isfinite(v)) return none;
     snprintf(buf, 32, fmt, v);
     return buf;
 }
@@ -258,13 +260,13 @@ static int by_total(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* bytes in decimal units into buf[32] */
-static const char *size_text(char *buf, double bytes) {
-    /* four digits: a layer's LayerNorm and the final one differ in the fourth */
-    if (bytes >= 1e9) snprintf(buf, 32, "%.4g GB", bytes / 1e9);
-    else if (bytes >= 1e6) snprintf(buf, 32, "%.4g MB", bytes / 1e6);
-    else if (bytes >= 1e3) snprintf(buf, 32, "%.4g KB", bytes / 1e3);
-    else snprintf(buf, 32, "%.0f B", bytes);
+/* bytes in decimal units, to `digits` significant digits, into buf[32] */
+static const char *size_text(char *buf, double bytes, int digits) {
+    /* past four, trailing zeros kept: "12.620 MB" beside "12.621 MB", not "12.62 MB" */
+    double v = bytes >= 1e9 ? bytes / 1e9 : bytes >= 1e6 ? bytes / 1e6 : bytes / 1e3;
+    const char *unit = bytes >= 1e9 ? "GB" : bytes >= 1e6 ? "MB" : "KB";
+    if (bytes < 1e3) snprintf(buf, 32, "%.0f B", bytes);
+    else snprintf(buf, 32, digits > 4 ? "%#.*g %s" : "%.*g %s", digits, v, unit);
     return buf;
 }
 
@@ -443,7 +445,7 @@ static const merged_kernel *probe_twin(const merged_kernel *k, int n, const merg
 
 /* "12.34", with a '*' when it comes from few instances (FEW_INSTANCES) */
 static const char *slowdown_text(char *buf, double slow, const timing_split *x) {
-    if (isnan(slow)) return "-";
+    if (!isfinite(slow)) return "-";
     snprintf(buf, 32, "%.2f%s", slow, few(x) ? "*" : "");
     return buf;
 }
@@ -458,8 +460,11 @@ static void print_row(const char *name, const char *kind, const merged_kernel *x
     double probe_mean = probe ? probe->s.sum_us / probe->s.count : NAN;
     char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], n[48], w[32];
     snprintf(n, sizeof n, "%ld/%ld", x->s.n_isolated, x->s.n_overlapped);
-    if (probe) snprintf(e, sizeof e, "%.2f%s", m.mean / probe_mean,
-                        probe->s.count < FEW_INSTANCES ? "*" : "");
+    if (probe && isfinite(m.mean / probe_mean))
+        snprintf(e, sizeof e, "%.2f%s", m.mean / probe_mean,
+                 probe->s.count < FEW_INSTANCES ? "*" : "");
+    else
+        probe = NULL; /* no ratio to give */
     printf("%-26s %-7s %8ld %11.2f %10.1f %8s %8s %13s %11s %11s %9s %9s %10s %8s %8s\n", name,
            kind, x->s.count, x->s.sum_us / 1e3, m.mean, num(f, "%.2f", r.tflops, "-"),
            num(g, "%.1f", x->kind == TK_COMM && !isnan(r.gbps_moving) ? r.gbps_moving : r.gbps, "-"),
@@ -479,10 +484,26 @@ static void print_size_rows(const merged_kernel *x, const merged_kernel *k, int 
     for (int i = 0; i < n; i++)
         if (same_kernel(&k[i], x) && (x->par < 0 || k[i].par == x->par)) sizes++;
     if (sizes < 2 || isnan(means_of_split(&x->s).slow)) return;
+    /* four digits, or as many more as it takes to tell x's sizes apart: a layer's
+     * LayerNorm gradient and the final one's differ by a few KB in tens of MB */
+    int digits = 4;
+    for (int clash = 1; clash && digits < 12;) {
+        clash = 0;
+        for (int i = 0; i < n && !clash; i++)
+            for (int j = i + 1; j < n && !clash; j++) {
+                if (!same_kernel(&k[i], x) || !same_kernel(&k[j], x) ||
+                    (x->par >= 0 && (k[i].par != x->par || k[j].par != x->par)))
+                    continue;
+                char si[32], sj[32];
+                clash = strcmp(size_text(si, k[i].call_bytes, digits),
+                               size_text(sj, k[j].call_bytes, digits)) == 0;
+            }
+        if (clash) digits++;
+    }
     for (int i = 0; i < n && shown < SHOWN; i++) {
         if (!same_kernel(&k[i], x) || (x->par >= 0 && k[i].par != x->par)) continue;
         char name[64], sz[32];
-        snprintf(name, sizeof name, "%s%s", indent, size_text(sz, k[i].call_bytes));
+        snprintf(name, sizeof name, "%s%s", indent, size_text(sz, k[i].call_bytes, digits));
         print_row(name, "", &k[i], NULL);
         shown++;
     }
@@ -834,7 +855,7 @@ static void put_by_size(text *t, const merged_kernel *x, const merged_kernel *k,
         put(t, ", ");
         put_means(t, &k[i].s);
         put(t, ", \"total_us_per_step\": %.4f", rows ? k[i].s.sum_us / rows : 0.0);
-        if (x->kind == TK_COMM) put_waits(t, &k[i]);
+        put_waits(t, &k[i]); /* null for compute, as on the kernel entry */
         put_net_of_wait(t, &k[i]);
         put(t, "}");
         first = 0;
