@@ -38,6 +38,7 @@ TIE = 0.0025  # us: a printed start this near a printed end may be either side o
 STDOUT = {}  # run name: what it printed
 CONTENTION = {}  # run name: kernels whose isolated / overlapped split was checked
 SIZED = {}  # run name: kernels whose calls differ in size (by_size checked)
+TABLE_SIZES = {}  # run name: the table's rows of one size of an op (checked against by_size)
 
 
 def timed(name, ranks, extra, env=None):
@@ -58,6 +59,7 @@ def timed(name, ranks, extra, env=None):
     CONTENTION[name] = check_contention(name, report, trace["traceEvents"])
     SHARED[name] = check_by_parallelism(name, report, trace["traceEvents"])
     SIZED[name] = check_by_size(name, report, trace["traceEvents"])
+    TABLE_SIZES[name] = check_table(name, report)
     if ranks > 1:
         layout = {k: int(v) for k, v in re.findall(r"--parallel\.(tp|pp)=(\d+)", " ".join(extra))}
         check_waits(name, report, trace["traceEvents"], ranks, layout.get("tp", 1),
@@ -97,6 +99,63 @@ def check_by_parallelism(name, report, events):
             if len(got) > 1:
                 shared.add(k["name"])
     return shared
+
+
+def check_table(name, report):
+    """The table on stdout says what the report's kernels say: each op's row its count, its
+    isolated / overlapped counts, its slowdown and a communication op's net of waits, each
+    marked '*' from fewer than 10 instances; the rows of each size under an op name
+    distinct sizes and hold the report's by_size counts. Returns how many size rows."""
+    lines = STDOUT[name].splitlines()
+    try:
+        at = next(i for i, ln in enumerate(lines) if ln.startswith("kernel ") and "n iso/ovl" in ln)
+    except StopIteration:
+        fail(f"{name}: no table header with an n iso/ovl column")
+    kernels = {k["name"]: k for k in report["kernels"]}
+
+    def slow(v):
+        if v is None or v["slowdown"] is None:
+            return "-"
+        return f"{v['slowdown']:.2f}{'*' if min(v['n_isolated'], v['n_overlapped']) < 10 else ''}"
+
+    top, sized, labels = None, 0, {}
+    for ln in lines[at + 1:]:
+        tok = ln.split()
+        if "more sizes in the report's by_size" in ln:
+            continue
+        if len(tok) < 14 or ln.startswith(("per step", "(no kernel")):
+            break
+        head, cols = tok[:-13], tok[-13:]
+        if ln.startswith("  [") or not ln.startswith(" "):  # an op, or one parallelism of it
+            labels = {}
+            if not ln.startswith(" "):
+                top = kernels.get(head[0])
+                if top is None or head[-1] not in ("compute", "comm"):
+                    fail(f"{name}: table row {ln!r}: no such kernel in the report")
+                par = head[1].strip("[]") if len(head) == 3 else None
+                v = top if par is None or len(top.get("by_parallelism", {})) < 2 else None
+            else:
+                par = head[0].strip("[]")
+                v = None
+            if v is None and par is not None:
+                v = top["by_parallelism"][par]
+            want = [str(v["count"]), f"{v['n_isolated']}/{v['n_overlapped']}", slow(v),
+                    slow(v.get("net_of_wait"))]
+            got = [cols[0], cols[5], cols[8], cols[9]]
+            if got != want:
+                fail(f"{name}: table row {ln!r}: count, n iso/ovl, slowdown, excl wait {got}, "
+                     f"the report gives {want}")
+            continue
+        label = " ".join(head)  # a size row under the op (or its parallelism)
+        if label in labels:
+            fail(f"{name}: two size rows of {top['name']} labelled {label!r}")
+        sizes = [r for r in top.get("by_size", []) if r["count"] == int(cols[0]) and
+                 f"{r['n_isolated']}/{r['n_overlapped']}" == cols[5]]
+        if not sizes:
+            fail(f"{name}: size row {ln!r} of {top['name']}: no by_size entry of its counts")
+        labels[label] = 1
+        sized += 1
+    return sized
 
 
 def check_by_size(name, report, events):
@@ -995,10 +1054,13 @@ def main():
     # the final LayerNorm's gradient differs in size from a layer's (no residual)
     if SIZED["single"] < 1:
         fail("single: no kernel with calls of several sizes: by_size went unchecked")
+    if sum(TABLE_SIZES.values()) < 2:
+        fail(f"the tables' size rows: {TABLE_SIZES}, none checked")
     print(f"ok   isolated / overlapped means and slowdowns as the trace's instances give them "
           f"(kernels with both sets, left undecided by the printed times, comm kernels net of "
           f"waits): {', '.join(f'{k} {v[0]}, {v[1]}, {v[2]}' for k, v in CONTENTION.items())}; "
-          f"kernels of several sizes: {', '.join(f'{k} {v}' for k, v in SIZED.items())}")
+          f"kernels of several sizes: {', '.join(f'{k} {v}' for k, v in SIZED.items())}; "
+          f"the tables' size rows: {', '.join(f'{k} {v}' for k, v in TABLE_SIZES.items())}")
     # contention probe: every 2nd step serialized, same math, its own baseline statistics
     _, rep, met = timed("probe", 2, ["--parallel.dp=2", "--overlap.dp=bucket",
                                      "--profile.contention_probe=2"])
