@@ -66,7 +66,7 @@ static struct {
     long step;
     int probe;
     int warmup; /* steps of the run left out of the kernel statistics */
-    double step_start_ms;
+    double step_start_ms, stop_ms; /* the step's span: timing_begin_step, timing_stop_clock */
     timing_record *rec;        /* [capacity] this step's records */
     int32_t *ops;              /* [capacity] device timer handle of rec, or -1 (host times) */
     size_t capacity;
@@ -322,7 +322,10 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
 void timing_set_warmup(int n) { T.warmup = n > 0 ? n : 0; }
 int timing_warmup(void) { return T.warmup; }
 
+void timing_stop_clock(double at_ms) { T.stop_ms = at_ms; }
+
 void timing_begin_step(long step, int probe) {
+    T.stop_ms = 0;
     T.step = step;
     T.probe = probe;
     T.n_pieces = 0;
@@ -481,9 +484,10 @@ void timing_note_power(double energy_j, double power_w, double sm_clock_mhz) {
 
 void timing_end_step(double iter_ms) {
     if (!T.on) return;
-    /* before the analysis: sorting a large step's records takes milliseconds, which the
-     * trace's span of the step would show as a step longer than its iter_ms */
-    double end_ms = timing_now_ms();
+    /* where the step's clock stopped (timing_stop_clock), or now, before the analysis:
+     * reading a device's times and sorting a large step's records take milliseconds, which
+     * the trace's span of the step would show as a step longer than its iter_ms */
+    double end_ms = T.stop_ms > T.step_start_ms ? T.stop_ms : timing_now_ms();
     size_t n = atomic_load(&T.n);
     if (n > T.capacity) n = T.capacity;
     size_t nc = union_of(T.rec, n, TK_COMPUTE, -1, T.merged_comp);

@@ -122,6 +122,10 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
 /* probe: this step runs with every overlap policy forced to none (the contention probe),
  * and its kernels go to separate statistics: the serialized baseline. */
 void timing_begin_step(long step, int probe);
+/* The step's clock stopped at at_ms (timing_now_ms): the end of its span in the trace,
+ * where the reading of a device's times that follows does not belong. Optional: without
+ * it the span ends at timing_end_step. */
+void timing_stop_clock(double at_ms);
 /* Closes the step: iter_ms is its wall time. Analyses its records (outside the step). */
 void timing_end_step(double iter_ms);
 /* The run's first n steps (counted from its first timing_begin_step, so a resumed run

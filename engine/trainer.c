@@ -349,7 +349,8 @@ static void settle_step(run_state *r, int kernel_timing) {
 static double close_step(run_state *r, int kernel_timing, double t0, power_sample *pw) {
     const gptc_backend *be = r->model.be;
     settle_step(r, kernel_timing);
-    double ms = timing_now_ms() - t0;
+    double t1 = timing_now_ms(), ms = t1 - t0;
+    timing_stop_clock(t1);
     nvtx_pop();
     if (kernel_timing && be->timer_read) timing_resolve_device(be->timer_read, be->timer_piece);
     timing_end_step(ms);
@@ -700,9 +701,12 @@ static void announce(const run_state *r) {
                  100.0 * pp_span_bubble(c->virtual_stages, r->bp.n_micro, r->ppc.span));
     if (g->tp > 1 && r->tpc.chunks > 1) { /* the pieces the report's TP rows are counts of */
         int rows = r->bp.mb * r->bp.T, pieces = tp_pieces(&r->tpc, rows);
+        char each[32]; /* uneven pieces differ by a row */
+        if (rows % pieces) snprintf(each, sizeof each, "%d-%d", rows / pieces, rows / pieces + 1);
+        else snprintf(each, sizeof each, "%d", rows / pieces);
         if (pieces > 1)
             log_info("tensor parallel: overlap.tp = chunked, each TP product and its collective "
-                     "in %d pieces of ~%d rows%s\n", pieces, rows / pieces,
+                     "in %d pieces of %s rows%s\n", pieces, each,
                      c->sequence_parallel ? " (sequence parallel: each rank's rows in "
                                             "overlap.tp_chunks)" : "");
         else
