@@ -948,6 +948,7 @@ static void trace_text(text *t, int rank) {
 typedef struct {
     FILE *f;
     int first; /* no event written yet */
+    int error; /* errno of the write that failed, or 0 */
 } trace_sink;
 
 static int put_trace_events(int rank, const void *bytes, size_t n, void *arg) {
@@ -960,9 +961,13 @@ static int put_trace_events(int rank, const void *bytes, size_t n, void *arg) {
     if (n >= 2 && p[n - 2] == ',' && p[n - 1] == '\n') n -= 2;
     if (n == 0) return 0;
     watchdog_hold(watchdog_io_s((double)n)); /* the gather's beat after the take ends it */
-    if (!s->first && fputs(",\n", s->f) == EOF) return -1;
+    errno = 0;
+    if ((!s->first && fputs(",\n", s->f) == EOF) || fwrite(p, 1, n, s->f) != n) {
+        s->error = errno ? errno : EIO;
+        return -1;
+    }
     s->first = 0;
-    return fwrite(p, 1, n, s->f) == n ? 0 : -1;
+    return 0;
 }
 
 /* Every rank's trace events (mine: this rank's) into path on rank 0, as they come, where
@@ -971,7 +976,7 @@ static int put_trace_events(int rank, const void *bytes, size_t n, void *arg) {
 static int write_trace(comm_group *world, const text *mine, const char *path, int write,
                        char *err, size_t errlen) {
     int root = !world || world->rank == 0, failed = 0;
-    trace_sink sink = {NULL, 1};
+    trace_sink sink = {NULL, 1, 0};
     output_whole o;
     char why[512];
     if (root && write) {
@@ -989,11 +994,10 @@ static int write_trace(comm_group *world, const text *mine, const char *path, in
                    : put_trace_events(0, bytes, mine->n, &sink);
     if (!root) return rc;
     if (!sink.f) return failed ? -1 : rc;
-    if (rc != 0) { /* a write failed (its cause is in ferror), or a rank's events never came */
-        int disk = ferror(o.f);
+    if (rc != 0) { /* a write failed, or a rank's events never came */
         output_whole_abandon(&o);
         snprintf(err, errlen, "profile.trace %s: write failed: %s", path,
-                 disk ? "a write to the file failed" : "a rank's events did not arrive");
+                 sink.error ? strerror(sink.error) : "a rank's events did not arrive");
         return -1;
     }
     fputs("\n], \"displayTimeUnit\": \"ms\"}\n", o.f);

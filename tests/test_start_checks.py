@@ -355,6 +355,21 @@ def check_outputs(a):
             "2 step line(s) could not be written" not in warned[1]:
         fail(f"metrics to /dev/full: exit {r.returncode}, warnings {warned}\n{r.stderr[-800:]}")
     print(f"ok   metrics to /dev/full: {warned[0]}")
+    # a trace that cannot be written (streamed rank by rank to its file): every rank exits
+    # nonzero, one error names the key and the cause, the report before it is whole
+    r = run_train([f"{a}/cfg.ini", "--parallel.dp=2", "--train.log_file=", "--profile.timing=kernel",
+                   f"--profile.report={a}/full.report.json", "--profile.trace=/dev/full"],
+                  np_ranks=2, timeout=90)
+    said = [x for x in r.stderr.splitlines() if x.startswith("gptc: error:")]
+    try:
+        whole = len(json.load(open(f"{a}/full.report.json"))["steps"]) > 0
+    except (OSError, ValueError, KeyError):
+        whole = False
+    if r.returncode == 0 or len(said) != 1 or "profile.trace /dev/full: write failed: No space" \
+            not in said[0] or not whole:
+        fail(f"trace to /dev/full: exit {r.returncode}, errors {said}, report whole {whole}\n"
+             f"{r.stderr[-800:]}")
+    print(f"ok   trace to /dev/full: {said[0]}")
     check_stdout_file(a)
 
 
