@@ -474,6 +474,11 @@ static void print_row(const char *name, const char *kind, const merged_kernel *x
            num(h, "%.0f%%", m.mean > 0 ? 100.0 * wait / m.mean : NAN, "-"));
 }
 
+/* Is s (at the BY_SIZE level) calls of one size of x (one name, and par unless it is -1)? */
+static int size_of(const merged_kernel *s, const merged_kernel *x) {
+    return same_kernel(s, x) && (x->par < 0 || s->par == x->par);
+}
+
 /* The rows of x's calls of each size (k: the merged kernels' BY_SIZE level), named
  * `indent` and the size, where x (one name, and par unless it is -1) ran calls of several
  * sizes and has a slowdown: it mixes the sizes of its isolated and overlapped calls. */
@@ -481,8 +486,7 @@ static void print_size_rows(const merged_kernel *x, const merged_kernel *k, int 
                             const char *indent) {
     enum { SHOWN = 6 };
     int sizes = 0, shown = 0;
-    for (int i = 0; i < n; i++)
-        if (same_kernel(&k[i], x) && (x->par < 0 || k[i].par == x->par)) sizes++;
+    for (int i = 0; i < n; i++) sizes += size_of(&k[i], x);
     if (sizes < 2 || isnan(means_of_split(&x->s).slow)) return;
     /* four digits, or as many more as it takes to tell x's sizes apart: a layer's
      * LayerNorm gradient and the final one's differ by a few KB in tens of MB */
@@ -491,9 +495,7 @@ static void print_size_rows(const merged_kernel *x, const merged_kernel *k, int 
         clash = 0;
         for (int i = 0; i < n && !clash; i++)
             for (int j = i + 1; j < n && !clash; j++) {
-                if (!same_kernel(&k[i], x) || !same_kernel(&k[j], x) ||
-                    (x->par >= 0 && (k[i].par != x->par || k[j].par != x->par)))
-                    continue;
+                if (!size_of(&k[i], x) || !size_of(&k[j], x)) continue;
                 char si[32], sj[32];
                 clash = strcmp(size_text(si, k[i].call_bytes, digits),
                                size_text(sj, k[j].call_bytes, digits)) == 0;
@@ -501,7 +503,7 @@ static void print_size_rows(const merged_kernel *x, const merged_kernel *k, int 
         if (clash) digits++;
     }
     for (int i = 0; i < n && shown < SHOWN; i++) {
-        if (!same_kernel(&k[i], x) || (x->par >= 0 && k[i].par != x->par)) continue;
+        if (!size_of(&k[i], x)) continue;
         char name[64], sz[32];
         snprintf(name, sizeof name, "%s%s", indent, size_text(sz, k[i].call_bytes, digits));
         print_row(name, "", &k[i], NULL);
