@@ -101,6 +101,13 @@ def check_by_parallelism(name, report, events):
     return shared
 
 
+def same_slowdown(got, want):
+    """two slowdowns as the table prints them ("1.78*", "-") within the last digit's rounding"""
+    if got == "-" or want == "-" or got.endswith("*") != want.endswith("*"):
+        return got == want
+    return abs(float(got.rstrip("*")) - float(want.rstrip("*"))) <= 0.0101
+
+
 def check_table(name, report):
     """The table on stdout says what the report's kernels say: each op's row its count, its
     isolated / overlapped counts, its slowdown and a communication op's net of waits, each
@@ -142,6 +149,10 @@ def check_table(name, report):
             want = [str(v["count"]), f"{v['n_isolated']}/{v['n_overlapped']}", slow(v),
                     slow(v.get("net_of_wait"))]
             got = [cols[0], cols[5], cols[8], cols[9]]
+            # the table rounds the slowdown to 2 decimals, the JSON to 4 and then the test
+            # to 2: 1.77503 is 1.78 in one and 1.7750 -> 1.77 in the other
+            if all(same_slowdown(g, w) for g, w in zip(got[2:], want[2:])):
+                got[2:] = want[2:]
             if got != want:
                 fail(f"{name}: table row {ln!r}: count, n iso/ovl, slowdown, excl wait {got}, "
                      f"the report gives {want}")
