@@ -704,11 +704,13 @@ static void announce(const run_state *r) {
         char each[32]; /* uneven pieces differ by a row */
         if (rows % pieces) snprintf(each, sizeof each, "%d-%d", rows / pieces, rows / pieces + 1);
         else snprintf(each, sizeof each, "%d", rows / pieces);
+        char sp[96] = ""; /* with sequence parallelism each rank's rows are cut */
+        if (c->sequence_parallel)
+            snprintf(sp, sizeof sp, " (sequence parallel: %d tp ranks x %d tp_chunks)", g->tp,
+                     c->tp_chunks);
         if (pieces > 1)
             log_info("tensor parallel: overlap.tp = chunked, each TP product and its collective "
-                     "in %d pieces of %s rows%s\n", pieces, each,
-                     c->sequence_parallel ? " (sequence parallel: each rank's rows in "
-                                            "overlap.tp_chunks)" : "");
+                     "in %d pieces of %s row(s)%s\n", pieces, each, sp);
         else
             log_warn("overlap.tp = chunked has no effect: %d rows (tokens) a micro-batch%s, "
                      "fewer than overlap.tp_chunks = %d",
