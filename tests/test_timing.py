@@ -780,6 +780,27 @@ def check_compare_outlier(tool, real):
             "--profile.warmup=2" not in warns[0]:
         fail(f"compare_reports, A with a 10x step 2: warnings {warns}, want one starting "
              f"{want_warn!r} and advising --profile.warmup=2")
+    # B calls qkv_fwd twice as often a step, each half as long (chunked TP's pieces): no
+    # ratio of the means, which would read as a speed-up; attn_proj_fwd's calls alike
+    b = json.load(open(f"{D}/outlier-b.report.json"))
+    for k in b["kernels"]:
+        if k["name"] == "qkv_fwd":
+            k["count"], k["mean_us"] = 2 * k["count"], k["mean_us"] / 2
+    with open(f"{D}/outlier-b.report.json", "w") as f:
+        json.dump(b, f)
+    r = subprocess.run([sys.executable, tool, f"{D}/outlier-a.report.json",
+                        f"{D}/outlier-b.report.json", "--top", "100"], capture_output=True,
+                       text=True)
+    rows = {ln.split("|")[1].strip(): ln.split("|")[7].strip() for ln in r.stdout.splitlines()
+            if ln.startswith("| ") and ln.count("|") == 10}
+    if rows.get("qkv_fwd") != "calls differ" or rows.get("attn_proj_fwd") != "1.000":
+        fail(f"compare_reports: qkv_fwd called twice as often in B: B / A {rows.get('qkv_fwd')!r} "
+             f"(want 'calls differ'), attn_proj_fwd {rows.get('attn_proj_fwd')!r} (want 1.000)")
+    # a report against itself: the middle halves overlap, no winner named
+    r = subprocess.run([sys.executable, tool, f"{D}/outlier-a.report.json",
+                        f"{D}/outlier-a.report.json"], capture_output=True, text=True)
+    if "by median iter: 1.000 (no clear difference)" not in r.stdout:
+        fail(f"compare_reports, a report against itself: {r.stdout[-600:]}")
     # a report without step rows: the rows and lines of the spread are left out, no more
     del rep["steps"]
     with open(f"{D}/outlier-b.report.json", "w") as f:
@@ -837,8 +858,12 @@ def check_compare_reports(a, b):
         if n and n["slowdown"] is not None:
             t += f" ({n['slowdown']:.2f}{'*' if min(n['n_isolated'], n['n_overlapped']) < 10 else ''} excl wait)"
         return t
-    shown = [slow_text(next(k for k in x["kernels"] if k["name"] == "allreduce")
-                       ["by_parallelism"]["dp"]) for x in (ra, rb)]
+    def dp_slow_text(rep):  # "(mixes sizes)" where the dp buckets differ in size
+        k = next(k for k in rep["kernels"] if k["name"] == "allreduce")
+        t = slow_text(k["by_parallelism"]["dp"])
+        sizes = [r for r in k.get("by_size") or [] if r["parallelism"] == "dp"]
+        return t + " (mixes sizes)" if t and len(sizes) > 1 else t
+    shown = [dp_slow_text(x) for x in (ra, rb)]
     if rows.get("allreduce [dp]", [])[-2:] != shown or "excl wait" not in shown[1]:
         fail(f"compare_reports: allreduce [dp] slowdowns {rows.get('allreduce [dp]', [])[-2:]}, "
              f"the reports give {shown} (bucket's with a slowdown net of the waits)")

@@ -11,15 +11,17 @@ flight, each parallelism's exposed communication (and its waiting), and the prod
 beside the mean iter, the median and the middle half (p25-p75) of the iter times of the
 report's "steps" rows that make the means (every rank's, probes and warm-up steps left
 out). Under the table a verdict by the medians, B / A, and whether the two middle halves
-overlap (a difference within the step-to-step spread) or not; and a warning for a report
-whose mean is more than 1.5x its median or whose first policy step took more than 3x it,
-naming the slow steps (a first step's warm-up: rerun with --profile.warmup). A report
-without step rows gets none of these.
+overlap (then "no clear difference": within the step-to-step spread) or not; and a
+warning for a report whose mean is more than 1.5x its median or with a policy step over
+3x it, naming the slow steps (a first step's warm-up: rerun with --profile.warmup). A
+report without step rows gets none of these.
 Then the ops, the N (default 25) whose time per step changed the most first: time per
-step, mean per call, the ratio B / A, and each run's slowdown beside communication (the
-report's overlapped over isolated mean; '*' from fewer than 10 instances on either side;
-for a communication op also net of its waits for other ranks, "excl wait", where the
-report has it). A communication op that several parallelisms run
+step, mean per call, the ratio B / A of the means ("calls differ" where the runs call the
+op a different number of times a step: chunked TP's pieces are smaller calls), and each
+run's slowdown beside communication (the report's overlapped over isolated mean; '*' from
+fewer than 10 instances on either side; for a communication op also net of its waits for
+other ranks, "excl wait", where the report has it; "(mixes sizes)" over calls of several
+sizes, which the report's table splits). A communication op that several parallelisms run
 (a tp and a dp all-reduce) is a row per parallelism, as in the report's table. Where both
 reports have device kernels (CUPTI), last the kernels behind the ops the same way: each
 (op, kernel) pair's time per step and mean, the largest change first.
@@ -66,19 +68,27 @@ def slowdown(v):
     return text
 
 
+def mixes_sizes(k, par=None):
+    """does kernel k (of parallelism par) run calls of more than one size (its by_size)?"""
+    return len([r for r in k.get("by_size") or [] if par is None or r.get("parallelism") == par]) > 1
+
+
 def ops(report):
-    """{row name: (us per step, mean us, slowdown text)} over the policy steps: a compute op
-    by its name, a communication op by name and parallelism"""
+    """{row name: (us per step, mean us, slowdown text, calls per step)} over the policy
+    steps: a compute op by its name, a communication op by name and parallelism. A slowdown
+    over calls of several sizes says so: it measures the sizes as well as the contention
+    (the report's table has a row per size)"""
     rows = report["overlap"]["policy_steps"] or 1
     out = {}
     for k in report["kernels"]:
         parts = k.get("by_parallelism") or {}
-        if k["kind"] == "comm" and parts:
-            for par, v in parts.items():
-                out[f"{k['name']} [{par}]"] = (v["count"] * v["mean_us"] / rows, v["mean_us"],
-                                               slowdown(v))
-        else:
-            out[k["name"]] = (k["count"] * k["mean_us"] / rows, k["mean_us"], slowdown(k))
+        items = [(f"{k['name']} [{par}]", v, par) for par, v in parts.items()] \
+            if k["kind"] == "comm" and parts else [(k["name"], k, None)]
+        for name, v, par in items:
+            slow = slowdown(v)
+            if slow and mixes_sizes(k, par):
+                slow += " (mixes sizes)"
+            out[name] = (v["count"] * v["mean_us"] / rows, v["mean_us"], slow, v["count"] / rows)
     return out
 
 
@@ -100,6 +110,17 @@ def change(x, y):
 
 def num(x, spec):
     return "" if x is None else format(x, spec)
+
+
+def mean_ratio(x, y):
+    """B's mean per call over A's, where both ran the op as often a step: a policy that cuts
+    an op into pieces (overlap.tp = chunked) has smaller calls, and their ratio would read
+    as a speed-up ("calls differ": compare the time per step)"""
+    if not x or not y:
+        return ""
+    if abs(x[3] - y[3]) > 1e-9 * max(x[3], y[3]):
+        return "calls differ"
+    return num(ratio(x[1], y[1]), ".3f")
 
 
 def ratio(a, b):
@@ -153,14 +174,17 @@ def verdict(sa, sb, na, nb):
     if not sa or not sb or not sa["median"]:
         return None
     r = sb["median"] / sa["median"]
-    how = f"{nb} slower" if r > 1 else f"{nb} faster" if r < 1 else "the same"
+    apart = not (sa["p25"] <= sb["p75"] and sb["p25"] <= sa["p75"])
+    # a winner only where the middle halves are apart: within the spread, no clear difference
+    how = (f"{nb} slower" if r > 1 else f"{nb} faster" if r < 1 else "the same") if apart \
+        else "no clear difference"
     # medians: one slow step (a warm-up, another job on the machine) moves a mean, not them
     line = (f"{nb} / {na} by median iter: {r:.3f} ({how}); the middle halves (p25-p75) of the "
             f"two runs' steps ")
-    if sa["p25"] <= sb["p75"] and sb["p25"] <= sa["p75"]:
-        line += "overlap: the difference is within the step-to-step spread"
-    else:
+    if apart:
         line += "do not overlap"
+    else:
+        line += "overlap: the difference is within the step-to-step spread"
     # the ranks of one step wait for each other: the steps, not the rows, are the samples
     n = (len(sa["steps"]), len(sb["steps"]))
     if min(n) < 5:
@@ -170,12 +194,12 @@ def verdict(sa, sb, na, nb):
 
 def warning(s, name, report):
     """a line naming the steps that pull the report's mean iter far above its median (mean
-    over 1.5x the median, or a first policy step over 3x it); None where none do"""
+    over 1.5x the median, or any policy step over 3x it, as the run's own table names
+    them); None where none do"""
     if not s:
         return None
     med, steps = s["median"], s["steps"]
-    first = next(iter(steps))
-    if not (s["mean"] > 1.5 * med or steps[first] > 3 * med):
+    if not (s["mean"] > 1.5 * med or max(steps.values()) > 3 * med):
         return None
     slow = [k for k, t in steps.items() if t > 3 * med] or \
         [k for k, t in steps.items() if t > 1.5 * med]
@@ -284,7 +308,7 @@ def main():
         print(f"| {n} | {num(x and x[0], '.1f')} | {num(y and y[0], '.1f')} | "
               f"{change(x, y):+.1f} | "
               f"{num(x and x[1], '.2f')} | {num(y and y[1], '.2f')} | "
-              f"{num(ratio(x and x[1], y and y[1]), '.3f')} | {(x and x[2]) or ''} | "
+              f"{mean_ratio(x, y)} | {(x and x[2]) or ''} | "
               f"{(y and y[2]) or ''} |")
     if pairs:
         print(f"\nDevice kernels behind the ops (CUPTI), the largest change in time per step "
