@@ -462,8 +462,8 @@ static void print_row(const char *name, const char *kind, const merged_kernel *x
                       const merged_kernel *probe) {
     split_means m = means_of_split(&x->s), mv = means_of_split(&x->moving);
     kernel_rates r = rates_of(x);
-    double wait = x->wait.count ? x->wait.sum_us / x->wait.count : NAN;
-    double probe_mean = probe ? probe->s.sum_us / probe->s.count : NAN;
+    double wait = means_of_split(&x->wait).mean;
+    double probe_mean = probe ? means_of_split(&probe->s).mean : NAN;
     char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], n[48], w[32];
     snprintf(n, sizeof n, "%ld/%ld", x->s.n_isolated, x->s.n_overlapped);
     if (probe && isfinite(m.mean / probe_mean))
@@ -836,7 +836,7 @@ static void kernels_text(text *t) {
  * none does: compute, one rank): how much of an overlapped comm op's slowdown is waiting */
 static void put_waits(text *t, const merged_kernel *x) {
     split_means w = means_of_split(&x->wait);
-    put_number(t, "wait_mean_us", x->wait.count ? w.mean : NAN, 4);
+    put_number(t, "wait_mean_us", w.mean, 4);
     put_number(t, "wait_isolated_mean_us", w.iso, 4);
     put_number(t, "wait_overlapped_mean_us", w.ovl, 4);
 }
@@ -861,11 +861,11 @@ static void put_net_of_wait(text *t, const merged_kernel *x) {
  * calls of more than one size */
 static void put_by_size(text *t, const merged_kernel *x, const merged_kernel *k, int n, long rows) {
     int sizes = 0;
-    for (int i = 0; i < n; i++) sizes += same_kernel(&k[i], x);
+    for (int i = 0; i < n; i++) sizes += size_of(&k[i], x);
     if (sizes < 2) return;
     put(t, ", \"by_size\": [");
     for (int i = 0, first = 1; i < n; i++) {
-        if (!same_kernel(&k[i], x)) continue;
+        if (!size_of(&k[i], x)) continue;
         put(t, "%s{\"bytes_per_call\": %.17g", first ? "" : ", ", k[i].call_bytes);
         if (x->kind == TK_COMM) put(t, ", \"parallelism\": \"%s\"", timing_par_name(k[i].par));
         put(t, ", ");
@@ -880,10 +880,12 @@ static void put_by_size(text *t, const merged_kernel *x, const merged_kernel *k,
 }
 
 /* One kernel of the report's "kernels" (or "probe_kernels"): x at the BY_NAME level, its
- * parallelisms' and sizes' rows from m; rows: the step rows its time per step is over */
+ * parallelisms' and sizes' rows from m; rows: the step rows its time per step is over;
+ * probe: its twin in the contention probe's steps, or NULL */
 static void kernel_json(text *t, const merged_kernel *x, const merged_kernels *m, long rows,
-                        double probe_mean) {
+                        const merged_kernel *probe) {
     split_means mm = means_of_split(&x->s);
+    double probe_mean = probe ? means_of_split(&probe->s).mean : NAN;
     char a[32], b[32];
     put(t, "    {\"name\": \"%s\", \"kind\": \"%s\", ", x->name, timing_kind_name(x->kind));
     put_means(t, &x->s);
@@ -921,8 +923,8 @@ static void trace_text(text *t, int rank) {
             rank, s, streams[s]);
     /* Each step is an async span (a "b" / "e" pair, an id local to the rank), so Perfetto
      * draws it on a track of its own: the contract's complete ("X") events are the timed
-     * records alone, each of category compute or comm. */
-    /* A warm-up or probe step says so in its name: it is not a step of the policies */
+     * records alone, each of category compute or comm. A warm-up or probe step says so in
+     * its name: it is not a step of the policies. */
     const timing_step_summary *st = timing_steps();
     for (int i = 0; i < timing_n_steps(); i++) {
         const char *what = st[i].warmup ? " (warm-up)" : st[i].probe ? " (probe)" : "";
@@ -1072,8 +1074,7 @@ int report_write(comm_group *world, const char *report_path, const char *trace_p
             text kj = {0}, pj = {0};
             for (int i = 0; i < n; i++) {
                 const merged_kernel *t = k[i].probe ? NULL : probe_twin(k, n, &k[i]);
-                kernel_json(k[i].probe ? &pj : &kj, &k[i], &mk, k[i].probe ? probe.n : pol.n,
-                            t ? t->s.sum_us / t->s.count : NAN);
+                kernel_json(k[i].probe ? &pj : &kj, &k[i], &mk, k[i].probe ? probe.n : pol.n, t);
             }
             close_list(steps, ns);
             if (kj.s) close_list(kj.s, kj.n);

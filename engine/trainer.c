@@ -701,17 +701,17 @@ static void announce(const run_state *r) {
                  100.0 * pp_span_bubble(c->virtual_stages, r->bp.n_micro, r->ppc.span));
     if (g->tp > 1 && r->tpc.chunks > 1) { /* the pieces the report's TP rows are counts of */
         int rows = r->bp.mb * r->bp.T, pieces = tp_pieces(&r->tpc, rows);
-        char each[32]; /* uneven pieces differ by a row */
-        if (rows % pieces) snprintf(each, sizeof each, "%d-%d", rows / pieces, rows / pieces + 1);
-        else snprintf(each, sizeof each, "%d", rows / pieces);
-        char sp[96] = ""; /* with sequence parallelism each rank's rows are cut */
-        if (c->sequence_parallel)
-            snprintf(sp, sizeof sp, " (sequence parallel: %d tp ranks x %d tp_chunks)", g->tp,
-                     c->tp_chunks);
-        if (pieces > 1)
+        if (pieces > 1) {
+            char each[32]; /* uneven pieces differ by a row */
+            if (rows % pieces) snprintf(each, sizeof each, "%d-%d", rows / pieces, rows / pieces + 1);
+            else snprintf(each, sizeof each, "%d", rows / pieces);
+            char sp[96] = ""; /* with sequence parallelism each rank's rows are cut */
+            if (c->sequence_parallel)
+                snprintf(sp, sizeof sp, " (sequence parallel: %d tp ranks x %d tp_chunks)",
+                         g->tp, c->tp_chunks);
             log_info("tensor parallel: overlap.tp = chunked, each TP product and its collective "
                      "in %d pieces of %s row(s)%s\n", pieces, each, sp);
-        else
+        } else
             log_warn("overlap.tp = chunked has no effect: %d rows (tokens) a micro-batch%s, "
                      "fewer than overlap.tp_chunks = %d",
                      c->sequence_parallel ? rows / g->tp : rows,

@@ -53,19 +53,22 @@ def load(path):
 FEW = 10  # a slowdown from fewer instances on either side is marked, as the report's table does
 
 
+def marked(v):
+    """v's slowdown to 2 decimals, '*' when either side has fewer than FEW instances
+    (reports from before n_isolated had no counts: none)"""
+    few = min(v.get("n_isolated", FEW), v.get("n_overlapped", FEW)) < FEW
+    return f"{v['slowdown']:.2f}{'*' if few else ''}"
+
+
 def slowdown(v):
-    """v's slowdown as text: '*' when either side has fewer than FEW instances (reports
-    from before n_isolated had no counts), and a communication op's net of its waits for
-    other ranks beside it, where the report has it; None where there is none"""
+    """v's slowdown as text (marked), and a communication op's net of its waits for other
+    ranks beside it, where the report has it; None where there is none"""
     if v.get("slowdown") is None:
         return None
-    few = min(v.get("n_isolated", FEW), v.get("n_overlapped", FEW)) < FEW
-    text = f"{v['slowdown']:.2f}{'*' if few else ''}"
     net = v.get("net_of_wait")
     if isinstance(net, dict) and net.get("slowdown") is not None:
-        few = min(net["n_isolated"], net["n_overlapped"]) < FEW
-        text += f" ({net['slowdown']:.2f}{'*' if few else ''} excl wait)"
-    return text
+        return f"{marked(v)} ({marked(net)} excl wait)"
+    return marked(v)
 
 
 def mixes_sizes(k, par=None):
