@@ -149,7 +149,7 @@ def run_one(model, layout, label, overlap, a, work, tokens, rep):
             "dropped_records": rpt.get("dropped_records", ""), "wall_s": round(wall, 2),
             "cpu_busy_before": None if busy is None else round(busy, 3)}
     # With --contention-probe the report also sums the run up against its serialized steps.
-    cols.update({f"run_{k}": v for k, v in rpt.get("overlap", {}).items()})
+    cols.update(run_columns(rpt.get("overlap", {})))
     steps = [{**cols, **s} for s in rpt["steps"]]
     kernels = [{**cols, **kernel_columns(k)} for k in rpt["kernels"]]
     with open(trace) as f:
@@ -165,6 +165,19 @@ def run_one(model, layout, label, overlap, a, work, tokens, rep):
     if not a.keep_traces:  # a few MB each
         os.remove(trace)
     return cols, steps, kernels, events
+
+
+def run_columns(overlap):
+    """the report's run summary as flat CSV columns: run_<key>, and its per-parallelism
+    part as run_<dp|tp|pp|none>_<key>, so that no cell holds a nested object"""
+    flat = {}
+    for key, v in overlap.items():
+        if isinstance(v, dict) and key == "by_parallelism":
+            for par, figures in v.items():
+                flat.update({f"run_{par}_{k}": x for k, x in figures.items()})
+        elif not isinstance(v, (dict, list)):
+            flat[f"run_{key}"] = v
+    return flat
 
 
 def kernel_columns(k):

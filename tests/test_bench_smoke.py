@@ -8,6 +8,7 @@ here and not in the few minutes of a GPU call:
   table with rates); the PyTorch rows are recorded as failed (no CUDA), not lost.
 - benchmarks/gpu/bench_kernel_attention.py on the CUDA emulator's attention_bench
   (tests/cuda_emu), one small shape: a row of every gptc variant, its table.
+- benchmarks/overlap_sweep.py on its smallest matrix: flat CSV columns, its plots.
 - The CPU benchmarks refuse, in one line and before any run, the settings that had ended
   them in a traceback after minutes, or printed a table of wrong columns."""
 import json
@@ -181,8 +182,42 @@ def cpu_bench_settings():
     print("ok   the CPU benchmarks refuse settings they cannot measure, in one line")
 
 
+def overlap_sweep():
+    """benchmarks/overlap_sweep.py on its smallest matrix (tiny model, dp2, both policies):
+    every CSV cell a plain value (the run's per-parallelism summary had gone in as a
+    Python dict's repr), each parallelism's summary in columns of its own, the plots drawn"""
+    import csv
+    out = os.path.join(D, "sweep")
+    e = dict(env(), GPTC_BUILD=BUILD)
+    r = subprocess.run(["/usr/bin/python3", "benchmarks/overlap_sweep.py", "--models", "tiny",
+                        "--layouts", "dp2", "--timeline-layout", "dp2", "--steps", "3",
+                        "--repeats", "1", "--max-wait-s", "0", "--out", out],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=e)
+    if r.returncode:
+        fail(f"overlap_sweep: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
+    for name in ("overlap_sweep.csv", "overlap_sweep_kernels.csv"):
+        with open(os.path.join(out, name), newline="") as f:
+            rows = list(csv.DictReader(f))
+        if len({row["policy"] for row in rows}) < 2:
+            fail(f"overlap_sweep: {name} holds {len(rows)} rows of fewer than 2 policies")
+        for row in rows:
+            nested = [k for k, v in row.items() if v and v.lstrip()[:1] in "{["]
+            if nested:
+                fail(f"overlap_sweep: {name} has nested values in {nested}")
+            for k in ("run_iter_ms", "run_dp_comm_ms", "run_dp_exposed_comm_ms"):
+                try:
+                    float(row[k])
+                except (KeyError, ValueError):
+                    fail(f"overlap_sweep: {name}: column {k} missing or not a number: {row.get(k)!r}")
+    for png in ("step_time.png", "comm_hidden.png", "timeline.png", "kernel_slowdown_tiny.png"):
+        if not os.path.getsize(os.path.join(out, png)):
+            fail(f"overlap_sweep: {png} is empty")
+    print("ok   overlap_sweep.py: flat CSV columns (run_dp_comm_ms, ...), its plots drawn")
+
+
 def main():
     cpu_bench_settings()
+    overlap_sweep()
     bench_gpt2()
     bench_gpt2_issue()
     bench_kernel_attention()
