@@ -104,6 +104,7 @@ typedef struct {
     timing_split s, wait, moving;
     double flops, bytes; /* timing_work summed over the s.count instances */
     double moving_bytes; /* over the moving.count instances */
+    long all_wait;       /* timing_kernel_stats.all_wait */
 } merged_kernel;
 
 enum { BY_SIZE, BY_PAR, BY_NAME }; /* the levels of merged_kernel, finest first */
@@ -146,6 +147,7 @@ static merged_kernel *add_kernel(merged_kernel *k, int *n, int *cap, const merge
     k[i].flops += r->flops;
     k[i].bytes += r->bytes;
     k[i].moving_bytes += r->moving_bytes;
+    k[i].all_wait += r->all_wait;
     return k;
 }
 
@@ -179,8 +181,8 @@ static void merge_kernels(const char *lines, merged_kernels *m) {
         merged_kernel r = {0};
         int used = 0;
         const char *q = line;
-        if (sscanf(q, "%63s %d %d %d %lf %lf %lf %lf%n", r.name, &r.kind, &r.probe, &r.par,
-                   &r.call_bytes, &r.flops, &r.bytes, &r.moving_bytes, &used) != 8)
+        if (sscanf(q, "%63s %d %d %d %lf %lf %lf %lf %ld%n", r.name, &r.kind, &r.probe, &r.par,
+                   &r.call_bytes, &r.flops, &r.bytes, &r.moving_bytes, &r.all_wait, &used) != 9)
             break;
         q += used;
         if (scan_split(&q, &r.s) || scan_split(&q, &r.wait) || scan_split(&q, &r.moving)) break;
@@ -207,8 +209,7 @@ static split_means means_of_split(const timing_split *x) {
     split_means m = {x->count ? x->sum_us / x->count : NAN,
                      x->n_isolated ? x->isolated_us / x->n_isolated : NAN,
                      x->n_overlapped ? x->overlapped_us / x->n_overlapped : NAN, NAN};
-    /* an isolated mean of 0 (net_of_wait: every isolated call waited all along, its wait
-     * clamped to its duration) has no ratio: null, not an inf that is no JSON */
+    /* an isolated mean of 0 has no ratio: null, not an inf that is no JSON */
     if (x->n_isolated && x->n_overlapped && m.iso > 0) m.slow = m.ovl / m.iso;
     return m;
 }
@@ -250,7 +251,7 @@ static void put_means(text *t, const timing_split *x) {
     char a[32], b[32], c[32], d[32];
     put(t, "\"count\": %ld, \"n_isolated\": %ld, \"n_overlapped\": %ld, \"mean_us\": %s, "
            "\"isolated_mean_us\": %s, \"overlapped_mean_us\": %s, \"slowdown\": %s",
-        x->count, x->n_isolated, x->n_overlapped, num(d, "%.4f", x->count ? m.mean : 0.0, "null"),
+        x->count, x->n_isolated, x->n_overlapped, num(d, "%.4f", m.mean, "null"),
         num(a, "%.4f", m.iso, "null"), num(b, "%.4f", m.ovl, "null"),
         num(c, "%.4f", m.slow, "null"));
 }
@@ -825,9 +826,9 @@ static void kernels_text(text *t) {
         put_split(sp[0], sizeof sp[0], &k[i].s);
         put_split(sp[1], sizeof sp[1], &k[i].wait);
         put_split(sp[2], sizeof sp[2], &k[i].moving);
-        put(t, "%s %d %d %d %.17g %.17g %.17g %.17g%s%s%s\n", k[i].name, k[i].kind, k[i].probe,
-            k[i].par, k[i].call_bytes, k[i].flops, k[i].bytes, k[i].moving_bytes, sp[0], sp[1],
-            sp[2]);
+        put(t, "%s %d %d %d %.17g %.17g %.17g %.17g %ld%s%s%s\n", k[i].name, k[i].kind,
+            k[i].probe, k[i].par, k[i].call_bytes, k[i].flops, k[i].bytes, k[i].moving_bytes,
+            k[i].all_wait, sp[0], sp[1], sp[2]);
     }
 }
 
@@ -843,18 +844,20 @@ static void put_waits(text *t, const merged_kernel *x) {
 
 /* ", net_of_wait" of a communication op x: its instances whose wait for other ranks is
  * known (in steps the trace kept whole), each less its wait: the time it moved data,
- * split by whether compute ran beside that part; null where no wait is known (one rank,
- * a step past the trace's cap) */
+ * split by whether compute ran beside that part; and how many of them waited all along
+ * (n_all_wait, left out of the means); null where no wait is known (one rank, a step
+ * past the trace's cap) */
 static void put_net_of_wait(text *t, const merged_kernel *x) {
     if (x->kind != TK_COMM) return;
-    if (x->moving.count == 0) {
+    if (x->moving.count == 0 && x->all_wait == 0) {
         put(t, ", \"net_of_wait\": null");
         return;
     }
     char a[32];
     put(t, ", \"net_of_wait\": {");
     put_means(t, &x->moving);
-    put(t, ", \"gbps\": %s}", num(a, "%.6g", rates_of(x).gbps_moving, "null"));
+    put(t, ", \"gbps\": %s, \"n_all_wait\": %ld}", num(a, "%.6g", rates_of(x).gbps_moving, "null"),
+        x->all_wait);
 }
 
 /* ", by_size": the rows of x's calls of each size (k[n]: the BY_SIZE level), where x ran

@@ -186,6 +186,11 @@ typedef struct {
      * rank that is still computing: its slowdown is mostly that wait, not contention. */
     timing_split wait, moving;
     double moving_bytes; /* timing_work.bytes of the moving instances */
+    /* Of those in whole steps, the instances whose wait took all of their time as far as
+     * the clocks tell (a collective that seemed to end before its last member started,
+     * by the clocks' alignment error): their moving time is below what was measured, so
+     * they are counted here and left out of moving, where a 0 would pull its means down */
+    long all_wait;
 } timing_kernel_stats;
 
 /* The device kernels behind the ops (report "device_kernels"): the kernels, copies and

@@ -239,7 +239,7 @@ def check_contention(name, report, events):
     # (name, kind, probe): durations all, isolated, overlapped; undecided count; a
     # communication op's durations less its wait, isolated and overlapped by whether
     # compute ran beside that moving part; its waits, split as its durations; how many
-    # moving parts the printed times leave undecided
+    # moving parts the printed times leave undecided; how many waited all along
     groups = {}
     for e in xs:
         at = (e["pid"], e["args"]["step"])
@@ -250,7 +250,7 @@ def check_contention(name, report, events):
         a, b = e["ts"], e["ts"] + e["dur"]
         over, near = beside(other, ends, a, b)
         g = groups.setdefault((e["name"], e["cat"], at in probe_steps),
-                              [[], [], [], 0, [], [], [], [], 0])
+                              [[], [], [], 0, [], [], [], [], 0, 0])
         g[0].append(e["dur"])
         if over > TIE:
             g[2].append(e["dur"])
@@ -264,6 +264,15 @@ def check_contention(name, report, events):
         w = min(wait, e["dur"])
         if over > TIE or not near:
             g[7 if over > TIE else 6].append(w)
+        # a moving part under 10 ns (and the float wait's rounding) is none measured:
+        # counted in n_all_wait; the printed times are each within 0.5e-3 us
+        unmeasured = 0.01 + 1e-6 * e["dur"]
+        if e["dur"] - w < unmeasured - 2e-3:
+            g[9] += 1
+            continue
+        if e["dur"] - w <= unmeasured + 2e-3:
+            g[8] += 1
+            continue
         m_over, m_near = beside(other, ends, a + w, b)
         if m_over > TIE or not m_near:
             g[5 if m_over > TIE else 4].append(e["dur"] - w)
@@ -310,8 +319,9 @@ def check_net_of_wait(name, k, g):
     """A communication kernel's waits split isolated / overlapped, and its net_of_wait,
     recomputed from its trace events that carry a wait (g from check_contention): the
     isolated and overlapped means of each duration less its wait (overlapped when compute
-    ran beside that moving part), their ratio; null where no event has a wait. Compute
-    kernels have none. 1 when a net_of_wait was compared."""
+    ran beside that moving part), their ratio, and how many waited all along (n_all_wait,
+    left out of the means); null where no event has a wait. Compute kernels have none. 1
+    when a net_of_wait was compared."""
     net = k.get("net_of_wait", "absent")
     if k["kind"] == "compute":
         if net != "absent" or k["wait_mean_us"] is not None:
@@ -330,12 +340,15 @@ def check_net_of_wait(name, k, g):
                 fail(f"{name}: {k['name']}: {key} {k[key]}, the trace's waits give {w}")
     if g[8]:
         return 0
-    if not g[4] and not g[5]:
+    if not g[4] and not g[5] and not g[9]:
         if net is not None:
             fail(f"{name}: {k['name']}: net_of_wait {net}, but no trace event has a wait")
         return 0
+    if not isinstance(net, dict) or net.get("n_all_wait") != g[9]:
+        fail(f"{name}: {k['name']}: net_of_wait {net}, the trace has {g[9]} instances that "
+             f"waited all along")
     want = {"n_isolated": len(g[4]), "n_overlapped": len(g[5]), "isolated_mean_us": mean(g[4]),
-            "overlapped_mean_us": mean(g[5])}
+            "overlapped_mean_us": mean(g[5]), "mean_us": mean(g[4] + g[5])}
     for key, w in want.items():
         got = net.get(key) if isinstance(net, dict) else None
         if not close(got, w):
