@@ -824,6 +824,19 @@ def check_compare_outlier(tool, real):
             " by median iter: " in r.stdout or "Warning: in B" in r.stdout:
         fail(f"compare_reports against a report without steps: exit {r.returncode}\n"
              f"{r.stdout[:1500]}{r.stderr}")
+    # every step a warm-up: blank cells, and a note saying why
+    rep["steps"] = [dict(row, step=k, rank=r, warmup=True) for r in range(2) for k in (1, 2)]
+    rep["overlap"].update(policy_steps=0, iter_ms=None, iter_ms_median=None)
+    rep["kernels"] = []
+    with open(f"{D}/outlier-b.report.json", "w") as f:
+        json.dump(rep, f)
+    r = subprocess.run([sys.executable, tool, f"{D}/outlier-a.report.json",
+                        f"{D}/outlier-b.report.json"], capture_output=True, text=True)
+    notes = [ln for ln in r.stdout.splitlines() if ln.startswith("Note: ")]
+    if r.returncode or len(notes) != 1 or not notes[0].startswith("Note: B has no steps run") \
+            or " by median iter: " in r.stdout:
+        fail(f"compare_reports against an all-warm-up report: exit {r.returncode}, notes {notes}"
+             f"\n{r.stdout[:1500]}{r.stderr}")
     print(f"ok   tools/compare_reports.py, a 10x warm-up step: the means say B / A "
           f"{mean_b / mean_a:.2f}, the tool by the medians {by_median:.2f} and names A's step 2")
 

@@ -14,7 +14,8 @@ out). Under the table a verdict by the medians, B / A, and whether the two middl
 overlap (then "no clear difference": within the step-to-step spread) or not; and a
 warning for a report whose mean is more than 1.5x its median or with a policy step over
 3x it, naming the slow steps (a first step's warm-up: rerun with --profile.warmup). A
-report without step rows gets none of these.
+report without step rows gets none of these; one whose steps were all warm-up or probes a
+note saying why its cells are blank.
 Then the ops, the N (default 25) whose time per step changed the most first: time per
 step, mean per call, the ratio B / A of the means ("calls differ" where the runs call the
 op a different number of times a step: chunked TP's pieces are smaller calls), and each
@@ -228,6 +229,16 @@ def warning(s, name, report):
     return line + f": {what} in the means; rerun with --profile.warmup={n}"
 
 
+def empty(report, name):
+    """a line for a report with no policy steps (each a warm-up or a contention probe), whose
+    cells are blank; None for one that has some"""
+    if report["overlap"]["policy_steps"]:
+        return None
+    return (f"Note: {name} has no steps run with its policies (each was a warm-up step or a "
+            f"contention probe): its cells are blank; run more steps than --profile.warmup "
+            f"and the probes take")
+
+
 def step_rows(a, b, sa=None, sb=None):
     """(label, A, B, format) of the step's figures; with spread()s, the iter's median and
     middle half (format "s": text, no ratio)"""
@@ -278,8 +289,8 @@ def main():
     try:
         sa, sb = spread(a), spread(b)
         steps, oa, ob, da, db = step_rows(a, b, sa, sb), ops(a), ops(b), device(a), device(b)
-        notes = [x for x in (verdict(sa, sb, na, nb), warning(sa, na, a), warning(sb, nb, b))
-                 if x]
+        notes = [x for x in (empty(a, na), empty(b, nb), verdict(sa, sb, na, nb),
+                             warning(sa, na, a), warning(sb, nb, b)) if x]
         names = by_change(oa, ob)
         pairs = by_change(da, db) if da and db else []
         for label, x, y, spec in steps:
