@@ -1,5 +1,7 @@
 /* gptc-train: mpirun -np N gptc-train CONFIG.ini [--section.key=value ...] */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
@@ -7,11 +9,13 @@
 #include <string.h>
 
 #include "engine/checkpoint.h"
+#include "engine/crash_signal.h"
 #include "engine/config.h"
 #include "engine/log.h"
 #include "engine/output_files.h"
 #include "engine/stop_signal.h"
 #include "engine/trainer.h"
+#include "engine/watchdog.h"
 #include "parallel/grid.h"
 
 /* comment lines, so that the --help output reads back as a config file */
@@ -81,6 +85,14 @@ static int check_omp_threads(char *err, size_t n) {
     }
 }
 
+/* MPI_Finalize waits for every rank: one that hung before it must not keep this one */
+static int finish(int code) {
+    watchdog_finalizing();
+    MPI_Finalize();
+    watchdog_stop();
+    return code;
+}
+
 int main(int argc, char **argv) {
     int provided, world, rank;
     if (output_guard_std_fds() != 0) {
@@ -95,6 +107,15 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     log_set_rank(rank);
+    crash_catch_signals();
+    /* watching from here, with train.comm_timeout_s's default until the config is read:
+     * a rank whose config never comes (a FIFO) or whose start-up hangs ends the job too */
+    char err[1024] = "";
+    gptc_config cfg;
+    config_defaults(&cfg);
+    int wd = train_test_thread_failure("watchdog", rank) ? EAGAIN : watchdog_start(cfg.comm_timeout_s, rank);
+    if (wd) snprintf(err, sizeof(err), "could not start the watchdog thread: %s", strerror(wd));
+    if (train_refused(wd != 0, err, rank, world)) return finish(1);
     /* stdout piped into a reader that goes away (| head, a closed ssh session's tee) ends
      * no run: the lines are lost, as to a closed stdout, while training, its checkpoints
      * and train.log_file go on */
@@ -110,13 +131,11 @@ int main(int argc, char **argv) {
      * the config check: all print the help or none does */
     help0 = help;
     MPI_Bcast(&help0, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    char err[1024] = "";
     if (help != help0)
         snprintf(err, sizeof(err), "--help %s (give every rank the same arguments)",
                  help ? "here, but not on rank 0" : "on rank 0, but not here");
     if (train_refused(help != help0, err, rank, world)) {
-        MPI_Finalize();
-        return 1;
+        return finish(1);
     }
     if (help) {
         if (rank == 0) {
@@ -127,8 +146,7 @@ int main(int argc, char **argv) {
                    "global_batch / dp;\n# train.seq_len = model.n_ctx\n", USAGE);
             config_print(&defaults, stdout);
         }
-        MPI_Finalize();
-        return 0;
+        return finish(0);
     }
     const char *path = argc > 1 && strncmp(argv[1], "--", 2) != 0 ? argv[1] : NULL;
     int first_override = path ? 2 : 1;
@@ -136,24 +154,24 @@ int main(int argc, char **argv) {
     /* Every rank parses its own inputs. They should be the same, but a launcher may give
      * each rank its own (mpirun A : B, a pipe only one rank reads): a rank refused alone
      * reports, and every rank exits with it. */
-    gptc_config cfg;
     grid g;
-    config_defaults(&cfg);
     int rc = check_omp_threads(err, sizeof(err));
     if (rc == 0 && path && output_names_closed_std(path)) {
         /* /dev/null stands in for it: the config would read as empty, all defaults */
         snprintf(err, sizeof(err), "config %s: stdin was closed when the run started", path);
         rc = -1;
     }
+    /* a config read from a terminal or a FIFO takes its writer's time, which is no hang of
+     * this rank's: held until it is read (a peer that waits for it is timed) */
+    watchdog_hold(INFINITY);
     if (rc == 0) rc = config_load(&cfg, path, argc - first_override, argv + first_override, err, sizeof(err));
+    watchdog_beat();
+    if (rc == 0) watchdog_set_timeout(cfg.comm_timeout_s);
     if (rc == 0) rc = grid_layout(&g, world, rank, cfg.tp, cfg.pp, cfg.dp, err, sizeof(err));
     if (train_refused(rc != 0, err, rank, world) ||
         train_refused(differs_from_rank0(&cfg, rank, world, err, sizeof(err)), err, rank, world)) {
-        MPI_Finalize();
-        return 1;
+        return finish(1);
     }
     if (rank == 0) printf("gptc-train: %d rank(s), tp %d x pp %d x dp %d\n", world, g.tp, g.pp, g.dp);
-    int code = train_run(&cfg, &g);
-    MPI_Finalize();
-    return code;
+    return finish(train_run(&cfg, &g));
 }

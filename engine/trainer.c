@@ -148,6 +148,7 @@ typedef struct {
     long optim_t;
     long t;                    /* AdamW's step count: optim_t, then one more an update */
     int kernel_timing;         /* profile.timing = kernel */
+    char doing[ERR_LEN];       /* what the start-up reads, for the watchdog's message */
     long current_step;         /* what the watchdog reports (0: the start-up) */
     /* with kernel timing, the clock offset to rank 0 at the time origin, measured at
      * at0_ms (this rank's clock) within rtt0_ms / 2 */
@@ -155,8 +156,8 @@ typedef struct {
 } run_state;
 
 static void run_free(run_state *r) {
-    /* the watchdog stays until the end: draining a lane or freeing a group waits for peers
-     * too, and a dead peer must not hang that. Streams first: communication still queued reads and writes the buffers below */
+    /* the watchdog stays until MPI_Finalize: draining a lane or freeing a group waits for
+     * peers too, and a dead peer must not hang that. Streams first: communication still queued reads and writes the buffers below */
     dp_params_settle(&r->dpc, &r->model);
     comm_lane_free(&r->tp_lane);
     comm_lane_free(&r->pp_lane);
@@ -174,6 +175,10 @@ static void run_free(run_state *r) {
     free(r->kept);
     timing_shutdown();
     power_close();
+    /* the watchdog goes on to MPI_Finalize, without the communicators about to go and
+     * without this run's step counter */
+    watchdog_set_comm_hooks(NULL, NULL);
+    watchdog_set_step(NULL);
     if (r->have_groups) {
         comm_group_free(&r->tp);
         comm_group_free(&r->pp);
@@ -181,7 +186,6 @@ static void run_free(run_state *r) {
         comm_group_free(&r->embedding);
         comm_group_free(&r->world);
     }
-    watchdog_stop();
 }
 
 /* path's size in bytes; 0 when it cannot be told */
@@ -461,9 +465,7 @@ static void log_metrics(run_state *r, long step, double loss, double norm, doubl
              "at the end)", r->c->log_file, step, strerror(errno));
 }
 
-/* Test-only: GPTC_TEST_THREAD_FAIL=R:what makes rank R's start of what ("watchdog": its
- * thread; "lanes": the communication streams) fail as a thread limit (ulimit -u) does */
-static int test_thread_failure(const char *what, int rank) {
+int train_test_thread_failure(const char *what, int rank) {
     const char *v = getenv("GPTC_TEST_THREAD_FAIL");
     char name[16];
     int r;
@@ -481,13 +483,24 @@ int train_refused(int failed, const char *err, int rank, int world) {
  * meta against [model] (and against rank 0's file), the shape, batch and pipeline plans,
  * the first step, the outputs (rank 0) and what the device can run. -1 with err naming
  * the first that fails. */
+/* The watchdog's word for a hang (a corrupt file the HDF5 library loops over) or a crash
+ * while the start-up reads an input: "reading train.init ck.h5". watchdog_doing(NULL)
+ * when done. */
+static void reading(run_state *r, const char *key, const char *path) {
+    watchdog_doing(NULL); /* not read while it is rewritten */
+    snprintf(r->doing, sizeof r->doing, "reading %s %s", key, path);
+    watchdog_doing(r->doing);
+}
+
 static int plan_run(run_state *r, char *err, size_t n) {
     const gptc_config *c = r->c;
     const grid *g = r->g;
     if (config_validate(c, err, n) != 0 || plan_check_supported(c, g, err, n) != 0) return -1;
     if (c->init[0]) {
         char why[ERR_LEN - 16];
+        reading(r, "train.init", c->init);
         r->init = ckpt_open(c->init, &r->meta, &r->has_optim, &r->optim_t, why, sizeof(why));
+        watchdog_doing(NULL);
         if (!r->init) {
             memset(&r->meta, 0, sizeof(r->meta));
             snprintf(err, n, "train.init %s", why);
@@ -546,7 +559,7 @@ static int start_comm(run_state *r, const gptc_backend *be, char *err, size_t n)
     r->have_groups = 1;
     int high = strcmp(c->comm_priority, "high") == 0, rc;
     errno = 0;
-    if (test_thread_failure("lanes", g->rank)) {
+    if (train_test_thread_failure("lanes", g->rank)) {
         errno = EAGAIN, rc = -1;
     } else {
         rc = (g->tp > 1 && comm_lane_init(&r->tp_lane, be, high) != 0) ||
@@ -598,7 +611,9 @@ static int load_init(run_state *r, char *err, size_t n) {
     gpt_model *m = &r->model;
     char why[ERR_LEN - 16];
     gpt_moments moments = {wants_state, keep_moment, r};
+    reading(r, "train.init", c->init);
     int rc = gpt_load(m, r->init, r->has_optim ? &moments : NULL, r->optim_t, why, sizeof(why));
+    watchdog_doing(NULL);
     /* as for the tokens: a peer may still be reading its part of the file */
     watchdog_hold(watchdog_io_s(file_bytes(c->init) + 65536.0 * 3 * m->n_tensors));
     if (rc != 0) snprintf(err, n, "train.init %s", why);
@@ -625,6 +640,7 @@ static int start_model(run_state *r, const gptc_backend *be, char *err, size_t n
             g->dp > 1 ? &r->dp_lane : NULL);
 
     int rows = bp->B / g->dp, row0 = g->dp_rank * rows;
+    reading(r, "data.path", c->data_path);
     r->loader = loader_create(c->data_path, bp->T, bp->B, row0, row0 + rows, r->shape.vocab_size,
                               c->shuffle, c->seed, err, n);
     int rc = r->loader ? 0 : -1;
@@ -632,6 +648,7 @@ static int start_model(run_state *r, const gptc_backend *be, char *err, size_t n
      * with no step to run (an initial checkpoint, a resume past train.steps) reads none */
     int check = r->first <= c->steps;
     if (rc == 0 && check) rc = loader_check(r->loader, g->rank, g->world, err, n);
+    watchdog_doing(NULL);
     /* a peer may still be reading its part (a cold cache, another node's disk: a large
      * file's takes minutes), and the ranks meet next in plan_same_data or agree: waiting
      * for it there is not a hang */
@@ -876,6 +893,7 @@ int train_run(const gptc_config *c, const grid *g) {
     char err[ERR_LEN] = "";
     run_state r;
     memset(&r, 0, sizeof(r));
+    watchdog_set_step(&r.current_step);
     r.speaker = -1;
     r.c = c;
     r.g = g;
@@ -890,6 +908,9 @@ int train_run(const gptc_config *c, const grid *g) {
 
     /* 2. The device, kernel timing and the watchdog */
     nvtx_enable(c->nvtx);
+    /* a device's start (a CUDA context on a card without persistence mode, cuBLASLt,
+     * CUPTI) may take tens of seconds on every rank: a minute on top of the timeout */
+    watchdog_hold(60.0);
     const gptc_backend *be = start_backend(c, g, &r.shape, err, sizeof(err));
     if (!be) {
         silent = !err[0]; /* the ranks that failed have said why */
@@ -898,17 +919,11 @@ int train_run(const gptc_config *c, const grid *g) {
     be->set_precision(strcmp(c->precision, "bf16") == 0 ? GPTC_BF16 : GPTC_FP32);
     r.kernel_timing = strcmp(c->timing, "kernel") == 0;
     failed = r.kernel_timing && start_kernel_timing(&r, &be, err, sizeof err) != 0;
-    /* From here on a rank may fail alone: it reports, and every rank agrees to stop. The
-     * watchdog runs from here, so that a rank hanging in communicator set-up (NCCL's
-     * init waits for every rank) ends the job too; step 0 is the set-up. */
+    /* From here on a rank may fail alone: it reports, and every rank agrees to stop,
+     * before the communicators: the others would wait in their set-up for a rank that
+     * failed until their watchdogs ended the job (train.comm_timeout_s) */
     watchdog_set_comm_hooks(comm_poll_async_errors, comm_abort_all);
-    int wd = 0;
-    if (!failed && test_thread_failure("watchdog", g->rank)) wd = EAGAIN;
-    else if (!failed) wd = watchdog_start(c->comm_timeout_s, g->rank, &r.current_step);
-    if (wd) snprintf(err, sizeof(err), "could not start the watchdog thread: %s", strerror(wd));
-    /* agreed before the communicators: the others would wait in their set-up for a rank
-     * that failed until their watchdogs ended the job (train.comm_timeout_s) */
-    if (train_refused(failed || wd != 0, err, g->rank, g->world)) goto refused;
+    if (train_refused(failed, err, g->rank, g->world)) goto refused;
 
     /* 3. Communicators, data and model */
     if (start_comm(&r, be, err, sizeof err) != 0 || start_model(&r, be, err, sizeof err) != 0)
@@ -918,6 +933,9 @@ int train_run(const gptc_config *c, const grid *g) {
 
     /* 4. The steps, and what comes after them */
     r.current_step = r.first;
+    /* one rank has no peer to wait for: the watchdog watched its start-up's files alone
+     * (a step's long layer on a big model is no hang) */
+    if (g->world == 1) watchdog_stop();
     if (r.kernel_timing) start_clocks(&r);
     run_totals tot;
     if (run_steps(&r, &tot, &silent, err, sizeof err) != 0 ||

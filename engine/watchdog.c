@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/log.h"
 #include "engine/timing.h"
@@ -22,15 +23,22 @@ static _Atomic(const char *) g_waiting[WAIT_SLOTS];
 static atomic_int g_wait_threads;
 static atomic_int g_running;
 static pthread_t g_thread;
-static double g_timeout_ms;
-static int g_rank;
-static long *g_step;
+static _Atomic double g_timeout_ms;
+static int g_rank, g_world;
+static _Atomic(long *) g_step;           /* NULL in the start-up; set under g_hooks */
+static _Atomic(const char *) g_doing;    /* watchdog_doing */
+static atomic_int g_finalizing;          /* watchdog_finalizing */
+/* the hooks reach communicators the run frees before MPI_Finalize, which the thread
+ * still watches: they are set, and used, under g_hooks */
+static pthread_mutex_t g_hooks = PTHREAD_MUTEX_INITIALIZER;
 static const char *(*g_poll)(void);
 static void (*g_abort_all)(void);
 
 void watchdog_set_comm_hooks(const char *(*poll)(void), void (*abort_all)(void)) {
+    pthread_mutex_lock(&g_hooks);
     g_poll = poll;
     g_abort_all = abort_all;
+    pthread_mutex_unlock(&g_hooks);
 }
 
 static atomic_long g_beats;
@@ -97,39 +105,87 @@ static void waiting_text(char *out, size_t n) {
     }
 }
 
+/* "step s", or "the start-up", into where[64]: read only as the job ends (the counter is
+ * the main thread's, written every step) */
+static const char *where_text(char *where) {
+    long *step = atomic_load(&g_step);
+    if (step && *step > 0) snprintf(where, 64, "step %ld", *step);
+    else snprintf(where, 64, "the start-up");
+    return where;
+}
+
 static void *watch(void *arg) {
     (void)arg;
     struct timespec tick = {0, 200 * 1000 * 1000};
     while (atomic_load(&g_running)) {
         nanosleep(&tick, NULL);
+        pthread_mutex_lock(&g_hooks); /* held to the abort, or released below */
         const char *failed = g_poll ? g_poll() : NULL;
+        char where[64];
         if (failed) {
-            log_error("rank %d: %s, in step %ld; aborting the job", g_rank, failed,
-                      g_step ? *g_step : 0L);
+            log_error("rank %d: %s, in %s; aborting the job", g_rank, failed, where_text(where));
             if (g_abort_all) g_abort_all();
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         double last = atomic_load(&g_last_ms), held = atomic_load(&g_hold_until_ms);
         double idle = timing_now_ms() - (held > last ? held : last);
-        if (idle < g_timeout_ms) continue;
-        char what[256];
-        waiting_text(what, sizeof what);
-        log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in step %ld%s: a peer "
-                  "rank has died or hung; aborting the job",
-                  g_rank, idle / 1e3, g_step ? *g_step : 0L, what);
+        if (idle < atomic_load(&g_timeout_ms)) {
+            pthread_mutex_unlock(&g_hooks);
+            continue;
+        }
+        if (atomic_load(&g_finalizing)) {
+            /* every rank's work is done: no job to abort, and MPI_Abort inside
+             * MPI_Finalize is not to be relied on; this rank ends, and the launcher the
+             * rest */
+            log_error("rank %d: MPI_Finalize has waited %.0f s (train.comm_timeout_s) for the "
+                      "other ranks: a peer rank has died or hung; ending this rank",
+                      g_rank, idle / 1e3);
+            _exit(1);
+        }
+        const char *doing = atomic_load(&g_doing);
+        where_text(where);
+        if (doing) {
+            log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in %s, %s: a "
+                      "corrupt file, or a disk that stopped; aborting the job",
+                      g_rank, idle / 1e3, where, doing);
+        } else {
+            char what[256];
+            waiting_text(what, sizeof what);
+            log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in %s%s: %s; "
+                      "aborting the job", g_rank, idle / 1e3, where, what,
+                      g_world > 1 ? "a peer rank has died or hung" : "this rank has hung");
+        }
         if (g_abort_all) g_abort_all();
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     return NULL;
 }
 
-int watchdog_start(double timeout_s, int rank, long *step) {
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (world == 1) return 0;
-    g_timeout_ms = timeout_s * 1e3;
+void watchdog_set_timeout(double timeout_s) { atomic_store(&g_timeout_ms, timeout_s * 1e3); }
+
+void watchdog_set_step(long *step) {
+    pthread_mutex_lock(&g_hooks); /* the counter of a run that ended is read no more */
+    atomic_store(&g_step, step);
+    pthread_mutex_unlock(&g_hooks);
+}
+
+void watchdog_doing(const char *what) {
+    atomic_store(&g_doing, what);
+    watchdog_beat();
+}
+
+const char *watchdog_doing_now(void) { return atomic_load(&g_doing); }
+
+void watchdog_finalizing(void) {
+    atomic_store(&g_finalizing, 1);
+    /* the wait starts here; a hold for a peer's write of the last outputs stays */
+    atomic_store(&g_last_ms, timing_now_ms());
+}
+
+int watchdog_start(double timeout_s, int rank) {
+    watchdog_set_timeout(timeout_s);
     g_rank = rank;
-    g_step = step;
+    MPI_Comm_size(MPI_COMM_WORLD, &g_world);
     watchdog_beat();
     atomic_store(&g_running, 1);
     int e = pthread_create(&g_thread, NULL, watch, NULL);

@@ -1,6 +1,7 @@
 /* A dying or hung rank must not hang the others in a collective forever: a watchdog
- * thread on every rank of a multi-rank run aborts the whole job, naming this rank and
- * what it waits in, when nothing has completed for train.comm_timeout_s seconds.
+ * thread on every rank aborts the whole job, naming this rank and what it waits in, when
+ * nothing has completed for train.comm_timeout_s seconds: from MPI's start to its end on
+ * a multi-rank run, over the start-up alone on a single rank (a corrupt input file).
  * "Completed" is any layer of compute (timing_set_context) or any communication op.
  * With NCCL the thread also polls the communicators' asynchronous errors, and aborts them
  * (ncclCommAbort) before it ends the job, so that no GPU stays spinning in a collective. */
@@ -31,8 +32,22 @@ void watchdog_test_slow_step(long step);
  * buffer that stays valid); NULL when it is done. Each thread has its own: the message
  * names every thread's. */
 void watchdog_waiting(const char *what);
-/* Starts the thread (no-op for a single rank): 0, or pthread_create's error number. */
-int watchdog_start(double timeout_s, int rank, long *step);
+/* Starts the thread, as soon as MPI has started: a rank that hangs in the start-up (a
+ * corrupt file the HDF5 library loops over, a config read from a FIFO no one writes) must
+ * end the job as one in a step does. 0, or pthread_create's error number. */
+int watchdog_start(double timeout_s, int rank);
+/* train.comm_timeout_s, once the config is read (until then its default) */
+void watchdog_set_timeout(double timeout_s);
+/* The run's step counter, for the message ("in step s"); NULL or 0: "in the start-up" */
+void watchdog_set_step(long *step);
+/* What the main thread does where a hang or a crash would be the input's fault, for the
+ * message ("reading train.init ck.h5": a string that stays valid), NULL when it is done;
+ * a beat either way. */
+void watchdog_doing(const char *what);
+const char *watchdog_doing_now(void);
+/* In MPI_Finalize, which waits for every rank: a timeout there ends this rank alone
+ * (exit 1), as no job is left to abort. */
+void watchdog_finalizing(void);
 void watchdog_stop(void);
 /* For a device communication library whose ops run asynchronously (NCCL): poll returns a
  * message when a communicator has failed (checked every tick, from the watchdog thread),

@@ -74,6 +74,53 @@ def check_slow_peer(a):
         print(f"ok   rank 1 reads the {what} {took:.1f} s slowly, rank 0 waits: trains")
 
 
+def check_corrupt_checkpoint(a):
+    """A checkpoint with one byte of its global heap (where the 'format' string lives)
+    changed made HDF5 1.10 read past a buffer (a segfault: no word of gptc's) or loop
+    forever (the start-up had no watchdog); h5py hangs on it too. On one rank and two,
+    each run must end nonzero within train.comm_timeout_s and some slack, with a gptc line
+    naming train.init and the file (the crash's line, the watchdog's, or, with an HDF5
+    that reads it safely, a refusal). And a crash while reading (SIGSEGV sent while a
+    slowed load runs: no HDF5 bug needed) says what the rank was reading."""
+    ck = open(f"{a}/ck.h5", "rb").read()
+    at = ck.find(b"GCOL")
+    if at < 0:
+        fail("the checkpoint has no global heap (GCOL) to corrupt")
+    for name, byte, change in (("crash", 30, lambda b: 0x10), ("loop", 24, lambda b: b ^ 0x80)):
+        bad = bytearray(ck)
+        bad[at + byte] = change(bad[at + byte])
+        path = f"{a}/corrupt-{name}.h5"
+        open(path, "wb").write(bad)
+        for ranks in (1, 2):
+            cmd = [*MPIRUN, "-np", "2", TRAIN] if ranks == 2 else [TRAIN]
+            cmd += [f"{a}/cfg.ini", f"--train.init={path}", "--train.comm_timeout_s=3"]
+            t0 = time.monotonic()
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env(ranks))
+            except subprocess.TimeoutExpired:
+                fail(f"a checkpoint corrupted to {name} HDF5, {ranks} rank(s): still running after 60 s")
+            took = time.monotonic() - t0
+            lines = [ln for ln in gptc_lines(r.stdout + r.stderr) if f"train.init {path}" in ln]
+            if r.returncode == 0 or not lines or took > 30:
+                fail(f"a checkpoint corrupted to {name} HDF5, {ranks} rank(s): exit "
+                     f"{r.returncode} after {took:.1f} s, no gptc line naming train.init "
+                     f"{path}:\n{(r.stdout + r.stderr)[-1500:]}")
+            print(f"ok   a checkpoint corrupted to {name} HDF5, {ranks} rank(s), {took:.1f} s: "
+                  f"{lines[0].replace(a + '/', '')}")
+    # 28 tensors at 200 ms each: the load is in its reads 1 s after the start
+    p = subprocess.Popen([TRAIN, f"{a}/cfg.ini", f"--train.init={a}/ck.h5"], text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=dict(env(1), GPTC_TEST_SLOW_READS="200"))
+    time.sleep(1.5)
+    p.send_signal(11)
+    out, err = p.communicate(timeout=60)
+    want = f"gptc: error: rank 0: a crash (SIGSEGV) while reading train.init {a}/ck.h5: a corrupt file?"
+    if p.returncode == 0 or want not in err.splitlines():
+        fail(f"SIGSEGV while loading train.init: exit {p.returncode}, want the line {want!r}:\n"
+             f"{(out + err)[-1500:]}")
+    print(f"ok   a crash while loading train.init names the file; exit {p.returncode}")
+
+
 def expect_refused(name, r, want):
     lines = gptc_lines(r.stdout + r.stderr)
     if r.returncode == 0 or len(lines) != 1 or any(w not in lines[0] for w in want) or \
@@ -582,6 +629,7 @@ def main():
     if r.returncode:
         fail(f"cannot write the checkpoint:\n{r.stderr}")
     check_no_effect(a)
+    check_corrupt_checkpoint(a)
     check_slow_peer(a)
     check_ranks_disagree(a, b)
     check_thread_limit(a)

@@ -6,7 +6,11 @@
  * from the hold's end. "waiting": "expire", where the main thread waits in one op and two
  * other threads in others, one of which ends its op: the line names the two still waiting
  * (ctest expects both names; one name shared by all threads was cleared by the first to
- * finish). Also checks watchdog_io_s's rate. */
+ * finish), and the step it was in (7). "doing": "expire" in the start-up while reading a
+ * file (watchdog_doing): the line names the file (a corrupt file the HDF5 library loops
+ * over). "finalize": rank 1 hangs (its watchdog stopped) before MPI_Finalize, which rank 0
+ * has entered: rank 0 ends itself, saying MPI_Finalize waited (ctest expects it). Also
+ * checks watchdog_io_s's rate. */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <pthread.h>
@@ -34,17 +38,31 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int ended = argc > 1 && strcmp(argv[1], "ended") == 0;
     int waiting = argc > 1 && strcmp(argv[1], "waiting") == 0;
-    int expire = ended || waiting || (argc > 1 && strcmp(argv[1], "expire") == 0);
-    long step = 0;
+    int doing = argc > 1 && strcmp(argv[1], "doing") == 0;
+    int finalize = argc > 1 && strcmp(argv[1], "finalize") == 0;
+    int expire = ended || waiting || doing || (argc > 1 && strcmp(argv[1], "expire") == 0);
+    long step = waiting ? 7 : 0;
     double rate = 1e9 / watchdog_io_s(1e9); /* bytes a second */
     if (rate < 1e6 || rate > 1e9) {
         printf("FAIL: watchdog_io_s allows %.3g bytes/s, not a slow disk's rate\n", rate);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    if (watchdog_start(0.5, rank, &step) != 0) {
+    if (watchdog_start(0.5, rank) != 0) {
         printf("FAIL: no watchdog thread\n");
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    watchdog_set_step(&step);
+    if (finalize) {
+        if (rank == 1) { /* hung: no watchdog of its own to end the job */
+            watchdog_stop();
+            sleep_s(30.0);
+        }
+        watchdog_finalizing();
+        MPI_Finalize();
+        printf("FAIL: rank %d: MPI_Finalize returned, its peer hung\n", rank);
+        return 1;
+    }
+    if (doing) watchdog_doing("reading train.init ck.h5");
     watchdog_hold(ended ? 30.0 : expire ? 0.5 : 3.0); /* hold: 2 s of slack for a loaded
                                                         * machine's scheduling */
     if (ended) watchdog_beat();
