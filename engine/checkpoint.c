@@ -711,6 +711,34 @@ static int read_optim_t(const ckpt_file *f, long step, int *has_optim, long *opt
     return rc;
 }
 
+/* /model/wte and /model/wpe against the root attributes, at the open: a vocab_size or
+ * n_ctx the tensors do not have (an attribute corrupted or edited by hand) would size the
+ * model first (vocab_size 2^30: out of memory, before any tensor was read). A tensor that
+ * is missing, or not 2-D, is left to the load, which says so. */
+static int check_embeddings(const ckpt_file *f, const ckpt_meta *m, char *err, size_t errlen) {
+    const struct {
+        const char *path, *key;
+        long rows;
+    } e[2] = {{"/model/wte", "vocab_size", m->vocab_size}, {"/model/wpe", "n_ctx", m->n_ctx}};
+    for (int i = 0; i < 2; i++) {
+        if (link_exists(f->file, e[i].path) <= 0) continue;
+        hid_t d = H5Dopen2(f->file, e[i].path, H5P_DEFAULT);
+        hid_t space = d < 0 ? -1 : H5Dget_space(d);
+        hsize_t dims[H5S_MAX_RANK];
+        int nd = space < 0 ? -1 : H5Sget_simple_extent_dims(space, dims, NULL);
+        int bad = nd == 2 && ((long)dims[0] != e[i].rows || (long)dims[1] != m->d_model);
+        if (bad)
+            set_err(err, errlen, "%s: dataset %s has shape [%llu, %llu], but the file's "
+                    "attributes %s = %ld and d_model = %ld make it [%ld, %ld]", f->path,
+                    e[i].path, (unsigned long long)dims[0], (unsigned long long)dims[1],
+                    e[i].key, e[i].rows, m->d_model, e[i].rows, m->d_model);
+        if (space >= 0) H5Sclose(space);
+        if (d >= 0) H5Dclose(d);
+        if (bad) return -1;
+    }
+    return 0;
+}
+
 ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *optim_t, char *err,
                      size_t errlen) {
     ckpt_meta own; /* where the caller does not want it: read_optim_t needs its step */
@@ -751,7 +779,7 @@ ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *op
         free_handle(f);
         return NULL;
     }
-    if (read_root_attrs(f, meta, err, errlen) < 0 ||
+    if (read_root_attrs(f, meta, err, errlen) < 0 || check_embeddings(f, meta, err, errlen) < 0 ||
         read_optim_t(f, meta->step, has_optim, optim_t, err, errlen) < 0) {
         ckpt_close(f);
         return NULL;

@@ -661,6 +661,13 @@ static int start_model(run_state *r, const gptc_backend *be, char *err, size_t n
     if (rc == 0)
         rc = gpt_create(&r->model, &r->shape, bp->mb, bp->T, bp->n_micro, be, &r->tpc, &place,
                         err, n);
+    if (rc != 0 && r->init) { /* a shape no one asked for: a checkpoint's attributes */
+        size_t len = strlen(err);
+        const gpt_shape *s = &r->shape;
+        snprintf(err + len, n - len, " (the shape of train.init %s: n_layer %d, n_head %d, "
+                 "d_model %d, n_ctx %d, vocab_size %d)", c->init, s->n_layer, s->n_head,
+                 s->d_model, s->n_ctx, s->vocab_size);
+    }
     if (agree(r, rc)) return -1;
     gpt_model *m = &r->model;
     m->on_grads_final = on_grads_final;

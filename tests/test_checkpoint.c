@@ -115,10 +115,11 @@ static void remove_tree(const char *dir) {
 
 /* ------------------------------------------------------------- round trip */
 
-static const ckpt_meta test_meta = {
-    .step = 7, .n_layer = 2, .n_head = 3, .d_model = 9, .n_ctx = 11, .vocab_size = 13};
-
 enum { N_LN = 7, WTE_R = 5, WTE_C = 3, ATT_R = 3, ATT_C = 9 };
+
+/* wte [vocab_size, d_model] as the attributes say (ckpt_open checks them against it) */
+static const ckpt_meta test_meta = {
+    .step = 7, .n_layer = 2, .n_head = 3, .d_model = WTE_C, .n_ctx = 11, .vocab_size = WTE_R};
 
 typedef struct {
     float ln[N_LN], wte[WTE_R * WTE_C], att[ATT_R * ATT_C];

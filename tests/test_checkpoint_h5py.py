@@ -5,8 +5,9 @@ usage: /usr/bin/python3 test_checkpoint_h5py.py TEST_CHECKPOINT_BINARY [DIR]
 1. The C test writes c_written.h5 (`--write`); h5py checks schema, dtypes and values.
 2. h5py writes py_written.h5 the way a conversion script would (format as a Python str,
    integer attributes of mixed widths); the C test reads it back (`--check`).
-3. h5py writes two bad files (version 2, a float64 dataset); the C test must refuse them
-   with a message naming the problem.
+3. h5py writes bad files (version 2, a float64 dataset, attributes vocab_size or n_ctx
+   that the embeddings do not have); the C test must refuse them with a message naming
+   the problem.
 The reference content must match ref_tensors/ref_value in tests/test_checkpoint.c.
 """
 import os
@@ -61,7 +62,7 @@ def check_c_written(path):
     print(f"h5py checked {path}")
 
 
-def write_py(path, version=1, float64_name=None):
+def write_py(path, version=1, float64_name=None, attrs=None):
     with h5py.File(path, "w") as f:
         f.attrs["format"] = "gpt-ckpt"  # h5py: variable-length UTF-8 string
         f.attrs["version"] = np.int64(version)
@@ -74,6 +75,8 @@ def write_py(path, version=1, float64_name=None):
                 a = ref_array(g, k, shape)
                 f[f"{group}/{name}"] = a.astype(np.float64) if name == float64_name else a
         f["optim"].attrs["t"] = np.int64(OPTIM_T)
+        for key, v in (attrs or {}).items():
+            f.attrs[key] = np.int64(v)
 
 
 def run_c(binary, *args):
@@ -104,6 +107,11 @@ def main():
         for name, kwargs, words in [
             ("py_v2.h5", {"version": 2}, ["py_v2.h5", "version 2"]),
             ("py_f64.h5", {"float64_name": "wpe"}, ["/model/wpe", "float64"]),
+            # attributes the tensors do not have: refused at the open, before a model of
+            # 2^30 rows is sized from them
+            ("py_vocab.h5", {"attrs": {"vocab_size": 2**30}},
+             ["/model/wte has shape [5, 3]", "vocab_size = 1073741824"]),
+            ("py_nctx.h5", {"attrs": {"n_ctx": 7}}, ["/model/wpe has shape [4, 3]", "n_ctx = 7"]),
         ]:
             bad = os.path.join(d, name)
             write_py(bad, **kwargs)
