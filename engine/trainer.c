@@ -70,7 +70,7 @@ static const gptc_backend *start_backend(const gptc_config *c, const grid *g,
         power_open(cuda_backend_device(), cuda_backend_pci_bus_id(bus, sizeof bus), err, n) != 0)
         be = NULL;
     /* the lowest failing rank speaks for all: one line, naming it */
-    int first = grid_first_failing(!be, g->rank, g->world);
+    int first = grid_first_failing(!be, g->rank, g->world, NULL);
     if (first == g->world) return be;
     if (first != g->rank) err[0] = '\0';
     return NULL;
@@ -473,8 +473,9 @@ int train_test_thread_failure(const char *what, int rank) {
 }
 
 int train_refused(int failed, const char *err, int rank, int world) {
-    int first = grid_first_failing(failed, rank, world);
-    if (first == rank && first > 0) log_error("rank %d: %s", rank, err);
+    int all = 0, first = grid_first_failing(failed, rank, world, &all);
+    /* rank 0 names itself too where others passed: the cause is its alone */
+    if (first == rank && (first > 0 || !all)) log_error("rank %d: %s", rank, err);
     else if (first == rank) log_error("%s", err);
     return first < world;
 }

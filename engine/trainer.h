@@ -9,8 +9,8 @@
  * already been reported as one line. */
 int train_run(const gptc_config *cfg, const grid *g);
 /* The start-up checks' verdict, called by every rank at the same point: 1 on every rank when
- * failed is nonzero on any, and then the lowest failing rank says err (naming itself when it
- * is not rank 0: the cause may be its node's alone). */
+ * failed is nonzero on any, and then the lowest failing rank says err (naming itself unless
+ * every rank failed: the cause may be its node's alone). */
 int train_refused(int failed, const char *err, int rank, int world);
 /* Test-only: GPTC_TEST_THREAD_FAIL=R:what makes rank R's start of what ("watchdog": its
  * thread; "lanes": the communication streams) fail as a thread limit (ulimit -u) does */

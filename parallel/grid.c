@@ -34,8 +34,9 @@ int grid_rank_of(const grid *g, int tp_rank, int pp_rank, int dp_rank) {
     return tp_rank + g->tp * (dp_rank + g->dp * pp_rank);
 }
 
-int grid_first_failing(int failed, int rank, int world) {
-    int first = failed ? rank : world;
-    if (world > 1) MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    return first;
+int grid_first_failing(int failed, int rank, int world, int *all) {
+    int v[2] = {failed ? rank : world, failed != 0}; /* both the least over the ranks */
+    if (world > 1) MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (all) *all = v[1];
+    return v[0];
 }
