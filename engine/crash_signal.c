@@ -4,7 +4,7 @@
  * reading train.init ck.h5: a corrupt file?", puts back the handler it replaced (the MPI
  * library's backtrace, a sanitizer's report, or the default: a core and the signal's exit
  * status) and returns, so that the faulting instruction runs again into that one. */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* sigaltstack, SA_ONSTACK: XSI */
 #include "engine/crash_signal.h"
 
 #include <signal.h>
@@ -59,11 +59,24 @@ static void on_crash(int sig, siginfo_t *info, void *context) {
     if (info == NULL || info->si_code <= 0) raise(sig);
 }
 
+/* A stack overflow (a recursion in a library on a corrupt file) faults on the guard page
+ * with no stack left to run the handler on: the rank died without a word. The main
+ * thread's handler runs on this one, unless the program set its own. */
+static char g_alt_stack[64 * 1024];
+
+static void use_alt_stack(void) {
+    stack_t was;
+    if (sigaltstack(NULL, &was) == 0 && !(was.ss_flags & SS_DISABLE)) return;
+    stack_t st = {.ss_sp = g_alt_stack, .ss_size = sizeof g_alt_stack, .ss_flags = 0};
+    sigaltstack(&st, NULL);
+}
+
 void crash_catch_signals(void) {
+    use_alt_stack();
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_crash;
-    sa.sa_flags = SA_SIGINFO;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);
     for (int i = 0; i < N_SIGS; i++) sigaction(g_sigs[i], &sa, &g_was[i]);
 }

@@ -85,9 +85,10 @@ static int check_omp_threads(char *err, size_t n) {
     }
 }
 
-/* MPI_Finalize waits for every rank: one that hung before it must not keep this one */
-static int finish(int code) {
-    watchdog_finalizing();
+/* MPI_Finalize waits for every rank: one that hung before it must not keep this one.
+ * A GPU's teardown gets the minute its start got (trainer.c, start_backend). */
+static int finish(int code, const gptc_config *cfg) {
+    watchdog_finalizing(strcmp(cfg->device, "cuda") == 0 ? 60.0 : 0.0);
     MPI_Finalize();
     watchdog_stop();
     return code;
@@ -115,7 +116,7 @@ int main(int argc, char **argv) {
     config_defaults(&cfg);
     int wd = train_test_thread_failure("watchdog", rank) ? EAGAIN : watchdog_start(cfg.comm_timeout_s, rank);
     if (wd) snprintf(err, sizeof(err), "could not start the watchdog thread: %s", strerror(wd));
-    if (train_refused(wd != 0, err, rank, world)) return finish(1);
+    if (train_refused(wd != 0, err, rank, world)) return finish(1, &cfg);
     /* stdout piped into a reader that goes away (| head, a closed ssh session's tee) ends
      * no run: the lines are lost, as to a closed stdout, while training, its checkpoints
      * and train.log_file go on */
@@ -135,7 +136,7 @@ int main(int argc, char **argv) {
         snprintf(err, sizeof(err), "--help %s (give every rank the same arguments)",
                  help ? "here, but not on rank 0" : "on rank 0, but not here");
     if (train_refused(help != help0, err, rank, world)) {
-        return finish(1);
+        return finish(1, &cfg);
     }
     if (help) {
         if (rank == 0) {
@@ -146,7 +147,7 @@ int main(int argc, char **argv) {
                    "global_batch / dp;\n# train.seq_len = model.n_ctx\n", USAGE);
             config_print(&defaults, stdout);
         }
-        return finish(0);
+        return finish(0, &cfg);
     }
     const char *path = argc > 1 && strncmp(argv[1], "--", 2) != 0 ? argv[1] : NULL;
     int first_override = path ? 2 : 1;
@@ -170,8 +171,8 @@ int main(int argc, char **argv) {
     if (rc == 0) rc = grid_layout(&g, world, rank, cfg.tp, cfg.pp, cfg.dp, err, sizeof(err));
     if (train_refused(rc != 0, err, rank, world) ||
         train_refused(differs_from_rank0(&cfg, rank, world, err, sizeof(err)), err, rank, world)) {
-        return finish(1);
+        return finish(1, &cfg);
     }
     if (rank == 0) printf("gptc-train: %d rank(s), tp %d x pp %d x dp %d\n", world, g.tp, g.pp, g.dp);
-    return finish(train_run(&cfg, &g));
+    return finish(train_run(&cfg, &g), &cfg);
 }

@@ -175,10 +175,8 @@ static void run_free(run_state *r) {
     free(r->kept);
     timing_shutdown();
     power_close();
-    /* the watchdog goes on to MPI_Finalize, without the communicators about to go and
-     * without this run's step counter */
-    watchdog_set_comm_hooks(NULL, NULL);
-    watchdog_set_step(NULL);
+    /* freeing a group waits for its peers: a hang there is still this run's (its step,
+     * its communicators to abort; a group leaves the hooks' registry before it goes) */
     if (r->have_groups) {
         comm_group_free(&r->tp);
         comm_group_free(&r->pp);
@@ -186,6 +184,9 @@ static void run_free(run_state *r) {
         comm_group_free(&r->embedding);
         comm_group_free(&r->world);
     }
+    /* the watchdog goes on to MPI_Finalize, without this run's step counter */
+    watchdog_set_comm_hooks(NULL, NULL);
+    watchdog_set_step(NULL);
 }
 
 /* path's size in bytes; 0 when it cannot be told */

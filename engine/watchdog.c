@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,8 +46,10 @@ static atomic_long g_beats;
 
 void watchdog_beat(void) {
     atomic_store_explicit(&g_last_ms, timing_now_ms(), memory_order_relaxed);
-    /* the held wait is over: a hang after it is timed from here, not from the hold's end */
-    atomic_store_explicit(&g_hold_until_ms, 0.0, memory_order_relaxed);
+    /* the held wait is over: a hang after it is timed from here, not from the hold's end.
+     * Released after the beat's time: the watch that sees the hold gone sees that time
+     * (it read an old beat and no hold: a timeout at the end of every long hold) */
+    atomic_store_explicit(&g_hold_until_ms, 0.0, memory_order_release);
     atomic_fetch_add_explicit(&g_beats, 1, memory_order_relaxed);
 }
 
@@ -77,7 +80,15 @@ static void sleep_beating(long ms) {
 
 void watchdog_test_slow_read(void) {
     const char *v = getenv("GPTC_TEST_SLOW_READS");
-    sleep_beating(v ? atol(v) : 0);
+    if (!v) return;
+    /* said once for each input (rank 0): a test waits for it to act during the reads */
+    static char said[256];
+    const char *doing = atomic_load(&g_doing);
+    if (doing && strncmp(said, doing, sizeof said - 1) != 0) {
+        snprintf(said, sizeof said, "%s", doing);
+        log_info("test: %s, each read slowed by %ld ms (GPTC_TEST_SLOW_READS)\n", said, atol(v));
+    }
+    sleep_beating(atol(v));
 }
 
 void watchdog_test_slow_step(long step) {
@@ -117,9 +128,13 @@ static const char *where_text(char *where) {
 static void *watch(void *arg) {
     (void)arg;
     struct timespec tick = {0, 200 * 1000 * 1000};
-    while (atomic_load(&g_running)) {
+    for (;;) {
         nanosleep(&tick, NULL);
         pthread_mutex_lock(&g_hooks); /* held to the abort, or released below */
+        if (!atomic_load(&g_running)) { /* stopped while it slept: no timeout now */
+            pthread_mutex_unlock(&g_hooks);
+            break;
+        }
         const char *failed = g_poll ? g_poll() : NULL;
         char where[64];
         if (failed) {
@@ -127,7 +142,9 @@ static void *watch(void *arg) {
             if (g_abort_all) g_abort_all();
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        double last = atomic_load(&g_last_ms), held = atomic_load(&g_hold_until_ms);
+        /* the hold first: see watchdog_beat */
+        double held = atomic_load_explicit(&g_hold_until_ms, memory_order_acquire);
+        double last = atomic_load_explicit(&g_last_ms, memory_order_relaxed);
         double idle = timing_now_ms() - (held > last ? held : last);
         if (idle < atomic_load(&g_timeout_ms)) {
             pthread_mutex_unlock(&g_hooks);
@@ -176,10 +193,14 @@ void watchdog_doing(const char *what) {
 
 const char *watchdog_doing_now(void) { return atomic_load(&g_doing); }
 
-void watchdog_finalizing(void) {
+void watchdog_finalizing(double teardown_s) {
     atomic_store(&g_finalizing, 1);
-    /* the wait starts here; a hold for a peer's write of the last outputs stays */
-    atomic_store(&g_last_ms, timing_now_ms());
+    /* the wait starts here; a hold for a peer's write of the last outputs stays, or is
+     * lengthened to the peer's teardown */
+    double now = timing_now_ms();
+    atomic_store(&g_last_ms, now);
+    if (atomic_load(&g_hold_until_ms) < now + teardown_s * 1e3)
+        atomic_store(&g_hold_until_ms, now + teardown_s * 1e3);
 }
 
 int watchdog_start(double timeout_s, int rank) {
@@ -194,6 +215,9 @@ int watchdog_start(double timeout_s, int rank) {
 }
 
 void watchdog_stop(void) {
-    if (!atomic_exchange(&g_running, 0)) return;
-    pthread_join(g_thread, NULL);
+    /* under g_hooks: a watch that has begun its check ends it (an abort) first */
+    pthread_mutex_lock(&g_hooks);
+    int was = atomic_exchange(&g_running, 0);
+    pthread_mutex_unlock(&g_hooks);
+    if (was) pthread_join(g_thread, NULL);
 }

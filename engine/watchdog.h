@@ -46,8 +46,9 @@ void watchdog_set_step(long *step);
 void watchdog_doing(const char *what);
 const char *watchdog_doing_now(void);
 /* In MPI_Finalize, which waits for every rank: a timeout there ends this rank alone
- * (exit 1), as no job is left to abort. */
-void watchdog_finalizing(void);
+ * (exit 1), as no job is left to abort. teardown_s on top of the timeout: a peer may
+ * still be freeing its device (a context, communicators, the profiler's buffers). */
+void watchdog_finalizing(double teardown_s);
 void watchdog_stop(void);
 /* For a device communication library whose ops run asynchronously (NCCL): poll returns a
  * message when a communicator has failed (checked every tick, from the watchdog thread),

@@ -214,11 +214,16 @@ const char *comm_poll_async_errors(void) {
     return e;
 }
 
+/* Under g_poll_mu too: a comm_group_free on another thread that found its group taken
+ * out here waits for the abort to end before it frees the communicator (it destroyed
+ * one still being aborted). */
 void comm_abort_all(void) {
+    pthread_mutex_lock(&g_poll_mu);
     for (int i = 0; i < MAX_NCCL_GROUPS; i++) {
         comm_group *g = atomic_exchange(&g_nccl_groups[i], NULL);
         if (g) comm_nccl_abort(g);
     }
+    pthread_mutex_unlock(&g_poll_mu);
 }
 
 /* A duplicate rather than MPI_COMM_WORLD itself, so that our error handler and our

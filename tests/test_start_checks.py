@@ -112,13 +112,21 @@ def check_corrupt_checkpoint(a):
                      f"{path}:\n{(r.stdout + r.stderr)[-1500:]}")
             print(f"ok   a checkpoint corrupted to {name} HDF5, {ranks} rank(s), {took:.1f} s: "
                   f"{lines[0].replace(a + '/', '')}")
-    # 28 tensors at 200 ms each: the load is in its reads 1 s after the start
+    # 28 tensors at 200 ms each: sent once the load says it is in its slowed reads
     p = subprocess.Popen([TRAIN, f"{a}/cfg.ini", f"--train.init={a}/ck.h5"], text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env=dict(env(1), GPTC_TEST_SLOW_READS="200"))
-    time.sleep(1.5)
-    p.send_signal(11)
+    marker = f"test: reading train.init {a}/ck.h5, each read slowed"
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if line.startswith(marker):
+            p.send_signal(11)
+            break
+    else:
+        p.kill()
     out, err = p.communicate(timeout=60)
+    out = "".join(seen) + out
     want = f"gptc: error: rank 0: a crash (SIGSEGV) while reading train.init {a}/ck.h5: a corrupt file?"
     if p.returncode == 0 or want not in err.splitlines():
         fail(f"SIGSEGV while loading train.init: exit {p.returncode}, want the line {want!r}:\n"

@@ -837,6 +837,17 @@ def check_compare_outlier(tool, real):
             or " by median iter: " in r.stdout:
         fail(f"compare_reports against an all-warm-up report: exit {r.returncode}, notes {notes}"
              f"\n{r.stdout[:1500]}{r.stderr}")
+    # no step at all (a resume past train.steps): a note that says so, not the warm-up one
+    rep["steps"] = []
+    with open(f"{D}/outlier-b.report.json", "w") as f:
+        json.dump(rep, f)
+    r = subprocess.run([sys.executable, tool, f"{D}/outlier-a.report.json",
+                        f"{D}/outlier-b.report.json"], capture_output=True, text=True)
+    notes = [ln for ln in r.stdout.splitlines() if ln.startswith("Note: ")]
+    if r.returncode or notes != ["Note: B has no steps (its run had none to run): its cells "
+                                 "are blank"]:
+        fail(f"compare_reports against a report of no step: exit {r.returncode}, notes {notes}"
+             f"\n{r.stdout[:1500]}{r.stderr}")
     print(f"ok   tools/compare_reports.py, a 10x warm-up step: the means say B / A "
           f"{mean_b / mean_a:.2f}, the tool by the medians {by_median:.2f} and names A's step 2")
 

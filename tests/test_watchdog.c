@@ -9,8 +9,9 @@
  * finish), and the step it was in (7). "doing": "expire" in the start-up while reading a
  * file (watchdog_doing): the line names the file (a corrupt file the HDF5 library loops
  * over). "finalize": rank 1 hangs (its watchdog stopped) before MPI_Finalize, which rank 0
- * has entered: rank 0 ends itself, saying MPI_Finalize waited (ctest expects it). Also
- * checks watchdog_io_s's rate. */
+ * has entered: rank 0 ends itself, saying MPI_Finalize waited (ctest expects it).
+ * "teardown": rank 1 comes to MPI_Finalize 1.5 s after rank 0 (a device's teardown), which
+ * waits with 3 s of teardown allowed: both exit 0. Also checks watchdog_io_s's rate. */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <pthread.h>
@@ -40,6 +41,7 @@ int main(int argc, char **argv) {
     int waiting = argc > 1 && strcmp(argv[1], "waiting") == 0;
     int doing = argc > 1 && strcmp(argv[1], "doing") == 0;
     int finalize = argc > 1 && strcmp(argv[1], "finalize") == 0;
+    int teardown = argc > 1 && strcmp(argv[1], "teardown") == 0;
     int expire = ended || waiting || doing || (argc > 1 && strcmp(argv[1], "expire") == 0);
     long step = waiting ? 7 : 0;
     double rate = 1e9 / watchdog_io_s(1e9); /* bytes a second */
@@ -57,10 +59,21 @@ int main(int argc, char **argv) {
             watchdog_stop();
             sleep_s(30.0);
         }
-        watchdog_finalizing();
+        watchdog_finalizing(0.0);
         MPI_Finalize();
         printf("FAIL: rank %d: MPI_Finalize returned, its peer hung\n", rank);
         return 1;
+    }
+    if (teardown) {
+        if (rank == 1) { /* its own watchdog held through its slow teardown */
+            watchdog_hold(3.0);
+            sleep_s(1.5);
+        }
+        watchdog_finalizing(3.0);
+        MPI_Finalize();
+        watchdog_stop();
+        printf("ok: rank %d: MPI_Finalize waited through its peer's teardown\n", rank);
+        return 0;
     }
     if (doing) watchdog_doing("reading train.init ck.h5");
     watchdog_hold(ended ? 30.0 : expire ? 0.5 : 3.0); /* hold: 2 s of slack for a loaded
