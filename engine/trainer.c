@@ -149,7 +149,8 @@ typedef struct {
     long t;                    /* AdamW's step count: optim_t, then one more an update */
     int kernel_timing;         /* profile.timing = kernel */
     char doing[ERR_LEN];       /* what the start-up reads, for the watchdog's message */
-    long current_step;         /* what the watchdog reports (0: the start-up) */
+    atomic_long current_step;  /* what the watchdog reports (0: the start-up); its thread
+                                * reads it */
     /* with kernel timing, the clock offset to rank 0 at the time origin, measured at
      * at0_ms (this rank's clock) within rtt0_ms / 2 */
     double clock0_ms, rtt0_ms, at0_ms;

@@ -26,7 +26,7 @@ static atomic_int g_running;
 static pthread_t g_thread;
 static _Atomic double g_timeout_ms;
 static int g_rank, g_world;
-static _Atomic(long *) g_step;           /* NULL in the start-up; set under g_hooks */
+static _Atomic(atomic_long *) g_step;           /* NULL in the start-up; set under g_hooks */
 static _Atomic(const char *) g_doing;    /* watchdog_doing */
 static atomic_int g_finalizing;          /* watchdog_finalizing */
 /* the hooks reach communicators the run frees before MPI_Finalize, which the thread
@@ -116,11 +116,12 @@ static void waiting_text(char *out, size_t n) {
     }
 }
 
-/* "step s", or "the start-up", into where[64]: read only as the job ends (the counter is
- * the main thread's, written every step) */
+/* "step s", or "the start-up", into where[64] (the counter is the main thread's, written
+ * every step) */
 static const char *where_text(char *where) {
-    long *step = atomic_load(&g_step);
-    if (step && *step > 0) snprintf(where, 64, "step %ld", *step);
+    atomic_long *step = atomic_load(&g_step);
+    long s = step ? atomic_load_explicit(step, memory_order_relaxed) : 0;
+    if (s > 0) snprintf(where, 64, "step %ld", s);
     else snprintf(where, 64, "the start-up");
     return where;
 }
@@ -180,18 +181,23 @@ static void *watch(void *arg) {
 
 void watchdog_set_timeout(double timeout_s) { atomic_store(&g_timeout_ms, timeout_s * 1e3); }
 
-void watchdog_set_step(long *step) {
+void watchdog_set_step(atomic_long *step) {
     pthread_mutex_lock(&g_hooks); /* the counter of a run that ended is read no more */
     atomic_store(&g_step, step);
     pthread_mutex_unlock(&g_hooks);
 }
 
+/* the thread that set g_doing (gptc_core is linked statically: its thread-local storage
+ * is read without a call, as a signal handler may) */
+static _Thread_local int t_doing;
+
 void watchdog_doing(const char *what) {
     atomic_store(&g_doing, what);
+    t_doing = what != NULL;
     watchdog_beat();
 }
 
-const char *watchdog_doing_now(void) { return atomic_load(&g_doing); }
+const char *watchdog_doing_now(void) { return t_doing ? atomic_load(&g_doing) : NULL; }
 
 void watchdog_finalizing(double teardown_s) {
     atomic_store(&g_finalizing, 1);

@@ -8,6 +8,8 @@
 #ifndef GPTC_WATCHDOG_H
 #define GPTC_WATCHDOG_H
 
+#include <stdatomic.h>
+
 /* Marks progress; cheap enough to call per layer and per communication op. */
 void watchdog_beat(void);
 /* How many beats so far, watchdog or not (tests: that long work marks its progress) */
@@ -39,11 +41,13 @@ int watchdog_start(double timeout_s, int rank);
 /* train.comm_timeout_s, once the config is read (until then its default) */
 void watchdog_set_timeout(double timeout_s);
 /* The run's step counter, for the message ("in step s"); NULL or 0: "in the start-up" */
-void watchdog_set_step(long *step);
+void watchdog_set_step(atomic_long *step);
 /* What the main thread does where a hang or a crash would be the input's fault, for the
  * message ("reading train.init ck.h5": a string that stays valid), NULL when it is done;
  * a beat either way. */
 void watchdog_doing(const char *what);
+/* watchdog_doing's input when the calling thread set it, else NULL: a crash on another
+ * thread (a loader's, OpenMP's) is not the input's (async-signal-safe) */
 const char *watchdog_doing_now(void);
 /* In MPI_Finalize, which waits for every rank: a timeout there ends this rank alone
  * (exit 1), as no job is left to abort. teardown_s on top of the timeout: a peer may

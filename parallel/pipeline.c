@@ -7,48 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/log.h"
 #include "engine/timing.h"
 #include "parallel/comm.h"
 
 enum { TAG_ACT = 1, TAG_GRAD = 2 }; /* one tag per direction: the lists keep each in order */
-
-/* A micro-batch holds a slot of a chunk from the first action that touches its buffers
- * (receive or forward) to the last (backward or sending the gradient). Starts and ends
- * both come in micro-batch order, so the live ones are consecutive and micro % slots
- * never collides; slots = the most live at once. */
-static void count_slots(const pp_list *l, int v, int n_micro, int *slots /* [v] */) {
-    int n = v * n_micro;
-    /* [n] each: the index of the first and of the last action of chunk-micro k */
-    int *first = log_calloc((size_t)n, sizeof(int), "the pipeline's slot count");
-    int *last = log_calloc((size_t)n, sizeof(int), "the pipeline's slot count");
-    /* [l->n + 1]: how many of a chunk's micro-batches start (+) and end (-) at action i,
-     * summed as the list is walked: a pass per chunk, not per (action, micro-batch), which
-     * took 29 s at 262144 micro-batches */
-    int *change = log_calloc((size_t)l->n + 1, sizeof(int), "the pipeline's slot count");
-    for (int k = 0; k < n; k++) first[k] = last[k] = -1;
-    for (int i = 0; i < l->n; i++) {
-        int k = l->a[i].chunk * n_micro + l->a[i].micro;
-        if (first[k] < 0) first[k] = i;
-        last[k] = i;
-    }
-    for (int c = 0; c < v; c++) {
-        memset(change, 0, ((size_t)l->n + 1) * sizeof(int));
-        for (int k = c * n_micro; k < (c + 1) * n_micro; k++)
-            if (first[k] >= 0) {
-                change[first[k]]++;
-                change[last[k] + 1]--;
-            }
-        slots[c] = 1;
-        for (int i = 0, live = 0; i < l->n; i++) {
-            live += change[i];
-            if (live > slots[c]) slots[c] = live;
-        }
-    }
-    free(first);
-    free(last);
-    free(change);
-}
 
 int pp_setup(pp_context *pc, const char *schedule, int pp, int v, int n_micro, int rank,
              comm_group *group, comm_group *embedding, comm_lane *lane, int async, char *err,
@@ -80,7 +42,7 @@ int pp_setup(pp_context *pc, const char *schedule, int pp, int v, int n_micro, i
     if (rc == 0) {
         pc->list = all[rank];
         memset(&all[rank], 0, sizeof(pp_list));
-        count_slots(&pc->list, v, n_micro, pc->slots);
+        pp_count_slots(&pc->list, v, n_micro, pc->slots);
     }
     if (rc == 0 && pc->async) {
         for (int c = 0; c < v; c++)

@@ -29,10 +29,14 @@ def env(ranks=1):
 
 def run_train(args, np_ranks=None, timeout=600, extra_env=None, train=None):
     """Runs gptc-train, or the binary train (under mpirun when np_ranks is given); returns
-    CompletedProcess."""
+    CompletedProcess. extra_env's None values unset theirs."""
     cmd = ([*MPIRUN, "-np", str(np_ranks)] if np_ranks else []) + [train or TRAIN, *args]
     e = env(np_ranks or 1)
-    e.update(extra_env or {})
+    for k, v in (extra_env or {}).items():
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = v
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
 
 

@@ -255,11 +255,12 @@ def check_omp_threads():
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env(2))
     check("OMP_NUM_THREADS=abc on rank 1 alone", None, ["rank 1", "OMP_NUM_THREADS = abc"], r=r)
     # an empty OPENBLAS_CORETYPE is unset: gptc's own pick of the kernel family, not
-    # OpenBLAS's detection (another family sums in another order)
+    # OpenBLAS's detection (another family sums in another order); unset here too, not the
+    # one the environment may hold (a machine had Haswell, its CPU AVX-512)
     import re
     fam = [re.search(r"OpenBLAS kernels (\S+)",
                      run_train(BASE + ["--train.steps=1"], timeout=120, extra_env=e).stdout)
-           for e in ({}, {"OPENBLAS_CORETYPE": ""})]
+           for e in ({"OPENBLAS_CORETYPE": None}, {"OPENBLAS_CORETYPE": ""})]
     if not all(fam) or fam[0].group(1) != fam[1].group(1):
         fail(f"OPENBLAS_CORETYPE empty: kernels {[f and f.group(1) for f in fam]}, want the same")
 

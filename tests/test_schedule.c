@@ -3,7 +3,8 @@
  * have the documented warm-up; the refused combinations name their key; and the checker
  * rejects hand-broken lists (a textbook 1F1B that deadlocks with blocking send/recv, every
  * adjacent send/recv pair swapped, a missing recv or send, a backward before its forward, a
- * duplicated forward, a recv from the wrong peer, backwards out of forward order).
+ * duplicated forward, a recv from the wrong peer, backwards out of forward order); every
+ * list's activation slot count (pp_count_slots) is checked by brute force.
  * Prints a few schedules as timelines for the docs. Exit 0 = pass. */
 #include "parallel/schedule.h"
 #include "tests/check.h"
@@ -84,6 +85,36 @@ static void check_rank(const char *name, int pp, int v, int n_micro, int rank, c
     if (pp == 1) check(n_comm == 0, "%s pp=1 n=%d: %d send/recv actions", name, n_micro, n_comm);
     free(fwd_at);
     free(bwd_at);
+}
+
+/* pp_count_slots against a count by brute force (at every action, the micro-batches of
+ * each chunk between their first and last action), and what the pipeline relies on: no
+ * two live micro-batches of a chunk share slot micro % slots */
+static void check_slots(const char *name, int pp, int v, int n_micro, int rank, const pp_list *l) {
+    int slots[3] = {0, 0, 0};
+    pp_count_slots(l, v, n_micro, slots);
+    for (int c = 0; c < v; c++) {
+        int most = 1, collided = 0;
+        for (int i = 0; i < l->n; i++) {
+            int live = 0, taken[8] = {0}; /* [n_micro <= 8] */
+            for (int m = 0; m < n_micro; m++) {
+                int first = -1, last = -1;
+                for (int j = 0; j < l->n; j++)
+                    if (l->a[j].chunk == c && l->a[j].micro == m) {
+                        if (first < 0) first = j;
+                        last = j;
+                    }
+                if (first > i || last < i) continue;
+                live++;
+                if (slots[c] > 0 && taken[m % slots[c]]++) collided = 1;
+            }
+            if (live > most) most = live;
+        }
+        check(slots[c] == most, "%s pp=%d v=%d n=%d rank %d: chunk %d needs %d slots, counted %d",
+              name, pp, v, n_micro, rank, c, most, slots[c]);
+        check(!collided, "%s pp=%d v=%d n=%d rank %d: chunk %d: two live micro-batches share a "
+              "slot of %d", name, pp, v, n_micro, rank, c, slots[c]);
+    }
 }
 
 /* Every adjacent (send, recv) pair with the same peer, swapped on its own, must deadlock:
@@ -199,7 +230,10 @@ static int sweep(void) {
                     } else {
                         rc = pp_schedule_check(pp, v, n, lists, err, sizeof err);
                         check(rc == 0, "%s pp=%d v=%d n=%d: checker: %s", names[s], pp, v, n, err);
-                        for (int r = 0; r < pp; r++) check_rank(names[s], pp, v, n, r, &lists[r]);
+                        for (int r = 0; r < pp; r++) {
+                            check_rank(names[s], pp, v, n, r, &lists[r]);
+                            check_slots(names[s], pp, v, n, r, &lists[r]);
+                        }
                         check_swaps_deadlock(names[s], pp, v, n, lists);
                     }
                     free_all(lists, pp);

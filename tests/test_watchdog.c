@@ -43,7 +43,7 @@ int main(int argc, char **argv) {
     int finalize = argc > 1 && strcmp(argv[1], "finalize") == 0;
     int teardown = argc > 1 && strcmp(argv[1], "teardown") == 0;
     int expire = ended || waiting || doing || (argc > 1 && strcmp(argv[1], "expire") == 0);
-    long step = waiting ? 7 : 0;
+    atomic_long step = waiting ? 7 : 0;
     double rate = 1e9 / watchdog_io_s(1e9); /* bytes a second */
     if (rate < 1e6 || rate > 1e9) {
         printf("FAIL: watchdog_io_s allows %.3g bytes/s, not a slow disk's rate\n", rate);

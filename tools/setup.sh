@@ -8,8 +8,9 @@ case "$mode" in demo|test) ;; *) echo "usage: bash tools/setup.sh demo|test" >&2
 
 build_pkgs=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev
             libopenblas-dev libopenblas-openmp-dev libopenblas0-pthread)
-# the test suite compares with PyTorch and reads HDF5 from Python (Debian's interpreter)
-test_pkgs=(python3 python3-numpy python3-h5py python3-torch clang)
+# the test suite compares with PyTorch, reads HDF5 from Python (Debian's interpreter) and
+# draws the overlap sweep's figures (test_bench_smoke)
+test_pkgs=(python3 python3-numpy python3-h5py python3-torch python3-matplotlib clang)
 want=("${build_pkgs[@]}")
 [ "$mode" = test ] && want+=("${test_pkgs[@]}")
 missing=()
