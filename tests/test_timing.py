@@ -704,9 +704,21 @@ def check_slow_step():
     """A step far slower than the median (GPTC_TEST_SLOW_STEP: step 1 takes 1 s longer, as a
     first step that loads and plans does) is named under the table with the warm-up that
     leaves it out; overlap.iter_ms_median is the policy rows' median, which that step moves
-    far less than the mean"""
-    _, rep, _ = timed("slow1", 1, [], env={"GPTC_TEST_SLOW_STEP": "1:1000"})
-    rows = [r for r in rep["steps"] if not r["probe"] and not r.get("warmup")]
+    far less than the mean. The other steps must take under 200 ms for that (then step 1 is
+    over 3x the median, and the mean over 1.5x): a machine loaded by other tests once made
+    a step of this tiny model take 2 s (two OpenMP threads on two busy cores), so one
+    thread, and a run whose other steps were slow anyway is run again, twice at most."""
+    for attempt in range(3):
+        _, rep, _ = timed("slow1", 1, [], env={"GPTC_TEST_SLOW_STEP": "1:1000",
+                                               "OMP_NUM_THREADS": "1"})
+        rows = [r for r in rep["steps"] if not r["probe"] and not r.get("warmup")]
+        others = max(r["iter_ms"] for r in rows if r["step"] != 1)
+        if others < 200:
+            break
+        print(f"note slow1: another step took {others:.0f} ms (the machine is loaded): run again")
+    else:
+        fail(f"slow1: three runs whose steps other than the slow one took up to {others:.0f} ms: "
+             f"too loaded a machine to tell a 1 s slower step")
     med = statistics.median(r["iter_ms"] for r in rows)
     ov = rep["overlap"]
     if abs(ov["iter_ms_median"] - med) > 1e-3 or ov["iter_ms"] < 1.5 * med:
@@ -814,12 +826,16 @@ def check_compare_outlier(tool, real):
                         f"{D}/outlier-a.report.json"], capture_output=True, text=True)
     if "by median iter: 1.000 (no clear difference)" not in r.stdout:
         fail(f"compare_reports, a report against itself: {r.stdout[-600:]}")
+    def against_b(rep):
+        """the tool on A and rep, written as B"""
+        with open(f"{D}/outlier-b.report.json", "w") as f:
+            json.dump(rep, f)
+        return subprocess.run([sys.executable, tool, f"{D}/outlier-a.report.json",
+                               f"{D}/outlier-b.report.json"], capture_output=True, text=True)
+
     # a report without step rows: the rows and lines of the spread are left out, no more
     del rep["steps"]
-    with open(f"{D}/outlier-b.report.json", "w") as f:
-        json.dump(rep, f)
-    r = subprocess.run([sys.executable, tool, f"{D}/outlier-a.report.json",
-                        f"{D}/outlier-b.report.json"], capture_output=True, text=True)
+    r = against_b(rep)
     if r.returncode or f"| iter ms median | {np.median(xa):.3f} |  |  |" not in r.stdout or \
             " by median iter: " in r.stdout or "Warning: in B" in r.stdout:
         fail(f"compare_reports against a report without steps: exit {r.returncode}\n"
@@ -828,10 +844,7 @@ def check_compare_outlier(tool, real):
     rep["steps"] = [dict(row, step=k, rank=r, warmup=True) for r in range(2) for k in (1, 2)]
     rep["overlap"].update(policy_steps=0, iter_ms=None, iter_ms_median=None)
     rep["kernels"] = []
-    with open(f"{D}/outlier-b.report.json", "w") as f:
-        json.dump(rep, f)
-    r = subprocess.run([sys.executable, tool, f"{D}/outlier-a.report.json",
-                        f"{D}/outlier-b.report.json"], capture_output=True, text=True)
+    r = against_b(rep)
     notes = [ln for ln in r.stdout.splitlines() if ln.startswith("Note: ")]
     if r.returncode or len(notes) != 1 or not notes[0].startswith("Note: B has no steps run") \
             or " by median iter: " in r.stdout:
@@ -839,10 +852,7 @@ def check_compare_outlier(tool, real):
              f"\n{r.stdout[:1500]}{r.stderr}")
     # no step at all (a resume past train.steps): a note that says so, not the warm-up one
     rep["steps"] = []
-    with open(f"{D}/outlier-b.report.json", "w") as f:
-        json.dump(rep, f)
-    r = subprocess.run([sys.executable, tool, f"{D}/outlier-a.report.json",
-                        f"{D}/outlier-b.report.json"], capture_output=True, text=True)
+    r = against_b(rep)
     notes = [ln for ln in r.stdout.splitlines() if ln.startswith("Note: ")]
     if r.returncode or notes != ["Note: B has no steps (its run had none to run): its cells "
                                  "are blank"]:
