@@ -158,13 +158,18 @@ typedef struct {
 
 static void run_free(run_state *r) {
     /* the watchdog stays until MPI_Finalize: draining a lane or freeing a group waits for
-     * peers too, and a dead peer must not hang that. Streams first: communication still queued reads and writes the buffers below */
+     * peers too, and a dead peer must not hang that. Streams first: communication still
+     * queued reads and writes the buffers below */
     dp_params_settle(&r->dpc, &r->model);
     comm_lane_free(&r->tp_lane);
     comm_lane_free(&r->pp_lane);
     comm_lane_free(&r->dp_lane);
     dp_free(&r->dpc);
     pp_free(&r->ppc);
+    /* A device's teardown (its memory, communicators, the profiler's last buffers) gets
+     * the minute its start got; its peers wait as long in MPI_Finalize (main.c). Here,
+     * after the last communication op: its beat would end the hold. */
+    if (strcmp(r->c->device, "cuda") == 0) watchdog_hold(60.0);
     gpt_destroy(&r->model);
     if (r->loader) loader_destroy(r->loader);
     if (r->log) fclose(r->log);

@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@ static atomic_int g_running;
 static pthread_t g_thread;
 static _Atomic double g_timeout_ms;
 static int g_rank, g_world;
-static _Atomic(atomic_long *) g_step;           /* NULL in the start-up; set under g_hooks */
+static _Atomic(atomic_long *) g_step;   /* NULL in the start-up; set under g_hooks */
 static _Atomic(const char *) g_doing;    /* watchdog_doing */
 static atomic_int g_finalizing;          /* watchdog_finalizing */
 /* the hooks reach communicators the run frees before MPI_Finalize, which the thread
@@ -189,7 +190,7 @@ void watchdog_set_step(atomic_long *step) {
 
 /* the thread that set g_doing (gptc_core is linked statically: its thread-local storage
  * is read without a call, as a signal handler may) */
-static _Thread_local int t_doing;
+static _Thread_local volatile sig_atomic_t t_doing;
 
 void watchdog_doing(const char *what) {
     atomic_store(&g_doing, what);

@@ -221,8 +221,8 @@ int gpt_load(gpt_model *m, ckpt_file *f, const gpt_moments *moments, long t_opti
                 continue;
             }
             watchdog_beat();
-            /* the beat ended the start-up's hold for the whole file: one for this tensor
-             * (its full size: a TP shard's rows may be strided through all of it) */
+            /* one large tensor's read (a vocabulary's embedding on a slow disk) is no hang:
+             * held for its full size (a TP shard's rows may be strided through all of it) */
             watchdog_hold(watchdog_io_s((double)t->rows * t->cols * sizeof(float)));
             watchdog_test_slow_read();
             rc = move_tensor(m, t, f, GROUPS[which], host + t->offset, 1, err, errlen);

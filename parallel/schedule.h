@@ -126,11 +126,11 @@ const char *pp_kind_name(pp_kind k);
 /* "FWD micro 3 chunk 1", "SEND_ACT micro 3 chunk 1 to rank 2", "RECV_GRAD micro 0 chunk 0 from rank 1". */
 void pp_action_format(const pp_action *a, char *buf, size_t len);
 
-/* Appends to l; 0, or -1 when out of memory. */
 /* The activation slots each chunk of list l needs: the most of its micro-batches live at
  * once, from the first action that touches one's buffers to the last. Live ones are
  * consecutive, so slot micro % slots[c] never holds two. */
 void pp_count_slots(const pp_list *l, int v, int n_micro, int *slots /* [v] */);
+/* Appends to l; 0, or -1 when out of memory. */
 int pp_list_push(pp_list *l, pp_action a);
 void pp_list_free(pp_list *l);
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +47,13 @@ static int run_child(int overflow, char *text, size_t n) {
         close(out[0]);
         crash_catch_signals();
         watchdog_doing("reading train.init ck.h5");
+        /* under ulimit -s unlimited the stack would grow through the machine's memory */
+        struct rlimit stack;
+        if (getrlimit(RLIMIT_STACK, &stack) == 0 &&
+            (stack.rlim_cur == RLIM_INFINITY || stack.rlim_cur > (rlim_t)8 << 20)) {
+            stack.rlim_cur = (rlim_t)8 << 20;
+            setrlimit(RLIMIT_STACK, &stack);
+        }
         char base = 0;
         if (overflow) _exit(recurse(&base, 1));
         pthread_t t;

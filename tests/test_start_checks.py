@@ -2,8 +2,10 @@
 arguments or files (mpirun A : B, a file one node lacks), and output paths that pass
 access() but cannot be written (or would block). Every case must end every rank with a
 nonzero exit and one gptc line naming the rank, the key or the file, before training."""
+import ctypes
 import json
 import os
+import queue
 import select
 import subprocess
 import sys
@@ -117,16 +119,38 @@ def check_corrupt_checkpoint(a):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env=dict(env(1), GPTC_TEST_SLOW_READS="200"))
     marker = f"test: reading train.init {a}/ck.h5, each read slowed"
-    seen = []
-    for line in p.stdout:
+    lines, errs = queue.Queue(), []
+
+    def read_stdout():
+        for line in p.stdout:
+            lines.put(line)
+        lines.put(None)
+    reader = threading.Thread(target=lambda: errs.extend(p.stderr), daemon=True)
+    reader.start()
+    threading.Thread(target=read_stdout, daemon=True).start()
+    seen, deadline = [], time.monotonic() + 60
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            line = None
+        if line is None:  # ended, or 60 s without the marker: the check below fails
+            p.kill()
+            break
         seen.append(line)
         if line.startswith(marker):
-            p.send_signal(11)
+            # to the main thread, the one reading: a signal to the process may be taken
+            # by another, whose crash names no file
+            if ctypes.CDLL(None, use_errno=True).tgkill(p.pid, p.pid, 11) != 0:
+                p.send_signal(11)
             break
-    else:
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
         p.kill()
-    out, err = p.communicate(timeout=60)
-    out = "".join(seen) + out
+        p.wait()
+    reader.join(timeout=10)
+    out, err = "".join(seen), "".join(errs)
     want = f"gptc: error: rank 0: a crash (SIGSEGV) while reading train.init {a}/ck.h5: a corrupt file?"
     if p.returncode == 0 or want not in err.splitlines():
         fail(f"SIGSEGV while loading train.init: exit {p.returncode}, want the line {want!r}:\n"

@@ -65,7 +65,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (teardown) {
-        if (rank == 1) { /* its own watchdog held through its slow teardown */
+        if (rank == 1) { /* its own watchdog held through its slow teardown, as run_free
+                          * holds a GPU's */
             watchdog_hold(3.0);
             sleep_s(1.5);
         }

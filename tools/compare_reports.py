@@ -234,7 +234,7 @@ def empty(report, name):
     cells are blank; None for one that has some"""
     if report["overlap"]["policy_steps"]:
         return None
-    if not report.get("steps"):  # a resume past train.steps
+    if report.get("steps") == []:  # a resume past train.steps
         return f"Note: {name} has no steps (its run had none to run): its cells are blank"
     return (f"Note: {name} has no steps run with its policies (each was a warm-up step or a "
             f"contention probe): its cells are blank; run more steps than --profile.warmup "
