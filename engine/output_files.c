@@ -630,10 +630,16 @@ void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_ke
     DIR *d = opendir(dir);
     if (!d) return;
     long found[SAVE_KEPT_FOUND]; /* [n]: the newest versions */
-    int n = 0;
+    int n = 0, n_later = 0;
+    long later_lo = 0, later_hi = 0; /* the steps of versions at or past first */
     for (struct dirent *e; (e = readdir(d));) {
         remove_if_stale(dir, base, e->d_name);
         long step = keep > 1 ? version_step(base, e->d_name) : 0;
+        if (step >= first) { /* of an earlier run that went further */
+            later_lo = n_later == 0 || step < later_lo ? step : later_lo;
+            later_hi = step > later_hi ? step : later_hi;
+            n_later++;
+        }
         if (step == 0 || step >= first) continue; /* not one an earlier run kept */
         if (n < SAVE_KEPT_FOUND) found[n++] = step;
         else {
@@ -643,6 +649,18 @@ void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_ke
         }
     }
     closedir(d);
+    /* a run resumed from before the newest version (a rewind, or a wrong train.init) must
+     * not delete them: they may be all that is left of the run that went further */
+    if (n_later > 0) {
+        char lo[CFG_STR_MAX + 32], hi[CFG_STR_MAX + 32];
+        versioned_name(path, later_lo, lo, sizeof lo);
+        versioned_name(path, later_hi, hi, sizeof hi);
+        log_warn("train.keep: %d version(s) of steps from this run's first (%ld) on, %s%s%s, "
+                 "are of an earlier run that went further: where this run saves the same step "
+                 "it replaces them, the others stay as they are and do not count against "
+                 "train.keep = %d", n_later, first, lo, n_later > 1 ? " to " : "",
+                 n_later > 1 ? hi : "", keep);
+    }
     for (int i = 1; i < n; i++) /* ascending */
         for (int j = i; j > 0 && found[j] < found[j - 1]; j--) {
             long t = found[j];

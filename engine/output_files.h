@@ -99,7 +99,7 @@ void save_keep_version(const char *path, long step, int keep, long *kept, int *n
  * keep > 1, puts the versions an earlier run kept before step first (the newest
  * SAVE_KEPT_FOUND) into kept[] (oldest first), so that they count against keep: the first
  * save removes those older than the newest keep. Later versions (of a run that went
- * further) are left alone. */
+ * further) are left alone, with a warning naming them. */
 void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_kept);
 
 /* With keep > 1, the versions this run will write (steps first..last: every every-th, and

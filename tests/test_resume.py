@@ -139,6 +139,19 @@ def main():
     os.remove(f"{d}/cos.step15.h5")
     print("ok   keep: a run that saves nothing removes no version; a version's name held by "
           "another file is refused")
+    # a rewind: resumed from step 6 with versions of steps 9 and 12 there, saving at 8 and
+    # 10, keep = 3: 6, 8 and 10 are this run's newest three; 9 and 12, all that is left of
+    # the run that went further, stay (uncounted), and a warning names them
+    r = run_train(cos + [f"--train.init={d}/cos.step6.h5", "--train.steps=10",
+                         f"--train.save={d}/cos.h5", "--train.save_every=4", "--train.keep=3"])
+    kept = sorted(int(x[8:-3]) for x in os.listdir(d) if x.startswith("cos.step"))
+    warned = [x for x in r.stderr.splitlines() if x.startswith("gptc: warning: train.keep: 2 "
+              "version(s) of steps from this run's first (7) on, ") and
+              f"{d}/cos.step9.h5 to {d}/cos.step12.h5" in x]
+    if r.returncode or kept != [6, 8, 9, 10, 12] or len(warned) != 1:
+        fail(f"train.keep=3 resumed from before the newest version: exit {r.returncode}, "
+             f"versions {kept} (want 6, 8, 9, 10, 12), warning {warned}:\n{r.stderr[-800:]}")
+    print(f"ok   keep: a rewound run leaves the later versions, saying so: {warned[0][14:90]}...")
     # a resumed run with no step left (train.steps read as "more steps", not "up to"):
     # train.save, here a later run's checkpoint, stays as it was
     before = open(f"{d}/full.h5", "rb").read()

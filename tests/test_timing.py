@@ -894,6 +894,11 @@ def check_compare_reports(a, b):
     if rows.get("allreduce [dp]", [])[:2] != want:
         fail(f"compare_reports: allreduce [dp] row {rows.get('allreduce [dp]')}, the reports "
              f"give {want} us a step")
+    # the reductions over every rank ("none" in by_parallelism) as gptc's table has them
+    host = [k["name"] for k in ra["kernels"] if "none" in (k.get("by_parallelism") or {})]
+    if not host or any(f"{n} [world]" not in rows or f"{n} [none]" in rows for n in host):
+        fail(f"compare_reports: the reductions over every rank {host} should be rows "
+             f"'NAME [world]': {sorted(rows)}")
 
     # its slowdowns: the report's, '*' from fewer than 10 instances on either side, and the
     # same net of the waits ("excl wait") where the report has one

@@ -86,7 +86,9 @@ def ops(report):
     out = {}
     for k in report["kernels"]:
         parts = k.get("by_parallelism") or {}
-        items = [(f"{k['name']} [{par}]", v, par) for par, v in parts.items()] \
+        # the reductions over every rank: "none" in by_parallelism, [world] in gptc's table
+        items = [(f"{k['name']} [{'world' if par == 'none' else par}]", v, par)
+                 for par, v in parts.items()] \
             if k["kind"] == "comm" and parts else [(k["name"], k, None)]
         for name, v, par in items:
             slow = slowdown(v)
