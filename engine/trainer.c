@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "data/tokens.h"
@@ -116,6 +117,18 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
     else
         log_info("backend: %s, %d OpenMP thread(s), OpenBLAS kernels %s\n", m->be->name,
                  omp_get_max_threads(), cpu_blas_corename());
+}
+
+/* OpenBLAS maps its buffers as it starts and at its first products: one that fails is
+ * retried for ever, with no word (its issue 5289; under 0.8 to 1.2 GB on the machines
+ * tried), so a low limit is named before it loads */
+static void warn_address_space(const gptc_config *c) {
+    struct rlimit as;
+    if (strcmp(c->device, "cpu") == 0 && getrlimit(RLIMIT_AS, &as) == 0 &&
+        as.rlim_cur != RLIM_INFINITY && as.rlim_cur < (rlim_t)2 << 30)
+        log_warn("the address space is limited to %.0f MiB (ulimit -v): OpenBLAS may fail to "
+                 "map its buffers and then retry for ever, in the start-up or in step 1, with "
+                 "no word; give it 2 GiB or more", (double)as.rlim_cur / 1048576.0);
 }
 
 typedef struct {
@@ -926,6 +939,7 @@ int train_run(const gptc_config *c, const grid *g) {
     /* a device's start (a CUDA context on a card without persistence mode, cuBLASLt,
      * CUPTI) may take tens of seconds on every rank: a minute on top of the timeout */
     watchdog_hold(60.0);
+    warn_address_space(c);
     const gptc_backend *be = start_backend(c, g, &r.shape, err, sizeof(err));
     if (!be) {
         silent = !err[0]; /* the ranks that failed have said why */

@@ -283,6 +283,32 @@ def check_memory_limit():
         fail(f"the same run with 130 MB of memory refused:\n{r.stderr[-800:]}")
 
 
+def check_address_space_limit():
+    """Under a low ulimit -v OpenBLAS's buffers can fail to map, and it retries for ever with
+    no word (at 0.8 GB a run spun for 9 minutes): a limit under 2 GiB is named before it
+    loads. 1.7 GB runs here, with the warning; no limit, no warning."""
+    import resource
+    import subprocess
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (1700 << 20, resource.RLIM_INFINITY))
+    args = BASE + ["--train.steps=1"]
+    for limited in (True, False):
+        r = subprocess.run([TRAIN, *args], capture_output=True, text=True, timeout=120,
+                           env=env(), preexec_fn=limit if limited else None)
+        if limited and "AddressSanitizer" in r.stderr:
+            print("skip the address space limit: an ASan build reserves more than 1.7 GB")
+            return
+        warns = [x for x in r.stderr.splitlines() if "(ulimit -v)" in x]
+        want = ["gptc: warning: the address space is limited to 1700 MiB (ulimit -v): OpenBLAS "
+                "may fail to map its buffers and then retry for ever, in the start-up or in "
+                "step 1, with no word; give it 2 GiB or more"] if limited else []
+        if r.returncode or warns != want:
+            fail(f"ulimit -v {'1.7 GB' if limited else 'unlimited'}: exit {r.returncode}, "
+                 f"warnings {warns}, want {want}:\n{r.stderr[-800:]}")
+    print("ok   ulimit -v under 2 GiB: named before OpenBLAS loads; none without a limit")
+
+
 def check_config_pipe():
     """A config file that is a pipe (bash's <(...)) is read like a regular one."""
     import shlex
@@ -489,6 +515,7 @@ def main():
     check_locked_by_writer()
     check_omp_threads()
     check_memory_limit()
+    check_address_space_limit()
     cases = [(name, BASE + extra, words, None) for name, extra, words in CASES] + [
         ("missing config file", [f"{D}/missing.ini"], ["missing.ini"], None),
         # still one line: the newline in the name is escaped
