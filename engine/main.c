@@ -86,9 +86,9 @@ static int check_omp_threads(char *err, size_t n) {
 }
 
 /* MPI_Finalize waits for every rank: one that hung before it must not keep this one.
- * A GPU's teardown gets the minute its start got (trainer.c, start_backend). */
+ * A GPU peer's teardown is held as its start was (trainer.c, run_free). */
 static int finish(int code, const gptc_config *cfg) {
-    watchdog_finalizing(strcmp(cfg->device, "cuda") == 0 ? 60.0 : 0.0);
+    watchdog_finalizing(strcmp(cfg->device, "cuda") == 0 ? WATCHDOG_DEVICE_S : 0.0);
     MPI_Finalize();
     watchdog_stop();
     return code;

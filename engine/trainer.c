@@ -179,10 +179,10 @@ static void run_free(run_state *r) {
     comm_lane_free(&r->dp_lane);
     dp_free(&r->dpc);
     pp_free(&r->ppc);
-    /* A device's teardown (its memory, communicators, the profiler's last buffers) gets
-     * the minute its start got; its peers wait as long in MPI_Finalize (main.c). Here,
+    /* A device's teardown (its memory, communicators, the profiler's last buffers) is
+     * held as its start was; its peers wait as long in MPI_Finalize (main.c). Here,
      * after the last communication op: its beat would end the hold. */
-    if (strcmp(r->c->device, "cuda") == 0) watchdog_hold(60.0);
+    if (strcmp(r->c->device, "cuda") == 0) watchdog_hold(WATCHDOG_DEVICE_S);
     gpt_destroy(&r->model);
     if (r->loader) loader_destroy(r->loader);
     if (r->log) fclose(r->log);
@@ -937,8 +937,8 @@ int train_run(const gptc_config *c, const grid *g) {
     /* 2. The device, kernel timing and the watchdog */
     nvtx_enable(c->nvtx);
     /* a device's start (a CUDA context on a card without persistence mode, cuBLASLt,
-     * CUPTI) may take tens of seconds on every rank: a minute on top of the timeout */
-    watchdog_hold(60.0);
+     * CUPTI) may take tens of seconds on every rank */
+    watchdog_hold(WATCHDOG_DEVICE_S);
     warn_address_space(c);
     const gptc_backend *be = start_backend(c, g, &r.shape, err, sizeof(err));
     if (!be) {

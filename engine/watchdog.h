@@ -10,6 +10,10 @@
 
 #include <stdatomic.h>
 
+/* Seconds a device's start and its teardown (a CUDA context on a card without persistence
+ * mode, cuBLASLt, NCCL, CUPTI) are held on top of train.comm_timeout_s, on every rank */
+enum { WATCHDOG_DEVICE_S = 60 };
+
 /* Marks progress; cheap enough to call per layer and per communication op. */
 void watchdog_beat(void);
 /* How many beats so far, watchdog or not (tests: that long work marks its progress) */
