@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "engine/checkpoint.h"
+#include "engine/h5_checks.h"
 #include "engine/log.h"
 #include "engine/output_files.h"
 
@@ -221,7 +222,9 @@ static long write_tokens(const options *o, const char *tmp) {
     w.file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     long rc = 0;
     if (!w.block || w.file < 0) {
-        data_error("cannot create %s%s", tmp, w.block ? "" : ": out of memory");
+        char cause[256] = "out of memory";
+        if (w.block) h5_error_reason(cause, sizeof cause);
+        data_error("cannot create %s%s%s", tmp, cause[0] ? ": " : "", cause);
         rc = -1;
     }
     for (int i = 0; rc == 0 && i < o->n_inputs; i++)

@@ -488,7 +488,13 @@ ckpt_file *ckpt_create(const char *path, const ckpt_meta *meta, char *err, size_
     }
     f->file = H5Fcreate(f->tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (f->file < 0) {
-        set_err(err, errlen, "%s: cannot create temporary file %s", path, f->tmp_path);
+        /* HDF5 may have made the file before its first write failed (a full disk): an
+         * empty file of this process's name, which no one else would remove */
+        char cause[256];
+        h5_error_reason(cause, sizeof cause);
+        unlink(f->tmp_path);
+        set_err(err, errlen, "%s: cannot create temporary file %s%s%s", path, f->tmp_path,
+                cause[0] ? ": " : "", cause);
         free_handle(f);
         return NULL;
     }

@@ -81,6 +81,22 @@ void h5_error_cause(char *buf, size_t n) {
     snprintf(buf, n, "%s", inner);
 }
 
+void h5_error_reason(char *buf, size_t n) {
+    char cause[CAUSE_LEN];
+    h5_error_cause(cause, sizeof cause);
+    /* "file write failed: time = ..., filename = ..., errno = 28, error message = 'No
+     * space left on device', buf = ...": the system's words are the reason */
+    const char *key = "error message = '";
+    const char *msg = strstr(cause, key);
+    if (!msg) {
+        snprintf(buf, n, "%s", cause);
+        return;
+    }
+    msg += strlen(key);
+    const char *end = strchr(msg, '\'');
+    snprintf(buf, n, "%.*s", (int)(end ? (size_t)(end - msg) : strlen(msg)), msg);
+}
+
 const char *h5_open_hint(const char *cause) {
     /* "unable to lock file, errno = 11" (EAGAIN: another process holds the lock); other
      * errnos (ENOSYS on a file system without locks) are not another writer */

@@ -29,6 +29,9 @@ int h5_stored_elsewhere(hid_t dset);
  * file), into buf[n]; "" when the stack is empty. Read it before the next HDF5 call, with
  * automatic printing off (which leaves the stack in place). */
 void h5_error_cause(char *buf, size_t n);
+/* As h5_error_cause, but of a failed system call only the system's message ("No space
+ * left on device"), not HDF5's whole description of the call */
+void h5_error_reason(char *buf, size_t n);
 /* " (another program has it open for writing?)" after a cause that is HDF5's file lock,
  * else " (truncated or damaged?)": what to tell a user whose file HDF5 cannot open */
 const char *h5_open_hint(const char *cause);

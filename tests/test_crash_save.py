@@ -9,6 +9,7 @@ mount a small tmpfs or bind-mount a file, and only those: where a mount is refus
 container without CAP_SYS_ADMIN), each says so and the test exits 77, which ctest shows
 as skipped rather than passed."""
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -214,6 +215,29 @@ def outputs_on_full_tmpfs(small):
              f"{r.stderr[-1500:]}")
     print(f"ok   metrics on a full disk: steps 1 to {len(logged)} whole, {lost} lines left "
           f"out and counted")
+    # no room at all: HDF5 makes the file, then cannot write its first block (the
+    # cause was not said)
+    fill_up(small)
+    d = subprocess.run(gptc_data, capture_output=True, text=True, timeout=120)
+    left = [x for x in os.listdir(small) if ".tmp" in x]
+    if d.returncode != 1 or "No space left on device" not in d.stderr or left or \
+            sha256(f"{small}/tok.h5") != before["tok.h5"]:
+        fail(f"gptc-data --out with no room left: exit {d.returncode}, left {left}, "
+             f"stderr:\n{d.stderr}")
+    print(f"ok   gptc-data's --out with no room left: {d.stderr.strip()}")
+
+
+def fill_up(directory):
+    """Takes every free block of the file system under directory"""
+    fd = os.open(os.path.join(directory, "fill_up"), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while os.write(fd, b"\0" * 65536) > 0:
+            pass
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+    finally:
+        os.close(fd)
 
 
 def sha256(path):
@@ -275,6 +299,14 @@ def check_full_tmpfs():
             "a save onto a full file system", ck,
             lambda: run_train(tiny + [f"--train.init={ck}", "--train.steps=4",
                                       "--train.save_every=1", f"--train.save={ck}"]),
+            "No space left on device")
+        # no room at all: HDF5 made the temporary file, failed at its first block and left
+        # it, empty, with no cause said
+        fill_up(small)
+        expect_failed_save(
+            "a save onto a file system with no room left", ck,
+            lambda: run_train(tiny + [f"--train.init={ck}", "--train.steps=3",
+                                      f"--train.save={ck}"]),
             "No space left on device")
 
 
