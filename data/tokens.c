@@ -52,13 +52,18 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
  * file cut short or rewritten in place during a run would train on token 0 or on another
  * file's tokens without a word: the reads compare the files they come from with these.
  * A new modification time alone (touch, a scratch purge's keep-alive, a backup tool) is
- * checked against a sample of the bytes, and passes when they are the same. */
+ * checked against a sample of the bytes and, once the loader's check has given this rank
+ * its share of the file (tokens_watch), against a hash of all the bytes of that share: it
+ * passes when they are the same. The ranks' shares cover the file, so a write anywhere
+ * in it is seen by the rank whose share it is in. */
 typedef struct {
     dev_t dev;
     ino_t ino;
     off_t size;
     struct timespec mtime;
-    uint64_t sample; /* sample_of the bytes */
+    uint64_t sample;    /* sample_of the bytes */
+    int part, parts;    /* this rank's share of the bytes: part of parts; 0 of 0: none */
+    uint64_t part_hash; /* hash_part of that share */
 } file_stamp;
 
 enum { SAMPLE_SPANS = 64, SAMPLE_SPAN = 4096 };
@@ -81,11 +86,47 @@ static int sample_of(int fd, off_t size, uint64_t *out) {
     return 0;
 }
 
-/* st's stamp, with the sample of fd (or of path, opened here, when fd < 0); 0, or -1 */
-static int stamp_of(const struct stat *st, int fd, const char *path, file_stamp *s) {
-    *s = (file_stamp){st->st_dev, st->st_ino, st->st_size, st->st_mtim, 0};
+enum { PART_READ = 1 << 20 }; /* bytes a read of hash_part */
+
+/* A hash of bytes [size*part/parts, size*(part+1)/parts) of fd, 8 at a time (FNV-1a's
+ * step on words: a different word gives a different hash, whatever follows); 0, or -1
+ * with errno. A share of a large file takes seconds: progress, for the watchdog. */
+static int hash_part(int fd, off_t size, int part, int parts, uint64_t *out) {
+    off_t at = (off_t)((double)size * part / parts), end = (off_t)((double)size * (part + 1) / parts);
+    unsigned char *buf = malloc(PART_READ); /* [PART_READ] */
+    if (!buf) return errno = ENOMEM, -1;
+    uint64_t h = 14695981039346656037ull;
+    while (at < end) {
+        size_t want = end - at < PART_READ ? (size_t)(end - at) : PART_READ;
+        ssize_t got = pread(fd, buf, want, at);
+        if (got <= 0) {
+            if (got == 0) errno = EIO; /* cut short while read: the size check says so */
+            free(buf);
+            return -1;
+        }
+        ssize_t i = 0;
+        for (; i + 8 <= got; i += 8) {
+            uint64_t w;
+            memcpy(&w, buf + i, 8);
+            h = (h ^ w) * 1099511628211ull;
+        }
+        for (; i < got; i++) h = (h ^ buf[i]) * 1099511628211ull;
+        at += got;
+        watchdog_beat();
+    }
+    free(buf);
+    *out = h;
+    return 0;
+}
+
+/* st's stamp, with the sample of fd (or of path, opened here, when fd < 0) and, when
+ * parts > 0, the hash of share part; 0, or -1 */
+static int stamp_of(const struct stat *st, int fd, const char *path, int part, int parts,
+                    file_stamp *s) {
+    *s = (file_stamp){st->st_dev, st->st_ino, st->st_size, st->st_mtim, 0, part, parts, 0};
     int own = fd < 0 ? open(path, O_RDONLY) : fd;
     int rc = own >= 0 ? sample_of(own, st->st_size, &s->sample) : -1;
+    if (rc == 0 && parts > 0) rc = hash_part(own, st->st_size, part, parts, &s->part_hash);
     if (fd < 0 && own >= 0) close(own);
     return rc;
 }
@@ -126,7 +167,7 @@ static int stamp_files(token_file *f, char *err, size_t errlen) {
     struct stat st;
     f->fd = sec2_descriptor(f->file);
     if ((f->fd >= 0 ? fstat(f->fd, &st) : stat(f->path, &st)) ||
-        stamp_of(&st, f->fd, f->path, &f->stamp)) {
+        stamp_of(&st, f->fd, f->path, 0, 0, &f->stamp)) {
         set_err(err, errlen, "data.path %s: cannot read the file: %s", f->path, strerror(errno));
         return -1;
     }
@@ -138,7 +179,7 @@ static int stamp_files(token_file *f, char *err, size_t errlen) {
     }
     for (size_t i = 0; i < f->sources.n; i++) {
         const char *p = f->sources.paths[i];
-        if (stat(p, &st) || stamp_of(&st, -1, p, &f->source_stamps[i])) {
+        if (stat(p, &st) || stamp_of(&st, -1, p, 0, 0, &f->source_stamps[i])) {
             set_err(err, errlen, "data.path %s: cannot read its source file %s: %s", f->path,
                     p, strerror(errno));
             return -1;
@@ -169,7 +210,7 @@ static int unchanged(file_stamp *was, int fd, const char *path, int source, char
         return -1;
     }
     if (!same_file && st.st_size >= was->size) {
-        if (stamp_of(&st, -1, path, &now) == 0) *was = now;
+        if (stamp_of(&st, -1, path, was->part, was->parts, &now) == 0) *was = now;
         return 0;
     }
     if (st.st_size < was->size) {
@@ -182,8 +223,10 @@ static int unchanged(file_stamp *was, int fd, const char *path, int source, char
                  (long long)st.st_size);
         return -1;
     }
-    /* the same size, a new time: touched, or rewritten in place */
-    if (stamp_of(&st, fd, path, &now) == 0 && now.sample == was->sample) {
+    /* the same size, a new time: touched, or rewritten in place (this rank rereads its
+     * share of the file: a touch costs that once) */
+    if (stamp_of(&st, fd, path, was->part, was->parts, &now) == 0 &&
+        now.sample == was->sample && now.part_hash == was->part_hash) {
         was->mtime = now.mtime;
         return 0;
     }
@@ -214,6 +257,39 @@ int tokens_check_sources(token_file *f, char *err, size_t errlen) {
         return -1;
     }
     return 0;
+}
+
+/* Gives *s share part of parts, hashed from fd (or from path when fd < 0); 0, or -1 */
+static int watch_share(file_stamp *s, int fd, const char *path, int part, int parts) {
+    int own = fd < 0 ? open(path, O_RDONLY) : fd;
+    int rc = own >= 0 ? hash_part(own, s->size, part, parts, &s->part_hash) : -1;
+    if (fd < 0 && own >= 0) close(own);
+    if (rc == 0) s->part = part, s->parts = parts;
+    return rc;
+}
+
+int tokens_watch(token_file *f, int part, int parts, char *err, size_t errlen) {
+    /* the files as at open first: a share hashed from changed bytes would hide the change */
+    if (check_own(f, err, errlen) || tokens_check_sources(f, err, errlen)) return -1;
+    if (watch_share(&f->stamp, f->fd, f->path, part, parts)) {
+        set_err(err, errlen, "data.path %s: cannot read the file: %s", f->path, strerror(errno));
+        return -1;
+    }
+    for (size_t i = 0; i < f->sources.n; i++) {
+        const char *p = f->sources.paths[i];
+        if (watch_share(&f->source_stamps[i], -1, p, part, parts)) {
+            set_err(err, errlen, "data.path %s: cannot read its source file %s: %s", f->path,
+                    p, strerror(errno));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+double tokens_file_bytes(const token_file *f) {
+    double b = (double)f->stamp.size;
+    for (size_t i = 0; i < f->sources.n; i++) b += (double)f->source_stamps[i].size;
+    return b;
 }
 
 /* Names an HDF5 type in words for the "wrong element type" message. */
@@ -639,7 +715,9 @@ double loader_check_bytes(const batch_loader *l, int parts) {
     const double trip = 65536; /* a read's round trip on a network file system, in bytes */
     if (!l || parts < 1) return 0;
     double most = ceil((double)l->file->n / parts); /* the largest part's tokens */
-    return most * l->file->elem + ceil(most / CHECK_CHUNK) * trip;
+    double share = ceil(tokens_file_bytes(l->file) / parts);
+    return most * l->file->elem + ceil(most / CHECK_CHUNK) * trip + share +
+           ceil(share / PART_READ) * trip;
 }
 
 int loader_check(batch_loader *l, int part, int parts, char *err, size_t errlen) {
@@ -651,7 +729,7 @@ int loader_check(batch_loader *l, int part, int parts, char *err, size_t errlen)
         set_err(err, errlen, "data.path %s: out of memory for %ld tokens", l->file->path, chunk);
         return -1;
     }
-    int rc = 0;
+    int rc = tokens_watch(l->file, part, parts, err, errlen);
     /* a large file takes minutes: progress, for this rank's watchdog */
     for (long s = begin; s < end && rc == 0; s += chunk) {
         watchdog_beat();

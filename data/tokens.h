@@ -30,6 +30,13 @@ int tokens_read(token_file *f, long start, long count, int32_t *dst, char *err, 
  * checks f's own file after each read, and the loader calls this once a step (a stat of
  * each source: thousands of shards make it milliseconds). */
 int tokens_check_sources(token_file *f, char *err, size_t errlen);
+/* Hashes this rank's share (part of parts) of the bytes of f's file and of its sources,
+ * so that a later same-size write into that share (which a new modification time alone
+ * does not tell from a touch) stops the next read, wherever in the share it fell. The
+ * files must be as at open. Returns 0, or -1 with err. */
+int tokens_watch(token_file *f, int part, int parts, char *err, size_t errlen);
+/* The bytes of f's file and of its sources, as at open */
+double tokens_file_bytes(const token_file *f);
 void tokens_close(token_file *f);
 
 /* HDF5 builds without the thread-safe option must not be entered by two threads at
@@ -58,12 +65,13 @@ int loader_get(batch_loader *l, long step, int32_t *inputs, int32_t *targets,
                char *err, size_t errlen);
 /* Reads part part (0-based) of parts even parts of the file's tokens, so that a token
  * >= the vocab limit anywhere in the file stops the run at its start, whatever steps it
- * runs (parts: the ranks, each checking its part). Returns 0, or -1 with err naming the
- * file and position. */
+ * runs (parts: the ranks, each checking its part), and watches that share of the file's
+ * bytes for writes (tokens_watch). Returns 0, or -1 with err naming the file and
+ * position. */
 int loader_check(batch_loader *l, int part, int parts, char *err, size_t errlen);
-/* The bytes loader_check reads for the largest of parts parts, and 64 KiB more for each
- * read (its round trip): what a peer on a slower disk may still be reading when this
- * rank is done. 0 for a NULL l. */
+/* The bytes loader_check reads for the largest of parts parts (its tokens, and its share
+ * of the files' bytes), and 64 KiB more for each read (its round trip): what a peer on a
+ * slower disk may still be reading when this rank is done. 0 for a NULL l. */
 double loader_check_bytes(const batch_loader *l, int parts);
 /* fp[3] = the file's token count, its vocab_size and a hash of 64 spans of up to 256
  * tokens spread evenly over it: what ranks compare to tell that they read the same data

@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -453,9 +454,14 @@ static void test_bad_token(void) {
         check(parts[i][2] ? rc != 0 && strstr(err, key) : rc == 0,
               "loader_check part %d of %d: rc %d, \"%s\"", parts[i][0], parts[i][1], rc, err);
     }
-    /* the bytes a peer may still read: the largest part's uint16 tokens and a round trip */
-    check(loader_check_bytes(l, 3) == 667 * 2 + 65536.0, "loader_check_bytes of 3 parts: %g",
-          loader_check_bytes(l, 3));
+    /* the bytes a peer may still read: the largest part's uint16 tokens and a round trip,
+     * and its share of the file's bytes (tokens_watch) and a round trip */
+    struct stat st;
+    stat(path, &st);
+    double share = ceil((double)st.st_size / 3);
+    check(loader_check_bytes(l, 3) == 667 * 2 + 65536.0 + share + 65536.0,
+          "loader_check_bytes of 3 parts: %g, want %g", loader_check_bytes(l, 3),
+          667 * 2 + 65536.0 + share + 65536.0);
     loader_destroy(l);
 
     /* A file whose vocab_size (50257) is larger than the model's (256): it opens, and the
@@ -942,6 +948,92 @@ static void expect_read(const char *what, token_file *f, uint32_t base, const ch
     check(rc != 0 && has_all(err, want), "%s: read %d, error '%s'", what, rc, err);
 }
 
+/* Writes token k of the uint32 file at path as v, in place, and moves its modification
+ * time on (a write within the same second may keep it) */
+static void poke_token(const char *path, long k, uint32_t v) {
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t dset = H5Dopen2(file, "tokens", H5P_DEFAULT);
+    haddr_t at = H5Dget_offset(dset); /* contiguous: the tokens' first byte */
+    H5Dclose(dset), H5Fclose(file);
+    int fd = open(path, O_WRONLY);
+    check(fd >= 0 && at != HADDR_UNDEF &&
+              pwrite(fd, &v, sizeof v, (off_t)at + 4 * (off_t)k) == (ssize_t)sizeof v,
+          "poke: token %ld of %s", k, path);
+    if (fd >= 0) close(fd);
+    struct stat st;
+    stat(path, &st);
+    struct timespec later[2] = {{0, UTIME_OMIT}, {st.st_mtim.tv_sec + 5, 0}};
+    utimensat(AT_FDCWD, path, later, 0);
+}
+
+/* A same-size write in place between the 64 sampled spans (a large file's bytes are not
+ * all in the sample): seen once the loader's check has given a rank its share of the
+ * file's bytes (tokens_watch), by the rank whose share holds it; a touch still passes. */
+static void test_written_between_samples(void) {
+    enum { N = 200000 };                   /* 800 KB of uint32: 64 spans of 4 KB are 1/3 */
+    const long k = 2048;                   /* ~8 KB in: between the first and second span */
+    const char *path = write_ramp("between.h5", H5T_STD_U32LE, N, 1, 1 << 20);
+    char err[512] = "";
+
+    token_file *f = tokens_open(path, 0, err, sizeof err);
+    check(f != NULL, "between samples: open: %s", err);
+    if (!f) return;
+    poke_token(path, k, 7);
+    /* the sample alone misses it: else this test would not be about the share */
+    expect_read("between samples: no share watched", f, 1, NULL);
+    tokens_close(f);
+
+    path = write_ramp("between.h5", H5T_STD_U32LE, N, 1, 1 << 20);
+    f = tokens_open(path, 0, err, sizeof err);
+    check(f != NULL && tokens_watch(f, 0, 1, err, sizeof err) == 0,
+          "between samples: watch the whole: %s", err);
+    if (!f) return;
+    poke_token(path, k, 7);
+    expect_read("between samples: the whole watched", f, 1,
+                (const char *const[]){"between.h5", "was written to in place", NULL});
+    tokens_close(f);
+
+    for (int part = 0; part < 2; part++) { /* the write is in share 0 of 2 */
+        path = write_ramp("between.h5", H5T_STD_U32LE, N, 1, 1 << 20);
+        f = tokens_open(path, 0, err, sizeof err);
+        check(f != NULL && tokens_watch(f, part, 2, err, sizeof err) == 0,
+              "between samples: watch share %d of 2: %s", part, err);
+        if (!f) return;
+        poke_token(path, k, 7);
+        if (part == 0)
+            expect_read("between samples: share 0 of 2 (holds the write)", f, 1,
+                        (const char *const[]){"between.h5", "was written to in place", NULL});
+        else
+            expect_read("between samples: share 1 of 2 (the other rank's write)", f, 1, NULL);
+        tokens_close(f);
+    }
+
+    /* touched, watched: the same bytes, a new time */
+    path = write_ramp("between.h5", H5T_STD_U32LE, N, 1, 1 << 20);
+    f = tokens_open(path, 0, err, sizeof err);
+    check(f != NULL && tokens_watch(f, 0, 1, err, sizeof err) == 0,
+          "between samples: watch: %s", err);
+    if (!f) return;
+    poke_token(path, k, 1 + (uint32_t)k); /* the value it had */
+    expect_read("between samples: touched, watched", f, 1, NULL);
+    tokens_close(f);
+
+    /* through the loader: its check watches the share, and the next step is refused */
+    path = write_ramp("between.h5", H5T_STD_U32LE, N, 1, 1 << 20);
+    batch_loader *l = loader_create(path, 8, 2, 0, 2, 0, 0, 0, err, sizeof err);
+    check(l != NULL && loader_check(l, 0, 1, err, sizeof err) == 0,
+          "between samples: loader check: %s", err);
+    if (!l) return;
+    int32_t in[16], tg[16]; /* [rows, T] */
+    check(loader_get(l, 1, in, tg, err, sizeof err) == 0, "between samples: step 1: %s", err);
+    poke_token(path, k, 7);
+    int rc = loader_get(l, 2, in, tg, err, sizeof err); /* prefetched before the write, maybe */
+    if (rc == 0) rc = loader_get(l, 3, in, tg, err, sizeof err);
+    check(rc != 0 && strstr(err, "was written to in place"),
+          "between samples: loader after the write: %d '%s'", rc, err);
+    loader_destroy(l);
+}
+
 /* A token file changed while open: HDF5 would read what a cut left out as zeros, so every
  * read after the change is refused, saying which file changed and how; a file renamed over
  * the path is not the open one, which reads on; the loader's prefetch passes the refusal
@@ -1086,6 +1178,7 @@ int main(int argc, char **argv) {
         test_bad_token();
         test_sources();
         test_file_changes();
+        test_written_between_samples();
     }
     cleanup();
     if (failures) {
