@@ -292,6 +292,28 @@ double tokens_file_bytes(const token_file *f) {
     return b;
 }
 
+/* After /tokens failed to open: when it is an external link, err names where it leads and
+ * why that failed (a missing file said only "not a dataset"); returns 1 then, else 0 */
+static int describe_external_link(token_file *f, char *err, size_t errlen) {
+    char cause[256];
+    h5_error_reason(cause, sizeof cause); /* before the next call clears it */
+    char *tail = strstr(cause, ", temp_file_name"); /* the name again, as HDF5 tried it */
+    if (tail) *tail = 0;
+    H5L_info_t info;
+    if (H5Lget_info(f->file, "tokens", &info, H5P_DEFAULT) < 0 || info.type != H5L_TYPE_EXTERNAL)
+        return 0;
+    char val[1024];
+    const char *file = NULL, *obj = NULL;
+    unsigned flags;
+    if (info.u.val_size > sizeof val || H5Lget_val(f->file, "tokens", val, sizeof val,
+                                                   H5P_DEFAULT) < 0 ||
+        H5Lunpack_elink_val(val, info.u.val_size, &flags, &file, &obj) < 0)
+        return 0;
+    set_err(err, errlen, "data.path %s: /tokens is an external link to %s in %s, which cannot "
+            "be opened%s%s", f->path, obj, file, cause[0] ? ": " : "", cause);
+    return 1;
+}
+
 /* Names an HDF5 type in words for the "wrong element type" message. */
 static void describe_type(hid_t type, char *buf, size_t len) {
     H5T_class_t cls = H5Tget_class(type);
@@ -434,6 +456,7 @@ static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen
         return -1;
     }
     f->dset = H5Dopen2(f->file, "tokens", H5P_DEFAULT);
+    if (f->dset < 0 && describe_external_link(f, err, errlen)) return -1;
     if (f->dset < 0) {
         set_err(err, errlen, "data.path %s: /tokens is not a dataset", f->path);
         return -1;

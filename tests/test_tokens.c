@@ -20,11 +20,11 @@
 #include <unistd.h>
 
 static char tmpdir[256];
-static char made[64][320]; /* paths this run created, removed at the end */
+static char made[128][320]; /* paths this run created, removed at the end */
 static int n_made;
 
 static const char *tmp_path(const char *name) {
-    if (n_made == 64) {
+    if (n_made == (int)(sizeof made / sizeof made[0])) {
         fprintf(stderr, "test_tokens: too many temp files\n");
         exit(2);
     }
@@ -340,6 +340,16 @@ static void test_open_errors(void) {
     error_file("notokens.h5", &other, 100);
     expect_create_error("no /tokens", made[n_made - 1], 4, 0,
                         (const char *const[]){"notokens.h5", "no dataset /tokens", NULL});
+
+    /* /tokens an external link to a file that is not there: named, with where it leads
+     * (it said only "/tokens is not a dataset") */
+    const char *dangling = tmp_path("dangling.h5");
+    hid_t df = H5Fcreate(dangling, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    H5Lcreate_external("nosuch_target.h5", "tokens", df, "tokens", H5P_DEFAULT, H5P_DEFAULT);
+    H5Fclose(df);
+    expect_create_error("external link to a missing file", dangling, 4, 0,
+                        (const char *const[]){"dangling.h5", "external link", "nosuch_target.h5",
+                                              "cannot be opened", NULL});
 
     file_spec two_d = {H5T_STD_U16LE, 1, VOCAB_ROOT, 256, "tokens"};
     error_file("twod.h5", &two_d, 100);
