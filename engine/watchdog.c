@@ -128,8 +128,14 @@ static const char *where_text(char *where) {
 }
 
 static void *watch(void *arg) {
-    (void)arg;
     struct timespec tick = {0, 200 * 1000 * 1000};
+    /* A tick that took a second more than its 200 ms: this process did not run (SIGSTOP, a
+     * debugger, a starved machine). Time it did not run says nothing of its peers: no
+     * timeout is counted from before it (a rank stopped, then woken by the launcher's kill
+     * sequence, blamed a peer). */
+    const double stall_ms = 1200.0;
+    double prev = *(const double *)arg, resumed = 0.0; /* from watchdog_start: a thread
+                                                         * that first ran late did not run */
     for (;;) {
         nanosleep(&tick, NULL);
         pthread_mutex_lock(&g_hooks); /* held to the abort, or released below */
@@ -147,7 +153,12 @@ static void *watch(void *arg) {
         /* the hold first: see watchdog_beat */
         double held = atomic_load_explicit(&g_hold_until_ms, memory_order_acquire);
         double last = atomic_load_explicit(&g_last_ms, memory_order_relaxed);
-        double idle = timing_now_ms() - (held > last ? held : last);
+        double since = held > last ? held : last;
+        /* one reading for the stall and the idle time: a stop after it is in neither */
+        double now = timing_now_ms();
+        if (now - prev > stall_ms) resumed = now;
+        prev = now;
+        double idle = now - (resumed > since ? resumed : since);
         if (idle < atomic_load(&g_timeout_ms)) {
             pthread_mutex_unlock(&g_hooks);
             continue;
@@ -216,7 +227,9 @@ int watchdog_start(double timeout_s, int rank) {
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
     watchdog_beat();
     atomic_store(&g_running, 1);
-    int e = pthread_create(&g_thread, NULL, watch, NULL);
+    static double started_ms; /* watch's first reading: set before, read after the create */
+    started_ms = timing_now_ms();
+    int e = pthread_create(&g_thread, NULL, watch, &started_ms);
     if (e) atomic_store(&g_running, 0);
     return e;
 }

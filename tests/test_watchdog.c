@@ -11,13 +11,18 @@
  * over). "finalize": rank 1 hangs (its watchdog stopped) before MPI_Finalize, which rank 0
  * has entered: rank 0 ends itself, saying MPI_Finalize waited (ctest expects it).
  * "teardown": rank 1 comes to MPI_Finalize 1.5 s after rank 0 (a device's teardown), which
- * waits with 3 s of teardown allowed: both exit 0. Also checks watchdog_io_s's rate. */
+ * waits with 3 s of teardown allowed: both exit 0. "stopped": rank 1 waits (no beat) and
+ * is stopped (SIGSTOP) by rank 0 for 3 s, timeout 1.5 s, then woken and sent what it
+ * waits for: time it did not run is no peer's hang, and both exit 0 (its watchdog
+ * blamed a peer at once). Also checks watchdog_io_s's rate. */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/watchdog.h"
 
@@ -74,6 +79,30 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         watchdog_stop();
         printf("ok: rank %d: MPI_Finalize waited through its peer's teardown\n", rank);
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "stopped") == 0) {
+        watchdog_set_timeout(1.5);
+        int pid = (int)getpid(), go = 1;
+        if (rank == 1) {
+            MPI_Send(&pid, 1, MPI_INT, 0, 0, MPI_COMM_WORLD);
+            watchdog_beat();
+            MPI_Recv(&go, 1, MPI_INT, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            watchdog_beat();
+        } else {
+            watchdog_hold(30.0);
+            MPI_Recv(&pid, 1, MPI_INT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            kill((pid_t)pid, SIGSTOP);
+            sleep_s(3.0);
+            kill((pid_t)pid, SIGCONT);
+            sleep_s(0.3); /* its watchdog wakes first, as the launcher's kill sequence's */
+            MPI_Send(&go, 1, MPI_INT, 1, 1, MPI_COMM_WORLD);
+            watchdog_beat();
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        watchdog_stop();
+        printf("ok: rank %d: a rank stopped for 3 s blamed no peer\n", rank);
+        MPI_Finalize();
         return 0;
     }
     if (doing) watchdog_doing("reading train.init ck.h5");
