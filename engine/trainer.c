@@ -322,7 +322,20 @@ static void on_grads_final(void *ctx, size_t ready) {
 /* One optimizer step: the pipeline schedule's forward and backward passes over the
  * micro-batches, the tied embedding and DP gradient reductions, global norm, clipping
  * and AdamW. Returns the step's mean loss and sets *norm. */
-static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
+/* Test-only: GPTC_TEST_INF_GRAD_STEPS = "s1,s2,..." gives those steps an infinite
+ * gradient norm on every rank (an overflow), so that a test can skip updates
+ * (nan_policy = skip) without the parameters diverging for good */
+static int test_inf_grad(long step) {
+    const char *v = getenv("GPTC_TEST_INF_GRAD_STEPS");
+    for (char *end; v && *v; v = *end ? end + 1 : end) {
+        long s = strtol(v, &end, 10);
+        if (end == v) return 0;
+        if (s == step) return 1;
+    }
+    return 0;
+}
+
+static double train_step(run_state *r, const batch_plan *bp, long step, long *t, double lr,
                          const optim_config *oc, double *norm, int *skipped) {
     gpt_model *m = &r->model;
     const grid *g = r->g;
@@ -345,7 +358,7 @@ static double train_step(run_state *r, const batch_plan *bp, long *t, double lr,
                       gpt_grad_sum_squares(m, piece) * (sharded || g->dp_rank == 0)};
     if (g->world > 1) comm_sum_doubles(&r->world, sums, 2);
     double loss = sums[0] / tokens;
-    *norm = sqrt(sums[1]);
+    *norm = test_inf_grad(step) ? INFINITY : sqrt(sums[1]);
     *skipped = !isfinite(loss) || !isfinite(*norm);
     if (!*skipped) {
         dp_params_settle(&r->dpc, m); /* the optimizer writes parameters a gather may fill */
@@ -834,7 +847,7 @@ static int run_steps(run_state *r, run_totals *tot, int *silent, char *err, size
         if (agree(r, loader_get(r->loader, step, r->inputs, r->targets, err, n))) return -1;
         double lr = lr_at_step(&oc, step), norm;
         int skipped;
-        double loss = train_step(r, &r->bp, &r->t, lr, &oc, &norm, &skipped);
+        double loss = train_step(r, &r->bp, step, &r->t, lr, &oc, &norm, &skipped);
         if (skipped && !skip_bad) {
             /* the step that stopped the run has its line too: what went non-finite; it is
              * closed before the replay, whose records stay out of the trace */

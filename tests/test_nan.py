@@ -127,7 +127,40 @@ def main():
              f"e.g. {moved[0]}")
     print(f"ok   skip: parameters and optimizer state as after step {good[-1]} ({compared} "
           f"tensors), optimizer t {len(good)}")
+    check_resume_after_skips()
     print("PASS: non-finite losses are caught")
+
+
+def check_resume_after_skips():
+    """A checkpoint written after skipped updates has AdamW's t (updates made) below its
+    step: a run resumed from it goes on from t, not from the step (which the checkpoints
+    of every other test hold alike), and ends bit for bit as the run that did not stop.
+    Steps 3 and 4 overflow (GPTC_TEST_INF_GRAD_STEPS) at a sane learning rate."""
+    base = [a for a in BASE if not a.startswith(("--train.steps=", "--train.lr="))] + \
+        ["--train.lr=1e-3", "--train.nan_policy=skip"]
+    inf = {"GPTC_TEST_INF_GRAD_STEPS": "3,4"}
+    whole = run_train(base + ["--train.steps=8", f"--train.save={D}/whole.h5"], extra_env=inf)
+    first = run_train(base + ["--train.steps=5", f"--train.save={D}/first.h5"], extra_env=inf)
+    rest = run_train(base + ["--train.steps=8", f"--train.init={D}/first.h5",
+                             f"--train.save={D}/rest.h5"], extra_env=inf)
+    for name, r in (("whole", whole), ("first", first), ("rest", rest)):
+        if r.returncode != 0:
+            fail(f"resume after skips: the {name} run failed: {r.stderr[-600:]}")
+    said = [x for x in whole.stdout.splitlines() if "update skipped" in x]
+    if len(said) != 2 or not said[0].startswith("step 3:") or not said[1].startswith("step 4:"):
+        fail(f"resume after skips: want steps 3 and 4 skipped, the run said {said}")
+    with h5py.File(f"{D}/first.h5") as f1, h5py.File(f"{D}/whole.h5") as fw, \
+            h5py.File(f"{D}/rest.h5") as fr:
+        ts = [int(f["optim"].attrs["t"]) for f in (f1, fw, fr)]
+    if ts != [3, 6, 6]:
+        fail(f"resume after skips: optimizer t {ts} at steps 5, 8 and 8 resumed, want "
+             f"[3, 6, 6] (the updates made)")
+    moved, compared = tensors_differ(f"{D}/whole.h5", f"{D}/rest.h5")
+    if moved:
+        fail(f"resume after skips: {len(moved)} of {compared} tensors differ from the run "
+             f"that did not stop, e.g. {moved[0]}")
+    print(f"ok   resume after skipped steps 3 and 4: t 3 at step 5, resumed to step 8 bit "
+          f"for bit as the whole run ({compared} tensors, t 6)")
 
 
 if __name__ == "__main__":
