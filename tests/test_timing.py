@@ -9,8 +9,13 @@ parallelism (dp_comm_ms, ...), equal what the trace's intervals give, and so do 
 kernel's count, mean, isolated and overlapped means and slowdown (check_contention), and
 each communication kernel's count and mean per parallelism (by_parallelism); every communication op's wait
 for the other ranks (wait_us), and each step's exposed wait (comm_wait_ms), equal what the
-trace's starts give, and a pipeline's receives mostly wait; timing changes no number of
-the training itself."""
+trace's starts give, and a pipeline's receives mostly wait; a pipeline's transfers of
+gradients and the *_bwd ops are in the backward phase; the overlap summary's medians (of
+an even count the mean of the middle two), serialized step and ideal max(compute, comm)
+are the step rows'; each kernel's slowdown_vs_probe is its mean over its probe twin's, in
+the report and the table, and the table has a row for every kernel; the run's last line
+gives the mean step of the steps after the first; timing changes no number of the
+training itself."""
 import bisect
 import json
 import os
@@ -39,6 +44,9 @@ STDOUT = {}  # run name: what it printed
 CONTENTION = {}  # run name: kernels whose isolated / overlapped split was checked
 SIZED = {}  # run name: kernels whose calls differ in size (by_size checked)
 TABLE_SIZES = {}  # run name: the table's rows of one size of an op (checked against by_size)
+VS_PROBE = {}  # run name: kernels whose slowdown_vs_probe was checked
+EVEN_MEDIANS = {}  # run name: policy and probe rows an even count, two middle values apart
+HALF4 = 0.5e-4  # half the last digit of a figure the report prints to 4 decimals
 
 
 def timed(name, ranks, extra, env=None):
@@ -59,7 +67,9 @@ def timed(name, ranks, extra, env=None):
     CONTENTION[name] = check_contention(name, report, trace["traceEvents"])
     SHARED[name] = check_by_parallelism(name, report, trace["traceEvents"])
     SIZED[name] = check_by_size(name, report, trace["traceEvents"])
+    VS_PROBE[name] = check_vs_probe(name, report)
     TABLE_SIZES[name] = check_table(name, report)
+    EVEN_MEDIANS[name] = check_step_means(name, report)
     if ranks > 1:
         layout = {k: int(v) for k, v in re.findall(r"--parallel\.(tp|pp)=(\d+)", " ".join(extra))}
         check_waits(name, report, trace["traceEvents"], ranks, layout.get("tp", 1),
@@ -119,6 +129,8 @@ def check_table(name, report):
     except StopIteration:
         fail(f"{name}: no table header with an n iso/ovl column")
     kernels = {k["name"]: k for k in report["kernels"]}
+    probes = {k["name"]: k for k in report.get("probe_kernels", [])}
+    shown = set()  # the ops with a row of their own
 
     def slow(v):
         if v is None or v["slowdown"] is None:
@@ -139,9 +151,16 @@ def check_table(name, report):
                 top = kernels.get(head[0])
                 if top is None or head[-1] not in ("compute", "comm"):
                     fail(f"{name}: table row {ln!r}: no such kernel in the report")
+                if top["name"] in shown:
+                    fail(f"{name}: two table rows of kernel {top['name']}")
+                shown.add(top["name"])
+                check_probe_columns(name, ln, cols, top, probes.get(top["name"]))
                 par = head[1].strip("[]") if len(head) == 3 else None
                 v = top if par is None or len(top.get("by_parallelism", {})) < 2 else None
             else:
+                if cols[10:12] != ["-", "-"]:
+                    fail(f"{name}: table row {ln!r} of one parallelism of {top['name']} has "
+                         f"a probe figure {cols[10:12]}: only the op's row has one")
                 par = head[0].strip("[]")
                 v = None
             par = "none" if par == "world" else par  # the table's name for the host reductions
@@ -165,9 +184,106 @@ def check_table(name, report):
                  f"{r['n_isolated']}/{r['n_overlapped']}" == cols[5]]
         if not sizes:
             fail(f"{name}: size row {ln!r} of {top['name']}: no by_size entry of its counts")
+        if cols[10:12] != ["-", "-"]:
+            fail(f"{name}: size row {ln!r} of {top['name']} has a probe figure {cols[10:12]}")
         labels[label] = 1
         sized += 1
+    # and the other way: every op of the report has its row (the table shows them all, the
+    # most time first), the one of the most time too
+    missing = [k["name"] for k in report["kernels"] if k["name"] not in shown]
+    if missing:
+        most = max(report["kernels"], key=lambda k: k["count"] * k["mean_us"])
+        fail(f"{name}: report kernels {missing} have no table row ({len(shown)} rows for "
+             f"{len(kernels)} kernels; the most time: {most['name']})")
     return sized
+
+
+def check_probe_columns(name, ln, cols, k, probe):
+    """An op's table row's 'probe us' and 'vs probe' columns (cols[10], cols[11]): the
+    report's probe_mean_us to 1 decimal and slowdown_vs_probe to 2, this one marked '*'
+    where the probe's instances are fewer than 10; '-' where the report has none. The
+    table rounds the unrounded figure, the JSON too (to 4 decimals): they differ by up to
+    half the table's last digit and half the JSON's."""
+    pm, slow = k["probe_mean_us"], k["slowdown_vs_probe"]
+    got_pm, got_slow = cols[10], cols[11]
+    if pm is None:
+        if got_pm != "-":
+            fail(f"{name}: table row {ln!r}: probe us {got_pm}, the report has none")
+    elif got_pm == "-" or abs(float(got_pm) - pm) > 0.05 + HALF4 + 1e-9 * pm:
+        fail(f"{name}: table row {ln!r}: probe us {got_pm}, the report's probe_mean_us {pm}")
+    if slow is None:
+        if got_slow != "-":
+            fail(f"{name}: table row {ln!r}: vs probe {got_slow}, the report has none")
+        return
+    star = "*" if probe["count"] < 10 else ""
+    if got_slow == "-" or got_slow.endswith("*") != bool(star) or \
+            abs(float(got_slow.rstrip("*")) - slow) > 0.005 + HALF4 + 1e-9 * slow:
+        fail(f"{name}: table row {ln!r}: vs probe {got_slow}, the report's slowdown_vs_probe "
+             f"{slow}{star} (off by "
+             f"{abs(float(got_slow.rstrip('*')) - slow) if got_slow != '-' else None})")
+
+
+def check_vs_probe(name, report):
+    """Each kernel's probe_mean_us is the mean_us of its twin in probe_kernels (same name
+    and kind, calls of the same size), and slowdown_vs_probe its mean over that: the policy
+    step's time over the serialized one's. Returns how many kernels had one."""
+    probes = {(p["name"], p["kind"]): p for p in report.get("probe_kernels", [])}
+    checked = 0
+    for k in report["kernels"]:
+        p = probes.get((k["name"], k["kind"]))
+        twin = p is not None and abs(p["bytes_per_call"] - k["bytes_per_call"]) <= \
+            1e-6 * max(p["bytes_per_call"], k["bytes_per_call"])
+        pm, slow = k["probe_mean_us"], k["slowdown_vs_probe"]
+        if not twin or not p["mean_us"]:
+            if pm is not None or slow is not None:
+                fail(f"{name}: {k['name']}: probe_mean_us {pm}, slowdown_vs_probe {slow}, but "
+                     f"the probe steps have no twin of its call size ({p})")
+            continue
+        # the same double printed to 4 decimals twice
+        if pm != p["mean_us"]:
+            fail(f"{name}: {k['name']}: probe_mean_us {pm}, its probe_kernels entry's mean_us "
+                 f"{p['mean_us']}")
+        mean = k["mean_us"]
+        want = mean / pm
+        # each of the three printed to 4 decimals (as check_contention's slowdown)
+        if slow is None or abs(slow - want) > 1.01 * (HALF4 + want * (HALF4 / mean + HALF4 / pm)):
+            off = slow - want if slow is not None else 0.0
+            fail(f"{name}: {k['name']}: slowdown_vs_probe {slow}, mean_us / probe_mean_us = "
+                 f"{mean} / {pm} = {want:.4f} (off by {off:.4f})")
+        checked += 1
+    return checked
+
+
+def check_step_means(name, report):
+    """The overlap summary's medians and the contention probe's means, from the step rows
+    (warm-up rows left out): iter_ms_median the policy rows' median (of an even count the
+    mean of the two middle ones), serialized_iter_ms and serialized_iter_ms_median the
+    probe rows' mean and median, and ideal_iter_ms their mean of max(compute_ms, comm_ms),
+    the step were the two kinds fully overlapped. The rows print 4 decimals, and so does
+    each figure of them: within half a last digit. Returns, for the policy rows and the
+    probe's, whether they are of an even count whose middle values differ by more than that
+    (so that the upper one would show)."""
+    ov = report["overlap"]
+    even = []
+    for probe in (False, True):
+        rows = [r for r in report["steps"] if r["probe"] == probe and not r.get("warmup")]
+        iters = sorted(r["iter_ms"] for r in rows)
+        ideal = [max(r["compute_ms"], r["comm_ms"]) for r in rows]
+        want = {"serialized_iter_ms": statistics.mean(iters) if rows else None,
+                "serialized_iter_ms_median": statistics.median(iters) if rows else None,
+                "ideal_iter_ms": statistics.mean(ideal) if rows else None} if probe else \
+            {"iter_ms_median": statistics.median(iters) if rows else None}
+        for key, w in want.items():
+            got = ov[key]
+            if (got is None) != (w is None) or (w is not None and
+                                                abs(got - w) > HALF4 + 1e-9 * abs(w)):
+                fail(f"{name}: overlap {key} {got}, the {len(rows)} "
+                     f"{'probe' if probe else 'policy'} step rows give "
+                     f"{w if w is None else round(w, 5)} (off by "
+                     f"{None if got is None or w is None else round(got - w, 5)})")
+        n = len(iters)
+        even.append(n > 0 and n % 2 == 0 and iters[n // 2] - iters[n // 2 - 1] > 4 * HALF4)
+    return even
 
 
 def check_by_size(name, report, events):
@@ -633,6 +749,39 @@ def close(a, b, rel=1e-6):
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
 
 
+def check_pp_phases(name, events, stage_ranks):
+    """Each pipeline transfer's phase in the trace: a send to an earlier stage or a receive
+    from a later one carries gradients, in the backward ("bwd"), the others activations, in
+    the forward ("fwd"); and each compute op named *_bwd is in the backward, *_fwd in the
+    forward. stage_ranks: the ranks of a stage (tp x dp: world rank // stage_ranks is its
+    stage, grid.c). Returns how many transfers of gradients."""
+    grads, seen = 0, Counter()
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        a = e["args"]
+        if e["name"] in ("send", "recv") and a["parallelism"] == "pp":
+            me, peer = e["pid"] // stage_ranks, a["peer"] // stage_ranks
+            grad = peer < me if e["name"] == "send" else peer > me
+            want = "bwd" if grad else "fwd"
+            seen[(e["name"], want)] += 1
+            grads += grad
+            if a["phase"] != want:
+                fail(f"{name}: rank {e['pid']} (stage {me}) {e['name']} with rank {a['peer']} "
+                     f"(stage {peer}) of step {a['step']}, micro-batch {a['micro']}: phase "
+                     f"{a['phase']}, its {'gradients' if grad else 'activations'} are "
+                     f"{want}'s")
+        elif e["cat"] == "compute" and e["name"].endswith(("_fwd", "_bwd")):
+            want = e["name"][-3:]
+            if a["phase"] != want:
+                fail(f"{name}: rank {e['pid']} {e['name']} of step {a['step']}, micro-batch "
+                     f"{a['micro']}: phase {a['phase']}, want {want}")
+    if len(seen) != 4:
+        fail(f"{name}: pipeline transfers {dict(seen)}: sends and receives of both "
+             f"activations (fwd) and gradients (bwd) expected")
+    return grads
+
+
 def check_work_single(report, events, n_micro):
     """One rank: each product's flops per call is the model's (2 per multiply-add, causal
     attention pairs only), the step's sum is 6 x the matmul weights x tokens plus the
@@ -709,8 +858,8 @@ def check_slow_step():
     a step of this tiny model take 2 s (two OpenMP threads on two busy cores), so one
     thread, and a run whose other steps were slow anyway is run again, twice at most."""
     for attempt in range(3):
-        _, rep, _ = timed("slow1", 1, [], env={"GPTC_TEST_SLOW_STEP": "1:1000",
-                                               "OMP_NUM_THREADS": "1"})
+        _, rep, met = timed("slow1", 1, [], env={"GPTC_TEST_SLOW_STEP": "1:1000",
+                                                 "OMP_NUM_THREADS": "1"})
         rows = [r for r in rep["steps"] if not r["probe"] and not r.get("warmup")]
         others = max(r["iter_ms"] for r in rows if r["step"] != 1)
         if others < 200:
@@ -731,8 +880,30 @@ def check_slow_step():
     if not m or m.group(1, 2, 3, 5) != ("1", "1", "0", "1") or abs(float(m.group(4)) - first) > 0.01:
         fail(f"slow1: step 1 ({first:.2f} ms, median {med:.2f}) not named as slow, or named "
              f"wrong: {m and m.group(0)}")
+    # the run's last line gives the mean step and rate of the steps after the first (the
+    # one that loads and plans): the metrics log's steps 2..N, each printed to 3 decimals
+    # (tok/s to 1), the summary's mean to 1 decimal and the rate to 0
+    done = re.search(r"done: (\d+) steps, .* mean ([0-9.]+) ms/step, (\d+) tok/s \(steps after "
+                     r"the first\)", STDOUT["slow1"])
+    later = [x for x in met if x["step"] > 1]
+    if not done or int(done.group(1)) != STEPS or [x["step"] for x in met] != \
+            list(range(1, STEPS + 1)):
+        fail(f"slow1: no summary of {STEPS} steps, or the metrics log's steps "
+             f"{[x['step'] for x in met]}: {done and done.group(0)}")
+    mean_ms = statistics.mean(x["iter_ms"] for x in later)
+    tokens = round(met[0]["tokens_per_s"] * met[0]["iter_ms"] / 1e3)  # a step's
+    rate = tokens * len(later) / (sum(x["iter_ms"] for x in later) / 1e3)
+    rate_err = 0.5 + rate * 0.5e-3 / mean_ms  # and each step's ms 0.5e-3 off
+    if abs(float(done.group(2)) - mean_ms) > 0.05 + 0.5e-3 or \
+            abs(int(done.group(3)) - rate) > rate_err:
+        fail(f"slow1: the summary says {done.group(2)} ms/step, {done.group(3)} tok/s; the "
+             f"metrics log's steps 2..{STEPS} give {mean_ms:.4f} ms ({tokens} tokens a step: "
+             f"{rate:.1f} tok/s), all {STEPS} steps "
+             f"{statistics.mean(x['iter_ms'] for x in met):.4f} ms; off by "
+             f"{float(done.group(2)) - mean_ms:.4f} ms")
     print(f"ok   a slow step 1 ({first:.1f} ms against a median of {med:.1f}) named, with "
-          f"--profile.warmup=1; the report's median is the rows'")
+          f"--profile.warmup=1; the report's median is the rows'; the run's last line's mean, "
+          f"{done.group(2)} ms/step, and rate are of steps 2..{STEPS}")
 
 
 def check_empty_statistics():
@@ -1081,6 +1252,9 @@ def main():
         fail(f"tp2pp2: the receive that waited most of each step waited {most} of its time for "
              f"the sender (mean wait {recv['wait_mean_us']} us of {recv['mean_us']:.1f}): most "
              f"of it expected in every step")
+    grads = check_pp_phases("tp2pp2", events, 2)  # a stage: tp 2 x dp 1 ranks
+    print(f"ok   tp2 x pp2: {grads} sends and receives of gradients and every *_bwd op in the "
+          f"backward phase, of activations and every *_fwd op in the forward")
     if "waited for another rank to arrive" not in STDOUT["tp2pp2"]:
         fail("tp2pp2: the table does not say how much of the exposed comm waited for a rank")
     print(f"ok   tp2 x pp2: all ranks and both kinds traced; {100 * exposed / comm:.1f}% of "
@@ -1331,6 +1505,16 @@ def main():
     roots = sum(1 for e in ev if e.get("ph") == "X" and e["name"] == "broadcast"
                 and e["args"].get("root") == e["pid"] and e["args"].get("wait_us", 0) > 0)
     print(f"ok   tp4, sequence parallel, chunked: {roots} broadcast roots waited for a member")
+    # the medians of an even count of rows (policy and probe) came apart from the upper
+    # middle value somewhere, and probe figures were compared
+    even = [sum(v[i] for v in EVEN_MEDIANS.values()) for i in (0, 1)]
+    if min(even) < 1 or sum(VS_PROBE.values()) < 10:
+        fail(f"even-count medians checked {EVEN_MEDIANS}, slowdowns vs probe {VS_PROBE}: "
+             f"too few")
+    print(f"ok   the overlap summary's medians, serialized step and ideal max(compute, comm) "
+          f"as the step rows give them (medians of an even count: {even[0]} of policy rows, "
+          f"{even[1]} of probe rows); slowdown_vs_probe = mean / the probe's mean, in the "
+          f"report and the table: {', '.join(f'{k} {v}' for k, v in VS_PROBE.items() if v)}")
     print("PASS: timing records, report and trace hold")
 
 
