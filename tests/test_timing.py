@@ -849,6 +849,48 @@ def check_comm_bytes(name, report, events, sizes):
     return total
 
 
+def dp2_slowed_comm():
+    """dp2 with a communication stream slowed on purpose: policy none leaves all of it
+    exposed; bucket overlaps the reductions with the rest of the backward pass (one
+    micro-batch per rank, so the whole backward pass is the last micro-batch's, and a model
+    large enough that its backward can cover the slowed reductions). Returns the share of
+    the communication hidden per policy (and of dp's alone), and the losses."""
+    slow = dict(os.environ, GPTC_TEST_COMM_DELAY_US="2000")
+    hidden = {}
+    for policy in ("none", "bucket"):
+        os.environ.update(slow)
+        try:
+            ev, rep, met = timed(f"dp2-{policy}", 2, ["--parallel.dp=2", f"--overlap.dp={policy}",
+                                                    "--overlap.dp_bucket_mb=1", "--model.d_model=256",
+                                                    "--model.n_ctx=64", "--train.seq_len=64",
+                                                    "--train.micro_batch=4"])
+        finally:
+            del os.environ["GPTC_TEST_COMM_DELAY_US"]
+        check_report(f"dp2-{policy}", rep, 2)
+        comm = sum(r["comm_ms"] for r in rep["steps"])
+        exposed = sum(r["exposed_comm_ms"] for r in rep["steps"])
+        hidden[policy] = (comm - exposed) / comm
+        dp_comm = sum(r["dp_comm_ms"] for r in rep["steps"])
+        hidden["dp_" + policy] = (dp_comm - sum(r["dp_exposed_comm_ms"] for r in rep["steps"])) / dp_comm
+        if any(r["tp_comm_ms"] or r["pp_comm_ms"] for r in rep["steps"]):
+            fail(f"dp2-{policy}: communication of tp or pp in a dp-only run")
+        hidden[policy + "_losses"] = [(m["loss"], m["grad_norm"]) for m in met]
+        # the gradient buckets' all-reduces carry every fp32 gradient once a step
+        C = 256
+        grads = 4 * (256 * C + 64 * C + L * (12 * C * C + 13 * C) + 2 * C)
+        total = check_comm_bytes(f"dp2-{policy}", rep, ev, {})
+        per_step = total[("allreduce", "dp")] / (2 * STEPS)
+        if per_step != grads:
+            fail(f"dp2-{policy}: the dp all-reduces move {per_step} bytes a step and rank, the "
+                 f"gradients are {grads}")
+        print(f"ok   dp2, overlap.dp = {policy}, slowed comm: {comm:.1f} ms comm, "
+              f"{100 * hidden[policy]:.1f}% hidden")
+        pairs, err_us = check_clocks(f"dp2-{policy}", ev)
+        print(f"ok   dp2, overlap.dp = {policy}: the {pairs} collectives of the two ranks overlap "
+              f"in time, on clocks said to agree within {err_us:.1f} us")
+    return hidden
+
+
 def check_slow_step():
     """A step far slower than the median (GPTC_TEST_SLOW_STEP: step 1 takes 1 s longer, as a
     first step that loads and plans does) is named under the table with the warm-up that
@@ -1259,43 +1301,17 @@ def main():
         fail("tp2pp2: the table does not say how much of the exposed comm waited for a rank")
     print(f"ok   tp2 x pp2: all ranks and both kinds traced; {100 * exposed / comm:.1f}% of "
           f"{comm:.1f} ms comm exposed with policies none")
-    # dp2 with a communication stream slowed on purpose: policy none leaves all of it
-    # exposed; bucket overlaps the reductions with the rest of the backward pass
-    # (one micro-batch per rank, so the whole backward pass is the last micro-batch's, and
-    # a model large enough that its backward can cover the slowed reductions)
-    slow = dict(os.environ, GPTC_TEST_COMM_DELAY_US="2000")
-    hidden = {}
-    for policy in ("none", "bucket"):
-        os.environ.update(slow)
-        try:
-            ev, rep, met = timed(f"dp2-{policy}", 2, ["--parallel.dp=2", f"--overlap.dp={policy}",
-                                                    "--overlap.dp_bucket_mb=1", "--model.d_model=256",
-                                                    "--model.n_ctx=64", "--train.seq_len=64",
-                                                    "--train.micro_batch=4"])
-        finally:
-            del os.environ["GPTC_TEST_COMM_DELAY_US"]
-        check_report(f"dp2-{policy}", rep, 2)
-        comm = sum(r["comm_ms"] for r in rep["steps"])
-        exposed = sum(r["exposed_comm_ms"] for r in rep["steps"])
-        hidden[policy] = (comm - exposed) / comm
-        dp_comm = sum(r["dp_comm_ms"] for r in rep["steps"])
-        hidden["dp_" + policy] = (dp_comm - sum(r["dp_exposed_comm_ms"] for r in rep["steps"])) / dp_comm
-        if any(r["tp_comm_ms"] or r["pp_comm_ms"] for r in rep["steps"]):
-            fail(f"dp2-{policy}: communication of tp or pp in a dp-only run")
-        hidden[policy + "_losses"] = [(m["loss"], m["grad_norm"]) for m in met]
-        # the gradient buckets' all-reduces carry every fp32 gradient once a step
-        C = 256
-        grads = 4 * (256 * C + 64 * C + L * (12 * C * C + 13 * C) + 2 * C)
-        total = check_comm_bytes(f"dp2-{policy}", rep, ev, {})
-        per_step = total[("allreduce", "dp")] / (2 * STEPS)
-        if per_step != grads:
-            fail(f"dp2-{policy}: the dp all-reduces move {per_step} bytes a step and rank, the "
-                 f"gradients are {grads}")
-        print(f"ok   dp2, overlap.dp = {policy}, slowed comm: {comm:.1f} ms comm, "
-              f"{100 * hidden[policy]:.1f}% hidden")
-        pairs, err_us = check_clocks(f"dp2-{policy}", ev)
-        print(f"ok   dp2, overlap.dp = {policy}: the {pairs} collectives of the two ranks overlap "
-              f"in time, on clocks said to agree within {err_us:.1f} us")
+    # a machine loaded past twice its cores (other tests, other jobs) leaves the
+    # communication thread unscheduled while the compute threads run: bucket then hid 2 to
+    # 9% (load 5 to 9 on 2 cores, twice). The overlap is checked where it can show: such a
+    # run is made again, twice at most, and a third fails
+    for attempt in range(3):
+        hidden = dp2_slowed_comm()
+        load, cores = os.getloadavg()[0], os.cpu_count()
+        if min(hidden["bucket"], hidden["dp_bucket"]) >= 0.2 or load <= 2 * cores:
+            break
+        print(f"note dp2: bucket hid {100 * hidden['bucket']:.1f}% with the machine loaded "
+              f"(load {load:.1f} on {cores} cores): run again")
     check_compare_reports(f"{D}/dp2-none.report.json", f"{D}/dp2-bucket.report.json")
     if hidden["none"] > 0.05:
         fail(f"overlap.dp = none hid {100 * hidden['none']:.1f}% of the communication")
