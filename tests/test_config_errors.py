@@ -176,6 +176,69 @@ def check_all(cases):
             check(name, args, words, np_ranks, r=run.result())
 
 
+def check_override_order():
+    """A key given twice on the command line: the last wins (README, "Config keys"), over
+    the first and over BASE's train.steps = 2"""
+    r = run_train(BASE + ["--train.steps=3", "--train.steps=1"], timeout=120)
+    if r.returncode or "done: 1 steps" not in r.stdout or "\nsteps = 1\n" not in r.stdout:
+        fail(f"--train.steps=3 --train.steps=1: want 1 step and steps = 1 in the effective "
+             f"configuration, exit {r.returncode}:\n{r.stdout[-800:]}{r.stderr[-400:]}")
+    print("ok   a key given twice: the last wins")
+
+
+def check_readme_defaults():
+    """The defaults README's key table gives ("| `train.lr lr_schedule ...` | 3e-4 constant
+    ... |") are the ones gptc-train --help prints, key by key: a default changed in the
+    code and not in the README (or the other way) fails. Cells that are not one literal
+    value a key ("from `train.init`") are skipped, and so are derived ones (a word where
+    --help prints 0: "n_ctx", "world/(tp*pp)"); "empty" is ""."""
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
+    table = {}
+    for line in open(readme):
+        m = re.match(r"\| `([a-z]+)\.([a-z_0-9]+(?: [a-z_0-9]+)*)` \| ([^|]*) \|", line)
+        if not m:
+            continue
+        keys, values = m.group(2).split(), m.group(3).split()
+        if len(keys) != len(values):
+            continue
+        for k, v in zip(keys, values):
+            table[f"{m.group(1)}.{k}"] = "" if v == "empty" else v
+    r = subprocess_help()
+    printed, section = {}, None
+    for line in r.splitlines():
+        if line.startswith("["):
+            section = line.strip("[]")
+        elif " = " in line.rstrip() + " " and section and not line.startswith("#"):
+            key, _, value = line.partition(" =")
+            printed[f"{section}.{key}"] = value.strip()
+
+    def same(a, b):
+        try:
+            return float(a) == float(b)
+        except ValueError:
+            return a == b
+    def number(a):
+        try:
+            return float(a) == float(a)
+        except ValueError:
+            return False
+    # "-" none; a word where --help prints 0 is derived (--help: "0 means ...": n_ctx)
+    checked = [k for k, v in table.items()
+               if v != "-" and not (printed.get(k) == "0" and not number(v))]
+    wrong = [f"{k}: README {table[k]!r}, --help {printed.get(k)!r}" for k in checked
+             if k not in printed or not same(table[k], printed[k])]
+    if wrong or len(checked) < 35:
+        fail(f"README's defaults against --help: {wrong or f'only {len(checked)} keys read'}")
+    print(f"ok   README's defaults of {len(checked)} keys are --help's")
+
+
+def subprocess_help():
+    r = run_train(["--help"], timeout=60)
+    if r.returncode:
+        fail(f"--help: exit {r.returncode}: {r.stderr}")
+    return r.stdout
+
+
 def check_help():
     """--help lists every key with its default, as an INI that gptc-train reads back."""
     r = run_train(["--help"])
@@ -392,6 +455,8 @@ def main():
     rng = np.random.default_rng(0)
     write_tokens(f"{D}/tok.h5", rng.integers(0, 50, 500), 50)
     check_help()
+    check_override_order()
+    check_readme_defaults()
     check_config_pipe()
     check_long_lines()
     tokens = rng.integers(0, 50, 500)
@@ -550,6 +615,12 @@ def main():
         # every rank of a multi-rank job exits nonzero; rank 0 names the key
         ("world size under mpirun", BASE + ["--parallel.dp=3"], ["world size 2", "parallel.dp"], 2),
         ("unknown key under mpirun", BASE + ["--train.stpes=3"], ["train.stpes"], 2),
+        # micro-batches of each DP rank's rows: 6 rows over dp 2 are 3 a rank, not whole
+        # micro-batches of 2 (a check of global_batch % micro_batch alone let dp 2 train on
+        # 8 of a batch of 12 rows in micro-batches of 4, without a word)
+        ("micro-batches do not divide a DP rank's rows",
+         BASE + ["--parallel.dp=2", "--train.global_batch=6", "--train.micro_batch=2"],
+         ["train.global_batch = 6", "parallel.dp * train.micro_batch = 2 * 2"], 2),
         ("layers do not divide over stages", BASE + ["--model.n_layer=3", "--parallel.pp=2"],
          ["model.n_layer", "parallel.pp"], 2),
         ("interleaved with micro-batches not a multiple of pp",

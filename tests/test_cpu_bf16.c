@@ -294,10 +294,18 @@ static void test_attention(int B, int T, int C, int NH) {
     float *att = f_randn(natt, 1, 63), *datt = f_randn(natt, 1, 64);
     float *ratt = f_randn(natt, 1, 65), *rdatt = f_randn(natt, 1, 66);
     float *ry = f_randn(ny, 1, 67), *rdqkv = f_randn(nqkv, 1, 68);
+    float *db0 = f_randn((size_t)3 * C, 1, 69), *db = f_copy(db0, (size_t)3 * C); /* [3C] */
     be->set_precision(GPTC_BF16);
     be->attention_forward(y, att, qkv, B, T, C, NH, NULL);
-    be->attention_backward(dqkv, NULL, datt, dy, y, qkv, att, B, T, C, NH, NULL);
+    be->attention_backward(dqkv, db, datt, dy, y, qkv, att, B, T, C, NH, NULL);
     be->set_precision(GPTC_FP32);
+    /* dbias: the column sums of dqkv as stored (bf16), each column's rows in order from its
+     * old value, as a GPU sums what it stores (from the unrounded values it differed, and
+     * no run-level tolerance saw it) */
+    float *sq = wide(dqkv, nqkv), *want = f_copy(db0, (size_t)3 * C); /* [3C] */
+    for (size_t n = 0; n < (size_t)B * T; n++)
+        for (int c = 0; c < 3 * C; c++) want[c] += sq[n * 3 * C + c];
+    expect_same("attention bwd dbias += (bf16, as stored)", db, want, (size_t)3 * C);
     /* the reference: the bf16 attention on fp32 buffers, the backward reading the stored y */
     cpu_attention_forward_bf16(ry, ratt, wide(qkv, nqkv), B, T, C, NH);
     cpu_attention_backward_bf16(rdqkv, rdatt, wide(dy, ny), wide(y, ny), wide(qkv, nqkv), ratt,

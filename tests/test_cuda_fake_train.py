@@ -167,6 +167,15 @@ def main():
         for k in ("energy_j", "power_w", "sm_clock_mhz"):
             if not (isinstance(m.get(k), (int, float)) and m[k] > 0):
                 fail(f"{name}: metrics of step {m['step']}: {k} = {m.get(k)!r}, expected > 0")
+        # the fake's readings (tests/fake_nvml.c): its energy counter moves 1000 mJ a
+        # reading, read at a step's start and end; the clock 1980 MHz; the power the energy
+        # over the readings' interval, which holds the step's iter_ms (a column written
+        # under another's name passed the > 0 above)
+        most_w = 1.0 / ((m["iter_ms"] - 0.0005) * 1e-3) + 0.0005  # both printed to 3 decimals
+        if m["energy_j"] != 1.0 or m["sm_clock_mhz"] != 1980 or not m["power_w"] <= most_w:
+            fail(f"{name}: metrics of step {m['step']}: energy_j {m['energy_j']}, power_w "
+                 f"{m['power_w']}, sm_clock_mhz {m['sm_clock_mhz']}; the fake NVML gives 1.0 J "
+                 f"a step, at most {most_w:.3f} W over its {m['iter_ms']} ms, 1980 MHz")
     rep = json.load(open(f"{D}/report.json"))
     names = {k["name"]: k for k in rep["kernels"]}
     for op in ("embedding_fwd", "layernorm_fwd", "add_layernorm_fwd", "qkv_fwd", "attention_fwd",

@@ -1,4 +1,5 @@
-"""The random initialisation (gpt_init_random), as GPT-2's: every weight matrix and the
+"""The random initialisation (gpt_init_random), as GPT-2's (and its checkpoint's step 0
+and shape attributes): every weight matrix and the
 embeddings normal with std 0.02, except the projections into the residual stream
 (attn.c_proj, mlp.c_proj), std 0.02 / sqrt(2 n_layer); LayerNorm weights 1, every bias 0.
 Read from the checkpoint a run with train.steps = 0 writes. Nothing else checks the init
@@ -13,9 +14,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import fail, run_train, work_dir, write_tokens  # noqa: E402
 
 D = work_dir("gptc_init_")
-N_LAYER, D_MODEL = 4, 64
-MODEL = [f"--model.n_layer={N_LAYER}", "--model.n_head=4", f"--model.d_model={D_MODEL}",
-         "--model.n_ctx=32", "--model.vocab_size=256", f"--data.path={D}/tok.h5",
+N_LAYER, N_HEAD, D_MODEL, N_CTX = 4, 2, 64, 32  # n_layer and n_head apart: a swap shows
+MODEL = [f"--model.n_layer={N_LAYER}", f"--model.n_head={N_HEAD}", f"--model.d_model={D_MODEL}",
+         f"--model.n_ctx={N_CTX}", "--model.vocab_size=256", f"--data.path={D}/tok.h5",
          "--train.global_batch=4", "--train.steps=0"]
 
 
@@ -24,6 +25,12 @@ def init(name, extra=()):
     if r.returncode:
         fail(f"{name}: the run failed: {r.stderr[-600:]}")
     with h5py.File(f"{D}/{name}.h5") as f:
+        attrs = {k: int(f.attrs[k]) for k in ("step", "n_layer", "n_head", "d_model", "n_ctx",
+                                              "vocab_size")}
+        want = {"step": 0, "n_layer": N_LAYER, "n_head": N_HEAD, "d_model": D_MODEL,
+                "n_ctx": N_CTX, "vocab_size": 256}
+        if attrs != want:
+            fail(f"{name}: the initialisation's checkpoint says {attrs}, want {want}")
         return {k: f["model"][k][()] for k in f["model"]}
 
 

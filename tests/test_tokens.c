@@ -135,6 +135,19 @@ static void test_order_no_shuffle(void) {
         }
     }
     loader_destroy(l);
+
+    /* exactly 10 T tokens: the last window would need one token past the end (its last
+     * target), so 9 windows; every one of them reads (window 8 is step 3's row 2) */
+    path = write_ramp("ramp_exact.h5", H5T_STD_U16LE, 10 * T, 0, 65536);
+    l = loader_create(path, T, B, 0, B, 0, 0, 1, err, sizeof err);
+    check(l != NULL, "order, 10 T tokens: loader_create failed: %s", err);
+    if (!l) return;
+    check(loader_windows(l) == 9, "order, 10 T tokens: W = %ld, expected 9", loader_windows(l));
+    for (long s = 1; s <= 3; s++)
+        check(loader_get(l, s, in, tg, err, sizeof err) == 0, "order, 10 T tokens: step %ld: %s",
+              s, err);
+    check(row_is_window(in, tg, 2, T, 8, 0), "order, 10 T tokens: step 3 row 2 is not window 8");
+    loader_destroy(l);
 }
 
 /* rows [begin, end) of a loader equal the same rows of the full-batch loader. */
