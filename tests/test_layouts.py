@@ -199,6 +199,15 @@ def main():
     compare("tp2 x pp2 step 2 -> dp2 steps 3-4", ref[2:], second)
     third = train("resume-c", 4, 256, ["--parallel.tp=4", f"--train.init={D}/tp2pp2.step2.h5"])
     compare("tp2 x pp2 step 2 -> tp4 steps 3-4", ref[2:], third)
+    # a padded vocabulary saved from TP shards (251 over tp2: 126 rows a rank, one of them
+    # padding) and resumed on one rank: the padded row is left out of the file and the
+    # rows join where they belong (every other resume here is at vocab 256)
+    ref251 = read_metrics(f"{D}/single-v251.jsonl")
+    pad = train("resume-pad", 2, 251, ["--parallel.tp=2", "--train.save_every=2",
+                                        f"--train.save={D}/tp2v251.h5", "--train.keep=2"])
+    compare("tp2 vocab 251 run with checkpoints", ref251, pad)
+    pad1 = train("resume-pad1", 1, 251, [f"--train.init={D}/tp2v251.step2.h5"])
+    compare("tp2 vocab 251 step 2 -> one rank steps 3-4", ref251[2:], pad1)
     # ZeRO-1 shards the optimizer state over DP: it saves whole and loads into shards
     z = train("resume-z", 4, 256, ["--parallel.dp=4", "--overlap.dp_shard=optimizer",
                                     "--train.save_every=2", f"--train.save={D}/zero.h5", "--train.keep=2"])
