@@ -67,10 +67,13 @@ fail:
  * call); its path in path. */
 static void write_config(char *path, size_t n, const char *name, const char *text) {
     static char dir[] = "/tmp/gptc_test_configs_XXXXXX";
-    if (dir[strlen(dir) - 1] == 'X' && !mkdtemp(dir)) {
+    /* a flag, not the template's last letter: mkdtemp's own name ends in X one time in 62 */
+    static int made;
+    if (!made && !mkdtemp(dir)) {
         perror("mkdtemp");
         exit(2);
     }
+    made = 1;
     snprintf(path, n, "%s/%s", dir, name);
     FILE *f = fopen(path, "w");
     if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
