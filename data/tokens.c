@@ -161,25 +161,23 @@ static int sec2_descriptor(hid_t file) {
                                                                              : -1;
 }
 
-/* Stamps the file (by HDF5's descriptor, else by its path) and the sources found; 0, or -1
- * with err set */
-static int stamp_files(token_file *f, char *err, size_t errlen) {
+/* Stamps the file (by HDF5's descriptor, else by its path) and the sources found, each
+ * with share part of parts (none when parts is 0); 0, or -1 with err set */
+static int stamp_files(token_file *f, int part, int parts, char *err, size_t errlen) {
     struct stat st;
-    f->fd = sec2_descriptor(f->file);
     if ((f->fd >= 0 ? fstat(f->fd, &st) : stat(f->path, &st)) ||
-        stamp_of(&st, f->fd, f->path, 0, 0, &f->stamp)) {
+        stamp_of(&st, f->fd, f->path, part, parts, &f->stamp)) {
         set_err(err, errlen, "data.path %s: cannot read the file: %s", f->path, strerror(errno));
         return -1;
     }
-    if (f->sources.n == 0) return 0;
-    f->source_stamps = malloc(f->sources.n * sizeof *f->source_stamps);
-    if (!f->source_stamps) {
+    if (f->sources.n > 0 && !f->source_stamps &&
+        !(f->source_stamps = malloc(f->sources.n * sizeof *f->source_stamps))) {
         set_err(err, errlen, "data.path %s: out of memory", f->path);
         return -1;
     }
     for (size_t i = 0; i < f->sources.n; i++) {
         const char *p = f->sources.paths[i];
-        if (stat(p, &st) || stamp_of(&st, -1, p, 0, 0, &f->source_stamps[i])) {
+        if (stat(p, &st) || stamp_of(&st, -1, p, part, parts, &f->source_stamps[i])) {
             set_err(err, errlen, "data.path %s: cannot read its source file %s: %s", f->path,
                     p, strerror(errno));
             return -1;
@@ -259,31 +257,10 @@ int tokens_check_sources(token_file *f, char *err, size_t errlen) {
     return 0;
 }
 
-/* Gives *s share part of parts, hashed from fd (or from path when fd < 0); 0, or -1 */
-static int watch_share(file_stamp *s, int fd, const char *path, int part, int parts) {
-    int own = fd < 0 ? open(path, O_RDONLY) : fd;
-    int rc = own >= 0 ? hash_part(own, s->size, part, parts, &s->part_hash) : -1;
-    if (fd < 0 && own >= 0) close(own);
-    if (rc == 0) s->part = part, s->parts = parts;
-    return rc;
-}
-
 int tokens_watch(token_file *f, int part, int parts, char *err, size_t errlen) {
     /* the files as at open first: a share hashed from changed bytes would hide the change */
     if (check_own(f, err, errlen) || tokens_check_sources(f, err, errlen)) return -1;
-    if (watch_share(&f->stamp, f->fd, f->path, part, parts)) {
-        set_err(err, errlen, "data.path %s: cannot read the file: %s", f->path, strerror(errno));
-        return -1;
-    }
-    for (size_t i = 0; i < f->sources.n; i++) {
-        const char *p = f->sources.paths[i];
-        if (watch_share(&f->source_stamps[i], -1, p, part, parts)) {
-            set_err(err, errlen, "data.path %s: cannot read its source file %s: %s", f->path,
-                    p, strerror(errno));
-            return -1;
-        }
-    }
-    return 0;
+    return stamp_files(f, part, parts, err, errlen);
 }
 
 double tokens_file_bytes(const token_file *f) {
@@ -470,9 +447,10 @@ static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen
     }
     if (read_length(f, err, errlen) || check_element_type(f, err, errlen) ||
         h5_check_sources(f->file, f->dset, f->path, "data.path", &f->sources, err, errlen) ||
-        read_vocab(f, model_vocab, err, errlen) || stamp_files(f, err, errlen))
+        read_vocab(f, model_vocab, err, errlen))
         return -1;
-    return 0;
+    f->fd = sec2_descriptor(f->file);
+    return stamp_files(f, 0, 0, err, errlen);
 }
 
 token_file *tokens_open(const char *path, long model_vocab, char *err, size_t errlen) {
