@@ -319,9 +319,6 @@ static void on_grads_final(void *ctx, size_t ready) {
     dp_grads_final(&r->dpc, &r->model, ready);
 }
 
-/* One optimizer step: the pipeline schedule's forward and backward passes over the
- * micro-batches, the tied embedding and DP gradient reductions, global norm, clipping
- * and AdamW. Returns the step's mean loss and sets *norm. */
 /* Test-only: GPTC_TEST_INF_GRAD_STEPS = "s1,s2,..." gives those steps an infinite
  * gradient norm on every rank (an overflow), so that a test can skip updates
  * (nan_policy = skip) without the parameters diverging for good */
@@ -335,6 +332,9 @@ static int test_inf_grad(long step) {
     return 0;
 }
 
+/* One optimizer step: the pipeline schedule's forward and backward passes over the
+ * micro-batches, the tied embedding and DP gradient reductions, global norm, clipping
+ * and AdamW. Returns the step's mean loss and sets *norm. */
 static double train_step(run_state *r, const batch_plan *bp, long step, long *t, double lr,
                          const optim_config *oc, double *norm, int *skipped) {
     gpt_model *m = &r->model;
