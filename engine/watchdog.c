@@ -83,7 +83,7 @@ void watchdog_test_slow_read(void) {
     const char *v = getenv("GPTC_TEST_SLOW_READS");
     if (!v) return;
     /* said once for each input (rank 0): a test waits for it to act during the reads */
-    static char said[256];
+    static char said[1024]; /* as long as the trainer's doing[ERR_LEN] */
     const char *doing = atomic_load(&g_doing);
     if (doing && strncmp(said, doing, sizeof said - 1) != 0) {
         snprintf(said, sizeof said, "%s", doing);

@@ -5,8 +5,9 @@ that goes away (| head -1) stops nothing.
 
 The signal goes out once step 3 is logged, and the ranks run on while the test is
 scheduled, pgrep runs and the signal lands: on a loaded 2-core machine that took more
-than 37 steps of this tiny model, so the run is long enough for the stop to land well
-before its end."""
+than 37 steps of this tiny model (3 ms each), so step 4 takes 3 s more
+(GPTC_TEST_SLOW_STEP, which changes no number) and the run is 300 steps long: the stop
+lands well before its end."""
 import os
 import signal
 import subprocess
@@ -39,10 +40,10 @@ def interrupted(name, ranks, sig, extra=(), blocked=False, twice=False):
     cmd = ([*MPIRUN, "-np", str(ranks)] if ranks > 1 else []) + [TRAIN, *args]
     block = (lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {sig})) if blocked else None
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env(ranks), preexec_fn=block)
+                         env=dict(env(ranks), GPTC_TEST_SLOW_STEP="4:3000"), preexec_fn=block)
     deadline = time.time() + 120
     while time.time() < deadline:
-        if os.path.exists(log) and len(read_metrics(log)) >= 3:
+        if os.path.exists(log) and len(read_metrics(log, partial_ok=True)) >= 3:
             break
         time.sleep(0.05)
     else:
@@ -136,9 +137,12 @@ def check_stop_in_start():
     while rank1 is None and time.time() < deadline and p.poll() is None:
         for pid in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
                                   text=True).stdout.split():
+            # gptc-train's own: a child of mpirun between fork and exec has mpirun's
+            # command line (both FIFOs) and handler of SIGTERM
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     mine = fifos[1].encode() in f.read().split(b"\0")
+                mine = mine and os.readlink(f"/proc/{pid}/exe") == os.path.realpath(TRAIN)
             except OSError:
                 continue
             if mine and catches_sigterm(pid):
@@ -194,7 +198,7 @@ def check_nohup():
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(1),
                          preexec_fn=ignore)
     deadline = time.time() + 60
-    while time.time() < deadline and not (os.path.exists(log) and read_metrics(log)):
+    while time.time() < deadline and not (os.path.exists(log) and read_metrics(log, partial_ok=True)):
         time.sleep(0.02)
     p.send_signal(signal.SIGHUP)
     out, err = p.communicate(timeout=120)

@@ -891,6 +891,28 @@ def dp2_slowed_comm():
     return hidden
 
 
+def tp2_slowed_comm():
+    """tp2 with communication slowed on purpose, overlap.tp none and chunked (4 pieces):
+    per policy the share of the communication hidden, the attn_proj_fwd GEMMs counted, and
+    the losses."""
+    os.environ["GPTC_TEST_COMM_DELAY_US"] = "300"
+    try:
+        res = {}
+        for policy in ("none", "chunked"):
+            ev, rep, met = timed(f"tp2-{policy}", 2, ["--parallel.tp=2", f"--overlap.tp={policy}",
+                                                     "--overlap.tp_chunks=4", "--model.d_model=256",
+                                                     "--model.n_ctx=64", "--train.seq_len=64"])
+            comm = sum(r["comm_ms"] for r in rep["steps"])
+            res[policy] = ((comm - sum(r["exposed_comm_ms"] for r in rep["steps"])) / comm,
+                           sum(1 for e in ev if e.get("ph") == "X" and e["name"] == "attn_proj_fwd"),
+                           [(m["loss"], m["grad_norm"]) for m in met])
+            print(f"ok   tp2, overlap.tp = {policy}, slowed comm: {100 * res[policy][0]:.1f}% hidden, "
+                  f"{res[policy][1]} attn_proj_fwd GEMMs")
+    finally:
+        del os.environ["GPTC_TEST_COMM_DELAY_US"]
+    return res
+
+
 def check_slow_step():
     """A step far slower than the median (GPTC_TEST_SLOW_STEP: step 1 takes 1 s longer, as a
     first step that loads and plans does) is named under the table with the warm-up that
@@ -1301,17 +1323,17 @@ def main():
         fail("tp2pp2: the table does not say how much of the exposed comm waited for a rank")
     print(f"ok   tp2 x pp2: all ranks and both kinds traced; {100 * exposed / comm:.1f}% of "
           f"{comm:.1f} ms comm exposed with policies none")
-    # a machine loaded past twice its cores (other tests, other jobs) leaves the
-    # communication thread unscheduled while the compute threads run: bucket then hid 2 to
-    # 9% (load 5 to 9 on 2 cores, twice). The overlap is checked where it can show: such a
-    # run is made again, twice at most, and a third fails
+    # a machine loaded past its cores (other tests, other jobs) leaves the communication
+    # thread unscheduled while the compute threads run: bucket then hid 2 to 9% (load 5 to
+    # 9 on 2 cores, twice). Such a run is made again, twice at most, and a third fails: an
+    # overlap that does not work hides nothing in any of them. (Not only when the load
+    # average says so: it lags a burst of load by a minute.)
     for attempt in range(3):
         hidden = dp2_slowed_comm()
-        load, cores = os.getloadavg()[0], os.cpu_count()
-        if min(hidden["bucket"], hidden["dp_bucket"]) >= 0.2 or load <= 2 * cores:
+        if min(hidden["bucket"], hidden["dp_bucket"]) >= 0.2:
             break
-        print(f"note dp2: bucket hid {100 * hidden['bucket']:.1f}% with the machine loaded "
-              f"(load {load:.1f} on {cores} cores): run again")
+        print(f"note dp2: bucket hid {100 * hidden['bucket']:.1f}% (load "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores): run again")
     check_compare_reports(f"{D}/dp2-none.report.json", f"{D}/dp2-bucket.report.json")
     if hidden["none"] > 0.05:
         fail(f"overlap.dp = none hid {100 * hidden['none']:.1f}% of the communication")
@@ -1452,22 +1474,14 @@ def main():
     check_drift("clock drift", pin=False)
     check_drift("clock drift, both ranks on one core", pin=True)
 
-    # tp2 chunked: each row chunk's all-reduce runs while the next chunk is multiplied
-    os.environ["GPTC_TEST_COMM_DELAY_US"] = "300"
-    try:
-        res = {}
-        for policy in ("none", "chunked"):
-            ev, rep, met = timed(f"tp2-{policy}", 2, ["--parallel.tp=2", f"--overlap.tp={policy}",
-                                                     "--overlap.tp_chunks=4", "--model.d_model=256",
-                                                     "--model.n_ctx=64", "--train.seq_len=64"])
-            comm = sum(r["comm_ms"] for r in rep["steps"])
-            res[policy] = ((comm - sum(r["exposed_comm_ms"] for r in rep["steps"])) / comm,
-                           sum(1 for e in ev if e.get("ph") == "X" and e["name"] == "attn_proj_fwd"),
-                           [(m["loss"], m["grad_norm"]) for m in met])
-            print(f"ok   tp2, overlap.tp = {policy}, slowed comm: {100 * res[policy][0]:.1f}% hidden, "
-                  f"{res[policy][1]} attn_proj_fwd GEMMs")
-    finally:
-        del os.environ["GPTC_TEST_COMM_DELAY_US"]
+    # tp2 chunked: each row chunk's all-reduce runs while the next chunk is multiplied; run
+    # again when chunked hid too little, twice at most, as dp2's bucket above
+    for attempt in range(3):
+        res = tp2_slowed_comm()
+        if res["chunked"][0] >= 0.03:
+            break
+        print(f"note tp2: chunked hid {100 * res['chunked'][0]:.1f}% (load "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores): run again")
     if res["none"][0] > 0.05 or res["chunked"][0] < 0.03:
         fail(f"overlap.tp = chunked should hide some communication and none nearly none: {res}")
     if res["chunked"][1] != 4 * res["none"][1]:

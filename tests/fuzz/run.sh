@@ -57,14 +57,18 @@ for t in config h5 kernel_name; do
   rm -f "$out"/crash_$t-* "$out"/fuzz_$t.*.log
   ours=0 upstream=0 run=0
   end=$((SECONDS + secs))
-  while [ "$SECONDS" -lt "$end" ]; do
+  while :; do
+    # read once: a second that ticks between the test and the flag would give
+    # -max_total_time=0, which libFuzzer takes as no limit at all
+    left=$((end - SECONDS))
+    [ "$left" -gt 0 ] || break
     run=$((run + 1))
     log="$out/fuzz_$t.$run.log"
     # allocator_may_return_null: an absurd size read from a corrupted file makes malloc fail
     # (which the library must handle) rather than end the run
     if ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
        UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-       HDF5_USE_FILE_LOCKING=FALSE "$out/fuzz_$t" -seed="$run" -max_total_time=$((end - SECONDS)) \
+       HDF5_USE_FILE_LOCKING=FALSE "$out/fuzz_$t" -seed="$run" -max_total_time="$left" \
        -max_len=65536 -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$out/crash_$t-" \
        "$out/corpus_$t" > "$log" 2>&1; then
       break # the time is up without a crash
