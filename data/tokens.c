@@ -142,6 +142,9 @@ struct token_file {
     file_stamp stamp; /* the file at open, by fd (a file renamed over its path is not it) */
     h5_source_files sources;  /* the files besides it that /tokens is read from */
     file_stamp *source_stamps; /* [sources.n] each at open, by its path */
+    /* the stamps after open: the prefetch thread's reads check them, and take a touch
+     * into them, while the loader's check gives them this rank's share */
+    pthread_mutex_t stamp_mutex;
 };
 
 static void close_ids(token_file *f) {
@@ -239,7 +242,10 @@ static const char *const CHANGE_ADVICE = "the tokens read may be zeros or anothe
 /* The token file itself, after each read (one fstat); 0, or -1 with err */
 static int check_own(token_file *f, char *err, size_t errlen) {
     char how[96];
-    if (unchanged(&f->stamp, f->fd, f->path, 0, how, sizeof how) == 0) return 0;
+    pthread_mutex_lock(&f->stamp_mutex);
+    int rc = unchanged(&f->stamp, f->fd, f->path, 0, how, sizeof how);
+    pthread_mutex_unlock(&f->stamp_mutex);
+    if (rc == 0) return 0;
     set_err(err, errlen, "data.path %s: the file changed during the run (it %s): %s", f->path,
             how, CHANGE_ADVICE);
     return -1;
@@ -248,8 +254,10 @@ static int check_own(token_file *f, char *err, size_t errlen) {
 int tokens_check_sources(token_file *f, char *err, size_t errlen) {
     char how[96];
     for (size_t i = 0; i < f->sources.n; i++) {
-        if (unchanged(&f->source_stamps[i], -1, f->sources.paths[i], 1, how, sizeof how) == 0)
-            continue;
+        pthread_mutex_lock(&f->stamp_mutex);
+        int rc = unchanged(&f->source_stamps[i], -1, f->sources.paths[i], 1, how, sizeof how);
+        pthread_mutex_unlock(&f->stamp_mutex);
+        if (rc == 0) continue;
         set_err(err, errlen, "data.path %s: its source file %s changed during the run (it %s): "
                 "%s", f->path, f->sources.paths[i], how, CHANGE_ADVICE);
         return -1;
@@ -260,12 +268,17 @@ int tokens_check_sources(token_file *f, char *err, size_t errlen) {
 int tokens_watch(token_file *f, int part, int parts, char *err, size_t errlen) {
     /* the files as at open first: a share hashed from changed bytes would hide the change */
     if (check_own(f, err, errlen) || tokens_check_sources(f, err, errlen)) return -1;
-    return stamp_files(f, part, parts, err, errlen);
+    pthread_mutex_lock(&f->stamp_mutex);
+    int rc = stamp_files(f, part, parts, err, errlen);
+    pthread_mutex_unlock(&f->stamp_mutex);
+    return rc;
 }
 
-double tokens_file_bytes(const token_file *f) {
+double tokens_file_bytes(token_file *f) {
+    pthread_mutex_lock(&f->stamp_mutex);
     double b = (double)f->stamp.size;
     for (size_t i = 0; i < f->sources.n; i++) b += (double)f->source_stamps[i].size;
+    pthread_mutex_unlock(&f->stamp_mutex);
     return b;
 }
 
@@ -463,15 +476,13 @@ token_file *tokens_open(const char *path, long model_vocab, char *err, size_t er
     }
     strcpy(f->path, path);
     f->file = f->dset = f->fd = -1;
+    pthread_mutex_init(&f->stamp_mutex, NULL);
     hdf5_enter();
     int rc = open_locked(f, model_vocab, err, errlen);
     if (rc) close_ids(f);
     hdf5_leave();
     if (rc) {
-        h5_source_files_free(&f->sources);
-        free(f->source_stamps);
-        free(f->path);
-        free(f);
+        tokens_close(f);
         return NULL;
     }
     return f;
@@ -531,6 +542,7 @@ void tokens_close(token_file *f) {
     close_ids(f);
     hdf5_leave();
     h5_source_files_free(&f->sources);
+    pthread_mutex_destroy(&f->stamp_mutex);
     free(f->source_stamps);
     free(f->path);
     free(f);

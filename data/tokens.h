@@ -36,7 +36,7 @@ int tokens_check_sources(token_file *f, char *err, size_t errlen);
  * files must be as at open. Returns 0, or -1 with err. */
 int tokens_watch(token_file *f, int part, int parts, char *err, size_t errlen);
 /* The bytes of f's file and of its sources, as at open */
-double tokens_file_bytes(const token_file *f);
+double tokens_file_bytes(token_file *f);
 void tokens_close(token_file *f);
 
 /* HDF5 builds without the thread-safe option must not be entered by two threads at
