@@ -186,12 +186,13 @@ def check_override_order():
     print("ok   a key given twice: the last wins")
 
 
-def check_readme_defaults():
+def check_readme_defaults(help_text):
     """The defaults README's key table gives ("| `train.lr lr_schedule ...` | 3e-4 constant
     ... |") are the ones gptc-train --help prints, key by key: a default changed in the
     code and not in the README (or the other way) fails. Cells that are not one literal
     value a key ("from `train.init`") are skipped, and so are derived ones (a word where
-    --help prints 0: "n_ctx", "world/(tp*pp)"); "empty" is ""."""
+    --help prints 0: "n_ctx", "world/(tp*pp)"); "empty" is "". help_text: what --help
+    printed (check_help)."""
     readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")
     table = {}
     for line in open(readme):
@@ -203,9 +204,8 @@ def check_readme_defaults():
             continue
         for k, v in zip(keys, values):
             table[f"{m.group(1)}.{k}"] = "" if v == "empty" else v
-    r = subprocess_help()
     printed, section = {}, None
-    for line in r.splitlines():
+    for line in help_text.splitlines():
         if line.startswith("["):
             section = line.strip("[]")
         elif " = " in line.rstrip() + " " and section and not line.startswith("#"):
@@ -232,16 +232,11 @@ def check_readme_defaults():
     print(f"ok   README's defaults of {len(checked)} keys are --help's")
 
 
-def subprocess_help():
-    r = run_train(["--help"], timeout=60)
-    if r.returncode:
-        fail(f"--help: exit {r.returncode}: {r.stderr}")
-    return r.stdout
-
-
 def check_help():
-    """--help lists every key with its default, as an INI that gptc-train reads back."""
+    """--help lists every key with its default, as an INI that gptc-train reads back.
+    Returns what it printed."""
     r = run_train(["--help"])
+    help_text = r.stdout
     keys = [x.split(" = ")[0] for x in r.stdout.splitlines() if " = " in x]
     if r.returncode or len(keys) < 40 or "[overlap]" not in r.stdout or "comm_max_ctas" not in keys:
         fail(f"--help: exit {r.returncode}, {len(keys)} keys:\n{r.stdout}")
@@ -261,6 +256,7 @@ def check_help():
     if r.returncode:
         fail("--data.shuffle=TRUE --profile.nvtx=Off refused: " + r.stderr)
     print("ok   --help after other arguments; booleans in any case")
+    return help_text
 
 
 def check_whole_chunks():
@@ -454,9 +450,9 @@ def check_long_lines():
 def main():
     rng = np.random.default_rng(0)
     write_tokens(f"{D}/tok.h5", rng.integers(0, 50, 500), 50)
-    check_help()
+    help_text = check_help()
     check_override_order()
-    check_readme_defaults()
+    check_readme_defaults(help_text)
     check_config_pipe()
     check_long_lines()
     tokens = rng.integers(0, 50, 500)

@@ -57,10 +57,10 @@ static int step(power_sample *s, double *elapsed, const char *mw_begin, const ch
 static int within(double got, double want, double rel) { return fabs(got - want) <= rel * fabs(want); }
 
 /* The engine times the step between its own readings: after t0, before t0 + elapsed, and
- * around the 20 ms sleep. A rate over that time (per_s: J/s) lies between per_s / elapsed
- * and per_s / 20 ms; an amount at a rate (per_s: W) between per_s * 20 ms and per_s *
- * elapsed. (Not within 10% of elapsed: a thread descheduled for 2 ms of it, as on a loaded
- * machine, failed that.) */
+ * around the 20 ms sleep. The rate of an amount over that time (per_j: J) lies between
+ * per_j / elapsed and per_j / 20 ms; the amount at a rate over it (per_s: W) between
+ * per_s * 20 ms and per_s * elapsed. (Not within 10% of elapsed: a thread descheduled for
+ * 2 ms of it, as on a loaded machine, failed that.) */
 static int rate_over_step(double got, double per_j, double elapsed) {
     return got >= per_j / elapsed * (1 - 1e-9) && got <= per_j / SLEEP_S * (1 + 1e-9);
 }
