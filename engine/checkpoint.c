@@ -184,7 +184,7 @@ static int write_int_attr(hid_t loc, const char *name, long value) {
     hid_t space = H5Screate(H5S_SCALAR);
     hid_t attr = H5Acreate2(loc, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
     herr_t rc = attr < 0 ? -1 : H5Awrite(attr, H5T_NATIVE_INT64, &v);
-    if (attr >= 0) H5Aclose(attr);
+    if (attr >= 0 && H5Aclose(attr) < 0) rc = -1;
     H5Sclose(space);
     return rc < 0 ? -1 : 0;
 }
@@ -197,7 +197,7 @@ static int write_str_attr(hid_t loc, const char *name, const char *value) {
     hid_t space = H5Screate(H5S_SCALAR);
     hid_t attr = H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
     herr_t rc = attr < 0 ? -1 : H5Awrite(attr, type, &value);
-    if (attr >= 0) H5Aclose(attr);
+    if (attr >= 0 && H5Aclose(attr) < 0) rc = -1;
     H5Sclose(space);
     H5Tclose(type);
     return rc < 0 ? -1 : 0;
@@ -500,7 +500,7 @@ ckpt_file *ckpt_create(const char *path, const ckpt_meta *meta, char *err, size_
     }
     hid_t model = H5Gcreate2(f->file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     int rc = model < 0 ? -1 : write_root_attrs(f->file, meta);
-    if (model >= 0) H5Gclose(model);
+    if (model >= 0 && H5Gclose(model) < 0) rc = -1;
     if (rc < 0) {
         set_err(err, errlen, "%s: cannot write root attributes to %s", path, f->tmp_path);
         ckpt_abort(f);
@@ -555,7 +555,10 @@ static hid_t open_or_create_dataset(ckpt_file *f, const char *group, const char 
                         : H5Dcreate2(f->file, dpath, H5T_IEEE_F32LE, space, H5P_DEFAULT,
                                      H5P_DEFAULT, H5P_DEFAULT);
     if (space >= 0) H5Sclose(space);
-    if (g >= 0) H5Gclose(g);
+    if (g >= 0 && H5Gclose(g) < 0 && d >= 0) {
+        H5Dclose(d);
+        d = -1;
+    }
     if (d < 0) set_err(err, errlen, "%s: cannot create dataset %s", f->path, dpath);
     return d;
 }
@@ -583,7 +586,13 @@ int ckpt_write_slab(ckpt_file *f, const char *group, const char *name, int ndim,
     if (d < 0) return -1;
     errno = 0;
     int rc = transfer_slab(d, &s, NULL, data), why = errno;
-    H5Dclose(d);
+    /* a small dataset's bytes wait in HDF5's sieve buffer until the close writes them: a
+     * failure there, unchecked, left the tensor zeros in a checkpoint that saved "fine" */
+    errno = 0;
+    if (H5Dclose(d) < 0 && rc == 0) {
+        rc = -1;
+        why = errno;
+    }
     char cause[128];
     if (rc < 0)
         set_err(err, errlen, "%s: cannot write dataset %s%s", f->path, dpath,
@@ -600,7 +609,7 @@ int ckpt_set_optim_t(ckpt_file *f, long t, char *err, size_t errlen) {
     if (require_writing(f, err, errlen) < 0) return -1;
     hid_t g = open_or_create_group(f->file, "optim");
     int rc = g < 0 ? -1 : write_int_attr(g, "t", t);
-    if (g >= 0) H5Gclose(g);
+    if (g >= 0 && H5Gclose(g) < 0) rc = -1;
     if (rc < 0) set_err(err, errlen, "%s: cannot write attribute /optim t", f->path);
     return rc;
 }

@@ -45,6 +45,13 @@ void log_warn(const char *fmt, ...) {
     va_end(ap);
 }
 
+void log_warn_here(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    log_vline("gptc: warning: ", fmt, ap);
+    va_end(ap);
+}
+
 void log_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

@@ -12,6 +12,8 @@ void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "gptc: warning: ..." on stderr, rank 0's, one line (fmt without its newline): beside the
  * errors, where a stdout that is gone or to a full disk does not take it along */
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* the same from whichever rank calls it: a condition of that rank alone */
+void log_warn_here(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* prefix, then fmt's text on one line (its control characters escaped, a trailing newline
  * dropped), on stderr in one write: the one-line messages of gptc's programs */
 void log_vline(const char *prefix, const char *fmt, va_list ap);

@@ -122,13 +122,20 @@ static void print_model(const gpt_model *m, const batch_plan *bp, long first, lo
 /* OpenBLAS maps its buffers as it starts and at its first products: one that fails is
  * retried for ever, with no word (its issue 5289; under 0.8 to 1.2 GB on the machines
  * tried), so a low limit is named before it loads */
-static void warn_address_space(const gptc_config *c) {
+static void warn_address_space(const gptc_config *c, const grid *g) {
     struct rlimit as;
-    if (strcmp(c->device, "cpu") == 0 && getrlimit(RLIMIT_AS, &as) == 0 &&
-        as.rlim_cur != RLIM_INFINITY && as.rlim_cur < (rlim_t)2 << 30)
-        log_warn("the address space is limited to %.0f MiB (ulimit -v): OpenBLAS may fail to "
-                 "map its buffers and then retry for ever, in the start-up or in step 1, with "
-                 "no word; give it 2 GiB or more", (double)as.rlim_cur / 1048576.0);
+    int low = strcmp(c->device, "cpu") == 0 && getrlimit(RLIMIT_AS, &as) == 0 &&
+              as.rlim_cur != RLIM_INFINITY && as.rlim_cur < (rlim_t)2 << 30;
+    /* the lowest rank so limited says it, naming itself unless every rank is: a limit on
+     * one rank (its node's, its wrapper's) went unsaid when only rank 0 looked, and that
+     * rank hung in step 1 while its peers blamed it */
+    int all = 0, first = grid_first_failing(low, g->rank, g->world, &all);
+    if (first != g->rank) return;
+    char who[32] = "";
+    if (g->world > 1 && !all) snprintf(who, sizeof who, "rank %d: ", g->rank);
+    log_warn_here("%sthe address space is limited to %.0f MiB (ulimit -v): OpenBLAS may fail "
+                  "to map its buffers and then retry for ever, in the start-up or in step 1, "
+                  "with no word; give it 2 GiB or more", who, (double)as.rlim_cur / 1048576.0);
 }
 
 typedef struct {
@@ -283,8 +290,11 @@ static int save_checkpoint(run_state *r, long step, long t, char *err, size_t n)
         /* rank 0 writes HDF5 while its loader's thread may read the next step's tokens: one
          * at a time, for an HDF5 built without its thread-safe option (data/tokens.h) */
         tokens_hdf5_lock();
-        rc = gpt_save(m, &r->world, writer, c->save, step, opt_m, opt_v, t, why, sizeof(why));
+        int failed_rank = -1;
+        rc = gpt_save(m, &r->world, writer, c->save, step, opt_m, opt_v, t, &failed_rank, why,
+                      sizeof(why));
         tokens_hdf5_unlock();
+        if (rc != 0 && r->g->world > 1) r->speaker = failed_rank;
     }
     free(opt_m);
     free(opt_v);
@@ -952,7 +962,7 @@ int train_run(const gptc_config *c, const grid *g) {
     /* a device's start (a CUDA context on a card without persistence mode, cuBLASLt,
      * CUPTI) may take tens of seconds on every rank */
     watchdog_hold(WATCHDOG_DEVICE_S);
-    warn_address_space(c);
+    warn_address_space(c, g);
     const gptc_backend *be = start_backend(c, g, &r.shape, err, sizeof(err));
     if (!be) {
         silent = !err[0]; /* the ranks that failed have said why */

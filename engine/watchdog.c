@@ -1,6 +1,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine/watchdog.h"
 
+#include <errno.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
@@ -33,6 +34,8 @@ static atomic_int g_finalizing;          /* watchdog_finalizing */
 /* the hooks reach communicators the run frees before MPI_Finalize, which the thread
  * still watches: they are set, and used, under g_hooks */
 static pthread_mutex_t g_hooks = PTHREAD_MUTEX_INITIALIZER;
+/* watchdog_stop wakes the watch at once: a process would otherwise end up to a tick late */
+static pthread_cond_t g_wake;
 static const char *(*g_poll)(void);
 static void (*g_abort_all)(void);
 
@@ -128,7 +131,7 @@ static const char *where_text(char *where) {
 }
 
 static void *watch(void *arg) {
-    struct timespec tick = {0, 200 * 1000 * 1000};
+    const long tick_ns = 200L * 1000 * 1000;
     /* A tick that took a second more than its 200 ms: this process did not run (SIGSTOP, a
      * debugger, a starved machine). Time it did not run says nothing of its peers: no
      * timeout is counted from before it (a rank stopped, then woken by the launcher's kill
@@ -137,8 +140,16 @@ static void *watch(void *arg) {
     double prev = *(const double *)arg, resumed = 0.0; /* from watchdog_start: a thread
                                                          * that first ran late did not run */
     for (;;) {
-        nanosleep(&tick, NULL);
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += tick_ns;
+        until.tv_sec += until.tv_nsec / 1000000000L;
+        until.tv_nsec %= 1000000000L;
         pthread_mutex_lock(&g_hooks); /* held to the abort, or released below */
+        /* a wake-up before the tick's end that is not watchdog_stop's waits on */
+        while (atomic_load(&g_running) &&
+               pthread_cond_timedwait(&g_wake, &g_hooks, &until) != ETIMEDOUT)
+            continue;
         if (!atomic_load(&g_running)) { /* stopped while it slept: no timeout now */
             pthread_mutex_unlock(&g_hooks);
             break;
@@ -226,6 +237,11 @@ int watchdog_start(double timeout_s, int rank) {
     g_rank = rank;
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
     watchdog_beat();
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC); /* a tick is not a clock change */
+    pthread_cond_init(&g_wake, &attr);
+    pthread_condattr_destroy(&attr);
     atomic_store(&g_running, 1);
     static double started_ms; /* watch's first reading: set before, read after the create */
     started_ms = timing_now_ms();
@@ -238,6 +254,7 @@ void watchdog_stop(void) {
     /* under g_hooks: a watch that has begun its check ends it (an abort) first */
     pthread_mutex_lock(&g_hooks);
     int was = atomic_exchange(&g_running, 0);
+    pthread_cond_signal(&g_wake);
     pthread_mutex_unlock(&g_hooks);
     if (was) pthread_join(g_thread, NULL);
 }

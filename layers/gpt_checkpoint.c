@@ -150,8 +150,17 @@ static int gather_and_write(const gpt_model *m, comm_group *world, ckpt_file *f,
     return rc;
 }
 
+/* The lowest rank of world whose own part failed (failed set), or -1 when none did:
+ * collective, so that every rank stops at the same tensor and one rank says why */
+static int lowest_failed(comm_group *world, int failed) {
+    if (!world || world->size == 1) return failed ? 0 : -1;
+    int worst = comm_max_int(world, failed ? world->size - world->rank : 0);
+    return worst > 0 ? world->size - worst : -1;
+}
+
 int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path, long step,
-             const float *opt_m, const float *opt_v, long t, char *err, size_t errlen) {
+             const float *opt_m, const float *opt_v, long t, int *failed_rank, char *err,
+             size_t errlen) {
     int with_optim = t > 0;
     const gpt_shape *s = &m->shape;
     ckpt_meta meta = {step, s->n_layer, s->n_head, s->d_model, s->n_ctx, s->vocab_size};
@@ -162,45 +171,47 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     param_tensor *full = gpt_full_table(s, &n_full); /* [n_full]: every rank walks all tensors */
     ckpt_file *f = NULL;
     int sources = !writer || (host && (!with_optim || (opt_m && opt_v)));
-    int rc = full && sources ? 0 : -1;
-    if (rc) snprintf(err, errlen, "%s: out of host memory", path);
-    if (rc == 0 && rank == 0) {
+    int failed = !full || !sources; /* this rank's own part */
+    if (failed) snprintf(err, errlen, "%s: out of host memory", path);
+    if (!failed && rank == 0) {
         f = ckpt_create(path, &meta, err, errlen);
-        rc = f ? 0 : -1;
+        failed = !f;
     }
-    /* every rank walks the same tensors; the writer (rank 0) stops at its first error */
-    if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
-    for (int which = 0; which < (with_optim ? 3 : 1) && rc == 0; which++) {
+    int who = lowest_failed(world, failed);
+    for (int which = 0; which < (with_optim ? 3 : 1) && who < 0; which++) {
         const float *src = which == 1 ? opt_m : which == 2 ? opt_v : host; /* NULL: no writer */
         if (which == 0 && host) {
             m->be->copy_to_host(host, m->params, m->n_params * sizeof(float), m->stream);
             m->be->synchronize(m->stream);
         }
-        for (int i = 0; i < n_full && rc == 0; i++) {
+        for (int i = 0; i < n_full && who < 0; i++) {
             watchdog_beat(); /* a big model's save takes a while, tensor by tensor */
             /* and every rank waits while rank 0 writes one (a 2 GB embedding: 100 s at a
              * slow disk's rate), which the beat above no longer covers */
             watchdog_hold(watchdog_io_s((double)full[i].rows * full[i].cols * sizeof(float)));
             const param_tensor *t = gpt_find_tensor(m, full[i].name);
-            rc = gather_and_write(m, world, f, GROUPS[which], &full[i], t,
-                                  t && src ? src + t->offset : NULL, writer, err, errlen);
-            if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
+            failed = gather_and_write(m, world, f, GROUPS[which], &full[i], t,
+                                      t && src ? src + t->offset : NULL, writer, err,
+                                      errlen) != 0;
+            who = lowest_failed(world, failed);
         }
     }
-    if (rc == 0 && rank == 0 && with_optim) rc = ckpt_set_optim_t(f, t, err, errlen);
+    if (who < 0 && rank == 0 && with_optim) failed = ckpt_set_optim_t(f, t, err, errlen) != 0;
     /* rank 0's flush, fsync and rename take a while on a slow disk, and every rank waits */
     double bytes = 0;
     for (int i = 0; full && i < n_full; i++) bytes += (double)full[i].rows * full[i].cols * sizeof(float);
     watchdog_hold(watchdog_io_s(bytes * (with_optim ? 3 : 1)));
     if (rank == 0 && f) {
-        if (rc == 0) rc = ckpt_commit(f, err, errlen);
+        if (who < 0 && !failed) failed = ckpt_commit(f, err, errlen) != 0;
         else ckpt_abort(f);
     }
-    if (world && world->size > 1) rc = comm_max_int(world, rc == 0 ? 0 : 1) ? -1 : 0;
-    if (rc != 0 && rank != 0) snprintf(err, errlen, "%s: the writer (rank 0) failed", path);
+    who = lowest_failed(world, failed);
+    /* the failing rank says why (trainer.c lets it speak alone); the others name it */
+    if (who >= 0 && !failed) snprintf(err, errlen, "%s: rank %d could not save its part", path, who);
+    if (failed_rank) *failed_rank = who;
     free(host);
     free(full);
-    return rc;
+    return who >= 0 ? -1 : 0;
 }
 
 int gpt_load(gpt_model *m, ckpt_file *f, const gpt_moments *moments, long t_optim, char *err,

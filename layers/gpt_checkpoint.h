@@ -14,9 +14,11 @@ typedef struct comm_group comm_group;
  * step, from opt_m and opt_v (host, [n_params] each, in the parameter layout; read on the
  * writers only: the others may pass NULL). Collective over world (NULL for one rank):
  * each rank with writer set sends its shards (replicated tensors only from TP rank 0), and
- * world rank 0 writes the file. */
+ * world rank 0 writes the file. On failure, -1 on every rank, *failed_rank the lowest
+ * rank that failed (its err says why; the others' name it). */
 int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path, long step,
-             const float *opt_m, const float *opt_v, long t, char *err, size_t errlen);
+             const float *opt_m, const float *opt_v, long t, int *failed_rank, char *err,
+             size_t errlen);
 /* What a rank keeps of the optimizer state a checkpoint holds: wants says whether it
  * keeps any of the elements [offset, offset + n) of the parameter layout (a tensor it does
  * not want is not read: ZeRO-1 keeps a DP-th of each bucket); keep takes one whole moment

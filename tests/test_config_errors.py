@@ -365,7 +365,22 @@ def check_address_space_limit():
         if r.returncode or warns != want:
             fail(f"ulimit -v {'1.7 GB' if limited else 'unlimited'}: exit {r.returncode}, "
                  f"warnings {warns}, want {want}:\n{r.stderr[-800:]}")
-    print("ok   ulimit -v under 2 GiB: named before OpenBLAS loads; none without a limit")
+    # two ranks, the limit on rank 1 only (its node's, its wrapper's): that rank says it,
+    # naming itself; on both, one line as for one rank
+    for ranks_limited in ((1,), (0, 1)):
+        cmd = list(MPIRUN)
+        for k in range(2):
+            pre = ["bash", "-c", 'ulimit -v 1740800 && exec "$@"', "limit"] if k in ranks_limited else []
+            cmd += ([":"] if k else []) + ["-np", "1", *pre, TRAIN, *args, "--parallel.dp=2"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env(2))
+        warns = [x for x in r.stderr.splitlines() if "(ulimit -v)" in x]
+        who = "rank 1: " if ranks_limited == (1,) else ""
+        if r.returncode or len(warns) != 1 or not warns[0].startswith(
+                f"gptc: warning: {who}the address space is limited to 1700 MiB"):
+            fail(f"ulimit -v on rank(s) {ranks_limited} of 2: exit {r.returncode}, warnings "
+                 f"{warns}, want one, '{who}the address space ...':\n{r.stderr[-800:]}")
+    print("ok   ulimit -v under 2 GiB: named before OpenBLAS loads, by the limited rank; none "
+          "without a limit")
 
 
 def check_config_pipe():

@@ -1,0 +1,130 @@
+"""One transient write error anywhere in a checkpoint's save (tests/fail_write.c, preloaded,
+fails the chosen write to the temporary file with EIO): the run ends with exit 1 and one
+line naming train.save and the cause, the checkpoint at train.save is the one from before,
+byte for byte, and no temporary file is left. HDF5 keeps a small dataset's bytes until the
+dataset is closed; that close's failure went unchecked, and a save that had lost a tensor
+(zeros in its place) said "saved" and exited 0, over the good checkpoint.
+
+Every write of a one-rank save of a plain initialisation is failed in turn (its datasets,
+attributes and HDF5's metadata), then writes spread over a step's save with the optimizer
+state, and over a tp2 one (rank 0 writes what rank 1 sends): there one line in all, from
+the rank that failed.
+
+    test_save_faults.py FAIL_WRITE_SO [--quick]
+
+--quick (the sanitizer builds) fails every third write of the initialisation's save."""
+import hashlib
+import os
+import shutil
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gptc_testlib import fail, run_train, work_dir, write_tokens  # noqa: E402
+
+D = work_dir("gptc_save_faults_")
+MODEL = ["--model.n_layer=1", "--model.n_head=2", "--model.d_model=32", "--model.n_ctx=16",
+         "--model.vocab_size=64", f"--data.path={D}/tok.h5", "--train.global_batch=4",
+         "--train.micro_batch=2", "--train.seq_len=16", "--train.log_file="]
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def shim_env(shim, at=None):
+    # a sanitizer's runtime wants to be first of the preloaded libraries: not checked, the
+    # shim only forwards writes
+    e = {"LD_PRELOAD": shim, "GPTC_FAIL_WRITE_PATH": "ck.h5.tmp.",
+         "ASAN_OPTIONS": ":".join(x for x in (os.environ.get("ASAN_OPTIONS"),
+                                               "verify_asan_link_order=0") if x)}
+    if at is not None:
+        e["GPTC_FAIL_WRITE_AT"] = str(at)
+    return e
+
+
+def save(shim, ranks, args, at=None):
+    """Runs args, which save at ck.h5, over a copy of base.h5 there, writes failed as at
+    says; returns (CompletedProcess, writes seen, whether one failed)."""
+    shutil.copy(f"{D}/base.h5", f"{D}/ck.h5")
+    r = run_train(MODEL + [f"--train.save={D}/ck.h5", *args], np_ranks=ranks if ranks > 1 else None,
+                  timeout=120, extra_env=shim_env(shim, at))
+    counts = [line.split() for line in r.stderr.splitlines() if line.startswith("fail_write:")]
+    # "fail_write: pid P: N writes, failed F": the writer's (any other rank saw none)
+    writes = max(int(c[3]) for c in counts) if counts else 0
+    failed = any(c[6] == "1" for c in counts)
+    return r, writes, failed
+
+
+def count_writes(shim, ranks, args):
+    """the writes of args' save without a fault, which must go well"""
+    r, writes, failed = save(shim, ranks, args)
+    if r.returncode or failed or writes < 10 or sha256(f"{D}/ck.h5") == sha256(f"{D}/base.h5"):
+        fail(f"{args}: without a fault: exit {r.returncode}, {writes} writes seen, failed "
+             f"{failed}:\n{r.stderr[-1500:]}")
+    return writes
+
+
+def check_failed(name, r, failed):
+    """exit 1, one gptc line naming train.save and the cause, ck.h5 as it was, nothing left"""
+    if not failed:
+        fail(f"{name}: the shim failed no write (stderr:\n{r.stderr[-1500:]})")
+    lines = [x for x in r.stderr.splitlines() if x.startswith("gptc")]
+    left = [x for x in os.listdir(D) if ".tmp." in x]
+    if r.returncode != 1 or len(lines) != 1 or f"train.save {D}/ck.h5" not in lines[0] or \
+            "Input/output error" not in lines[0]:
+        fail(f"{name}: exit {r.returncode}, want 1 and one line naming train.save and "
+             f"'Input/output error'; stderr:\n{r.stderr[-2000:]}")
+    if sha256(f"{D}/ck.h5") != sha256(f"{D}/base.h5") or left:
+        fail(f"{name}: the failed save changed the checkpoint before it, or left {left}")
+    return lines[0]
+
+
+def main():
+    args = [a for a in sys.argv[1:] if a != "--quick"]
+    if len(args) != 1:
+        fail("usage: test_save_faults.py FAIL_WRITE_SO [--quick]")
+    shim = os.path.abspath(args[0])
+    write_tokens(f"{D}/tok.h5", np.random.default_rng(3).integers(0, 64, 2000), 64)
+    r = run_train(MODEL + ["--train.steps=1", f"--train.save={D}/base.h5"], timeout=120)
+    if r.returncode:
+        fail(f"the first run: exit {r.returncode}\n{r.stderr[-1500:]}")
+
+    # a plain initialisation's save (no optimizer state: 30 writes), each write failed in
+    # turn: the datasets, the attributes, HDF5's metadata at the flush
+    init = ["--train.steps=0"]
+    writes = count_writes(shim, 1, init)
+    ats = range(1, writes + 1, 3 if "--quick" in sys.argv else 1)
+    for at in ats:
+        r, _, failed = save(shim, 1, init, at)
+        line = check_failed(f"one rank's initial save, write {at} of {writes} failed", r, failed)
+    print(f"ok   one rank's initial save: {len(ats)} of its {writes} writes failed in turn: "
+          f"exit 1, one line, the checkpoint before kept; e.g. {line}")
+
+    # a step's save with the optimizer state, going on from base.h5: writes spread over it
+    step2 = [f"--train.init={D}/ck.h5", "--train.steps=2"]
+    writes = count_writes(shim, 1, step2)
+    ats = sorted({1 + (writes - 1) * k // 6 for k in range(7)})
+    for at in ats:
+        r, _, failed = save(shim, 1, step2, at)
+        check_failed(f"one rank's step-2 save, write {at} of {writes} failed", r, failed)
+    print(f"ok   one rank's step-2 save (with /optim): writes {ats} of {writes} failed: exit 1, "
+          f"one line, the checkpoint before kept")
+
+    # tp2: rank 0 writes rank 1's slabs too; the first, a middle and the last write
+    tp2 = step2 + ["--parallel.tp=2"]
+    writes = count_writes(shim, 2, tp2)
+    for at in sorted({1, writes // 2, writes}):
+        r, _, failed = save(shim, 2, tp2, at)
+        line = check_failed(f"tp2, write {at} of {writes} failed", r, failed)
+        if not line.startswith("gptc: error: rank 0: "):
+            fail(f"tp2, write {at}: the line is not rank 0's own: {line}")
+    print(f"ok   tp2: writes 1, {writes // 2} and {writes} of {writes} failed: one line, "
+          f"rank 0's: {line}")
+    print("PASS: a save with a failed write ends with one line and keeps the checkpoint before it")
+
+
+if __name__ == "__main__":
+    main()
