@@ -429,8 +429,9 @@ static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen
         return -1;
     }
     fclose(probe);
-    if (H5Fis_hdf5(f->path) <= 0) {
-        set_err(err, errlen, "data.path %s: not an HDF5 file", f->path);
+    char why[320];
+    if (h5_is_hdf5(f->path, why, sizeof why) != 1) {
+        set_err(err, errlen, "data.path %s: %s", f->path, why);
         return -1;
     }
     f->file = H5Fopen(f->path, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -446,6 +447,10 @@ static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen
         return -1;
     }
     f->dset = H5Dopen2(f->file, "tokens", H5P_DEFAULT);
+    if (f->dset < 0 && h5_read_failed(why, sizeof why)) {
+        set_err(err, errlen, "data.path %s: cannot read the file: %s", f->path, why);
+        return -1;
+    }
     if (f->dset < 0 && describe_external_link(f, err, errlen)) return -1;
     if (f->dset < 0) {
         set_err(err, errlen, "data.path %s: /tokens is not a dataset", f->path);
@@ -479,6 +484,12 @@ token_file *tokens_open(const char *path, long model_vocab, char *err, size_t er
     pthread_mutex_init(&f->stamp_mutex, NULL);
     hdf5_enter();
     int rc = open_locked(f, model_vocab, err, errlen);
+    /* a check that failed at its read of the file's bytes says what the read found (the
+     * check's own words, "no dataset /tokens", would hide a disk's error); where a later
+     * call has cleared HDF5's errors the check said it itself */
+    char reason[256];
+    if (rc && h5_read_failed(reason, sizeof reason))
+        set_err(err, errlen, "data.path %s: cannot read the file: %s", path, reason);
     if (rc) close_ids(f);
     hdf5_leave();
     if (rc) {
@@ -493,13 +504,15 @@ long tokens_vocab(const token_file *f) { return f->vocab; }
 
 /* Reads [start, start+count) of /tokens into dst[count] as uint32 (HDF5 widens 8- and
  * 16-bit files); dst is int32 storage, which C lets us access as its unsigned twin. */
-static int read_slab(token_file *f, long start, long count, uint32_t *dst) {
+static int read_slab(token_file *f, long start, long count, uint32_t *dst, char *cause,
+                     size_t n) {
     hsize_t off = (hsize_t)start, cnt = (hsize_t)count;
     hid_t fspace = H5Dget_space(f->dset);
     hid_t mspace = H5Screate_simple(1, &cnt, NULL);
     int ok = fspace >= 0 && mspace >= 0 &&
              H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &off, NULL, &cnt, NULL) >= 0 &&
              H5Dread(f->dset, H5T_NATIVE_UINT32, mspace, fspace, H5P_DEFAULT, dst) >= 0;
+    if (!ok) h5_error_reason(cause, n); /* before the closes clear it */
     if (mspace >= 0) H5Sclose(mspace);
     if (fspace >= 0) H5Sclose(fspace);
     return ok ? 0 : -1;
@@ -515,11 +528,12 @@ int tokens_read(token_file *f, long start, long count, int32_t *dst, char *err,
     if (count == 0) return 0;
     uint32_t *u = (uint32_t *)dst; /* [count] */
     hdf5_enter();
-    int rc = read_slab(f, start, count, u);
+    char cause[256] = "";
+    int rc = read_slab(f, start, count, u, cause, sizeof cause);
     hdf5_leave();
     if (rc) {
-        set_err(err, errlen, "data.path %s: HDF5 read of tokens [%ld, %ld) failed", f->path,
-                start, start + count);
+        set_err(err, errlen, "data.path %s: HDF5 read of tokens [%ld, %ld) failed%s%s", f->path,
+                start, start + count, cause[0] ? ": " : "", cause);
         return -1;
     }
     /* after the read: a change from before it, or during it, is seen (the sources, a stat

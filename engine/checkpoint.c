@@ -775,8 +775,9 @@ ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *op
         set_err(err, errlen, "%s: not a regular file", path);
         return NULL;
     }
-    if (H5Fis_hdf5(path) <= 0) {
-        set_err(err, errlen, "%s: not an HDF5 file", path);
+    char why[320];
+    if (h5_is_hdf5(path, why, sizeof why) != 1) {
+        set_err(err, errlen, "%s: %s", path, why);
         return NULL;
     }
     ckpt_file *f = calloc(1, sizeof *f);

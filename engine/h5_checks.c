@@ -97,6 +97,27 @@ void h5_error_reason(char *buf, size_t n) {
     snprintf(buf, n, "%.*s", (int)(end ? (size_t)(end - msg) : strlen(msg)), msg);
 }
 
+int h5_read_failed(char *buf, size_t n) {
+    char cause[CAUSE_LEN];
+    h5_error_cause(cause, sizeof cause);
+    if (!strstr(cause, "read failed") || !strstr(cause, "error message = '")) return 0;
+    h5_error_reason(buf, n);
+    return 1;
+}
+
+int h5_is_hdf5(const char *path, char *why, size_t n) {
+    htri_t is = H5Fis_hdf5(path);
+    if (is > 0) return 1;
+    if (is == 0) {
+        snprintf(why, n, "not an HDF5 file");
+        return 0;
+    }
+    char reason[CAUSE_LEN];
+    h5_error_reason(reason, sizeof reason);
+    snprintf(why, n, "cannot read the file%s%s", reason[0] ? ": " : "", reason);
+    return -1;
+}
+
 const char *h5_open_hint(const char *cause) {
     /* "unable to lock file, errno = 11" (EAGAIN: another process holds the lock); other
      * errnos (ENOSYS on a file system without locks) are not another writer */

@@ -32,9 +32,20 @@ void h5_error_cause(char *buf, size_t n);
 /* As h5_error_cause, but of a failed system call only the system's message ("No space
  * left on device"), not HDF5's whole description of the call */
 void h5_error_reason(char *buf, size_t n);
+/* 1 when the last failed call failed at a read of the file's bytes (a disk's or a network
+ * file system's error: HDF5's "file read failed"), with the system's reason in buf[n]
+ * ("Input/output error"); else 0. Whatever check made the read ("no dataset /tokens")
+ * would hide it. */
+int h5_read_failed(char *buf, size_t n);
 /* " (another program has it open for writing?)" after a cause that is HDF5's file lock,
  * else " (truncated or damaged?)": what to tell a user whose file HDF5 cannot open */
 const char *h5_open_hint(const char *cause);
+
+/* Whether path is an HDF5 file (its signature): 1 if so; 0 if not, with why[n] = "not an
+ * HDF5 file"; -1 when it could not be read, with why[n] = "cannot read the file: <the
+ * system's reason>" (a disk's read error read as "not an HDF5 file"). Automatic printing
+ * off, as h5_error_cause wants. */
+int h5_is_hdf5(const char *path, char *why, size_t n);
 
 /* What the HDF5 file at path is, for an output about to replace it: H5_TOKENS (a /tokens
  * link, as a token file has), else H5_CHECKPOINT (a root attribute format, as a gptc

@@ -522,9 +522,9 @@ int output_paths_distinct(const named_path *paths, int n, char *err, size_t errl
     return 0;
 }
 
-/* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c) behind: removes
- * entry (of dir) if it is one whose writer is gone, so crashes do not pile up partial
- * copies. Only that name, all digits after ".tmp.": a user's PATH.tmp.notes is theirs. */
+/* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c, output_whole_open)
+ * behind: removes entry (of dir) if it is one whose writer is gone, so crashes do not pile
+ * up partial copies. Only that name, all digits after ".tmp.": a user's PATH.tmp.notes is theirs. */
 static void remove_if_stale(const char *dir, const char *base, const char *entry) {
     size_t len = strlen(base);
     if (strncmp(entry, base, len) != 0 || strncmp(entry + len, ".tmp.", 5) != 0) return;
@@ -621,6 +621,17 @@ int save_versions_check(const char *path, long first, long last, long every, int
     }
     if (d) closedir(d);
     return rc;
+}
+
+void output_tidy_stale(const char *path) {
+    if (!path[0] || strncmp(path, "/dev/", 5) == 0 || strncmp(path, "/proc/", 6) == 0) return;
+    char *real = realpath(path, NULL); /* NULL: not made yet, or its directory is not */
+    path_parts parts;
+    path_split(real ? real : path, &parts);
+    free(real);
+    DIR *d = opendir(parts.dir);
+    for (struct dirent *e; d && (e = readdir(d));) remove_if_stale(parts.dir, parts.base, e->d_name);
+    if (d) closedir(d);
 }
 
 void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_kept) {

@@ -102,6 +102,11 @@ void save_keep_version(const char *path, long step, int keep, long *kept, int *n
  * further) are left alone, with a warning naming them. */
 void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_kept);
 
+/* The same removal beside another output written whole through a temporary file (the
+ * report, the trace, a trimmed metrics log), as output_whole_open names it: beside the
+ * file path resolves to (rank 0, at the start) */
+void output_tidy_stale(const char *path);
+
 /* With keep > 1, the versions this run will write (steps first..last: every every-th, and
  * the last) replace files of their names: 0 when none of those that exist is other than a
  * checkpoint (a user's file named like one), else -1 with err naming it. */

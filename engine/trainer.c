@@ -981,6 +981,11 @@ int train_run(const gptc_config *c, const grid *g) {
     if (start_comm(&r, be, err, sizeof err) != 0 || start_model(&r, be, err, sizeof err) != 0)
         goto fail;
     if (c->save[0] && g->rank == 0) save_dir_tidy(c->save, r.first, c->keep, r.kept, &r.n_kept);
+    if (g->rank == 0) { /* a report or a trace can be large */
+        output_tidy_stale(c->report);
+        output_tidy_stale(c->trace);
+        output_tidy_stale(c->log_file);
+    }
     announce(&r);
 
     /* 4. The steps, and what comes after them */

@@ -87,12 +87,22 @@ def main():
         fail(f"too few kills landed after a save to test anything: {sorted(steps_seen)}")
     # the partial copies the kills left are removed by the next run that saves there, and
     # only they: a user's file whose name merely starts the same way stays
+    # (and those of the report, the trace and the metrics log, each written whole through
+    # a temporary file too, a killed writer's by its pid; a live process's stays)
     mine = [f"{os.path.basename(ckpt)}.tmp.{x}" for x in ("notes", "0x10", "12a", "")]
+    mine += [f"{x}.tmp.{os.getpid()}" for x in ("report.json", "trace.json", "log.jsonl")]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for x in ("report.json", "trace.json", "log.jsonl"):
+        with open(os.path.join(D, f"{x}.tmp.{dead.pid}"), "w") as f:
+            f.write("a killed writer's part\n")
     for x in mine:
         with open(os.path.join(D, x), "w") as f:
             f.write("a user's file\n")
     r = run_train(MODEL + [f"--train.init={ckpt}", f"--train.steps={max(steps_seen) + 1}",
-                           f"--train.save={ckpt}"])
+                           f"--train.save={ckpt}", "--profile.timing=kernel",
+                           f"--profile.report={D}/report.json", f"--profile.trace={D}/trace.json",
+                           f"--train.log_file={D}/log.jsonl"])
     left = [x for x in os.listdir(D) if ".tmp." in x and x not in mine]
     if r.returncode or left:
         fail(f"stale temporary files after a clean save: {left}\n{r.stderr[-800:]}")

@@ -1,5 +1,5 @@
-"""One transient write error anywhere in a checkpoint's save (tests/fail_write.c, preloaded,
-fails the chosen write to the temporary file with EIO): the run ends with exit 1 and one
+"""One transient I/O error (tests/fail_io.c, preloaded, fails the chosen read or write of a
+chosen file with EIO). Anywhere in a checkpoint's save: the run ends with exit 1 and one
 line naming train.save and the cause, the checkpoint at train.save is the one from before,
 byte for byte, and no temporary file is left. HDF5 keeps a small dataset's bytes until the
 dataset is closed; that close's failure went unchecked, and a save that had lost a tensor
@@ -8,9 +8,10 @@ dataset is closed; that close's failure went unchecked, and a save that had lost
 Every write of a one-rank save of a plain initialisation is failed in turn (its datasets,
 attributes and HDF5's metadata), then writes spread over a step's save with the optimizer
 state, and over a tp2 one (rank 0 writes what rank 1 sends): there one line in all, from
-the rank that failed.
+the rank that failed. Anywhere in the reads of the token file (the start-up's checks, the
+loader's reads): exit 1 and one line naming data.path and the cause.
 
-    test_save_faults.py FAIL_WRITE_SO [--quick]
+    test_io_faults.py FAIL_IO_SO [--quick]
 
 --quick (the sanitizer builds) fails every third write of the initialisation's save."""
 import hashlib
@@ -23,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from gptc_testlib import fail, run_train, work_dir, write_tokens  # noqa: E402
 
-D = work_dir("gptc_save_faults_")
+D = work_dir("gptc_io_faults_")
 MODEL = ["--model.n_layer=1", "--model.n_head=2", "--model.d_model=32", "--model.n_ctx=16",
          "--model.vocab_size=64", f"--data.path={D}/tok.h5", "--train.global_batch=4",
          "--train.micro_batch=2", "--train.seq_len=16", "--train.log_file="]
@@ -34,15 +35,22 @@ def sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def shim_env(shim, at=None):
+def shim_env(shim, op, path, at=None):
     # a sanitizer's runtime wants to be first of the preloaded libraries: not checked, the
-    # shim only forwards writes
-    e = {"LD_PRELOAD": shim, "GPTC_FAIL_WRITE_PATH": "ck.h5.tmp.",
+    # shim only forwards the calls
+    e = {"LD_PRELOAD": shim, "GPTC_FAIL_OP": op, "GPTC_FAIL_PATH": path,
          "ASAN_OPTIONS": ":".join(x for x in (os.environ.get("ASAN_OPTIONS"),
                                                "verify_asan_link_order=0") if x)}
     if at is not None:
-        e["GPTC_FAIL_WRITE_AT"] = str(at)
+        e["GPTC_FAIL_AT"] = str(at)
     return e
+
+
+def shim_counts(stderr):
+    """(the most calls one process saw, whether one was failed) from fail_io's lines,
+    "fail_io: pid P: N calls, failed F" (the writer's; any other process saw none)"""
+    counts = [line.split() for line in stderr.splitlines() if line.startswith("fail_io:")]
+    return max(int(c[3]) for c in counts) if counts else 0, any(c[6] == "1" for c in counts)
 
 
 def save(shim, ranks, args, at=None):
@@ -50,12 +58,8 @@ def save(shim, ranks, args, at=None):
     says; returns (CompletedProcess, writes seen, whether one failed)."""
     shutil.copy(f"{D}/base.h5", f"{D}/ck.h5")
     r = run_train(MODEL + [f"--train.save={D}/ck.h5", *args], np_ranks=ranks if ranks > 1 else None,
-                  timeout=120, extra_env=shim_env(shim, at))
-    counts = [line.split() for line in r.stderr.splitlines() if line.startswith("fail_write:")]
-    # "fail_write: pid P: N writes, failed F": the writer's (any other rank saw none)
-    writes = max(int(c[3]) for c in counts) if counts else 0
-    failed = any(c[6] == "1" for c in counts)
-    return r, writes, failed
+                  timeout=120, extra_env=shim_env(shim, "write", "ck.h5.tmp.", at))
+    return (r, *shim_counts(r.stderr))
 
 
 def count_writes(shim, ranks, args):
@@ -67,25 +71,49 @@ def count_writes(shim, ranks, args):
     return writes
 
 
-def check_failed(name, r, failed):
-    """exit 1, one gptc line naming train.save and the cause, ck.h5 as it was, nothing left"""
+def one_line(name, r, failed, names):
+    """exit 1 and one gptc line naming names and the cause; returns that line"""
     if not failed:
-        fail(f"{name}: the shim failed no write (stderr:\n{r.stderr[-1500:]})")
+        fail(f"{name}: the shim failed no call (stderr:\n{r.stderr[-1500:]})")
     lines = [x for x in r.stderr.splitlines() if x.startswith("gptc")]
-    left = [x for x in os.listdir(D) if ".tmp." in x]
-    if r.returncode != 1 or len(lines) != 1 or f"train.save {D}/ck.h5" not in lines[0] or \
+    if r.returncode != 1 or len(lines) != 1 or names not in lines[0] or \
             "Input/output error" not in lines[0]:
-        fail(f"{name}: exit {r.returncode}, want 1 and one line naming train.save and "
+        fail(f"{name}: exit {r.returncode}, want 1 and one line naming '{names}' and "
              f"'Input/output error'; stderr:\n{r.stderr[-2000:]}")
+    return lines[0]
+
+
+def check_failed(name, r, failed):
+    """one_line naming train.save, ck.h5 as it was, nothing left"""
+    line = one_line(name, r, failed, f"train.save {D}/ck.h5")
+    left = [x for x in os.listdir(D) if ".tmp." in x]
     if sha256(f"{D}/ck.h5") != sha256(f"{D}/base.h5") or left:
         fail(f"{name}: the failed save changed the checkpoint before it, or left {left}")
-    return lines[0]
+    return line
+
+
+def check_token_reads(shim):
+    """The token file's reads (the start-up's checks of the file and its stamp, HDF5's reads
+    of its metadata and of the tokens), each failed in turn: one line naming the cause (a
+    failed read said "not an HDF5 file", "no dataset /tokens", "/tokens is not a dataset"
+    or nothing)"""
+    args = MODEL + ["--train.steps=3"]
+    r = run_train(args, timeout=120, extra_env=shim_env(shim, "read", "tok.h5"))
+    reads, failed = shim_counts(r.stderr)
+    if r.returncode or failed or reads < 10:
+        fail(f"token reads without a fault: exit {r.returncode}, {reads} reads:\n{r.stderr[-1500:]}")
+    for at in range(1, reads + 1):
+        r = run_train(args, timeout=120, extra_env=shim_env(shim, "read", "tok.h5", at))
+        line = one_line(f"token read {at} of {reads} failed", r, shim_counts(r.stderr)[1],
+                        f"data.path {D}/tok.h5")
+    print(f"ok   each of the token file's {reads} reads failed in turn: exit 1, one line; "
+          f"e.g. {line}")
 
 
 def main():
     args = [a for a in sys.argv[1:] if a != "--quick"]
     if len(args) != 1:
-        fail("usage: test_save_faults.py FAIL_WRITE_SO [--quick]")
+        fail("usage: test_io_faults.py FAIL_IO_SO [--quick]")
     shim = os.path.abspath(args[0])
     write_tokens(f"{D}/tok.h5", np.random.default_rng(3).integers(0, 64, 2000), 64)
     r = run_train(MODEL + ["--train.steps=1", f"--train.save={D}/base.h5"], timeout=120)
@@ -123,7 +151,9 @@ def main():
             fail(f"tp2, write {at}: the line is not rank 0's own: {line}")
     print(f"ok   tp2: writes 1, {writes // 2} and {writes} of {writes} failed: one line, "
           f"rank 0's: {line}")
-    print("PASS: a save with a failed write ends with one line and keeps the checkpoint before it")
+    check_token_reads(shim)
+    print("PASS: a failed write of a save, or a failed read of the tokens, ends the run with "
+          "one line; a save keeps the checkpoint before it")
 
 
 if __name__ == "__main__":
