@@ -14,8 +14,10 @@
 #include "engine/log.h"
 #include "engine/watchdog.h"
 
-static const int g_sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE};
-static const char *const g_names[] = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"};
+/* SIGABRT: a library's abort() on a state it cannot go on from (glibc's heap checks, an
+ * assertion) */
+static const int g_sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+static const char *const g_names[] = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"};
 enum { N_SIGS = sizeof g_sigs / sizeof g_sigs[0] };
 static struct sigaction g_was[N_SIGS];
 

@@ -2,12 +2,14 @@
  * "reading train.init ck.h5", where the faulting thread has no stack left to run a
  * handler on (without an alternate stack it died with no word): its stderr must hold the
  * line naming the signal and the file. "other thread": while the main thread reads that
- * file, another thread faults: the line must not blame the file. Either way the child
- * must still die of the crash (the handler it replaced runs after: here the default, or a
- * sanitizer's report and exit). */
+ * file, another thread faults: the line must not blame the file. "abort": a library
+ * calls abort() while the file is read (it had only the launcher's word). Either way the
+ * child must still die of the crash (the handler it replaced runs after: here the
+ * default, or a sanitizer's report and exit). */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -35,7 +37,7 @@ static void *fault(void *arg) {
 }
 
 /* the child's stderr into text[n]; its wait status */
-static int run_child(int overflow, char *text, size_t n) {
+static int run_child(int mode, char *text, size_t n) {
     int out[2];
     if (pipe(out) != 0) {
         perror("pipe");
@@ -55,7 +57,8 @@ static int run_child(int overflow, char *text, size_t n) {
             setrlimit(RLIMIT_STACK, &stack);
         }
         char base = 0;
-        if (overflow) _exit(recurse(&base, 1));
+        if (mode == 1) _exit(recurse(&base, 1));
+        if (mode == 2) abort();
         pthread_t t;
         if (pthread_create(&t, NULL, fault, NULL) == 0) pthread_join(t, NULL);
         _exit(0);
@@ -72,26 +75,28 @@ static int run_child(int overflow, char *text, size_t n) {
 }
 
 int main(void) {
-    const char *names[2] = {"other thread", "overflow"};
-    const char *wants[2] = {"gptc: error: rank 0: a crash (SIGSEGV)\n",
+    const char *names[3] = {"other thread", "overflow", "abort"};
+    const char *wants[3] = {"gptc: error: rank 0: a crash (SIGSEGV)\n",
                             "gptc: error: rank 0: a crash (SIGSEGV) while reading train.init "
+                            "ck.h5: a corrupt file?\n",
+                            "gptc: error: rank 0: a crash (SIGABRT) while reading train.init "
                             "ck.h5: a corrupt file?\n"};
     int failed = 0;
-    for (int overflow = 0; overflow < 2; overflow++) {
+    for (int mode = 0; mode < 3; mode++) {
         static char text[65536];
-        int status = run_child(overflow, text, sizeof text);
+        int status = run_child(mode, text, sizeof text);
         int crashed = WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
         int line = 0;
         for (const char *p = text; (p = strstr(p, "gptc: error: ")); p++)
-            line = line || strncmp(p, wants[overflow], strlen(wants[overflow])) == 0;
-        if (!crashed || !line || (!overflow && strstr(text, "while reading"))) {
-            printf("FAIL: %s: %s %d, want the line %sstderr:\n%.2000s\n", names[overflow],
+            line = line || strncmp(p, wants[mode], strlen(wants[mode])) == 0;
+        if (!crashed || !line || (mode == 0 && strstr(text, "while reading"))) {
+            printf("FAIL: %s: %s %d, want the line %sstderr:\n%.2000s\n", names[mode],
                    WIFSIGNALED(status) ? "signal" : "exit",
-                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), wants[overflow],
+                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), wants[mode],
                    text);
             failed = 1;
         } else {
-            printf("ok   %s: %s", names[overflow], wants[overflow]);
+            printf("ok   %s: %s", names[mode], wants[mode]);
         }
     }
     return failed;
