@@ -370,8 +370,15 @@ static int read_length(token_file *f, char *err, size_t errlen) {
 /* vocab_size may sit on the dataset or on the file root; the dataset's wins. */
 static int read_vocab(token_file *f, long model_vocab, char *err, size_t errlen) {
     hid_t owner = -1;
-    if (H5Aexists(f->dset, "vocab_size") > 0) owner = f->dset;
-    else if (H5Aexists(f->file, "vocab_size") > 0) owner = f->file;
+    htri_t on_dset = H5Aexists(f->dset, "vocab_size"); /* < 0: a read failed */
+    htri_t on_file = on_dset == 0 ? H5Aexists(f->file, "vocab_size") : 0;
+    if (on_dset > 0) owner = f->dset;
+    else if (on_file > 0) owner = f->file;
+    if (on_dset < 0 || on_file < 0) {
+        set_err(err, errlen, "data.path %s: cannot tell where its vocab_size attribute is",
+                f->path);
+        return -1;
+    }
     if (owner < 0) {
         set_err(err, errlen, "data.path %s: no vocab_size attribute on /tokens or on the file root",
                 f->path);

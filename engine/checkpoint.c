@@ -65,12 +65,20 @@ static long meta_value(const ckpt_meta *m, int i) {
     return *meta_field(&copy, i);
 }
 
+/* When the HDF5 call that failed last failed at a read of the file's bytes (a disk's
+ * error), the check that made it ("missing dataset", "not a group") adds what the read
+ * found: it alone is the cause */
 static void set_err(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || errlen == 0) return;
+    char reason[256];
+    int unread = h5_read_failed(reason, sizeof reason);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
+    size_t len = strlen(err);
+    if (unread && len < errlen && !strstr(err, reason))
+        snprintf(err + len, errlen - len, " (a read of the file failed: %s)", reason);
 }
 
 static char *dup_str(const char *s) {
@@ -176,6 +184,20 @@ static int link_exists(hid_t loc, const char *path) {
     return 1;
 }
 
+/* link_exists for a check that goes on when path is absent: a failure that was a read of
+ * the file's bytes (a disk's error) is -1 with err set (taken for absent, /optim was
+ * dropped and the run went on with a fresh optimizer); any other (a path through a
+ * dataset) is 0, absent, for the check that comes after to name */
+static int link_found(const ckpt_file *f, const char *path, char *err, size_t errlen) {
+    int e = link_exists(f->file, path);
+    char reason[256];
+    if (e < 0 && h5_read_failed(reason, sizeof reason)) {
+        set_err(err, errlen, "%s: cannot tell whether %s exists", f->path, path);
+        return -1;
+    }
+    return e > 0;
+}
+
 /* ---------------------------------------------------------------- attributes */
 
 static int write_int_attr(hid_t loc, const char *name, long value) {
@@ -249,7 +271,8 @@ static int read_int_attr(const ckpt_file *f, hid_t loc, const char *where, const
 }
 
 /* Reads a one-element string attribute, fixed- or variable-length, into out. */
-static int read_str_value(hid_t attr, hid_t type, char *out, size_t outlen) {
+static int read_str_value(hid_t attr, hid_t type, char *out, size_t outlen, char *reason,
+                          size_t rn) {
     htri_t vlen = H5Tis_variable_str(type);
     if (vlen < 0) return -1;
     /* Same charset as the file (HDF5 does not convert between ASCII and UTF-8); fixed
@@ -281,6 +304,7 @@ static int read_str_value(hid_t attr, hid_t type, char *out, size_t outlen) {
         }
         free(buf);
     }
+    if (rc < 0) h5_error_reason(reason, rn); /* before the close clears it */
     H5Tclose(mem);
     return rc;
 }
@@ -295,11 +319,13 @@ static int read_str_attr(const ckpt_file *f, hid_t loc, const char *name, char *
     hid_t type = attr < 0 ? -1 : H5Aget_type(attr);
     hid_t space = attr < 0 ? -1 : H5Aget_space(attr);
     int rc = -1;
+    char reason[256] = "";
     if (type < 0 || space < 0 || H5Tget_class(type) != H5T_STRING ||
         H5Sget_simple_extent_npoints(space) != 1)
         set_err(err, errlen, "%s: attribute %s is not a string", f->path, name);
-    else if (read_str_value(attr, type, out, outlen) < 0)
-        set_err(err, errlen, "%s: cannot read attribute %s", f->path, name);
+    else if (read_str_value(attr, type, out, outlen, reason, sizeof reason) < 0)
+        set_err(err, errlen, "%s: cannot read attribute %s%s%s", f->path, name,
+                reason[0] ? ": " : "", reason);
     else
         rc = 0;
     if (space >= 0) H5Sclose(space);
@@ -362,7 +388,8 @@ static int make_slab(const ckpt_file *f, const char *dset, int ndim, const long 
 }
 
 /* Runs H5Dread or H5Dwrite on the slab of an open dataset. */
-static int transfer_slab(hid_t dset, const slab *s, float *rbuf, const float *wbuf) {
+static int transfer_slab(hid_t dset, const slab *s, float *rbuf, const float *wbuf,
+                         char *reason, size_t n) {
     hid_t fspace = H5Dget_space(dset);
     hid_t mspace = H5Screate_simple(s->ndim, s->cnt, NULL);
     herr_t rc = -1;
@@ -373,6 +400,7 @@ static int transfer_slab(hid_t dset, const slab *s, float *rbuf, const float *wb
         else
             rc = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, wbuf);
     }
+    if (rc < 0 && reason) h5_error_reason(reason, n); /* before the closes clear it */
     if (mspace >= 0) H5Sclose(mspace);
     if (fspace >= 0) H5Sclose(fspace);
     return rc < 0 ? -1 : 0;
@@ -585,7 +613,7 @@ int ckpt_write_slab(ckpt_file *f, const char *group, const char *name, int ndim,
     hid_t d = open_or_create_dataset(f, group, dpath, &s, err, errlen);
     if (d < 0) return -1;
     errno = 0;
-    int rc = transfer_slab(d, &s, NULL, data), why = errno;
+    int rc = transfer_slab(d, &s, NULL, data, NULL, 0), why = errno;
     /* a small dataset's bytes wait in HDF5's sieve buffer until the close writes them: a
      * failure there, unchecked, left the tensor zeros in a checkpoint that saved "fine" */
     errno = 0;
@@ -692,7 +720,9 @@ static int read_optim_t(const ckpt_file *f, long step, int *has_optim, long *opt
     int has = 0;
     long t = 0;
     int rc = 0;
-    if (link_exists(f->file, "/optim") > 0) {
+    int e = link_found(f, "/optim", err, errlen);
+    if (e < 0) return -1;
+    if (e > 0) {
         /* /optim without t would leave the moments unused (a fresh optimizer) without a
          * word: refused, as is a negative t */
         hid_t g = H5Gopen2(f->file, "/optim", H5P_DEFAULT);
@@ -736,9 +766,15 @@ static int check_embeddings(const ckpt_file *f, const ckpt_meta *m, char *err, s
         long rows;
     } e[2] = {{"/model/wte", "vocab_size", m->vocab_size}, {"/model/wpe", "n_ctx", m->n_ctx}};
     for (int i = 0; i < 2; i++) {
-        if (link_exists(f->file, e[i].path) <= 0) continue;
+        int there = link_found(f, e[i].path, err, errlen);
+        if (there < 0) return -1;
+        if (!there) continue;
         hid_t d = H5Dopen2(f->file, e[i].path, H5P_DEFAULT);
-        hid_t space = d < 0 ? -1 : H5Dget_space(d);
+        if (d < 0) {
+            set_err(err, errlen, "%s: cannot open dataset %s", f->path, e[i].path);
+            return -1;
+        }
+        hid_t space = H5Dget_space(d);
         hsize_t dims[H5S_MAX_RANK];
         int nd = space < 0 ? -1 : H5Sget_simple_extent_dims(space, dims, NULL);
         int bad = nd == 2 && ((long)dims[0] != e[i].rows || (long)dims[1] != m->d_model);
@@ -814,7 +850,9 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim, const
     if (dataset_path(f, group, name, dpath, sizeof dpath, err, errlen) < 0 ||
         make_slab(f, dpath, ndim, shape, start, count, &s, err, errlen) < 0)
         return -1;
-    if (link_exists(f->file, dpath) <= 0) {
+    int there = link_found(f, dpath, err, errlen);
+    if (there < 0) return -1;
+    if (!there) {
         char gpath[160];
         snprintf(gpath, sizeof gpath, "/%s", group);
         /* /model written as a dataset holds no tensors at all (H5Oopen and H5Iget_type
@@ -868,8 +906,10 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim, const
                     f->path, dpath, unwritten, total);
         rc = -1;
     }
-    if (rc == 0 && transfer_slab(d, &s, dst, NULL) < 0) {
-        set_err(err, errlen, "%s: cannot read dataset %s", f->path, dpath);
+    char reason[256] = "";
+    if (rc == 0 && transfer_slab(d, &s, dst, NULL, reason, sizeof reason) < 0) {
+        set_err(err, errlen, "%s: cannot read dataset %s%s%s", f->path, dpath,
+                reason[0] ? ": " : "", reason);
         rc = -1;
     }
     H5Dclose(d);

@@ -9,7 +9,7 @@ Every write of a one-rank save of a plain initialisation is failed in turn (its 
 attributes and HDF5's metadata), then writes spread over a step's save with the optimizer
 state, and over a tp2 one (rank 0 writes what rank 1 sends): there one line in all, from
 the rank that failed. Anywhere in the reads of the token file (the start-up's checks, the
-loader's reads): exit 1 and one line naming data.path and the cause.
+loader's reads), or of train.init's: exit 1 and one line naming the file and the cause.
 
     test_io_faults.py FAIL_IO_SO [--quick]
 
@@ -110,6 +110,24 @@ def check_token_reads(shim):
           f"e.g. {line}")
 
 
+def check_init_reads(shim):
+    """train.init's reads, a spread of them failed (its metadata, /model, /optim): one line
+    naming the file and the cause (the check that made the read said "missing dataset",
+    "is not a dataset" or "/optim is not a group")"""
+    args = MODEL + [f"--train.init={D}/base.h5", "--train.steps=2"]
+    r = run_train(args, timeout=120, extra_env=shim_env(shim, "read", "base.h5"))
+    reads, failed = shim_counts(r.stderr)
+    if r.returncode or failed or reads < 10:
+        fail(f"train.init's reads without a fault: exit {r.returncode}, {reads} reads:\n"
+             f"{r.stderr[-1500:]}")
+    ats = sorted({1 + (reads - 1) * k // 16 for k in range(17)})
+    for at in ats:
+        r = run_train(args, timeout=120, extra_env=shim_env(shim, "read", "base.h5", at))
+        line = one_line(f"train.init read {at} of {reads} failed", r, shim_counts(r.stderr)[1],
+                        f"train.init {D}/base.h5")
+    print(f"ok   train.init's reads {ats} of {reads} failed: exit 1, one line; e.g. {line}")
+
+
 def main():
     args = [a for a in sys.argv[1:] if a != "--quick"]
     if len(args) != 1:
@@ -152,6 +170,7 @@ def main():
     print(f"ok   tp2: writes 1, {writes // 2} and {writes} of {writes} failed: one line, "
           f"rank 0's: {line}")
     check_token_reads(shim)
+    check_init_reads(shim)
     print("PASS: a failed write of a save, or a failed read of the tokens, ends the run with "
           "one line; a save keeps the checkpoint before it")
 
