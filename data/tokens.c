@@ -454,10 +454,9 @@ static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen
         return -1;
     }
     f->dset = H5Dopen2(f->file, "tokens", H5P_DEFAULT);
-    if (f->dset < 0 && h5_read_failed(why, sizeof why)) {
-        set_err(err, errlen, "data.path %s: cannot read the file: %s", f->path, why);
-        return -1;
-    }
+    /* a failed read: returned before describe_external_link's calls clear HDF5's errors,
+     * for tokens_open to name */
+    if (f->dset < 0 && h5_read_failed(why, sizeof why)) return -1;
     if (f->dset < 0 && describe_external_link(f, err, errlen)) return -1;
     if (f->dset < 0) {
         set_err(err, errlen, "data.path %s: /tokens is not a dataset", f->path);
