@@ -437,8 +437,11 @@ static int locate_nonfinite(run_state *r, const batch_plan *bp, char *where, siz
     timed_backend_hunt(0);
     timing_finite_report f = timed_backend_first_nonfinite();
     struct { double t; int rank; } mine = {f.found ? f.when_ms : 1e300, r->g->rank}, first = mine;
-    if (r->g->world > 1)
+    if (r->g->world > 1) {
+        watchdog_waiting("the first non-finite op's all-reduce on world");
         MPI_Allreduce(&mine, &first, 1, MPI_DOUBLE_INT, MPI_MINLOC, r->world.comm);
+        watchdog_waiting(NULL);
+    }
     if (first.t == 1e300) {
         snprintf(where, n, "; a replay found no op output that was not finite");
         return 0;
@@ -854,6 +857,7 @@ static int run_steps(run_state *r, run_totals *tot, int *silent, char *err, size
         nvtx_push(step_name);
         double t0 = timing_now_ms();
         watchdog_test_slow_step(step);
+        watchdog_test_stuck_step(step);
         if (agree(r, loader_get(r->loader, step, r->inputs, r->targets, err, n))) return -1;
         double lr = lr_at_step(&oc, step), norm;
         int skipped;
@@ -875,6 +879,7 @@ static int run_steps(run_state *r, run_totals *tot, int *silent, char *err, size
             *silent = g->rank != reporter;
             /* the report and trace of the steps that ran, this one too: where one looks
              * when a run blows up (every rank is here: the loss and norm are global) */
+            watchdog_waits_marked(0); /* their collectives are not */
             if (kernel_timing && write_timing(r, why, sizeof why)) log_warn("%s", why);
             return -1;
         }
@@ -995,8 +1000,13 @@ int train_run(const gptc_config *c, const grid *g) {
     if (g->world == 1) watchdog_stop();
     if (r.kernel_timing) start_clocks(&r);
     run_totals tot;
-    if (run_steps(&r, &tot, &silent, err, sizeof err) != 0 ||
-        finish_run(&r, &tot, err, sizeof err) != 0)
+    /* On the CPU a step's every wait for a peer is marked (watchdog_waiting), so that a
+     * rank that waits in none is known to be stuck itself. Not on a GPU: its host waits
+     * on streams that may wait in NCCL for a peer. */
+    watchdog_waits_marked(strcmp(c->device, "cpu") == 0);
+    int steps_failed = run_steps(&r, &tot, &silent, err, sizeof err) != 0;
+    watchdog_waits_marked(0);
+    if (steps_failed || finish_run(&r, &tot, err, sizeof err) != 0)
         goto fail;
     run_free(&r);
     return 0;

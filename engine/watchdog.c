@@ -31,6 +31,7 @@ static int g_rank, g_world;
 static _Atomic(atomic_long *) g_step;   /* NULL in the start-up; set under g_hooks */
 static _Atomic(const char *) g_doing;    /* watchdog_doing */
 static atomic_int g_finalizing;          /* watchdog_finalizing */
+static atomic_int g_waits_marked;        /* watchdog_waits_marked */
 /* the hooks reach communicators the run frees before MPI_Finalize, which the thread
  * still watches: they are set, and used, under g_hooks */
 static pthread_mutex_t g_hooks = PTHREAD_MUTEX_INITIALIZER;
@@ -99,6 +100,26 @@ void watchdog_test_slow_step(long step) {
     const char *v = getenv("GPTC_TEST_SLOW_STEP");
     long at = 0, ms = 0;
     if (v && sscanf(v, "%ld:%ld", &at, &ms) == 2 && at == step) sleep_beating(ms);
+}
+
+void watchdog_test_stuck_step(long step) {
+    const char *v = getenv("GPTC_TEST_STUCK_STEP");
+    int rank = -1;
+    long at = 0;
+    if (!v || sscanf(v, "%d:%ld", &rank, &at) != 2 || rank != g_rank || at != step) return;
+    for (;;) { /* no beat, no wait for a peer: as a library call that spins */
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void watchdog_waits_marked(int yes) { atomic_store(&g_waits_marked, yes); }
+
+/* What a rank that waits for a peer gives a rank stuck outside communication, whose
+ * timeout ends about when its own does (it stopped beating first), to name itself before
+ * this one's abort ends it: a quarter of the timeout, at most 5 s */
+static double stuck_grace_ms(double timeout_ms) {
+    return timeout_ms / 4 < 5e3 ? timeout_ms / 4 : 5e3;
 }
 
 void watchdog_waiting(const char *what) {
@@ -170,7 +191,11 @@ static void *watch(void *arg) {
         if (now - prev > stall_ms) resumed = now;
         prev = now;
         double idle = now - (resumed > since ? resumed : since);
-        if (idle < atomic_load(&g_timeout_ms)) {
+        char what[256];
+        waiting_text(what, sizeof what);
+        int marked = atomic_load(&g_waits_marked) && g_world > 1;
+        double timeout = atomic_load(&g_timeout_ms);
+        if (idle < timeout + (marked && what[0] ? stuck_grace_ms(timeout) : 0)) {
             pthread_mutex_unlock(&g_hooks);
             continue;
         }
@@ -189,9 +214,11 @@ static void *watch(void *arg) {
             log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in %s, %s: a "
                       "corrupt file, or a disk that stopped; aborting the job",
                       g_rank, idle / 1e3, where, doing);
+        } else if (marked && !what[0]) {
+            log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in %s, waiting "
+                      "for no peer: this rank itself is stuck (in its compute, a library, "
+                      "the system or a disk); aborting the job", g_rank, idle / 1e3, where);
         } else {
-            char what[256];
-            waiting_text(what, sizeof what);
             log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in %s%s: %s; "
                       "aborting the job", g_rank, idle / 1e3, where, what,
                       g_world > 1 ? "a peer rank has died or hung" : "this rank has hung");

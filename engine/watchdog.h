@@ -34,10 +34,19 @@ void watchdog_test_slow_read(void);
 /* Test-only: GPTC_TEST_SLOW_STEP = "s:ms" makes step s take ms longer on every rank (a first
  * step that loads and plans), so that a test can see the report name a slow step */
 void watchdog_test_slow_step(long step);
+/* Test-only: GPTC_TEST_STUCK_STEP = "r:s" makes rank r stop at step s for ever, neither
+ * beating nor waiting for a peer (a library call that spins), so that a test can see
+ * which rank names itself */
+void watchdog_test_stuck_step(long step);
 /* What the calling thread is about to wait in, for the message (a string literal or a
  * buffer that stays valid); NULL when it is done. Each thread has its own: the message
  * names every thread's. */
 void watchdog_waiting(const char *what);
+/* 1 while every wait of this rank for a peer is marked with watchdog_waiting (the CPU's
+ * steps): a rank without progress that waits in none is then stuck itself and says so,
+ * and a rank that waits gives such a peer a grace (a quarter of the timeout, at most 5 s)
+ * to say it first. 0 (the default): whatever it waits in, a peer is blamed. */
+void watchdog_waits_marked(int yes);
 /* Starts the thread, as soon as MPI has started: a rank that hangs in the start-up (a
  * corrupt file the HDF5 library loops over, a config read from a FIFO no one writes) must
  * end the job as one in a step does. 0, or pthread_create's error number. */

@@ -15,7 +15,10 @@ must see the asynchronous error (comm_poll_async_errors -> ncclCommGetAsyncError
 abort the job well before the timeout.
 
 Without the fake NCCL, a third run makes one MPI op of rank 1 fail (GPTC_TEST_COMM_FAIL_OP,
-parallel/comm.c): the job must end at once with rank 1's line naming the op."""
+parallel/comm.c): the job must end at once with rank 1's line naming the op; and on the CPU
+a fourth stops rank 1 in step 5 outside any communication, its watchdog thread running (a
+library call that spins, GPTC_TEST_STUCK_STEP): rank 1 must name itself as stuck, first,
+and rank 0, if it speaks, blame a peer."""
 import os
 import re
 import signal
@@ -157,6 +160,20 @@ def main():
         if took > 15:
             fail(f"failed op: the job took {took:.1f} s to end (the timeout 30 s did not fire)")
         print(f"ok   a failed MPI op on rank 1 ended the job in {took:.1f} s: {lines[0]}")
+    if DEVICE == "cpu":
+        # rank 0 waits for rank 1 and gives it a quarter of the timeout (2 s at 8) to speak
+        # first: rank 1 stopped beating before rank 0 did
+        took, err = run("stuck", None, {"GPTC_TEST_STUCK_STEP": "1:5"}, timeout=8)
+        lines = [ln for ln in err.splitlines() if "no progress" in ln]
+        if not lines or not lines[0].startswith("gptc: error: rank 1: no progress for ") or \
+                "in step 5, waiting for no peer: this rank itself is stuck" not in lines[0] or \
+                any("rank 0" in ln and "a peer rank has died or hung" not in ln for ln in lines):
+            fail(f"stuck: rank 1 did not name itself first, or rank 0 did not blame a peer:\n"
+                 f"{err[-3000:]}")
+        if took > 8 + 20:
+            fail(f"stuck: took {took:.1f} s with train.comm_timeout_s = 8")
+        print(f"ok   rank 1 stuck outside communication named itself after {took:.1f} s: "
+              f"{lines[0]}")
     if EMU_NCCL:
         ab = aborts("SIGSTOP", err)
         print(f"ok   SIGSTOP: the watchdog aborted {len(ab)} communicator(s); ops in flight: "

@@ -14,7 +14,10 @@
  * waits with 3 s of teardown allowed: both exit 0. "stopped": rank 1 waits (no beat) and
  * is stopped (SIGSTOP) by rank 0 for 3 s, timeout 1.5 s, then woken and sent what it
  * waits for: time it did not run is no peer's hang, and both exit 0 (its watchdog
- * blamed a peer at once). Also checks watchdog_io_s's rate. */
+ * blamed a peer at once). "grace": every wait marked (watchdog_waits_marked), timeout 4 s:
+ * rank 0 waits in an op without a beat for 4.5 s, within the 1 s grace that lets a peer
+ * stuck outside communication name itself first, while rank 1 beats: both exit 0. Also
+ * checks watchdog_io_s's rate. */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <pthread.h>
@@ -102,6 +105,26 @@ int main(int argc, char **argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         watchdog_stop();
         printf("ok: rank %d: a rank stopped for 3 s blamed no peer\n", rank);
+        MPI_Finalize();
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "grace") == 0) {
+        watchdog_set_timeout(4.0);
+        watchdog_waits_marked(1);
+        if (rank == 0) {
+            watchdog_waiting("allreduce on tp");
+            sleep_s(4.5);
+            watchdog_waiting(NULL);
+        } else {
+            for (int i = 0; i < 45; i++) {
+                sleep_s(0.1);
+                watchdog_beat();
+            }
+        }
+        watchdog_beat();
+        MPI_Barrier(MPI_COMM_WORLD);
+        watchdog_stop();
+        printf("ok: rank %d: a wait of 4.5 s at a 4 s timeout, in its grace\n", rank);
         MPI_Finalize();
         return 0;
     }
