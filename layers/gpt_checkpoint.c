@@ -158,6 +158,13 @@ static int lowest_failed(comm_group *world, int failed) {
     return worst > 0 ? world->size - worst : -1;
 }
 
+/* Test-only: GPTC_TEST_SAVE_NO_MEMORY = r makes rank r's staging copy fail as out of
+ * memory would, so that a test can see a rank other than the writer fail its part */
+static int test_no_staging(int rank) {
+    const char *v = getenv("GPTC_TEST_SAVE_NO_MEMORY");
+    return v && atoi(v) == rank;
+}
+
 int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path, long step,
              const float *opt_m, const float *opt_v, long t, int *failed_rank, char *err,
              size_t errlen) {
@@ -166,7 +173,7 @@ int gpt_save(const gpt_model *m, comm_group *world, int writer, const char *path
     ckpt_meta meta = {step, s->n_layer, s->n_head, s->d_model, s->n_ctx, s->vocab_size};
     int rank = world ? world->rank : 0;
     /* [n_params] staging copy, on the writers: the others send nothing */
-    float *host = writer ? malloc(m->n_params * sizeof(float)) : NULL;
+    float *host = writer && !test_no_staging(rank) ? malloc(m->n_params * sizeof(float)) : NULL;
     int n_full = 0;
     param_tensor *full = gpt_full_table(s, &n_full); /* [n_full]: every rank walks all tensors */
     ckpt_file *f = NULL;

@@ -8,7 +8,8 @@ dataset is closed; that close's failure went unchecked, and a save that had lost
 Every write of a one-rank save of a plain initialisation is failed in turn (its datasets,
 attributes and HDF5's metadata), then writes spread over a step's save with the optimizer
 state, and over a tp2 one (rank 0 writes what rank 1 sends): there one line in all, from
-the rank that failed. Anywhere in the reads of the token file (the start-up's checks, the
+the rank that failed, also where rank 1's own part failed (its staging copy out of memory,
+GPTC_TEST_SAVE_NO_MEMORY). Anywhere in the reads of the token file (the start-up's checks, the
 loader's reads), or of train.init's: exit 1 and one line naming the file and the cause.
 
     test_io_faults.py FAIL_IO_SO [--quick]
@@ -169,6 +170,20 @@ def main():
             fail(f"tp2, write {at}: the line is not rank 0's own: {line}")
     print(f"ok   tp2: writes 1, {writes // 2} and {writes} of {writes} failed: one line, "
           f"rank 0's: {line}")
+    # tp2, rank 1's own part failed (its staging copy, GPTC_TEST_SAVE_NO_MEMORY): rank 1
+    # alone says so; rank 0, which had begun the file, drops it
+    shutil.copy(f"{D}/base.h5", f"{D}/ck.h5")
+    r = run_train(MODEL + [f"--train.save={D}/ck.h5", *tp2], np_ranks=2, timeout=120,
+                  extra_env={"GPTC_TEST_SAVE_NO_MEMORY": "1"})
+    lines = [x for x in r.stderr.splitlines() if x.startswith("gptc")]
+    left = [x for x in os.listdir(D) if ".tmp." in x]
+    if r.returncode == 0 or lines != [f"gptc: error: rank 1: train.save {D}/ck.h5: out of host "
+                                      f"memory"] or sha256(f"{D}/ck.h5") != sha256(f"{D}/base.h5") \
+            or left:
+        fail(f"tp2, rank 1 out of memory for its part: exit {r.returncode}, lines {lines}, "
+             f"the checkpoint before kept: {sha256(f'{D}/ck.h5') == sha256(f'{D}/base.h5')}, "
+             f"left {left}; stderr:\n{r.stderr[-2000:]}")
+    print(f"ok   tp2, rank 1's part failed: one line, rank 1's: {lines[0]}")
     check_token_reads(shim)
     check_init_reads(shim)
     print("PASS: a failed write of a save, or a failed read of the tokens, ends the run with "
