@@ -81,11 +81,10 @@ void h5_error_cause(char *buf, size_t n) {
     snprintf(buf, n, "%s", inner);
 }
 
-void h5_error_reason(char *buf, size_t n) {
-    char cause[CAUSE_LEN];
-    h5_error_cause(cause, sizeof cause);
-    /* "file write failed: time = ..., filename = ..., errno = 28, error message = 'No
-     * space left on device', buf = ...": the system's words are the reason */
+/* buf[n] = the system's words in HDF5's description of a failed system call, cause ("file
+ * write failed: time = ..., filename = ..., errno = 28, error message = 'No space left on
+ * device', buf = ..."); the whole description where it has none */
+static void system_words(const char *cause, char *buf, size_t n) {
     const char *key = "error message = '";
     const char *msg = strstr(cause, key);
     if (!msg) {
@@ -97,11 +96,17 @@ void h5_error_reason(char *buf, size_t n) {
     snprintf(buf, n, "%.*s", (int)(end ? (size_t)(end - msg) : strlen(msg)), msg);
 }
 
+void h5_error_reason(char *buf, size_t n) {
+    char cause[CAUSE_LEN];
+    h5_error_cause(cause, sizeof cause);
+    system_words(cause, buf, n);
+}
+
 int h5_read_failed(char *buf, size_t n) {
     char cause[CAUSE_LEN];
     h5_error_cause(cause, sizeof cause);
     if (!strstr(cause, "read failed") || !strstr(cause, "error message = '")) return 0;
-    h5_error_reason(buf, n);
+    system_words(cause, buf, n);
     return 1;
 }
 
