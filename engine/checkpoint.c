@@ -65,20 +65,41 @@ static long meta_value(const ckpt_meta *m, int i) {
     return *meta_field(&copy, i);
 }
 
-/* When the HDF5 call that failed last failed at a read of the file's bytes (a disk's
- * error), the check that made it ("missing dataset", "not a group") adds what the read
- * found: it alone is the cause */
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+enum { REASON_LEN = 256 }; /* of a failed call's reason kept for a message, at most */
+
+/* err = fmt's message and its cause: the one place a message takes one, so that each
+ * names it alike. cause: why the call the message names failed ("cannot read dataset X:
+ * <cause>"), kept by a caller whose closes after that call cleared HDF5's error stack;
+ * NULL or "" for none. And where the HDF5 call that failed last failed at a read of the
+ * file's bytes (a disk's error), the check that made it ("missing dataset", "not a group")
+ * adds what the read found: it alone is the cause. */
+static void vset_err(char *err, size_t errlen, const char *cause, const char *fmt,
+                     va_list ap) {
     if (!err || errlen == 0) return;
-    char reason[256];
+    char reason[REASON_LEN];
     int unread = h5_read_failed(reason, sizeof reason);
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
     size_t len = strlen(err);
+    if (cause && cause[0] && len < errlen) {
+        snprintf(err + len, errlen - len, ": %s", cause);
+        len = strlen(err);
+    }
     if (unread && len < errlen && !strstr(err, reason))
         snprintf(err + len, errlen - len, " (a read of the file failed: %s)", reason);
+}
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vset_err(err, errlen, NULL, fmt, ap);
+    va_end(ap);
+}
+
+static void set_err_cause(char *err, size_t errlen, const char *cause, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vset_err(err, errlen, cause, fmt, ap);
+    va_end(ap);
 }
 
 static char *dup_str(const char *s) {
@@ -86,13 +107,6 @@ static char *dup_str(const char *s) {
     char *d = malloc(n);
     if (d) memcpy(d, s, n);
     return d;
-}
-
-/* buf = ": <reason>" for the errno e a failed HDF5 write left (a full disk: HDF5's own
- * message does not say), or "" for none */
-static const char *os_cause(int e, char *buf, size_t n) {
-    snprintf(buf, n, "%s%s", e ? ": " : "", e ? strerror(e) : "");
-    return buf;
 }
 
 void ckpt_library_init(void) { H5dont_atexit(); }
@@ -190,7 +204,7 @@ static int link_exists(hid_t loc, const char *path) {
  * dataset) is 0, absent, for the check that comes after to name */
 static int link_found(const ckpt_file *f, const char *path, char *err, size_t errlen) {
     int e = link_exists(f->file, path);
-    char reason[256];
+    char reason[REASON_LEN];
     if (e < 0 && h5_read_failed(reason, sizeof reason)) {
         set_err(err, errlen, "%s: cannot tell whether %s exists", f->path, path);
         return -1;
@@ -270,7 +284,8 @@ static int read_int_attr(const ckpt_file *f, hid_t loc, const char *where, const
     return rc;
 }
 
-/* Reads a one-element string attribute, fixed- or variable-length, into out. */
+/* Reads a one-element string attribute, fixed- or variable-length, into out; a failed
+ * read's reason into reason[rn], for set_err_cause. */
 static int read_str_value(hid_t attr, hid_t type, char *out, size_t outlen, char *reason,
                           size_t rn) {
     htri_t vlen = H5Tis_variable_str(type);
@@ -319,13 +334,12 @@ static int read_str_attr(const ckpt_file *f, hid_t loc, const char *name, char *
     hid_t type = attr < 0 ? -1 : H5Aget_type(attr);
     hid_t space = attr < 0 ? -1 : H5Aget_space(attr);
     int rc = -1;
-    char reason[256] = "";
+    char reason[REASON_LEN] = "";
     if (type < 0 || space < 0 || H5Tget_class(type) != H5T_STRING ||
         H5Sget_simple_extent_npoints(space) != 1)
         set_err(err, errlen, "%s: attribute %s is not a string", f->path, name);
     else if (read_str_value(attr, type, out, outlen, reason, sizeof reason) < 0)
-        set_err(err, errlen, "%s: cannot read attribute %s%s%s", f->path, name,
-                reason[0] ? ": " : "", reason);
+        set_err_cause(err, errlen, reason, "%s: cannot read attribute %s", f->path, name);
     else
         rc = 0;
     if (space >= 0) H5Sclose(space);
@@ -387,7 +401,8 @@ static int make_slab(const ckpt_file *f, const char *dset, int ndim, const long 
     return 0;
 }
 
-/* Runs H5Dread or H5Dwrite on the slab of an open dataset. */
+/* Runs H5Dread or H5Dwrite on the slab of an open dataset; a failure's reason into
+ * reason[n] where reason is given, for set_err_cause. */
 static int transfer_slab(hid_t dset, const slab *s, float *rbuf, const float *wbuf,
                          char *reason, size_t n) {
     hid_t fspace = H5Dget_space(dset);
@@ -518,11 +533,11 @@ ckpt_file *ckpt_create(const char *path, const ckpt_meta *meta, char *err, size_
     if (f->file < 0) {
         /* HDF5 may have made the file before its first write failed (a full disk): an
          * empty file of this process's name, which no one else would remove */
-        char cause[256];
+        char cause[REASON_LEN];
         h5_error_reason(cause, sizeof cause);
         unlink(f->tmp_path);
-        set_err(err, errlen, "%s: cannot create temporary file %s%s%s", path, f->tmp_path,
-                cause[0] ? ": " : "", cause);
+        set_err_cause(err, errlen, cause, "%s: cannot create temporary file %s", path,
+                      f->tmp_path);
         free_handle(f);
         return NULL;
     }
@@ -621,10 +636,10 @@ int ckpt_write_slab(ckpt_file *f, const char *group, const char *name, int ndim,
         rc = -1;
         why = errno;
     }
-    char cause[128];
+    /* errno: a full disk, which HDF5's own message does not name */
     if (rc < 0)
-        set_err(err, errlen, "%s: cannot write dataset %s%s", f->path, dpath,
-                os_cause(why, cause, sizeof cause));
+        set_err_cause(err, errlen, why ? strerror(why) : NULL, "%s: cannot write dataset %s",
+                      f->path, dpath);
     return rc;
 }
 
@@ -659,10 +674,9 @@ int ckpt_commit(ckpt_file *f, char *err, size_t errlen) {
         failed = 1;
     }
     f->file = -1;
-    char cause[128];
     if (failed) {
-        set_err(err, errlen, "%s: cannot flush and close temporary file %s%s", f->path, f->tmp_path,
-                os_cause(why, cause, sizeof cause));
+        set_err_cause(err, errlen, why ? strerror(why) : NULL,
+                      "%s: cannot flush and close temporary file %s", f->path, f->tmp_path);
         ckpt_abort(f);
         return -1;
     }
@@ -906,10 +920,9 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim, const
                     f->path, dpath, unwritten, total);
         rc = -1;
     }
-    char reason[256] = "";
+    char reason[REASON_LEN] = "";
     if (rc == 0 && transfer_slab(d, &s, dst, NULL, reason, sizeof reason) < 0) {
-        set_err(err, errlen, "%s: cannot read dataset %s%s%s", f->path, dpath,
-                reason[0] ? ": " : "", reason);
+        set_err_cause(err, errlen, reason, "%s: cannot read dataset %s", f->path, dpath);
         rc = -1;
     }
     H5Dclose(d);
