@@ -955,13 +955,23 @@ static herr_t note_unknown(hid_t group, const char *name, const H5L_info_t *info
 }
 
 int ckpt_count_unknown(ckpt_file *f, const char *group, const char *const *known, int n,
-                       char *first, size_t first_len) {
+                       char *first, size_t first_len, char *err, size_t errlen) {
     unknown_scan u = {known, n, 0, first, first_len};
+    char gpath[160], reason[REASON_LEN];
     first[0] = 0;
-    if (!f || f->file < 0 || link_exists(f->file, group) <= 0) return 0;
+    if (!f || f->file < 0) return 0;
+    snprintf(gpath, sizeof gpath, "/%s", group);
+    /* a failed read is an error, as at every lookup of the load (link_found): taken for
+     * no group or none unknown, it left out tensors without a word */
+    int there = link_found(f, gpath, err, errlen);
+    if (there <= 0) return there;
     hsize_t at = 0;
-    H5Literate_by_name(f->file, group, H5_INDEX_NAME, H5_ITER_INC, &at, note_unknown, &u,
-                       H5P_DEFAULT);
+    if (H5Literate_by_name(f->file, gpath, H5_INDEX_NAME, H5_ITER_INC, &at, note_unknown, &u,
+                           H5P_DEFAULT) < 0 &&
+        h5_read_failed(reason, sizeof reason)) {
+        set_err(err, errlen, "%s: cannot list the entries of %s", f->path, gpath);
+        return -1;
+    }
     return u.unknown;
 }
 

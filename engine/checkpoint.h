@@ -53,9 +53,10 @@ int ckpt_read(ckpt_file *f, const char *group, const char *name, int ndim,
               const long *shape /* [ndim] */, const long *start /* [ndim] or NULL */,
               const long *count /* [ndim] or NULL */, float *dst, char *err, size_t errlen);
 /* How many entries of group (e.g. "model") have none of the n names known[]; the first
- * of them into first[first_len] (empty when none). For saying what a load leaves out. */
+ * of them into first[first_len] (empty when none); 0 when there is no such group. For
+ * saying what a load leaves out. -1 with err when a read of the file failed. */
 int ckpt_count_unknown(ckpt_file *f, const char *group, const char *const *known, int n,
-                       char *first, size_t first_len);
+                       char *first, size_t first_len, char *err, size_t errlen);
 /* The path f was opened or created with, as its messages name it. */
 const char *ckpt_file_path(const ckpt_file *f);
 void ckpt_close(ckpt_file *f);

@@ -457,22 +457,24 @@ static int locate_nonfinite(run_state *r, const batch_plan *bp, char *where, siz
 
 /* Says which datasets under train.init's /model the model has no use for (a file
  * converted from Hugging Face's GPT-2 keeps its attention-mask buffers h.N.attn.bias, a
- * model with more layers than its attributes say): they are left out, not in silence. */
-static void note_unused_tensors(ckpt_file *f, const gpt_shape *shape) {
-    int n = 0;
+ * model with more layers than its attributes say): they are left out, not in silence.
+ * -1 with err where a read of the file failed. */
+static int note_unused_tensors(ckpt_file *f, const gpt_shape *shape, char *err, size_t n_err) {
+    int n = 0, unknown = 0;
     param_tensor *all = gpt_full_table(shape, &n);
     const char **names = all ? malloc((size_t)n * sizeof(*names)) : NULL; /* [n] */
     if (names) {
         for (int i = 0; i < n; i++) names[i] = all[i].name;
         char first[128];
-        int unknown = ckpt_count_unknown(f, "model", names, n, first, sizeof first);
-        if (unknown)
+        unknown = ckpt_count_unknown(f, "model", names, n, first, sizeof first, err, n_err);
+        if (unknown > 0)
             log_info("train.init %s: %d dataset(s) under /model that this model does not have "
                      "(/model/%s%s), left out\n", ckpt_file_path(f), unknown, first,
                      unknown > 1 ? ", ..." : "");
     }
     free(names);
     free(all);
+    return unknown < 0 ? -1 : 0;
 }
 
 /* Says when the kernel statistics of steps first..c->steps will be empty: profile.warmup
@@ -663,8 +665,8 @@ static int load_init(run_state *r, char *err, size_t n) {
     watchdog_doing(NULL);
     /* as for the tokens: a peer may still be reading its part of the file */
     watchdog_hold(watchdog_io_s(file_bytes(c->init) + 65536.0 * 3 * m->n_tensors));
+    if (rc == 0 && r->g->rank == 0) rc = note_unused_tensors(r->init, &r->shape, why, sizeof why);
     if (rc != 0) snprintf(err, n, "train.init %s", why);
-    if (rc == 0 && r->g->rank == 0) note_unused_tensors(r->init, &r->shape);
     ckpt_close(r->init);
     r->init = NULL;
     return rc;
