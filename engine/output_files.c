@@ -524,7 +524,8 @@ int output_paths_distinct(const named_path *paths, int n, char *err, size_t errl
 
 /* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c, output_whole_open)
  * behind: removes entry (of dir) if it is one whose writer is gone, so crashes do not pile
- * up partial copies. Only that name, all digits after ".tmp.": a user's PATH.tmp.notes is theirs. */
+ * up partial copies. Only that name, all digits after ".tmp.": a user's PATH.tmp.notes is
+ * theirs. */
 static void remove_if_stale(const char *dir, const char *base, const char *entry) {
     size_t len = strlen(base);
     if (strncmp(entry, base, len) != 0 || strncmp(entry + len, ".tmp.", 5) != 0) return;
@@ -536,6 +537,13 @@ static void remove_if_stale(const char *dir, const char *base, const char *entry
         snprintf(full, sizeof(full), "%s/%s", dir, entry);
         if (unlink(full) == 0) log_info("removed %s, left by a write that was killed\n", full);
     }
+}
+
+/* remove_if_stale on every entry of dir: the temporary files of base's killed writers */
+static void remove_stale_in(const char *dir, const char *base) {
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) remove_if_stale(dir, base, e->d_name);
+    if (d) closedir(d);
 }
 
 /* The name under which the checkpoint of one step is kept: ckpt.h5 -> ckpt.step42.h5 */
@@ -629,23 +637,21 @@ void output_tidy_stale(const char *path) {
     path_parts parts;
     path_split(real ? real : path, &parts);
     free(real);
-    DIR *d = opendir(parts.dir);
-    for (struct dirent *e; d && (e = readdir(d));) remove_if_stale(parts.dir, parts.base, e->d_name);
-    if (d) closedir(d);
+    remove_stale_in(parts.dir, parts.base);
 }
 
 void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_kept) {
     path_parts parts;
     path_split(path, &parts);
     const char *base = parts.base, *dir = parts.dir;
-    DIR *d = opendir(dir);
+    remove_stale_in(dir, base);
+    DIR *d = keep > 1 ? opendir(dir) : NULL; /* else no version is kept: none to count */
     if (!d) return;
     long found[SAVE_KEPT_FOUND]; /* [n]: the newest versions */
     int n = 0, n_later = 0;
     long later_lo = 0, later_hi = 0; /* the steps of versions at or past first */
     for (struct dirent *e; (e = readdir(d));) {
-        remove_if_stale(dir, base, e->d_name);
-        long step = keep > 1 ? version_step(base, e->d_name) : 0;
+        long step = version_step(base, e->d_name);
         if (step >= first) { /* of an earlier run that went further */
             later_lo = n_later == 0 || step < later_lo ? step : later_lo;
             later_hi = step > later_hi ? step : later_hi;

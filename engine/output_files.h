@@ -94,12 +94,12 @@ enum { SAVE_KEPT_FOUND = 64 };
  * kept[] (oldest first) and removes the links older than the newest keep. */
 void save_keep_version(const char *path, long step, int keep, long *kept, int *n_kept);
 
-/* At the start of a run that saves to path (rank 0), in one pass over its directory:
- * removes the PATH.tmp.<pid> files whose writer is gone (saves killed mid-write); and with
- * keep > 1, puts the versions an earlier run kept before step first (the newest
- * SAVE_KEPT_FOUND) into kept[] (oldest first), so that they count against keep: the first
- * save removes those older than the newest keep. Later versions (of a run that went
- * further) are left alone, with a warning naming them. */
+/* At the start of a run that saves to path (rank 0), in its directory: removes the
+ * PATH.tmp.<pid> files whose writer is gone (saves killed mid-write); and with keep > 1,
+ * puts the versions an earlier run kept before step first (the newest SAVE_KEPT_FOUND)
+ * into kept[] (oldest first), so that they count against keep: the first save removes
+ * those older than the newest keep. Later versions (of a run that went further) are left
+ * alone, with a warning naming them. */
 void save_dir_tidy(const char *path, long first, int keep, long *kept, int *n_kept);
 
 /* The same removal beside another output written whole through a temporary file (the
