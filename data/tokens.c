@@ -443,10 +443,8 @@ static int open_locked(token_file *f, long model_vocab, char *err, size_t errlen
     }
     f->file = H5Fopen(f->path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f->file < 0) {
-        char cause[256];
-        h5_error_cause(cause, sizeof cause);
-        set_err(err, errlen, "data.path %s: HDF5 cannot open the file%s%s%s", f->path,
-                cause[0] ? ": " : "", cause, h5_open_hint(cause));
+        h5_open_failed(why, sizeof why);
+        set_err(err, errlen, "data.path %s: %s", f->path, why);
         return -1;
     }
     if (H5Lexists(f->file, "tokens", H5P_DEFAULT) <= 0) {

@@ -838,10 +838,8 @@ ckpt_file *ckpt_open(const char *path, ckpt_meta *meta, int *has_optim, long *op
     }
     f->file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f->file < 0) {
-        char cause[256];
-        h5_error_cause(cause, sizeof cause);
-        set_err(err, errlen, "%s: HDF5 cannot open the file%s%s%s", path, cause[0] ? ": " : "",
-                cause, h5_open_hint(cause));
+        h5_open_failed(why, sizeof why);
+        set_err(err, errlen, "%s: %s", path, why);
         free_handle(f);
         return NULL;
     }

@@ -123,12 +123,22 @@ int h5_is_hdf5(const char *path, char *why, size_t n) {
     return -1;
 }
 
-const char *h5_open_hint(const char *cause) {
+void h5_open_failed(char *why, size_t n) {
+    char cause[CAUSE_LEN];
+    h5_error_cause(cause, sizeof cause);
+    if (strstr(cause, "read failed") && strstr(cause, "error message = '")) {
+        /* the disk's error: HDF5's whole description (a time, a buffer's address) and a
+         * guess at damage would hide it */
+        char words[CAUSE_LEN];
+        system_words(cause, words, sizeof words);
+        snprintf(why, n, "cannot read the file: %s", words);
+        return;
+    }
     /* "unable to lock file, errno = 11" (EAGAIN: another process holds the lock); other
      * errnos (ENOSYS on a file system without locks) are not another writer */
-    return strstr(cause, "unable to lock file") && strstr(cause, "errno = 11")
-               ? " (another program has it open for writing?)"
-               : " (truncated or damaged?)";
+    int locked = strstr(cause, "unable to lock file") && strstr(cause, "errno = 11");
+    snprintf(why, n, "HDF5 cannot open the file%s%s%s", cause[0] ? ": " : "", cause,
+             locked ? " (another program has it open for writing?)" : " (truncated or damaged?)");
 }
 
 h5_kind h5_file_kind(const char *path) {

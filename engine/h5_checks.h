@@ -37,9 +37,11 @@ void h5_error_reason(char *buf, size_t n);
  * ("Input/output error"); else 0. Whatever check made the read ("no dataset /tokens")
  * would hide it. */
 int h5_read_failed(char *buf, size_t n);
-/* " (another program has it open for writing?)" after a cause that is HDF5's file lock,
- * else " (truncated or damaged?)": what to tell a user whose file HDF5 cannot open */
-const char *h5_open_hint(const char *cause);
+/* Why H5Fopen failed on a file h5_is_hdf5 took for HDF5, into why[n]: "cannot read the
+ * file: <the system's reason>" where a read failed, else "HDF5 cannot open the file:
+ * <HDF5's cause>" and a guess: " (another program has it open for writing?)" where the
+ * cause is HDF5's file lock, " (truncated or damaged?)" otherwise */
+void h5_open_failed(char *why, size_t n);
 
 /* Whether path is an HDF5 file (its signature): 1 if so; 0 if not, with why[n] = "not an
  * HDF5 file"; -1 when it could not be read, with why[n] = "cannot read the file: <the
