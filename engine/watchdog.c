@@ -128,6 +128,14 @@ void watchdog_waiting(const char *what) {
     atomic_store(&g_waiting[slot], what);
 }
 
+/* Whether some thread waits: the slots' pointers alone, read every tick (the names they
+ * point to are rewritten by their threads, and read only for the message) */
+static int any_waiting(void) {
+    for (int i = 0; i < WAIT_SLOTS; i++)
+        if (atomic_load(&g_waiting[i])) return 1;
+    return 0;
+}
+
 /* ", waiting in A and B" for the threads that wait, "" when none does */
 static void waiting_text(char *out, size_t n) {
     size_t len = 0;
@@ -191,11 +199,9 @@ static void *watch(void *arg) {
         if (now - prev > stall_ms) resumed = now;
         prev = now;
         double idle = now - (resumed > since ? resumed : since);
-        char what[256];
-        waiting_text(what, sizeof what);
-        int marked = atomic_load(&g_waits_marked) && g_world > 1;
+        int marked = atomic_load(&g_waits_marked) && g_world > 1, waits = any_waiting();
         double timeout = atomic_load(&g_timeout_ms);
-        if (idle < timeout + (marked && what[0] ? stuck_grace_ms(timeout) : 0)) {
+        if (idle < timeout + (marked && waits ? stuck_grace_ms(timeout) : 0)) {
             pthread_mutex_unlock(&g_hooks);
             continue;
         }
@@ -214,11 +220,13 @@ static void *watch(void *arg) {
             log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in %s, %s: a "
                       "corrupt file, or a disk that stopped; aborting the job",
                       g_rank, idle / 1e3, where, doing);
-        } else if (marked && !what[0]) {
+        } else if (marked && !waits) {
             log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in %s, waiting "
                       "for no peer: this rank itself is stuck (in its compute, a library, "
                       "the system or a disk); aborting the job", g_rank, idle / 1e3, where);
         } else {
+            char what[256];
+            waiting_text(what, sizeof what);
             log_error("rank %d: no progress for %.0f s (train.comm_timeout_s) in %s%s: %s; "
                       "aborting the job", g_rank, idle / 1e3, where, what,
                       g_world > 1 ? "a peer rank has died or hung" : "this rank has hung");
