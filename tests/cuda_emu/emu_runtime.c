@@ -13,9 +13,9 @@
  * a barrier, then the next one runs. __syncthreads is a barrier of the block's fibers, a
  * warp shuffle an exchange through per-thread slots around a barrier of the warp's 32,
  * a warp-collective mma.sync (emu_mma.h) the same with every lane's fragments, atomicAdd
- * a relaxed atomic. A switch between fibers costs tens of nanoseconds (it was a
- * futex wake and an OS context switch when CUDA threads were host threads, 20 to 30
- * times slower on the training runs of gptc-train-emu). Linux/glibc only (ucontext).
+ * a relaxed atomic. A switch between fibers costs nanoseconds (it was a futex wake and
+ * an OS context switch when CUDA threads were host threads, 20 to 30 times slower on the
+ * training runs of gptc-train-emu). Linux/glibc only (ucontext).
  * A launch is checked (configuration, shared memory) when it is made, on the launching
  * thread, whose cudaGetLastError then reports it, as in CUDA. It runs in its stream's
  * order on the stream's thread (fake_runtime.c), so the host goes on at once; on the NULL
@@ -72,9 +72,6 @@
  * else stops with a message (or does not compile), and cuda_runtime.h is where to add it.
  * A test tool can hide bugs of its own: tests/test_cuda_ops.c on a real GPU remains the
  * reference check of the kernels. */
-/* _longjmp between the stacks of fibers: _FORTIFY_SOURCE's longjmp check would take it
- * for a jump into a dead frame */
-#undef _FORTIFY_SOURCE
 #define _GNU_SOURCE /* MAP_NORESERVE */
 
 #include "cuda_runtime.h"
@@ -82,7 +79,6 @@
 #include "engine/bf16.h"
 
 #include <pthread.h>
-#include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,12 +128,14 @@ void emu_fail(const char *msg) {
 
 /* Every CUDA thread of the grid that runs is a fiber: its own stack and registers, run on
  * the thread that runs the grid (the stream's) until it reaches a barrier, where it
- * yields to the scheduler (run_fibers), which resumes the next one. A switch is a
- * _setjmp/_longjmp pair (under a sanitizer the compiler's builtin pair, see emu_jmp_buf),
- * tens of nanoseconds (ucontext's swapcontext makes a system call each time, ten times
- * that, and a futex wake of a real thread costs more still); only a fiber's first start
- * goes through makecontext/setcontext. Under a sanitizer every switch is announced to it
- * (ASan's and TSan's fiber API). */
+ * yields to the scheduler (run_block), which resumes the next one. A switch is the
+ * compiler's __builtin_setjmp/__builtin_longjmp pair (see emu_jmp_buf), a few nanoseconds
+ * (ucontext's swapcontext makes a system call each time, a hundred times that, and a futex
+ * wake of a real thread costs more still). A fiber lives as long as the process: only its
+ * first start goes through getcontext/makecontext/setcontext (two system calls: made
+ * afresh for every thread of every grid they were a fifth of an emulated training run's
+ * time), and between grids it waits in fiber_main for the next one. Under a sanitizer
+ * every switch is announced to it (ASan's and TSan's fiber API). */
 #if defined(__SANITIZE_THREAD__)
 #error "build emu_runtime.c uninstrumented, with -DEMU_RACECHECK (racecheck below)"
 #elif defined(__has_feature)
@@ -170,21 +168,27 @@ void AnnotateIgnoreWritesBegin(const char *file, int line);
 void AnnotateIgnoreWritesEnd(const char *file, int line);
 #endif
 
-/* A fiber's resume point. Under a sanitizer the switches use the compiler's own
- * __builtin_setjmp / __builtin_longjmp instead of libc's, which both intercept: ASan
- * unpoisons the whole stack (a memset of its shadow and a sigaltstack call) on every
- * _longjmp, most of an ASan run of the emulator, where a switch leaves no frame behind
- * for it to clean (the jumping function has just set its own resume point); TSan checks
- * each jump against its own record of the thread's setjmps, which a jump to another
- * fiber's stack fails. The builtin's setjmp must be in the frame that resumes, hence a
- * macro. */
-#if defined(EMU_ASAN) || defined(EMU_TSAN)
-#define EMU_BUILTIN_JMP 1
+/* A fiber's resume point: the compiler's own __builtin_setjmp / __builtin_longjmp, not
+ * libc's _setjmp / _longjmp. Those save the signal mask's flag and unwind the thread's
+ * cancellation handlers on every jump (__sigjmp_save, _longjmp_unwind: a tenth of an
+ * emulated training run), and both sanitizers intercept them: ASan unpoisons the whole
+ * stack (a memset of its shadow and a sigaltstack call) on every _longjmp, where a switch
+ * leaves no frame behind for it to clean (the jumping function has just set its own
+ * resume point); TSan checks each jump against its own record of the thread's setjmps,
+ * which a jump to another fiber's stack fails. The builtin's setjmp must be in the frame
+ * that resumes, hence a macro. */
 typedef void *emu_jmp_buf[5];
 #define EMU_SETJMP(b) __builtin_setjmp(b)
-#else
-typedef jmp_buf emu_jmp_buf;
-#define EMU_SETJMP(b) _setjmp(b)
+/* For a function that sets a resume point: its callers may not keep values in the
+ * registers it does not touch itself (GCC's -fipa-ra, on from -O2), as a jump back to the
+ * point brings another stack's registers. */
+#if defined(__has_attribute)
+#if __has_attribute(noipa)
+#define EMU_SETS_RESUME __attribute__((noipa))
+#endif
+#endif
+#ifndef EMU_SETS_RESUME
+#define EMU_SETS_RESUME __attribute__((noinline))
 #endif
 
 /* What a thread waits at; a barrier's waiters must all wait at the same kind. */
@@ -200,7 +204,8 @@ typedef struct barrier {
     char sync[2];     /* racecheck: sync objects of its even and odd completions */
 } barrier;
 
-/* F_PARKED: done with its block, until the scheduler gives it the next (or ends the grid) */
+/* F_PARKED: done with its block, until the scheduler gives it the next (or ends the grid);
+ * F_DONE: done with its grid, until a later grid starts it again */
 enum { F_RUN, F_WAIT, F_PARKED, F_DONE };
 
 /* One pending cp.async: n bytes to dst, the first valid from src and the rest zero,
@@ -211,14 +216,16 @@ typedef struct cp_async_copy {
     unsigned int n, valid, group;
 } cp_async_copy;
 
+/* Small (the scheduler reads every fiber's state after each pass), with what a switch
+ * touches first; the ucontext of its first start, a kilobyte, on the heap until then. */
 typedef struct fiber {
     emu_jmp_buf resume;  /* where it goes on (after its first start) */
-    ucontext_t start;    /* its first start */
-    char *stack;         /* [stack_bytes], below it a guard page */
+    ucontext_t *start;   /* its first start (NULL once started) */
+    char *stack;         /* [EMU_FIBER_STACK], below it a guard page */
     unsigned int tid;
     emu_uint3 block_idx;
     unsigned int parity; /* shuffle slot set */
-    int state, started;
+    int state, started; /* started: has run fiber_main (once in its life) */
     int grid_over;       /* F_PARKED: leave the grid instead of running another block */
     barrier *waiting;    /* F_WAIT: the barrier it waits at */
     /* its cp.async copies not waited for yet (emu_cp_async): made at cp.async.wait_group */
@@ -350,16 +357,16 @@ static void to_fiber_begin(fiber *f) {
 #endif
     (void)f;
 }
-static void to_fiber_end(void) {
+static void to_fiber_end(fiber *f) {
 #ifdef EMU_ASAN
-    __sanitizer_finish_switch_fiber(running->fake_stack, &sched_stack_bottom, &sched_stack_size);
+    __sanitizer_finish_switch_fiber(f->fake_stack, &sched_stack_bottom, &sched_stack_size);
 #endif
+    (void)f;
 }
 static void to_sched_begin(fiber *f) {
 #ifdef EMU_ASAN
-    /* a finished fiber's fake stack goes (NULL), a waiting one's is kept */
-    __sanitizer_start_switch_fiber(f->state == F_DONE ? NULL : &f->fake_stack, sched_stack_bottom,
-                                   sched_stack_size);
+    /* a fiber never ends (fiber_main): its fake stack is kept */
+    __sanitizer_start_switch_fiber(&f->fake_stack, sched_stack_bottom, sched_stack_size);
 #endif
 #ifdef EMU_TSAN
     __tsan_switch_to_fiber(sched_tsan, __tsan_switch_to_fiber_no_sync);
@@ -377,24 +384,19 @@ static void to_sched_end(void) {
  * longjmp may not share a frame with its setjmp. Under ASan it must not look noreturn
  * either: an optimising compiler infers that, and ASan then unpoisons the whole stack
  * before every call of it in the instrumented callers (half of an -O1 run's time);
- * hence the test of the saved frame pointer, which a resume point never has NULL. */
-#ifdef EMU_BUILTIN_JMP
-__attribute__((noinline))
-#endif
-EMU_NO_ASAN static void switch_to(emu_jmp_buf to) {
-#ifdef EMU_BUILTIN_JMP
-    if (to[0]) __builtin_longjmp(to, 1);
-#else
-    _longjmp(to, 1);
-#endif
+ * hence the test of the saved resume address (word 1 in GCC's and Clang's layout), which
+ * is never NULL (the saved frame pointer, word 0, may be where the frame has none). */
+__attribute__((noinline)) EMU_NO_ASAN static void switch_to(emu_jmp_buf to) {
+    if (to[1]) __builtin_longjmp(to, 1);
 }
 
-/* From a fiber back to the scheduler; returns when the scheduler resumes it. */
-static void yield_to_scheduler(void) {
-    fiber *f = running;
+/* From fiber f (the running one) back to the scheduler; returns when the scheduler
+ * resumes it. What it does after the jump uses f only, no thread-local: between grids
+ * (fiber_main) the host thread that resumes a fiber may be another one. */
+EMU_SETS_RESUME static void yield_to_scheduler(fiber *f) {
     to_sched_begin(f);
     if (EMU_SETJMP(f->resume) == 0) switch_to(sched_resume);
-    to_fiber_end();
+    to_fiber_end(f);
 }
 
 /* Counts a thread's arrival at b, waiting at `at`; all waiters of b must wait at the same
@@ -433,7 +435,7 @@ static void barrier_wait(barrier *b, int at) {
     }
     /* even the last one yields: the others run before it goes on, as on a GPU none is
      * ahead by more than the barrier */
-    yield_to_scheduler();
+    yield_to_scheduler(running);
     rc_acquire(sync);
 }
 
@@ -658,34 +660,45 @@ static void block_done(void) {
 static void block_end(void) {
     if (arrive(&block_barrier, AT_BLOCK_END)) block_done();
     running->state = F_PARKED;
-    yield_to_scheduler();
+    yield_to_scheduler(running);
 }
 
-/* One emulated CUDA thread (a fiber's life in a grid): runs the kernel for its threadIdx
- * in each block the scheduler gives it (f->block_idx), parking after each until the next
- * one or the end of the grid, then goes back to the scheduler for good. Not instrumented
- * by ASan: its frame is the one the final jump leaves on the stack, and without redzones
- * it leaves no poison there for the stack's next fiber (every frame below it has
- * returned by then). */
-EMU_NO_ASAN static void fiber_main(void) {
-    fiber *f = running;
-    to_fiber_end();
+/* A fiber's part in one grid, as an emulated CUDA thread: runs the kernel for its
+ * threadIdx in each block the scheduler gives it (f->block_idx), parking after each until
+ * the next one or the end of the grid. Out of line, so that its thread-local reads are
+ * its own: the host thread is the grid's, which may not be the one of fiber_main's
+ * previous call. */
+__attribute__((noinline)) static void fiber_grid(fiber *f) {
     rc_acquire(&rc_grid_in);
     for (;;) {
         cur.body(cur.ctx);
         if (f->cp_n) emu_fail("cp.async copies the thread never waited for");
         rc_release(&rc_grid_out);
         block_end();
-        if (f->grid_over) break;
+        if (f->grid_over) return;
     }
-    f->state = F_DONE;
-    to_sched_begin(f);
-    switch_to(sched_resume);
-    emu_fail("a finished CUDA thread was resumed");
 }
 
-/* A fiber's stack, made once (guard page below it, so that an overflow faults). */
-static void make_fiber(fiber *f) {
+/* A fiber's life: a grid's part (fiber_grid), then a wait until a later grid resumes it,
+ * for ever. Not instrumented by ASan: without redzones its frame, under every frame of
+ * the fiber's, leaves no poison on the stack. */
+EMU_NO_ASAN static void fiber_main(void) {
+    fiber *f = running;
+    to_fiber_end(f);
+    for (;;) {
+        fiber_grid(f);
+        f->state = F_DONE;
+        yield_to_scheduler(f);
+    }
+}
+
+/* A fiber, made once: its stack (guard page below it, so that an overflow faults) and its
+ * first start at fiber_main, `colour` cache lines below the stack's top. The stacks are
+ * whole pages apart, so without the colour every fiber's frames would sit at one offset
+ * in a page, in the same few sets of the caches, and more switches would miss them (5%
+ * of an emulated training run). Its own function: getcontext may return twice, and a
+ * loop's counter beside it may not survive. */
+static void make_fiber(fiber *f, unsigned int colour) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     char *m = mmap(NULL, EMU_FIBER_STACK + page, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -694,10 +707,21 @@ static void make_fiber(fiber *f) {
 #ifdef EMU_TSAN
     f->tsan = __tsan_create_fiber(0);
 #endif
+    f->started = 0;
+#ifdef EMU_ASAN
+    f->fake_stack = NULL;
+#endif
+    f->start = malloc(sizeof *f->start);
+    if (!f->start) emu_fail("no memory for a CUDA thread");
+    getcontext(f->start);
+    f->start->uc_stack.ss_sp = f->stack;
+    f->start->uc_stack.ss_size = EMU_FIBER_STACK - 64 * (size_t)(colour % (page / 64));
+    f->start->uc_link = NULL;
+    makecontext(f->start, fiber_main, 0);
 }
 
 /* Switches from the scheduler to f until f yields. */
-static void resume(fiber *f) {
+EMU_SETS_RESUME static void resume(fiber *f) {
     running = f;
     emu_thread_idx.x = f->tid;
     emu_thread_idx.y = emu_thread_idx.z = 0;
@@ -706,10 +730,15 @@ static void resume(fiber *f) {
     if (EMU_SETJMP(sched_resume) == 0) {
         if (f->started) switch_to(f->resume);
         f->started = 1;
-        setcontext(&f->start);
+        setcontext(f->start);
     }
     to_sched_end();
     running = NULL;
+    /* the scheduler's, which made it (to TSan a fiber's free would race with the malloc) */
+    if (f->start) {
+        free(f->start);
+        f->start = NULL;
+    }
 }
 
 /* Runs a block on its fibers (block_threads) until all of them are parked at its end. A pass
@@ -757,22 +786,13 @@ static void run_block(unsigned int nt) {
     }
 }
 
-/* Readies fiber f, thread t of its block, to start the grid at fiber_main. Its own
- * function: getcontext returns twice, and a loop's counter beside it may not survive. */
+/* Readies fiber f, thread t of its block, to start the grid. */
 static void ready_fiber(fiber *f, unsigned int t) {
     f->tid = t;
     f->parity = 0;
-    f->started = f->grid_over = 0;
+    f->grid_over = 0;
     f->waiting = NULL;
     f->cp_n = f->cp_groups = 0;
-#ifdef EMU_ASAN
-    f->fake_stack = NULL;
-#endif
-    getcontext(&f->start);
-    f->start.uc_stack.ss_sp = f->stack;
-    f->start.uc_stack.ss_size = EMU_FIBER_STACK;
-    f->start.uc_link = NULL;
-    makecontext(&f->start, fiber_main, 0);
 }
 
 /* Readies set s's first nt fibers (stacks made once) to start the grid. */
@@ -780,7 +800,7 @@ static void start_set(unsigned int s, unsigned int nt) {
     fiber *fs = &fibers[s * EMU_MAX_THREADS];
     for (unsigned int t = 0; t < nt; t++) {
         if (t >= fibers_made[s]) {
-            make_fiber(&fs[t]);
+            make_fiber(&fs[t], t);
             fibers_made[s] = t + 1;
         }
         ready_fiber(&fs[t], t);
