@@ -128,7 +128,8 @@ void emu_fail(const char *msg) {
 
 /* Every CUDA thread of the grid that runs is a fiber: its own stack and registers, run on
  * the thread that runs the grid (the stream's) until it reaches a barrier, where it
- * yields to the scheduler (run_block), which resumes the next one. A switch is the
+ * hands the CPU to the next fiber in the scheduler's order (run_block; to the scheduler
+ * itself only at the end of a pass over the block's warps). A switch is the
  * compiler's __builtin_setjmp/__builtin_longjmp pair (see emu_jmp_buf), a few nanoseconds
  * (ucontext's swapcontext makes a system call each time, a hundred times that, and a futex
  * wake of a real thread costs more still). A fiber lives as long as the process: only its
@@ -259,6 +260,7 @@ static emu_jmp_buf sched_resume;
 static void *sched_fake_stack;
 static const void *sched_stack_bottom;
 static size_t sched_stack_size;
+static int from_sched; /* the switch that is made comes from the scheduler (to_fiber_end) */
 #endif
 #ifdef EMU_TSAN
 static void *sched_tsan;
@@ -347,9 +349,11 @@ static void rc_forget(void *p, size_t n) { (void)p, (void)n; }
 static void rc_ignore(int on) { (void)on; }
 #endif
 
-/* Sanitizer bookkeeping around a switch from the scheduler to f and back. */
+/* Sanitizer bookkeeping around a switch from the scheduler to f and back, and from one
+ * fiber to another (to_other_begin, then to_fiber_end). */
 static void to_fiber_begin(fiber *f) {
 #ifdef EMU_ASAN
+    from_sched = 1;
     __sanitizer_start_switch_fiber(&sched_fake_stack, f->stack, EMU_FIBER_STACK);
 #endif
 #ifdef EMU_TSAN
@@ -357,9 +361,24 @@ static void to_fiber_begin(fiber *f) {
 #endif
     (void)f;
 }
+static void to_other_begin(fiber *f, fiber *g) {
+#ifdef EMU_ASAN
+    from_sched = 0;
+    __sanitizer_start_switch_fiber(&f->fake_stack, g->stack, EMU_FIBER_STACK);
+#endif
+#ifdef EMU_TSAN
+    __tsan_switch_to_fiber(g->tsan, __tsan_switch_to_fiber_no_sync);
+#endif
+    (void)f, (void)g;
+}
+/* in f, which a switch has just entered: the stack it came from is the scheduler's, to go
+ * back to at the end of the pass, when the switch came from there */
 static void to_fiber_end(fiber *f) {
 #ifdef EMU_ASAN
-    __sanitizer_finish_switch_fiber(f->fake_stack, &sched_stack_bottom, &sched_stack_size);
+    if (from_sched)
+        __sanitizer_finish_switch_fiber(f->fake_stack, &sched_stack_bottom, &sched_stack_size);
+    else
+        __sanitizer_finish_switch_fiber(f->fake_stack, NULL, NULL);
 #endif
     (void)f;
 }
@@ -399,6 +418,74 @@ EMU_SETS_RESUME static void yield_to_scheduler(fiber *f) {
     to_fiber_end(f);
 }
 
+/* Makes g the running fiber: its threadIdx and blockIdx on this host thread. */
+static void enter(fiber *g) {
+    running = g;
+    emu_thread_idx.x = g->tid;
+    emu_thread_idx.y = emu_thread_idx.z = 0;
+    emu_block_idx = g->block_idx;
+}
+
+/* Continues g where it yielded, or starts it at fiber_main the first time in its life. */
+static void jump_into(fiber *g) {
+    if (g->started) switch_to(g->resume);
+    g->started = 1;
+    setcontext(g->start);
+}
+
+/* From fiber f (the running one) to fiber g; returns when f is resumed. */
+EMU_SETS_RESUME static void switch_fibers(fiber *f, fiber *g) {
+    enter(g);
+    to_other_begin(f, g);
+    if (EMU_SETJMP(f->resume) == 0) jump_into(g);
+    to_fiber_end(f);
+}
+
+/* The scheduler's walk through the fibers of the block that runs (run_block): the pass,
+ * and in it the warp (k-th in the pass's order) and lane (i-th) to look at next; the
+ * fibers run in this warp's current sweep over its lanes (ran_warp) and in the pass. */
+static struct {
+    unsigned int nt, pass, k, i, ran_warp, ran;
+} walk;
+
+/* The next fiber that can run (F_RUN) in the walk's order, NULL at the end of the pass:
+ * the warps in turn, upwards in even passes and downwards in odd ones, each warp's lanes
+ * in the same direction, swept again and again while a sweep ran any of them, so that a
+ * warp runs as far as its barriers let it before the next warp starts (run_block). */
+static fiber *next_fiber(void) {
+    unsigned int nt = walk.nt, nw = (nt + 31) / 32, down = walk.pass & 1;
+    for (; walk.k < nw; walk.k++) {
+        unsigned int first = 32 * (down ? nw - 1 - walk.k : walk.k);
+        unsigned int n = nt - first < 32 ? nt - first : 32;
+        for (;;) {
+            while (walk.i < n) {
+                fiber *f = block_threads[first + (down ? n - 1 - walk.i : walk.i)];
+                walk.i++;
+                if (f->state == F_RUN) {
+                    walk.ran_warp++;
+                    return f;
+                }
+            }
+            walk.ran += walk.ran_warp;
+            walk.i = 0;
+            if (!walk.ran_warp) break; /* the warp waits at a __syncthreads, or is done */
+            walk.ran_warp = 0;
+        }
+    }
+    return NULL;
+}
+
+/* The running fiber f hands the CPU to the next one of the walk (to none when that is f
+ * itself), or back to the scheduler at the end of the pass; returns when f is resumed.
+ * A direct switch is half the jumps of one through the scheduler, which shuffles (a
+ * switch a lane each) made most of an emulated training run's time. */
+static void yield(fiber *f) {
+    fiber *g = next_fiber();
+    if (g == f) return;
+    if (g) switch_fibers(f, g);
+    else yield_to_scheduler(f);
+}
+
 /* Counts a thread's arrival at b, waiting at `at`; all waiters of b must wait at the same
  * kind. Returns 1 for the last of b's threads. */
 static int arrive(barrier *b, int at) {
@@ -435,7 +522,7 @@ static void barrier_wait(barrier *b, int at) {
     }
     /* even the last one yields: the others run before it goes on, as on a GPU none is
      * ahead by more than the barrier */
-    yield_to_scheduler(running);
+    yield(running);
     rc_acquire(sync);
 }
 
@@ -660,7 +747,7 @@ static void block_done(void) {
 static void block_end(void) {
     if (arrive(&block_barrier, AT_BLOCK_END)) block_done();
     running->state = F_PARKED;
-    yield_to_scheduler(running);
+    yield(running);
 }
 
 /* A fiber's part in one grid, as an emulated CUDA thread: runs the kernel for its
@@ -720,25 +807,13 @@ static void make_fiber(fiber *f, unsigned int colour) {
     makecontext(f->start, fiber_main, 0);
 }
 
-/* Switches from the scheduler to f until f yields. */
+/* Switches from the scheduler to f until a fiber yields back to it. */
 EMU_SETS_RESUME static void resume(fiber *f) {
-    running = f;
-    emu_thread_idx.x = f->tid;
-    emu_thread_idx.y = emu_thread_idx.z = 0;
-    emu_block_idx = f->block_idx;
+    enter(f);
     to_fiber_begin(f);
-    if (EMU_SETJMP(sched_resume) == 0) {
-        if (f->started) switch_to(f->resume);
-        f->started = 1;
-        setcontext(f->start);
-    }
+    if (EMU_SETJMP(sched_resume) == 0) jump_into(f);
     to_sched_end();
     running = NULL;
-    /* the scheduler's, which made it (to TSan a fiber's free would race with the malloc) */
-    if (f->start) {
-        free(f->start);
-        f->start = NULL;
-    }
 }
 
 /* Runs a block on its fibers (block_threads) until all of them are parked at its end. A pass
@@ -749,30 +824,21 @@ EMU_SETS_RESUME static void resume(fiber *f) {
  * another warp writes without a barrier in between shows (as NaN, or as a cp.async's
  * poison) in the passes where the reader goes first, and a write (or cp.async) that should
  * wait for other warps' reads of the old contents shows in the passes where the writer
- * goes first. */
+ * goes first. The walk is next_fiber's: the scheduler resumes its first fiber, and each
+ * fiber that yields hands over to the next (yield), the last back to the scheduler. */
 static void run_block(unsigned int nt) {
     fiber *const *fs = block_threads;
     char msg[240];
-    unsigned int nw = (nt + 31) / 32;
-    for (int pass = 0;; pass++) {
-        unsigned int busy = 0, ran = 0;
-        for (unsigned int k = 0; k < nw; k++) {
-            unsigned int w = pass & 1 ? nw - 1 - k : k, first = 32 * w;
-            unsigned int n = nt - first < 32 ? nt - first : 32;
-            for (unsigned int ran_warp = 1; ran_warp;) {
-                ran_warp = 0;
-                for (unsigned int i = 0; i < n; i++) {
-                    fiber *f = fs[first + (pass & 1 ? n - 1 - i : i)];
-                    if (f->state != F_RUN) continue;
-                    resume(f);
-                    ran_warp++;
-                }
-                ran += ran_warp;
-            }
-        }
+    walk.nt = nt;
+    for (unsigned int pass = 0;; pass++) {
+        unsigned int busy = 0;
+        walk.pass = pass;
+        walk.k = walk.i = walk.ran_warp = walk.ran = 0;
+        fiber *first = next_fiber();
+        if (first) resume(first);
         for (unsigned int t = 0; t < nt; t++) busy += fs[t]->state != F_PARKED;
         if (!busy) return;
-        if (ran) continue;
+        if (walk.ran) continue;
         /* every thread of the block waits, and no barrier can complete */
         unsigned int t = 0;
         while (t < nt && fs[t]->state != F_WAIT) t++;
@@ -870,7 +936,11 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
             fiber *f = &fibers[s * EMU_MAX_THREADS + t];
             f->grid_over = 1;
             f->state = F_RUN;
-            resume(f);
+            resume(f); /* it goes back to the scheduler (fiber_main), not to the next */
+            /* the ucontext of its first start, freed by the scheduler, which made it (to
+             * TSan a fiber's free would race with the malloc) */
+            free(f->start);
+            f->start = NULL;
         }
     rc_acquire(&rc_grid_out); /* the grid's work, before what the stream does next */
     in_kernel = was_in_kernel;
