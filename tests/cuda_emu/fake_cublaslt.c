@@ -475,60 +475,85 @@ static double gelu_grad(double x) {
     return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 3 * 0.044715 * x * x);
 }
 
-/* The sums' inner loops, over run_gemm's own copies of the operands only: not checked by
- * ASan or TSan, which made them a fifth of a sanitized emulated training step. The
+/* The sums' inner loop, over run_gemm's own copies of the operands only: not checked by
+ * ASan, UBSan or TSan, which made it a fifth of a sanitized emulated training step (UBSan's
+ * pointer-overflow checks were most of what was left of it). The
  * operands themselves are read by load(), checked, and checked against their registered
- * blocks by emu_cublasLtMatmul. */
-__attribute__((no_sanitize_address, no_sanitize_thread))
-static double dot(const double *x, const double *y, uint64_t n) {
-    double s = 0;
-    for (uint64_t l = 0; l < n; l++) s += x[l] * y[l];
-    return s;
-}
-__attribute__((no_sanitize_address, no_sanitize_thread))
-static void add_scaled(double *acc, const double *x, double a, uint64_t n) {
-    for (uint64_t i = 0; i < n; i++) acc[i] += x[i] * a;
+ * blocks by emu_cublasLtMatmul. acc[c * m + i] += x[i] * b[c] for the nc columns c of a
+ * pass (GEMM_COLS at most) and every row i: each element's sum takes one more term, so it
+ * still runs over l in order, and a pass reads each x (a column of op(A)) once for all of
+ * its columns. */
+enum { GEMM_COLS = 4 };
+__attribute__((no_sanitize("address", "thread", "undefined")))
+static void add_scaled(double *acc, const double *x, const double *b, int nc, uint64_t m) {
+    if (nc == GEMM_COLS) { /* four separate rows of sums, so that the loop vectorises */
+        double *restrict a0 = acc, *restrict a1 = acc + m, *restrict a2 = acc + 2 * m;
+        double *restrict a3 = acc + 3 * m;
+        const double *restrict xr = x;
+        double b0 = b[0], b1 = b[1], b2 = b[2], b3 = b[3];
+        for (uint64_t i = 0; i < m; i++) {
+            double xi = xr[i];
+            a0[i] += xi * b0;
+            a1[i] += xi * b1;
+            a2[i] += xi * b2;
+            a3[i] += xi * b3;
+        }
+        return;
+    }
+    for (int c = 0; c < nc; c++) {
+        double *restrict ac = acc + (uint64_t)c * m;
+        const double *restrict xr = x;
+        double bc = b[c];
+        for (uint64_t i = 0; i < m; i++) ac[i] += xr[i] * bc;
+    }
 }
 
-/* Column by column: op(B)'s column j gathered first, then either dot products with the
- * rows of op(A) (A transposed: contiguous in A) or a sum of A's columns (contiguous);
- * either way each sum runs over l in order. A is read once, into doubles in the order the
- * sums take it (each element would otherwise be converted once per column of B). */
+/* GEMM_COLS columns of D at a time: those columns of op(B) gathered first, then the sum of
+ * op(A)'s columns scaled by them (add_scaled), each element's over l in order. A is read
+ * once, into doubles, column l of op(A) contiguous (each element would otherwise be
+ * converted once per column of B). */
 static void run_gemm(void *arg) {
     gemm_job *g = arg;
     const problem *p = &g->p;
     uint64_t t0 = emu_cupti_now();
-    /* [k] op(B)(:, j), [m] sums, [m * k] A: op(A)'s rows (ta) or columns, each contiguous */
-    double *bcol = malloc((p->k + p->m + p->m * p->k) * sizeof(double) + 1);
+    /* [k][GEMM_COLS] op(B)'s columns of the pass, [GEMM_COLS][m] sums, [k][m] op(A) */
+    double *bcol = malloc((GEMM_COLS * (p->k + p->m) + p->m * p->k) * sizeof(double) + 1);
     if (!bcol) emu_fail("cublasLtMatmul: out of host memory");
-    double *acc = bcol + p->k, *a = acc + p->m;
-    for (uint64_t i = 0; i < p->m; i++)
-        for (uint64_t l = 0; l < p->k; l++) {
-            if (p->ta) a[i * p->k + l] = load(g->A, l + i * g->lda, g->ta_);
-            else a[l * p->m + i] = load(g->A, i + l * g->lda, g->ta_);
-        }
-    for (uint64_t j = 0; j < p->n; j++) {
+    double *acc = bcol + GEMM_COLS * p->k, *a = acc + GEMM_COLS * p->m;
+    if (p->ta) { /* op(A)(i, l) is A's element (l, i): i outer, so that A is read in order */
+        for (uint64_t i = 0; i < p->m; i++)
+            for (uint64_t l = 0; l < p->k; l++)
+                a[l * p->m + i] = load(g->A, l + i * g->lda, g->ta_);
+    } else {
         for (uint64_t l = 0; l < p->k; l++)
-            bcol[l] = load(g->B, p->tb ? j + l * g->ldb : l + j * g->ldb, g->ta_);
-        if (p->ta) {
-            for (uint64_t i = 0; i < p->m; i++) /* op(A)(i, :) is A's column i */
-                acc[i] = dot(a + i * p->k, bcol, p->k);
-        } else {
-            for (uint64_t i = 0; i < p->m; i++) acc[i] = 0;
-            for (uint64_t l = 0; l < p->k; l++) /* op(A)(:, l) is A's column l */
-                add_scaled(acc, a + l * p->m, bcol[l], p->m);
-        }
-        for (uint64_t i = 0; i < p->m; i++) {
-            double d = (double)g->alpha * (double)(float)acc[i];
-            if (g->beta != 0.0f) d += (double)g->beta * load(g->C, i + j * g->ldc, g->tc);
-            if (g->bias) d += load(g->bias, i, g->tbias);
-            if (g->gelu == EPI_GELU) {
-                store(g->aux, i + j * g->aux_ld, g->taux, (float)d);
-                d = gelu((double)(float)d);
-            } else if (g->gelu == EPI_DGELU) {
-                d *= gelu_grad((double)load(g->aux, i + j * g->aux_ld, g->taux));
+            for (uint64_t i = 0; i < p->m; i++)
+                a[l * p->m + i] = load(g->A, i + l * g->lda, g->ta_);
+    }
+    for (uint64_t j0 = 0; j0 < p->n; j0 += GEMM_COLS) {
+        int nc = p->n - j0 < GEMM_COLS ? (int)(p->n - j0) : GEMM_COLS;
+        for (int c = 0; c < nc; c++)
+            for (uint64_t l = 0; l < p->k; l++) {
+                uint64_t j = j0 + (uint64_t)c;
+                bcol[l * GEMM_COLS + c] =
+                    load(g->B, p->tb ? j + l * g->ldb : l + j * g->ldb, g->ta_);
             }
-            store(g->D, i + j * g->ldd, g->td, (float)d);
+        for (uint64_t i = 0; i < (uint64_t)nc * p->m; i++) acc[i] = 0;
+        for (uint64_t l = 0; l < p->k; l++)
+            add_scaled(acc, a + l * p->m, bcol + l * GEMM_COLS, nc, p->m);
+        for (int c = 0; c < nc; c++) {
+            uint64_t j = j0 + (uint64_t)c;
+            for (uint64_t i = 0; i < p->m; i++) {
+                double d = (double)g->alpha * (double)(float)acc[(uint64_t)c * p->m + i];
+                if (g->beta != 0.0f) d += (double)g->beta * load(g->C, i + j * g->ldc, g->tc);
+                if (g->bias) d += load(g->bias, i, g->tbias);
+                if (g->gelu == EPI_GELU) {
+                    store(g->aux, i + j * g->aux_ld, g->taux, (float)d);
+                    d = gelu((double)(float)d);
+                } else if (g->gelu == EPI_DGELU) {
+                    d *= gelu_grad((double)load(g->aux, i + j * g->aux_ld, g->taux));
+                }
+                store(g->D, i + j * g->ldd, g->td, (float)d);
+            }
         }
     }
     free(bcol);
