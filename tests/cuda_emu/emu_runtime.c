@@ -43,7 +43,11 @@
  *  - under GPTC_SANITIZE=address: out-of-bounds reads and writes of global memory (each
  *    buffer is its own heap block) and of dynamic shared memory (allocated at the exact
  *    size the launch asked for), misaligned float4 accesses (UBSan), undefined behaviour
- *    in kernel code;
+ *    in kernel code. The kernels are instrumented, this file is not (as under TSan): what
+ *    it does on a kernel's behalf with the kernel's memory (cp.async's copies, a warp's
+ *    gathers) goes through memcpy and memset, which ASan's interceptors check, and the
+ *    rest is its own bookkeeping (fibers, barriers, slots), whose checks (and -O1) took
+ *    a seventh of an ASan emulated training run;
  *  - under GPTC_SANITIZE=thread, races within a block and between blocks (racecheck,
  *    below): TSan reports two accesses to the same memory, one a write, by threads that
  *    no barrier orders (of a block) or by different blocks, not both atomicAdd, whatever
@@ -145,19 +149,14 @@ void emu_fail(const char *msg) {
 #endif
 #endif
 #if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#define EMU_ASAN 1
+#error "build emu_runtime.c uninstrumented, with -DEMU_ASAN (what it catches, above)"
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#include <sanitizer/asan_interface.h>
-#define EMU_ASAN 1
+#error "build emu_runtime.c uninstrumented, with -DEMU_ASAN (what it catches, above)"
 #endif
 #endif
-/* a function of the emulator's own that ASan leaves unchecked (each says why) */
 #ifdef EMU_ASAN
-#define EMU_NO_ASAN __attribute__((no_sanitize_address))
-#else
-#define EMU_NO_ASAN
+#include <sanitizer/asan_interface.h>
 #endif
 #ifdef EMU_RACECHECK
 #include <sanitizer/tsan_interface.h>
@@ -398,14 +397,13 @@ static void to_sched_end(void) {
 #endif
 }
 
-/* Jumps to a resume point (EMU_SETJMP). Not instrumented by ASan, which would put its
- * stack unpoisoning (above) before the noreturn jump; and not inlined, as the builtin
- * longjmp may not share a frame with its setjmp. Under ASan it must not look noreturn
- * either: an optimising compiler infers that, and ASan then unpoisons the whole stack
- * before every call of it in the instrumented callers (half of an -O1 run's time);
- * hence the test of the saved resume address (word 1 in GCC's and Clang's layout), which
- * is never NULL (the saved frame pointer, word 0, may be where the frame has none). */
-__attribute__((noinline)) EMU_NO_ASAN static void switch_to(emu_jmp_buf to) {
+/* Jumps to a resume point (EMU_SETJMP). Not inlined, as the builtin longjmp may not share
+ * a frame with its setjmp. Nor does it look noreturn (where this file was instrumented by
+ * ASan, an optimising compiler inferred that, and ASan then unpoisoned the whole stack
+ * before every call of it: half of an -O1 run's time): hence the test of the saved resume
+ * address (word 1 in GCC's and Clang's layout), which is never NULL (the saved frame
+ * pointer, word 0, may be where the frame has none). */
+__attribute__((noinline)) static void switch_to(emu_jmp_buf to) {
     if (to[1]) __builtin_longjmp(to, 1);
 }
 
@@ -586,22 +584,21 @@ void emu_warp_gather(const void *in, void *out, size_t size) {
 }
 
 /* The mma's reads are of registers (the lanes' fragments, in the emulator's slots) and
- * of the lane's accumulators: no memory of the kernel's for ASan to check (EMU_NO_ASAN),
- * whose checks were most of an ASan bf16 training run's time. */
+ * of the lane's accumulators: no memory of the kernel's for a sanitizer to check. */
 
 /* word i of lane l's fragment in a gather's slots */
-EMU_NO_ASAN static uint32_t frag_word(const gather_slot *all, int l, int i) {
+static uint32_t frag_word(const gather_slot *all, int l, int i) {
     uint32_t w;
     memcpy(&w, all[l] + 4 * i, sizeof w);
     return w;
 }
 
 /* bf16 `odd` (0: the low half) of a fragment word */
-EMU_NO_ASAN static float frag_half(uint32_t w, int odd) {
+static float frag_half(uint32_t w, int odd) {
     return bf16_to_float((uint16_t)(odd ? w >> 16 : w & 0xffffu));
 }
 
-EMU_NO_ASAN void emu_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+void emu_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
     uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}; /* words 0-3: A's, 4-5: B's */
     const gather_slot *all = gather_slots(mine, sizeof mine);
     int lane = (int)(emu_thread_idx.x & 31u), g = lane >> 2, t = lane & 3;
@@ -767,9 +764,8 @@ __attribute__((noinline)) static void fiber_grid(fiber *f) {
 }
 
 /* A fiber's life: a grid's part (fiber_grid), then a wait until a later grid resumes it,
- * for ever. Not instrumented by ASan: without redzones its frame, under every frame of
- * the fiber's, leaves no poison on the stack. */
-EMU_NO_ASAN static void fiber_main(void) {
+ * for ever. */
+static void fiber_main(void) {
     fiber *f = running;
     to_fiber_end(f);
     for (;;) {
