@@ -15,7 +15,8 @@
  * a warp-collective mma.sync (emu_mma.h) the same with every lane's fragments, atomicAdd
  * a relaxed atomic. A switch between fibers costs nanoseconds (it was a futex wake and
  * an OS context switch when CUDA threads were host threads, 20 to 30 times slower on the
- * training runs of gptc-train-emu). Linux/glibc only (ucontext).
+ * training runs of gptc-train-emu). Linux only (glibc's ucontext where the switch is not
+ * this file's own assembly: x86-64 has it).
  * A launch is checked (configuration, shared memory) when it is made, on the launching
  * thread, whose cudaGetLastError then reports it, as in CUDA. It runs in its stream's
  * order on the stream's thread (fake_runtime.c), so the host goes on at once; on the NULL
@@ -133,14 +134,13 @@ void emu_fail(const char *msg) {
 /* Every CUDA thread of the grid that runs is a fiber: its own stack and registers, run on
  * the thread that runs the grid (the stream's) until it reaches a barrier, where it
  * hands the CPU to the next fiber in the scheduler's order (run_block; to the scheduler
- * itself only at the end of a pass over the block's warps). A switch is the
- * compiler's __builtin_setjmp/__builtin_longjmp pair (see emu_jmp_buf), a few nanoseconds
- * (ucontext's swapcontext makes a system call each time, a hundred times that, and a futex
- * wake of a real thread costs more still). A fiber lives as long as the process: only its
- * first start goes through getcontext/makecontext/setcontext (two system calls: made
- * afresh for every thread of every grid they were a fifth of an emulated training run's
- * time), and between grids it waits in fiber_main for the next one. Under a sanitizer
- * every switch is announced to it (ASan's and TSan's fiber API). */
+ * itself only at the end of a pass over the block's warps). A switch (emu_ctx) is a few
+ * nanoseconds (ucontext's swapcontext makes a system call each time, a hundred times
+ * that, and a futex wake of a real thread costs more still). A fiber lives as long as the
+ * process, started once (making a fiber's start afresh for every thread of every grid took
+ * two system calls, a fifth of an emulated training run's time); between grids it waits
+ * in fiber_main for the next one. Under a sanitizer every switch is announced to it
+ * (ASan's and TSan's fiber API). */
 #if defined(__SANITIZE_THREAD__)
 #error "build emu_runtime.c uninstrumented, with -DEMU_RACECHECK (racecheck below)"
 #elif defined(__has_feature)
@@ -168,27 +168,36 @@ void AnnotateIgnoreWritesBegin(const char *file, int line);
 void AnnotateIgnoreWritesEnd(const char *file, int line);
 #endif
 
-/* A fiber's resume point: the compiler's own __builtin_setjmp / __builtin_longjmp, not
- * libc's _setjmp / _longjmp. Those save the signal mask's flag and unwind the thread's
- * cancellation handlers on every jump (__sigjmp_save, _longjmp_unwind: a tenth of an
- * emulated training run), and both sanitizers intercept them: ASan unpoisons the whole
- * stack (a memset of its shadow and a sigaltstack call) on every _longjmp, where a switch
- * leaves no frame behind for it to clean (the jumping function has just set its own
- * resume point); TSan checks each jump against its own record of the thread's setjmps,
- * which a jump to another fiber's stack fails. The builtin's setjmp must be in the frame
- * that resumes, hence a macro. */
+/* A context to switch to (a fiber's, or the scheduler's: the host thread that runs the
+ * grid), and the switch (ctx_switch, below).
+ * On x86-64 the switch is a function of its own in assembly (emu_ctx_switch): it pushes
+ * the callee-saved registers, swaps the stack pointer, pops the other context's and
+ * returns into it. A call and its return stay paired, so the CPU predicts the return
+ * (the lanes of a warp switch from the same call site to the same call site): 7 to 8 ns a
+ * switch against 45 to 55 for a setjmp/longjmp pair, which leaves the call to the
+ * jumping function unreturned and every return after a switch mispredicted (measured on
+ * a ring of 32 fibers; the shuffles' switches were most of an emulated training run).
+ * The floating-point control words are not switched: nothing that runs on the fibers
+ * changes them. A fiber's first switch returns into emu_ctx_boot, which calls fiber_main.
+ * Elsewhere (or with EMU_PORTABLE_SWITCH) the compiler's __builtin_setjmp /
+ * __builtin_longjmp, not libc's _setjmp / _longjmp: those save the signal mask's flag and
+ * unwind the thread's cancellation handlers on every jump (a tenth of an emulated
+ * training run), and both sanitizers intercept them (ASan unpoisons the whole stack on
+ * every _longjmp, where a switch leaves no frame behind for it to clean; TSan checks each
+ * jump against its own record of the thread's setjmps, which a jump to another fiber's
+ * stack fails); a fiber's first start is ucontext's makecontext/setcontext. */
+#if defined(__x86_64__) && !defined(EMU_PORTABLE_SWITCH)
+#define EMU_ASM_SWITCH 1
+typedef struct emu_ctx {
+    void *sp; /* its stack pointer while switched out (the callee-saved registers there) */
+} emu_ctx;
+#else
 typedef void *emu_jmp_buf[5];
-#define EMU_SETJMP(b) __builtin_setjmp(b)
-/* For a function that sets a resume point: its callers may not keep values in the
- * registers it does not touch itself (GCC's -fipa-ra, on from -O2), as a jump back to the
- * point brings another stack's registers. */
-#if defined(__has_attribute)
-#if __has_attribute(noipa)
-#define EMU_SETS_RESUME __attribute__((noipa))
-#endif
-#endif
-#ifndef EMU_SETS_RESUME
-#define EMU_SETS_RESUME __attribute__((noinline))
+typedef struct emu_ctx {
+    emu_jmp_buf resume; /* where it goes on (after its first start) */
+    ucontext_t *start;  /* a fiber's first start */
+    int started;
+} emu_ctx;
 #endif
 
 /* What a thread waits at; a barrier's waiters must all wait at the same kind. */
@@ -217,15 +226,14 @@ typedef struct cp_async_copy {
 } cp_async_copy;
 
 /* Small (the scheduler reads every fiber's state after each pass), with what a switch
- * touches first; the ucontext of its first start, a kilobyte, on the heap until then. */
+ * touches first. */
 typedef struct fiber {
-    emu_jmp_buf resume;  /* where it goes on (after its first start) */
-    ucontext_t *start;   /* its first start (NULL once started) */
+    emu_ctx ctx;
     char *stack;         /* [EMU_FIBER_STACK], below it a guard page */
     unsigned int tid;
     emu_uint3 block_idx;
     unsigned int parity; /* shuffle slot set */
-    int state, started; /* started: has run fiber_main (once in its life) */
+    int state;
     int grid_over;       /* F_PARKED: leave the grid instead of running another block */
     barrier *waiting;    /* F_WAIT: the barrier it waits at */
     /* its cp.async copies not waited for yet (emu_cp_async): made at cp.async.wait_group */
@@ -254,7 +262,7 @@ static fiber *fibers;    /* [EMU_SETS][EMU_MAX_THREADS], stacks made as needed *
 static unsigned int fibers_made[EMU_SETS];
 static fiber *block_threads[EMU_MAX_THREADS]; /* [block.x] the fiber of each thread */
 static fiber *running;   /* the fiber on the CPU, NULL: the scheduler */
-static emu_jmp_buf sched_resume;
+static emu_ctx sched_ctx;
 #ifdef EMU_ASAN
 static void *sched_fake_stack;
 static const void *sched_stack_bottom;
@@ -397,22 +405,119 @@ static void to_sched_end(void) {
 #endif
 }
 
-/* Jumps to a resume point (EMU_SETJMP). Not inlined, as the builtin longjmp may not share
- * a frame with its setjmp. Nor does it look noreturn (where this file was instrumented by
- * ASan, an optimising compiler inferred that, and ASan then unpoisoned the whole stack
- * before every call of it: half of an -O1 run's time): hence the test of the saved resume
+static void fiber_main(void);
+
+#ifdef EMU_ASM_SWITCH
+/* emu_ctx_switch(save, to): the callee-saved registers onto this stack, its stack pointer
+ * into *save, then `to`'s stack pointer, its registers, and a return where it switched
+ * out (or into emu_ctx_boot, for a fiber's first switch, with fiber_main in rbx and the
+ * stack 16-byte aligned at the call, as ctx_make lays it out). */
+__attribute__((visibility("hidden"))) void emu_ctx_switch(void **save, void *to);
+__attribute__((visibility("hidden"))) void emu_ctx_boot(void);
+__asm__(".pushsection .text\n"
+        ".p2align 4\n"
+        ".globl emu_ctx_switch\n"
+        ".hidden emu_ctx_switch\n"
+        ".type emu_ctx_switch, @function\n"
+        "emu_ctx_switch:\n"
+        "    pushq %rbp\n"
+        "    pushq %rbx\n"
+        "    pushq %r12\n"
+        "    pushq %r13\n"
+        "    pushq %r14\n"
+        "    pushq %r15\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    popq %r15\n"
+        "    popq %r14\n"
+        "    popq %r13\n"
+        "    popq %r12\n"
+        "    popq %rbx\n"
+        "    popq %rbp\n"
+        "    ret\n"
+        ".size emu_ctx_switch, .-emu_ctx_switch\n"
+        ".p2align 4\n"
+        ".globl emu_ctx_boot\n"
+        ".hidden emu_ctx_boot\n"
+        ".type emu_ctx_boot, @function\n"
+        "emu_ctx_boot:\n"
+        "    call *%rbx\n"
+        "    ud2\n"
+        ".size emu_ctx_boot, .-emu_ctx_boot\n"
+        ".popsection\n");
+
+/* Lays out a fiber's first switch at the top of stack[bytes]: the six registers (rbx:
+ * fiber_main, rbp: 0, the end of the frame chain), the return into emu_ctx_boot, and two
+ * empty words, so that emu_ctx_boot's call finds the stack 16-byte aligned. */
+static void ctx_make(emu_ctx *c, char *stack, size_t bytes) {
+    void **sp = (void **)(((uintptr_t)stack + bytes) & ~(uintptr_t)15);
+    *--sp = NULL;
+    *--sp = NULL;
+    *--sp = (void *)emu_ctx_boot;
+    *--sp = NULL;               /* rbp */
+    *--sp = (void *)fiber_main; /* rbx */
+    for (int i = 0; i < 4; i++) *--sp = NULL; /* r12 .. r15 */
+    c->sp = sp;
+}
+
+/* Saves the running context in *from and goes on in *to; returns when something switches
+ * back to *from. */
+static void ctx_switch(emu_ctx *from, emu_ctx *to) { emu_ctx_switch(&from->sp, to->sp); }
+#else
+/* A fiber's first start at fiber_main on stack[bytes]. Its own function: getcontext may
+ * return twice, and a loop's counter beside it may not survive. */
+static void ctx_make(emu_ctx *c, char *stack, size_t bytes) {
+    c->start = malloc(sizeof *c->start);
+    if (!c->start) emu_fail("no memory for a CUDA thread");
+    c->started = 0;
+    getcontext(c->start);
+    c->start->uc_stack.ss_sp = stack;
+    c->start->uc_stack.ss_size = bytes;
+    c->start->uc_link = NULL;
+    makecontext(c->start, fiber_main, 0);
+}
+
+/* Jumps to a resume point. Not inlined, as the builtin longjmp may not share a frame with
+ * its setjmp. Nor does it look noreturn (where this file was instrumented by ASan, an
+ * optimising compiler inferred that, and ASan then unpoisoned the whole stack before
+ * every call of it: half of an -O1 run's time): hence the test of the saved resume
  * address (word 1 in GCC's and Clang's layout), which is never NULL (the saved frame
  * pointer, word 0, may be where the frame has none). */
 __attribute__((noinline)) static void switch_to(emu_jmp_buf to) {
     if (to[1]) __builtin_longjmp(to, 1);
 }
 
+/* Goes on in c where it switched out, or starts it the first time in its life. */
+static void jump_into(emu_ctx *c) {
+    if (c->started) switch_to(c->resume);
+    c->started = 1;
+    setcontext(c->start);
+}
+
+/* Saves the running context in *from and goes on in *to; returns when something switches
+ * back to *from. The builtin's setjmp must be in the frame that resumes. Its callers may
+ * not keep values in the registers it does not touch itself (GCC's -fipa-ra, on from
+ * -O2), as the jump back brings another stack's registers: noipa. */
+#if defined(__has_attribute)
+#if __has_attribute(noipa)
+#define EMU_NOIPA __attribute__((noipa))
+#endif
+#endif
+#ifndef EMU_NOIPA
+#define EMU_NOIPA __attribute__((noinline))
+#endif
+EMU_NOIPA static void ctx_switch(emu_ctx *from, emu_ctx *to) {
+    from->started = 1; /* the scheduler's context is never made: it is resumed only here */
+    if (__builtin_setjmp(from->resume) == 0) jump_into(to);
+}
+#endif
+
 /* From fiber f (the running one) back to the scheduler; returns when the scheduler
- * resumes it. What it does after the jump uses f only, no thread-local: between grids
+ * resumes it. What it does after the switch uses f only, no thread-local: between grids
  * (fiber_main) the host thread that resumes a fiber may be another one. */
-EMU_SETS_RESUME static void yield_to_scheduler(fiber *f) {
+static void yield_to_scheduler(fiber *f) {
     to_sched_begin(f);
-    if (EMU_SETJMP(f->resume) == 0) switch_to(sched_resume);
+    ctx_switch(&f->ctx, &sched_ctx);
     to_fiber_end(f);
 }
 
@@ -424,18 +529,11 @@ static void enter(fiber *g) {
     emu_block_idx = g->block_idx;
 }
 
-/* Continues g where it yielded, or starts it at fiber_main the first time in its life. */
-static void jump_into(fiber *g) {
-    if (g->started) switch_to(g->resume);
-    g->started = 1;
-    setcontext(g->start);
-}
-
 /* From fiber f (the running one) to fiber g; returns when f is resumed. */
-EMU_SETS_RESUME static void switch_fibers(fiber *f, fiber *g) {
+static void switch_fibers(fiber *f, fiber *g) {
     enter(g);
     to_other_begin(f, g);
-    if (EMU_SETJMP(f->resume) == 0) jump_into(g);
+    ctx_switch(&f->ctx, &g->ctx);
     to_fiber_end(f);
 }
 
@@ -779,8 +877,7 @@ static void fiber_main(void) {
  * first start at fiber_main, `colour` cache lines below the stack's top. The stacks are
  * whole pages apart, so without the colour every fiber's frames would sit at one offset
  * in a page, in the same few sets of the caches, and more switches would miss them (5%
- * of an emulated training run). Its own function: getcontext may return twice, and a
- * loop's counter beside it may not survive. */
+ * of an emulated training run). */
 static void make_fiber(fiber *f, unsigned int colour) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     char *m = mmap(NULL, EMU_FIBER_STACK + page, PROT_READ | PROT_WRITE,
@@ -790,24 +887,17 @@ static void make_fiber(fiber *f, unsigned int colour) {
 #ifdef EMU_TSAN
     f->tsan = __tsan_create_fiber(0);
 #endif
-    f->started = 0;
 #ifdef EMU_ASAN
     f->fake_stack = NULL;
 #endif
-    f->start = malloc(sizeof *f->start);
-    if (!f->start) emu_fail("no memory for a CUDA thread");
-    getcontext(f->start);
-    f->start->uc_stack.ss_sp = f->stack;
-    f->start->uc_stack.ss_size = EMU_FIBER_STACK - 64 * (size_t)(colour % (page / 64));
-    f->start->uc_link = NULL;
-    makecontext(f->start, fiber_main, 0);
+    ctx_make(&f->ctx, f->stack, EMU_FIBER_STACK - 64 * (size_t)(colour % (page / 64)));
 }
 
 /* Switches from the scheduler to f until a fiber yields back to it. */
-EMU_SETS_RESUME static void resume(fiber *f) {
+static void resume(fiber *f) {
     enter(f);
     to_fiber_begin(f);
-    if (EMU_SETJMP(sched_resume) == 0) jump_into(f);
+    ctx_switch(&sched_ctx, &f->ctx);
     to_sched_end();
     running = NULL;
 }
@@ -933,10 +1023,6 @@ static void run_grid(const char *name, emu_uint3 grid, emu_uint3 block, size_t d
             f->grid_over = 1;
             f->state = F_RUN;
             resume(f); /* it goes back to the scheduler (fiber_main), not to the next */
-            /* the ucontext of its first start, freed by the scheduler, which made it (to
-             * TSan a fiber's free would race with the malloc) */
-            free(f->start);
-            f->start = NULL;
         }
     rc_acquire(&rc_grid_out); /* the grid's work, before what the stream does next */
     in_kernel = was_in_kernel;
