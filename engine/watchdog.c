@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "engine/log.h"
+#include "engine/stop_signal.h"
 #include "engine/timing.h"
 
 static _Atomic double g_last_ms;
@@ -99,7 +100,12 @@ void watchdog_test_slow_read(void) {
 void watchdog_test_slow_step(long step) {
     const char *v = getenv("GPTC_TEST_SLOW_STEP");
     long at = 0, ms = 0;
-    if (v && sscanf(v, "%ld:%ld", &at, &ms) == 2 && at == step) sleep_beating(ms);
+    if (!v || sscanf(v, "%ld:%ld", &at, &ms) != 2 || at != step) return;
+    for (; ms > 0 && !stop_requested(); ms -= 10) {
+        struct timespec ts = {0, (ms < 10 ? ms : 10) * 1000000L};
+        nanosleep(&ts, NULL);
+        watchdog_beat();
+    }
 }
 
 void watchdog_test_stuck_step(long step) {

@@ -32,7 +32,9 @@ double watchdog_io_s(double bytes);
  * rank read slower than its peers */
 void watchdog_test_slow_read(void);
 /* Test-only: GPTC_TEST_SLOW_STEP = "s:ms" makes step s take ms longer on every rank (a first
- * step that loads and plans), so that a test can see the report name a slow step */
+ * step that loads and plans), so that a test can see the report name a slow step; a rank
+ * that gets a stop signal goes on at once, so that a test can stop a run inside step s
+ * however long the signal takes to come */
 void watchdog_test_slow_step(long step);
 /* Test-only: GPTC_TEST_STUCK_STEP = "r:s" makes rank r stop at step s for ever, neither
  * beating nor waiting for a peer (a library call that spins), so that a test can see

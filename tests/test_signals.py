@@ -5,9 +5,10 @@ that goes away (| head -1) stops nothing.
 
 The signal goes out once step 3 is logged, and the ranks run on while the test is
 scheduled, pgrep runs and the signal lands: on a loaded 2-core machine that took more
-than 37 steps of this tiny model (3 ms each), so step 4 takes 3 s more
-(GPTC_TEST_SLOW_STEP, which changes no number) and the run is 300 steps long: the stop
-lands well before its end."""
+than 37 steps of this tiny model (3 ms each). So step 4 waits for the signal, up to a
+minute (GPTC_TEST_SLOW_STEP: a rank's wait ends when its stop signal comes; it changes no
+number), and the stop lands in step 4 however slow the machine; the runs are 20 steps
+long (they were 300, without the wait: most of this test's time under ASan)."""
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from gptc_testlib import (MPIRUN, TRAIN, env, fail, read_metrics, run_train,  # 
                           work_dir, write_tokens)
 
 D = work_dir("gptc_signals_")
-STEPS = 300
+STEPS = 20
 BASE = ["--model.n_layer=2", "--model.n_head=2", "--model.d_model=64", "--model.n_ctx=32",
         "--model.vocab_size=64", f"--data.path={D}/tok.h5", f"--train.steps={STEPS}",
         "--train.global_batch=8", "--train.seq_len=32", "--train.lr=3e-3",
@@ -40,7 +41,7 @@ def interrupted(name, ranks, sig, extra=(), blocked=False, twice=False):
     cmd = ([*MPIRUN, "-np", str(ranks)] if ranks > 1 else []) + [TRAIN, *args]
     block = (lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {sig})) if blocked else None
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(env(ranks), GPTC_TEST_SLOW_STEP="4:3000"), preexec_fn=block)
+                         env=dict(env(ranks), GPTC_TEST_SLOW_STEP="4:60000"), preexec_fn=block)
     deadline = time.time() + 120
     while time.time() < deadline:
         if os.path.exists(log) and len(read_metrics(log, partial_ok=True)) >= 3:
@@ -66,6 +67,9 @@ def interrupted(name, ranks, sig, extra=(), blocked=False, twice=False):
     done = read_metrics(log)
     if len(done) >= STEPS:
         fail(f"{name}: ran all {STEPS} steps, the signal came too late to test anything")
+    # step 4 waited for the signal: it is the step in flight, finished, and the last
+    if done[-1]["step"] != 4:
+        fail(f"{name}: the signal came in step 4, the run stopped after step {done[-1]['step']}")
     return done
 
 
