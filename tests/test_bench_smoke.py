@@ -1,11 +1,12 @@
 """The GPU benchmarks' scripts end to end on this machine, so that a mistake in them shows
 here and not in the few minutes of a GPU call:
 
-- benchmarks/gpu/bench_gpt2.py on the CPU backend (GPTC_BENCH_EXTRA, a 2-layer model,
-  GPTC_BENCH_ROWS=bf16): every bf16 row of its order runs (the variants with their
-  speed-up, the climb, the best row exactly when a variant beat the bf16 row and with
-  the variables of those that did, the timed row with its overhead and its steady-ops
-  table with rates); the PyTorch rows are recorded as failed (no CUDA), not lost.
+- benchmarks/gpu/bench_gpt2.py on the CPU backend (GPTC_BENCH_EXTRA: 2 layers, the 256
+  tokens of the token file's bytes, GPTC_BENCH_ROWS=bf16): every bf16 row of its order
+  runs (the variants with their speed-up, the climb, the best row exactly when a variant
+  beat the bf16 row and with the variables of those that did, the timed row with its
+  overhead and its steady-ops table with rates); the PyTorch rows are recorded as failed
+  (no CUDA), not lost.
 - benchmarks/gpu/bench_kernel_attention.py on the CUDA emulator's attention_bench
   (tests/cuda_emu), one small shape: a row of every gptc variant, its table.
 - benchmarks/overlap_sweep.py on its smallest matrix: flat CSV columns, its plots.
@@ -43,6 +44,7 @@ def run_bench_gpt2(out, rows, layers, T, timeout=300):
     e.update(GPTC_BUILD=BUILD, GPTC_BENCH_OUT=out, GPTC_BENCH_ROWS=rows, GPTC_BENCH_BATCHES="2",
              GPTC_BENCH_BUDGET_S="240",
              GPTC_BENCH_EXTRA=f"--train.device=cpu --model.n_layer={layers} --model.d_model=64 "
+                              "--model.vocab_size=256 "
                               f"--model.n_head=2 --train.seq_len={T} --model.n_ctx={T}")
     script = os.path.join(ROOT, "benchmarks", "gpu", "bench_gpt2.py")
     return subprocess.run([sys.executable, script], capture_output=True, text=True, env=e,
