@@ -158,6 +158,40 @@ def check_corrupt_checkpoint(a):
     print(f"ok   a crash while loading train.init names the file; exit {p.returncode}")
 
 
+def check_singletons_at_once(a):
+    """One-rank runs started without a launcher, several at once, as a user's script may
+    start them: each runs, or gives its own refusal, alone. Open MPI's isolated singletons
+    (what gptc asks for without a launcher) all take one job name, and their session
+    directories collided: one's finalize removed the directory another was making, and
+    orte_init failed (here 2 or 3 of these 82 runs with the directories on). 8 streams of
+    10 refused runs back to back, beside 2 that train."""
+    e = env()
+    bad = []
+
+    def stream(k, n, args):
+        for i in range(n):
+            r = subprocess.run([TRAIN, f"{a}/cfg.ini", *args], capture_output=True, text=True,
+                               env=e, timeout=120)
+            lines = gptc_lines(r.stdout + r.stderr)
+            refused = "--train.bogus=1" in args
+            if (r.returncode, len(lines)) != ((1, 1) if refused else (0, 0)) or \
+                    (refused and "train.bogus" not in lines[0]):
+                bad.append(f"stream {k} run {i}: exit {r.returncode}, lines {lines}\n"
+                           f"{(r.stdout + r.stderr)[-1200:]}")
+
+    streams = [(k, 10, ["--train.bogus=1"]) for k in range(8)]
+    streams += [(k, 1, ["--train.steps=1", f"--train.log_file={D}/at_once{k}.jsonl"])
+                for k in (8, 9)]
+    threads = [threading.Thread(target=stream, args=x) for x in streams]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if bad:
+        fail(f"{len(bad)} of 82 one-rank runs at once failed; the first:\n{bad[0]}")
+    print("ok   82 one-rank runs at once without mpirun: 2 trained, 80 refused with their line")
+
+
 def expect_refused(name, r, want):
     lines = gptc_lines(r.stdout + r.stderr)
     if r.returncode == 0 or len(lines) != 1 or any(w not in lines[0] for w in want) or \
@@ -666,6 +700,7 @@ def main():
     if r.returncode:
         fail(f"cannot write the checkpoint:\n{r.stderr}")
     check_no_effect(a)
+    check_singletons_at_once(a)
     check_corrupt_checkpoint(a)
     check_slow_peer(a)
     check_ranks_disagree(a, b)
