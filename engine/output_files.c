@@ -522,17 +522,24 @@ int output_paths_distinct(const named_path *paths, int n, char *err, size_t errl
     return 0;
 }
 
+/* The largest pid Linux hands out (PID_MAX_LIMIT on 64-bit systems, the most
+ * kernel.pid_max takes) */
+enum { PID_LIMIT = 4194304 };
+
 /* A save killed mid-write leaves PATH.tmp.<pid> (engine/checkpoint.c, output_whole_open)
  * behind: removes entry (of dir) if it is one whose writer is gone, so crashes do not pile
- * up partial copies. Only that name, all digits after ".tmp.": a user's PATH.tmp.notes is
- * theirs. */
+ * up partial copies. Only that name, a pid as a writer writes it after ".tmp." (no leading
+ * zero, at most PID_LIMIT): a user's PATH.tmp.notes, PATH.tmp.0 or PATH.tmp.20251129 (a
+ * date, which no process has for its pid) is theirs. */
 static void remove_if_stale(const char *dir, const char *base, const char *entry) {
     size_t len = strlen(base);
     if (strncmp(entry, base, len) != 0 || strncmp(entry + len, ".tmp.", 5) != 0) return;
     const char *digits = entry + len + 5;
-    if (!*digits || strspn(digits, "0123456789") != strlen(digits)) return;
+    size_t n = strlen(digits);
+    if (n == 0 || n > 7 || digits[0] == '0' || strspn(digits, "0123456789") != n) return;
     long pid = strtol(digits, NULL, 10);
-    if (pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+    if (pid > PID_LIMIT) return;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
         char full[2 * CFG_STR_MAX];
         snprintf(full, sizeof(full), "%s/%s", dir, entry);
         if (unlink(full) == 0) log_info("removed %s, left by a write that was killed\n", full);

@@ -86,10 +86,13 @@ def main():
     if len(steps_seen) < 3:
         fail(f"too few kills landed after a save to test anything: {sorted(steps_seen)}")
     # the partial copies the kills left are removed by the next run that saves there, and
-    # only they: a user's file whose name merely starts the same way stays
+    # only they: a user's file whose name merely starts the same way stays, digits that
+    # are no pid too (a leading zero, a date: above Linux's largest pid, which kill() took
+    # for a dead writer's)
     # (and those of the report, the trace and the metrics log, each written whole through
     # a temporary file too, a killed writer's by its pid; a live process's stays)
-    mine = [f"{os.path.basename(ckpt)}.tmp.{x}" for x in ("notes", "0x10", "12a", "")]
+    mine = [f"{os.path.basename(ckpt)}.tmp.{x}"
+            for x in ("notes", "0x10", "12a", "", "0", "007", "20251129")]
     mine += [f"{x}.tmp.{os.getpid()}" for x in ("report.json", "trace.json", "log.jsonl")]
     dead = subprocess.Popen(["true"])
     dead.wait()
