@@ -94,10 +94,12 @@ def main():
     mine = [f"{os.path.basename(ckpt)}.tmp.{x}"
             for x in ("notes", "0x10", "12a", "", "0", "007", "20251129")]
     mine += [f"{x}.tmp.{os.getpid()}" for x in ("report.json", "trace.json", "log.jsonl")]
-    dead = subprocess.Popen(["true"])
-    dead.wait()
+    # a writer gone for good: no process has pid_max for its pid (pids stay below it),
+    # where a child's pid, reaped, could be taken again before the run looked
+    with open("/proc/sys/kernel/pid_max") as f:
+        dead_pid = int(f.read())
     for x in ("report.json", "trace.json", "log.jsonl"):
-        with open(os.path.join(D, f"{x}.tmp.{dead.pid}"), "w") as f:
+        with open(os.path.join(D, f"{x}.tmp.{dead_pid}"), "w") as f:
             f.write("a killed writer's part\n")
     for x in mine:
         with open(os.path.join(D, x), "w") as f:
