@@ -536,7 +536,7 @@ static void remove_if_stale(const char *dir, const char *base, const char *entry
     if (strncmp(entry, base, len) != 0 || strncmp(entry + len, ".tmp.", 5) != 0) return;
     const char *digits = entry + len + 5;
     size_t n = strlen(digits);
-    if (n == 0 || n > 7 || digits[0] == '0' || strspn(digits, "0123456789") != n) return;
+    if (n == 0 || digits[0] == '0' || strspn(digits, "0123456789") != n) return;
     long pid = strtol(digits, NULL, 10);
     if (pid > PID_LIMIT) return;
     if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {

@@ -75,10 +75,11 @@ double watchdog_io_s(double bytes) {
     return bytes / r;
 }
 
-/* in slices that beat: a slow read or step goes on, a hung one would not */
-static void sleep_beating(long ms) {
-    for (; ms > 0; ms -= 100) {
-        struct timespec ts = {0, (ms < 100 ? ms : 100) * 1000000L};
+/* Sleeps ms in slices that beat (a slow read or step goes on, a hung one would not), or
+ * less when until (if not NULL) says to go on */
+static void sleep_beating(long ms, int (*until)(void)) {
+    for (; ms > 0 && !(until && until()); ms -= 10) {
+        struct timespec ts = {0, (ms < 10 ? ms : 10) * 1000000L};
         nanosleep(&ts, NULL);
         watchdog_beat();
     }
@@ -94,18 +95,13 @@ void watchdog_test_slow_read(void) {
         snprintf(said, sizeof said, "%s", doing);
         log_info("test: %s, each read slowed by %ld ms (GPTC_TEST_SLOW_READS)\n", said, atol(v));
     }
-    sleep_beating(atol(v));
+    sleep_beating(atol(v), NULL);
 }
 
 void watchdog_test_slow_step(long step) {
     const char *v = getenv("GPTC_TEST_SLOW_STEP");
     long at = 0, ms = 0;
-    if (!v || sscanf(v, "%ld:%ld", &at, &ms) != 2 || at != step) return;
-    for (; ms > 0 && !stop_requested(); ms -= 10) {
-        struct timespec ts = {0, (ms < 10 ? ms : 10) * 1000000L};
-        nanosleep(&ts, NULL);
-        watchdog_beat();
-    }
+    if (v && sscanf(v, "%ld:%ld", &at, &ms) == 2 && at == step) sleep_beating(ms, stop_requested);
 }
 
 void watchdog_test_stuck_step(long step) {
