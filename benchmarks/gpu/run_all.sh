@@ -26,8 +26,11 @@
 # Time: the whole run keeps within GPTC_GPU_BUDGET_S (default 540 s). A stage starts only
 # if the budget has its minimum left, and its timeout is cut to what remains.
 # Environment: GPTC_GPU_BUDGET_S, GPTC_GPU_PREFIX (see prepare.sh), GPTC_GPU_BUILD,
-# GPTC_GPU_SANITIZER=0 (no compute-sanitizer stage: the GPU tests, then the benchmarks)
-# (default build-gpu), GPTC_GPU_CMAKE_EXTRA (more cmake -D flags), GPTC_GPU_TORCH_SMOKE,
+# (default build-gpu), GPTC_GPU_SANITIZER=0 (no compute-sanitizer stage: the GPU tests,
+# then the benchmarks), GPTC_GPU_SANITIZER_REGEX (ctest -R of that stage: e.g.
+# '^test_cuda_ops_(memcheck|racecheck|synccheck)$' leaves out the per-variant racechecks of
+# attention kernels a change did not touch), GPTC_GPU_CTEST_TIMEOUT_S (per GPU test,
+# default 240), GPTC_GPU_CMAKE_EXTRA (more cmake -D flags), GPTC_GPU_TORCH_SMOKE,
 # GPTC_GPU_BENCH_TIMEOUT_S (per benchmark, default 180), GPTC_GPU_BENCH_DIR (tests only).
 # A benchmark finds the build in $GPTC_BUILD and writes its results under $GPTC_BENCH_OUT.
 set -u
@@ -163,7 +166,7 @@ elif [ "$BUILD_OK" = 1 ] && [ "$ONLY" = bench ]; then
 elif [ "$BUILD_OK" = 1 ]; then
   # (cd; ctest) rather than --test-dir, which needs CMake 3.20; the compute-sanitizer runs
   # (label sanitizer) are the next stage
-  stage ctest_gpu 30 300 bash -c "cd '$BUILD' && ctest --output-on-failure -L gpu -LE sanitizer --timeout 240"
+  stage ctest_gpu 30 300 bash -c "cd '$BUILD' && ctest --output-on-failure -L gpu -LE sanitizer --timeout ${GPTC_GPU_CTEST_TIMEOUT_S:-240}"
   if grep -q 'No tests were found' "$RES/ctest_gpu.log" 2>/dev/null; then
     note "               (no test carries the gpu label yet)"
   fi
@@ -189,7 +192,7 @@ fi
 if [ "$BUILD_OK" = 1 ] && [ "${GPTC_GPU_SANITIZER:-1}" = 0 ]; then
   skip ctest_sanitizer "GPTC_GPU_SANITIZER=0"
 elif [ "$BUILD_OK" = 1 ] && [ "$ONLY" != bench ] && [ "$ONLY" != none ]; then
-  stage ctest_sanitizer 30 200 bash -c "cd '$BUILD' && ctest --output-on-failure -L sanitizer --timeout 180"
+  stage ctest_sanitizer 30 200 bash -c "cd '$BUILD' && ctest --output-on-failure -L sanitizer -R '${GPTC_GPU_SANITIZER_REGEX:-.}' --timeout 180"
   grep -q 'No tests were found' "$RES/ctest_sanitizer.log" 2>/dev/null &&
     note "               (no compute-sanitizer found at configure time)"
 fi
