@@ -68,7 +68,8 @@ static struct {
     int warmup; /* steps of the run left out of the kernel statistics */
     double step_start_ms, stop_ms; /* the step's span: timing_begin_step, timing_stop_clock */
     timing_record *rec;        /* [capacity] this step's records */
-    int32_t *ops;              /* [capacity] device timer handle of rec, or -1 (host times) */
+    int32_t *ops;              /* [capacity] device timer handle of rec, -1 (host times), or
+                                * below -1: the handle of device work alone (work_only) */
     size_t capacity;
     pthread_rwlock_t grow;     /* read: writing a record; write: growing rec and ops */
     int grow_failed;           /* out of memory once: no more growth, so that every record
@@ -263,6 +264,18 @@ void timing_record_device(const char *name, timing_kind kind, timing_par par, in
     if (T.on) record(record_of(name, kind, par, stream, ctx, work, match), 0, 0, op);
 }
 
+/* A device-work-only slot's ops entry (timing_device_work): handle op encoded below -1,
+ * which marks host-timed records */
+static int32_t work_only(int op) { return -2 - op; }
+static int handle_of(int32_t ops_entry) { return ops_entry >= 0 ? ops_entry : -2 - ops_entry; }
+
+void timing_device_work(const char *name, timing_kind kind, int op) {
+    if (!T.on || op < 0) return;
+    long i = take_slot();
+    if (i < 0) return;
+    timing_put(i, (timing_record){.name = name, .kind = (int8_t)kind}, work_only(op));
+}
+
 /* Keeps each piece of the step's device work, under the op whose handle it carries
  * (handles, set for the ops that were read): pieces of an op that was not (untimed, or
  * its time spoiled) are left out with it. timing_end_step adds them up. */
@@ -293,8 +306,10 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
     /* the kernels of warm-up and probe steps stay out, as their ops' statistics do */
     if (piece && T.n_steps < T.warmup) piece = NULL;
     if (piece && T.probe) piece = NULL;
-    for (size_t i = 0; piece && i < n; i++)
-        if (T.ops[i] >= 0 && (size_t)T.ops[i] >= n_handles) n_handles = (size_t)T.ops[i] + 1;
+    for (size_t i = 0; piece && i < n; i++) {
+        int h = T.ops[i] == -1 ? -1 : handle_of(T.ops[i]);
+        if (h >= 0 && (size_t)h >= n_handles) n_handles = (size_t)h + 1;
+    }
     if (n_handles > T.cap_handles) {
         T.handles = log_realloc(T.handles, sizeof(*T.handles) * n_handles,
                                 "the timing's op handles");
@@ -303,6 +318,10 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
     if (n_handles) memset(T.handles, 0, sizeof(*T.handles) * n_handles);
     for (size_t i = 0; i < n; i++) {
         double a, b;
+        if (T.ops[i] < -1) { /* device work only: its pieces' op, not a record */
+            if (piece) T.handles[handle_of(T.ops[i])] = (handle_op){T.rec[i].name, T.rec[i].kind};
+            continue;
+        }
         if (T.ops[i] >= 0) {
             if (read(T.ops[i], &a, &b) != 0) {
                 T.untimed[T.rec[i].kind == TK_COMM]++;

@@ -109,6 +109,12 @@ void timing_record_op(const char *name, timing_kind kind, timing_par par, int st
  * (engine/backend.h), resolved into times after the step by timing_resolve_device. */
 void timing_record_device(const char *name, timing_kind kind, timing_par par, int stream,
                           timing_ctx ctx, timing_work work, timing_match match, int op);
+/* The device work enqueued under timer handle op belongs to op name of kind, whose time a
+ * host-timed record gives: host staging's copies and flag kernels around an MPI call on
+ * a host thread. Without it that work counts as launched outside every op, as compute,
+ * and its flag kernel's wait for the MPI call reads as a compute kernel slowed by
+ * communication. No record of its own: its kernels only go to the device kernels. */
+void timing_device_work(const char *name, timing_kind kind, int op);
 /* The backend's timer_piece (engine/backend.h) */
 typedef int (*timing_piece_fn)(size_t i, int *op, const char **kernel, double *start_ms,
                                double *end_ms);

@@ -9,6 +9,8 @@ here and not in the few minutes of a GPU call:
   (no CUDA), not lost.
 - benchmarks/gpu/bench_kernel_attention.py on the CUDA emulator's attention_bench
   (tests/cuda_emu), one small shape: a row of every gptc variant, its table.
+- benchmarks/gpu/bench_contention.py on the emulator's gptc-train with its fake CUPTI: both
+  time-sliced sections, and device-kernel tables of compute ops' kernels alone.
 - benchmarks/overlap_sweep.py on its smallest matrix: flat CSV columns, its plots.
 - The CPU benchmarks refuse, in one line and before any run, the settings that had ended
   them in a traceback after minutes, or printed a table of wrong columns."""
@@ -164,6 +166,52 @@ def bench_kernel_attention():
     print(f"ok   bench_kernel_attention on the emulator: {len(ran)} gptc rows, every variant")
 
 
+def bench_contention():
+    """bench_contention.py on the CUDA emulator (gptc-train-emu as the build's gptc-train,
+    its fake CUPTI on, a 1-layer model): both time-sliced sections with their kernel and
+    device-kernel tables, the latter holding compute ops' kernels alone (the staged
+    all-reduce's flag kernels had been listed as compute slowed 206x to 406x beside
+    communication on an H200)"""
+    emu = os.path.join(BUILD, "tests", "gptc-train-emu")
+    if not os.path.exists(emu):
+        fail(f"{emu} is not built")
+    bindir = os.path.join(D, "bin_contention")
+    os.makedirs(bindir)
+    os.symlink(emu, os.path.join(bindir, "gptc-train"))
+    os.symlink(os.path.join(BUILD, "gptc-data"), os.path.join(bindir, "gptc-data"))
+    out = os.path.join(D, "contention")
+    e = env(2)
+    e.update(GPTC_BUILD=bindir, GPTC_BENCH_OUT=out, GPTC_EMU_CUPTI="1", GPTC_BENCH_MPS="0",
+             GPTC_BENCH_EXTRA="--train.device=cuda --model.n_layer=1 --model.d_model=64 "
+                              "--model.n_head=2 --model.vocab_size=256 --train.seq_len=32 "
+                              "--model.n_ctx=32 --overlap.dp_bucket_mb=0.01")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu",
+                                                     "bench_contention.py")],
+                       capture_output=True, text=True, env=e, timeout=300)
+    if r.returncode:
+        fail(f"bench_contention: exit {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
+    text = open(os.path.join(out, "contention.md")).read()
+    sections = text.split("\n## ")[1:]
+    if [s.split("\n")[0] for s in sections] != ["dp = none, time-sliced", "dp = bucket, time-sliced"]:
+        fail(f"bench_contention: sections {[s.split(chr(10))[0] for s in sections]}")
+    bucket = sections[1]
+    if "mpi with host staging" not in bucket or "| allreduce | " not in bucket:
+        fail(f"bench_contention: the bucket section has no staged all-reduce:\n{bucket[:1500]}")
+    if "Device kernels behind them" not in bucket:
+        fail(f"bench_contention: no device-kernel table in the bucket section:\n{bucket[-1500:]}")
+    comm_ops = {k["name"] for k in json.load(open(os.path.join(out, "report_bucket.json")))["kernels"]
+                if k["kind"] == "comm"}
+    dev_rows = [ln.split("|")[1:3] for s in sections if "Device kernels behind them" in s
+                for ln in s.split("Device kernels behind them")[1].splitlines()
+                if ln.startswith("| ") and "`" in ln]
+    wrong = [row for row in dev_rows if row[0].strip() in comm_ops | {"(none)"} or "flag" in row[1]]
+    if not dev_rows or wrong:
+        fail(f"bench_contention: device-kernel rows of communication or outside the ops: {wrong} "
+             f"({len(dev_rows)} rows)")
+    print(f"ok   bench_contention on the emulator: both sections, {len(dev_rows)} device-kernel "
+          f"rows, all of compute ops")
+
+
 def cpu_bench_settings():
     py = "/usr/bin/python3"
     cases = [  # (command, extra environment, words of the one line)
@@ -223,6 +271,7 @@ def main():
     bench_gpt2()
     bench_gpt2_issue()
     bench_kernel_attention()
+    bench_contention()
     print("PASS: the GPU benchmarks' scripts run end to end")
 
 

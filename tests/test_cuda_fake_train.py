@@ -227,6 +227,30 @@ def main():
           f"{perr:.1e} ({secs:.1f} s); report: {len(cupti_names)} op names timed from CUPTI records, "
           f"{n_dev} (op, device kernel) pairs")
 
+    # two ranks over MPI with host staging, timed by CUPTI: each staged all-reduce's device
+    # work (its two copies, and per host task a set and a wait flag kernel: two tasks a
+    # call) is the all-reduce's, not work outside every op counted as compute (an H200 run
+    # showed the wait kernel, which spins while MPI runs, as a compute kernel 206x to 406x
+    # slower beside communication)
+    name = "emu_cupti_dp2_staged"
+    got, out, secs = train(name, 2, "cuda", ["--parallel.dp=2", "--overlap.dp=bucket",
+                                             "--overlap.dp_bucket_mb=0.05", "--profile.timing=kernel",
+                                             f"--profile.report={D}/report_staged.json"],
+                           binary=emu, extra_env={"GPTC_EMU_CUPTI": "1"})
+    if "mpi with host staging" not in out or "kernel timing: CUPTI activity records" not in out:
+        fail(f"{name}: not a staged run timed by CUPTI:\n{out[-2000:]}")
+    worst, perr = compare(name, ref, got)
+    dev = json.load(open(f"{D}/report_staged.json"))["device_kernels"]
+    outside = [d for d in dev if d["op"] == "(none)" and "flag" in d["kernel"]]
+    if outside:
+        fail(f"{name}: host staging's flag kernels counted outside every op: {outside}")
+    staged = {d["kernel"]: d for d in dev if d["op"] == "allreduce"}
+    for kernel in ("wait_flag_kernel", "set_flag_kernel", "memcpy"):
+        if staged.get(kernel, {}).get("per_op_call") != 2.0:
+            fail(f"{name}: allreduce's {kernel}: want 2 a call, got {staged.get(kernel)}")
+    print(f"ok   {name:<24} 2 rank(s): losses, grad norms within {worst:.1e}, parameters "
+          f"{perr:.1e} ({secs:.1f} s); the staged all-reduce's copies and flag kernels are its own")
+
     # a CUPTI that fails part-way through its start (an activity kind it refuses): CUDA
     # events time the run, and what had been switched on is off again (the fake says so at
     # exit of a kind left on and never read, which train_tiny fails on)
@@ -264,7 +288,7 @@ def main():
     check_small_smem_refusal(emu)
     check_old_gpu_refusal(emu)
     check_variable_refusals(emu)
-    print(f"PASS: {len(LAYOUTS) + 4 + len(bf16_runs)} runs of the CUDA host code on the fake runtime match the CPU run")
+    print(f"PASS: {len(LAYOUTS) + 5 + len(bf16_runs)} runs of the CUDA host code on the fake runtime match the CPU run")
 
 
 # the kernels the fake cuBLASLt names its products by (tests/cuda_emu/fake_cublaslt.c), and

@@ -116,9 +116,12 @@ def table(lines, title, rep, backend):
                      f"{fmt(k['isolated_mean_us'])} | {fmt(k['overlapped_mean_us'])} | "
                      f"{ratio(k['slowdown'])} | {ratio(net.get('slowdown'))} | "
                      f"{fmt(k.get('probe_mean_us'))} | {ratio(k.get('slowdown_vs_probe'))} |\n")
-    # the device kernels behind those ops (CUPTI) that ran both alone and beside
-    # communication: which of an op's kernels the contention slows
-    dev = [d for d in rep.get("device_kernels", []) if d.get("slowdown") is not None]
+    # the device kernels behind the compute ops (CUPTI) that ran both alone and beside
+    # communication: which of an op's kernels the contention slows (a communication op's
+    # own kernels, as host staging's flag kernels, are split by compute beside them)
+    comm_ops = {k["name"] for k in rep["kernels"] if k["kind"] == "comm"}
+    dev = [d for d in rep.get("device_kernels", [])
+           if d.get("slowdown") is not None and d["op"] not in comm_ops]
     dev = sorted(dev, key=lambda d: -d["count"] * d["mean_us"])[:14]
     if dev:
         lines.append("\nDevice kernels behind them (CUPTI), where some instances ran alone "
