@@ -272,7 +272,7 @@ def main():
         "peak_tflops": peak, "gpu": gpu,
         "max_mem_gib": None if max_mem is None else round(max_mem, 3),
         "n_params": n_params, "flops_per_token": flops_per_token, "warmup": a.warmup,
-        "steps": a.steps, "loss": round(float(loss), 4), "fused_adamw": tr.fused,
+        "steps": a.steps, "loss": round(float(loss.detach()), 4), "fused_adamw": tr.fused,
         "vocab": a.vocab, "vocab_padded": tr.model.vocab_padded, "n_layer": a.n_layer,
         "n_head": a.n_head, "d_model": a.d_model, "torch": torch.__version__,
     }), flush=True)
