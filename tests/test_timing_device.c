@@ -6,7 +6,8 @@
  * times, that device handles are not carried into the next step, and that records past
  * the trace's cap are counted, not lost silently. Then the device kernels behind the ops
  * (timing_device_kernels, from the timer's pieces): each under its op's name, work
- * outside the ops under TIMING_NO_OP, an untimed op's pieces left out, warm-up and probe
+ * outside the ops under TIMING_NO_OP, a host-timed op's device work under its name
+ * (timing_device_work), an untimed op's pieces left out, warm-up and probe
  * steps left out; and the names kernel_name gives CUPTI's symbols. */
 #include <math.h>
 #include <stdio.h>
@@ -55,7 +56,8 @@ static int near_us(double a, double b) { return fabs(a - b) < 1e-3; }
  * second runs beside the all-reduce (2-4 ms); NCCL's kernel of the all-reduce, beside
  * compute; one of the op the timer could not read (op 2); one of the second gemm (5-6
  * ms, alone); a copy outside every op, beside the all-reduce; one of a handle no record
- * has */
+ * has; a flag kernel of a host-staged all-reduce (timing_device_work, handle 5), beside
+ * the first gemm */
 static const struct {
     int op;
     const char *kernel;
@@ -63,7 +65,7 @@ static const struct {
 } PIECES[] = {{0, "k_gemm", 1.0, 1.8},       {0, "k_epilogue", 2.5, 3.0},
               {1, "nccl_kernel", 2.0, 4.0},  {2, "k_lost", 1.0, 2.0},
               {3, "k_gemm", 5.0, 6.0},       {-1, "memcpy_HtoD", 3.5, 3.75},
-              {7, "k_stray", 1.0, 4.0}};
+              {7, "k_stray", 1.0, 4.0},      {5, "wait_flag_kernel", 1.2, 1.6}};
 static int g_pieces_on = 1; /* 0: the timer sees no kernels */
 
 static int fake_piece(size_t i, int *op, const char **kernel, double *start_ms,
@@ -134,6 +136,7 @@ int main(void) {
     timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){3e9, 1e6}, timing_no_match(), 3);
     timing_record_op("host_op", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0, 8}, timing_no_match(),
                      g_origin + 1.5, g_origin + 2.5);
+    timing_device_work("staged_allreduce", TK_COMM, 5);
     timing_resolve_device(fake_read, fake_piece);
     check(g_reads == 4, "every device record read once, host records not at all");
     timing_end_step(10.0);
@@ -171,7 +174,13 @@ int main(void) {
           "work outside every op, under (none), beside the all-reduce");
     check(!device_kernel("empty", "k_lost") && !device_kernel(TIMING_NO_OP, "k_lost"),
           "the pieces of an op the timer could not read are left out with it");
-    check(timing_n_device_kernels() == 4, "and a handle no record has is left out too");
+    dg = device_kernel("staged_allreduce", "wait_flag_kernel");
+    check(dg && dg->s.count == 1 && near_us(dg->s.sum_us, 400) && dg->s.n_overlapped == 1 &&
+              !device_kernel(TIMING_NO_OP, "wait_flag_kernel"),
+          "device work handed to a host-timed op: under its name, as communication (beside "
+          "compute, not beside communication)");
+    check(!kernel("staged_allreduce"), "and no record of its own");
+    check(timing_n_device_kernels() == 5, "and a handle no record has is left out too");
 
     /* next step: host records only (of step 1's size: one kernel entry); nothing of the
      * last step's handles may be read */
