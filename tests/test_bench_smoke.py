@@ -136,13 +136,20 @@ def bench_gpt2_issue():
     print(f"ok   bench_gpt2 GPTC_BENCH_ROWS=issue on the CPU: {len(rows)} rows, those asked for")
 
 
-def bench_kernel_attention():
-    emu = os.path.join(BUILD, "tests", "attention_bench_emu")
-    if not os.path.exists(emu):
-        fail(f"{emu} is not built")
-    bindir = os.path.join(D, "bin")
+def bin_dir(name, links):
+    """A folder that stands in for the build's (a benchmark's GPTC_BUILD): each name in
+    links a link to the built binary it maps to, e.g. an emulator's in place of a GPU's"""
+    bindir = os.path.join(D, name)
     os.makedirs(bindir)
-    os.symlink(emu, os.path.join(bindir, "attention_bench"))
+    for link, target in links.items():
+        if not os.path.exists(target):
+            fail(f"{target} is not built")
+        os.symlink(target, os.path.join(bindir, link))
+    return bindir
+
+
+def bench_kernel_attention():
+    bindir = bin_dir("bin", {"attention_bench": os.path.join(BUILD, "tests", "attention_bench_emu")})
     out = os.path.join(D, "attention")
     e = env()
     e.update(GPTC_BUILD=bindir, GPTC_BENCH_OUT=out, GPTC_BENCH_ATTN_SHAPES="1x70x2x64",
@@ -172,13 +179,8 @@ def bench_contention():
     device-kernel tables, the latter holding compute ops' kernels alone (the staged
     all-reduce's flag kernels had been listed as compute slowed 206x to 406x beside
     communication on an H200)"""
-    emu = os.path.join(BUILD, "tests", "gptc-train-emu")
-    if not os.path.exists(emu):
-        fail(f"{emu} is not built")
-    bindir = os.path.join(D, "bin_contention")
-    os.makedirs(bindir)
-    os.symlink(emu, os.path.join(bindir, "gptc-train"))
-    os.symlink(os.path.join(BUILD, "gptc-data"), os.path.join(bindir, "gptc-data"))
+    bindir = bin_dir("bin_contention", {"gptc-train": os.path.join(BUILD, "tests", "gptc-train-emu"),
+                                        "gptc-data": os.path.join(BUILD, "gptc-data")})
     out = os.path.join(D, "contention")
     e = env(2)
     e.update(GPTC_BUILD=bindir, GPTC_BENCH_OUT=out, GPTC_EMU_CUPTI="1", GPTC_BENCH_MPS="0",
