@@ -1,4 +1,5 @@
-/* The op table of another backend with every op timed (engine/timing.h). */
+/* The op table of another backend with every op timed (engine/timing.h) and an NVTX
+ * range of its name; with timing off (profile.nvtx alone) only the ranges. */
 #ifndef GPTC_TIMED_BACKEND_H
 #define GPTC_TIMED_BACKEND_H
 

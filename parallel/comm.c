@@ -311,19 +311,15 @@ static void run_staged(comm_task t, gptc_stream *s) {
     }
 }
 
-static void issue(comm_task t, gptc_stream *s) {
-    static const int stream_of_par[] = {0, 3, 1, 2}; /* none dp tp pp: engine/timing.h */
-    t.ctx = timing_context();
-    t.stream = s ? stream_of_par[comm_group_par(t.g)] : 0;
-    t.match = comm_group_match(t.g, t.kind, t.peer, t.tag);
+/* The op on the path its group takes: NCCL, host staging, or MPI on the caller or on the
+ * stream's host thread */
+static void issue_on_path(comm_task t, gptc_stream *s) {
     if (t.g->nccl) {
         /* enqueued, not run: timed by device marks around it, like a compute op */
         const gptc_backend *be = t.g->be;
         int op = timing_on() && be->timer_begin ? be->timer_begin(s) : -1;
-        nvtx_push(op_name(&t));
         comm_nccl_issue(&t, s);
         comm_end_job_if_failed(t.g);
-        nvtx_pop();
         if (op >= 0) {
             be->timer_end(op, s);
             timing_record_device(op_name(&t), TK_COMM, comm_group_par(t.g), t.stream, t.ctx,
@@ -350,6 +346,19 @@ static void issue(comm_task t, gptc_stream *s) {
     }
     *copy = t;
     t.g->be->launch_host_func(s, run_and_free, copy);
+}
+
+static void issue(comm_task t, gptc_stream *s) {
+    static const int stream_of_par[] = {0, 3, 1, 2}; /* none dp tp pp: engine/timing.h */
+    t.ctx = timing_context();
+    t.stream = s ? stream_of_par[comm_group_par(t.g)] : 0;
+    t.match = comm_group_match(t.g, t.kind, t.peer, t.tag);
+    /* a range around the issue on every path, as around a compute op's launches: a
+     * tool puts the device work launched inside it (NCCL's kernel, host staging's copies
+     * and flag kernels) under the collective's name */
+    nvtx_push(op_name(&t));
+    issue_on_path(t, s);
+    nvtx_pop();
 }
 
 void comm_allreduce_sum_act(comm_group *g, gptc_act *buf, size_t n, gptc_precision t,
