@@ -6,8 +6,6 @@
 #define GPTC_NVTX_H
 
 void nvtx_enable(int on);
-/* 1 where ranges can reach a tool (this build has NVTX), 0 where they are no-ops */
-int nvtx_built(void);
 void nvtx_push(const char *name);
 void nvtx_pop(void);
 

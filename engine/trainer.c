@@ -979,8 +979,9 @@ int train_run(const gptc_config *c, const grid *g) {
     r.kernel_timing = strcmp(c->timing, "kernel") == 0;
     failed = r.kernel_timing && start_kernel_timing(&r, &be, err, sizeof err) != 0;
     /* every op a range of its name: the timed table pushes them, and keeps no record with
-     * timing off (an untimed run's capture had shown its steps alone) */
-    if (!r.kernel_timing && c->nvtx && nvtx_built()) be = timed_backend(be);
+     * timing off (an untimed run's capture had shown its steps alone). In every build, so
+     * that the table runs where the tests run; a range without NVTX costs a call. */
+    if (!r.kernel_timing && c->nvtx) be = timed_backend(be);
     /* From here on a rank may fail alone: it reports, and every rank agrees to stop,
      * before the communicators: the others would wait in their set-up for a rank that
      * failed until their watchdogs ended the job (train.comm_timeout_s) */
