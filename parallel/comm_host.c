@@ -7,6 +7,7 @@
 #include "parallel/comm_task.h"
 
 #include "engine/log.h"
+#include "engine/nvtx.h"
 #include "engine/timing.h"
 #include "engine/watchdog.h"
 
@@ -26,7 +27,9 @@ static int host_allreduce(comm_group *g, const void *in, void *out, int n, MPI_D
     comm_waiting(name, g);
     timing_match match = comm_group_match(g, OP_ALLREDUCE, -1, 0);
     double t0 = timing_on() ? timing_now_ms() : 0;
+    nvtx_push(name);
     int rc = comm_mpi_ok(g, "MPI_Allreduce", MPI_Allreduce(in, out, n, type, op, g->comm));
+    nvtx_pop();
     watchdog_waiting(NULL);
     int elem = 0;
     MPI_Type_size(type, &elem);

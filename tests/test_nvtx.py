@@ -6,7 +6,8 @@ NVTX_INJECTION64_PATH naming tests/fake_nvtx.c, which writes every range pushed 
   the report and trace use. (The ops had been ranges only under profile.timing = kernel,
   whose wrapper pushed them: an nsys capture of an untimed run showed steps alone.)
 - The same names with profile.timing = kernel.
-- On two ranks (dp2, bucket), the all-reduces are ranges on each rank.
+- On two ranks (dp2, bucket), the all-reduces are ranges on each rank, the host-side
+  agreements' (host_allreduce) too.
 - Every range is closed on the thread that opened it, innermost first.
 - profile.nvtx = false: no range at all (the tool is never even loaded).
 
@@ -96,10 +97,11 @@ def main():
     if len(dp2) != 2:
         fail(f"dp2: ranges from {len(dp2)} processes, 2 expected")
     for pid, pushed in dp2.items():
-        n = sum(1 for _, name in pushed if name == "allreduce")
-        if n < STEPS:
-            fail(f"dp2: process {pid} pushed {n} 'allreduce' ranges")
-    print("ok   dp2 bucket: the all-reduces are ranges on both ranks")
+        names = collections.Counter(name for _, name in pushed)
+        if names["allreduce"] < STEPS or names["host_allreduce"] < STEPS:
+            fail(f"dp2: process {pid} pushed {names['allreduce']} 'allreduce' and "
+                 f"{names['host_allreduce']} 'host_allreduce' ranges in {STEPS} steps")
+    print("ok   dp2 bucket: the all-reduces (the gradients' and the host's) are ranges on both ranks")
 
     if run("off", 1, ["--profile.nvtx=false"]):
         fail("profile.nvtx = false: the tool was loaded and saw ranges")
