@@ -212,8 +212,9 @@ static void grow_records(size_t i) {
 }
 
 /* rec's slot for one more record of this step, with the read lock held (timing_put
- * releases it), or -1 (no lock held) when the record is dropped */
-static long take_slot(void) {
+ * releases it), or -1 (no lock held) when the record is dropped: counted where counted
+ * (an op left untimed), not for a device-work-only slot */
+static long take_slot(int counted) {
     size_t i = atomic_fetch_add(&T.n, 1);
     pthread_rwlock_rdlock(&T.grow);
     if (i >= T.capacity) {
@@ -223,7 +224,7 @@ static long take_slot(void) {
     }
     if (i < T.capacity) return (long)i;
     pthread_rwlock_unlock(&T.grow);
-    atomic_fetch_add(&T.dropped, 1);
+    if (counted) atomic_fetch_add(&T.dropped, 1);
     return -1;
 }
 
@@ -244,7 +245,7 @@ static timing_record record_of(const char *name, timing_kind kind, timing_par pa
 
 /* a host-timed record (op -1) or a device-timed one (its timer handle) */
 static void record(timing_record r, double start_ms, double end_ms, int op) {
-    long i = take_slot();
+    long i = take_slot(1);
     if (i < 0) return;
     if (op < 0) {
         r.start_us = (start_ms - T.origin_ms) * 1e3;
@@ -271,7 +272,7 @@ static int handle_of(int32_t ops_entry) { return ops_entry >= 0 ? ops_entry : -2
 
 void timing_device_work(const char *name, timing_kind kind, int op) {
     if (!T.on || op < 0) return;
-    long i = take_slot();
+    long i = take_slot(0);
     if (i < 0) return;
     timing_put(i, (timing_record){.name = name, .kind = (int8_t)kind}, work_only(op));
 }

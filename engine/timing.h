@@ -113,7 +113,9 @@ void timing_record_device(const char *name, timing_kind kind, timing_par par, in
  * host-timed record gives: host staging's copies and flag kernels around an MPI call on
  * a host thread. Without it that work counts as launched outside every op, as compute,
  * and its flag kernel's wait for the MPI call reads as a compute kernel slowed by
- * communication. No record of its own: its kernels only go to the device kernels. */
+ * communication. No record of its own: its kernels only go to the device kernels. The
+ * handle is never read, so a spoiled one would not be refused: only cuBLASLt's candidate
+ * timing spoils ops, and only compute ops. Dropped when the step is full, uncounted. */
 void timing_device_work(const char *name, timing_kind kind, int op);
 /* The backend's timer_piece (engine/backend.h) */
 typedef int (*timing_piece_fn)(size_t i, int *op, const char **kernel, double *start_ms,

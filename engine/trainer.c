@@ -860,7 +860,10 @@ static int run_steps(run_state *r, run_totals *tot, int *silent, char *err, size
         double t0 = timing_now_ms();
         watchdog_test_slow_step(step);
         watchdog_test_stuck_step(step);
-        if (agree(r, loader_get(r->loader, step, r->inputs, r->targets, err, n))) return -1;
+        if (agree(r, loader_get(r->loader, step, r->inputs, r->targets, err, n))) {
+            nvtx_pop();
+            return -1;
+        }
         double lr = lr_at_step(&oc, step), norm;
         int skipped;
         double loss = train_step(r, &r->bp, step, &r->t, lr, &oc, &norm, &skipped);

@@ -214,15 +214,21 @@ int main(void) {
     for (int step = 1; step <= 3; step++) {
         timing_begin_step(step, step == 2); /* step 1 warms up; step 2 is a probe */
         timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, timing_no_match(), 0);
+        timing_device_work("staged_allreduce", TK_COMM, 5);
         timing_resolve_device(fake_read, fake_piece);
         timing_end_step(10.0);
         dg = device_kernel("gemm", "k_gemm");
+        const timing_device_kernel *dw = device_kernel("staged_allreduce", "wait_flag_kernel");
         if (step < 3)
             check(timing_n_device_kernels() == 0,
                   step == 1 ? "warm-up step: no device kernels" : "probe step: no device kernels");
         else
-            check(dg && dg->s.count == 1 && near_us(dg->s.sum_us, 800), "the next step's are counted");
+            check(dg && dg->s.count == 1 && near_us(dg->s.sum_us, 800) && dw && dw->s.count == 1 &&
+                      near_us(dw->s.sum_us, 400),
+                  "the next step's are counted, a host-timed op's device work too");
     }
+    check(!kernel("staged_allreduce") && timing_n_trace() == 3,
+          "device work alone is no record, in the statistics or the trace, in any step");
     g_pieces_on = 0;
     timing_begin_step(4, 0);
     timing_record_device("gemm", TK_COMPUTE, TP_NONE, 0, ctx, (timing_work){0}, timing_no_match(), 0);
