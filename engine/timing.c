@@ -266,7 +266,7 @@ void timing_record_device(const char *name, timing_kind kind, timing_par par, in
 }
 
 /* A device-work-only slot's ops entry (timing_device_work): handle op encoded below -1,
- * which marks host-timed records */
+ * which marks host-timed records (handle_of gives -1 back for those) */
 static int32_t work_only(int op) { return -2 - op; }
 static int handle_of(int32_t ops_entry) { return ops_entry >= 0 ? ops_entry : -2 - ops_entry; }
 
@@ -308,7 +308,7 @@ void timing_resolve_device(int (*read)(int op, double *start_ms, double *end_ms)
     if (piece && T.n_steps < T.warmup) piece = NULL;
     if (piece && T.probe) piece = NULL;
     for (size_t i = 0; piece && i < n; i++) {
-        int h = T.ops[i] == -1 ? -1 : handle_of(T.ops[i]);
+        int h = handle_of(T.ops[i]); /* -1 for a host-timed record */
         if (h >= 0 && (size_t)h >= n_handles) n_handles = (size_t)h + 1;
     }
     if (n_handles > T.cap_handles) {

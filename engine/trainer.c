@@ -572,9 +572,9 @@ static int plan_run(run_state *r, char *err, size_t n) {
     return plan_check_device(c, &r->shape, r->bp.T, err, n);
 }
 
-/* profile.timing = kernel: room for a step's records, and *be wrapped so that every op is
- * timed. -1 with err when the records cannot be had. */
-static int start_kernel_timing(run_state *r, const gptc_backend **be, char *err, size_t n) {
+/* profile.timing = kernel: room for a step's records (the timed op table, installed by the
+ * caller, times every op into them). -1 with err when the records cannot be had. */
+static int start_kernel_timing(run_state *r, char *err, size_t n) {
     const gpt_shape *s = &r->shape;
     /* room for the ops of a step: ~50 records per layer and micro-batch, plus the loss,
      * optimizer and bucket traffic, with a margin; chunked TP multiplies them, and the
@@ -586,7 +586,6 @@ static int start_kernel_timing(run_state *r, const gptc_backend **be, char *err,
         return -1;
     }
     timing_set_warmup(r->c->prof_warmup);
-    *be = timed_backend(*be);
     return 0;
 }
 
@@ -980,11 +979,12 @@ int train_run(const gptc_config *c, const grid *g) {
     }
     be->set_precision(strcmp(c->precision, "bf16") == 0 ? GPTC_BF16 : GPTC_FP32);
     r.kernel_timing = strcmp(c->timing, "kernel") == 0;
-    failed = r.kernel_timing && start_kernel_timing(&r, &be, err, sizeof err) != 0;
-    /* every op a range of its name: the timed table pushes them, and keeps no record with
-     * timing off (an untimed run's capture had shown its steps alone). In every build, so
-     * that the table runs where the tests run; a range without NVTX costs a call. */
-    if (!r.kernel_timing && c->nvtx) be = timed_backend(be);
+    failed = r.kernel_timing && start_kernel_timing(&r, err, sizeof err) != 0;
+    /* the timed op table: it times every op with kernel timing, and makes each an NVTX
+     * range of its name (with timing off it keeps no record: an untimed run's capture had
+     * shown its steps alone). In every build, so that the table runs where the tests run;
+     * a range without NVTX costs a call. */
+    if (r.kernel_timing || c->nvtx) be = timed_backend(be);
     /* From here on a rank may fail alone: it reports, and every rank agrees to stop,
      * before the communicators: the others would wait in their set-up for a rank that
      * failed until their watchdogs ended the job (train.comm_timeout_s) */
